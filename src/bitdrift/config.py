@@ -1,0 +1,97 @@
+"""Configuration: JSON-schema validation with errors that name the bad key, and defaults."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the offending key."""
+
+
+def load_schema() -> dict:
+    with open(SCHEMA_PATH) as handle:
+        return yaml.safe_load(handle)
+
+
+def _with_defaults(validator_class):
+    """Validator that also fills in each property's `default` (jsonschema FAQ recipe)."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, subschema in properties.items():
+                if "default" in subschema and name not in instance:
+                    instance[name] = copy.deepcopy(subschema["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(part) for part in error.absolute_path) or "(top level)"
+
+
+def validate_config(config: dict) -> dict:
+    """Validate ``config`` in place (filling defaults) and return it.
+
+    Raises ConfigError naming the key, e.g. ``config key devices.cpu_t1.threads: 'two' is
+    not of type 'integer', 'null'``.
+    """
+    models = config.get("models") if isinstance(config, dict) else None
+    trained_files = [name for name, model in (models or {}).items()
+                     if isinstance(model, dict) and "file" in model and "train" in model]
+    schema = load_schema()
+    validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        # The deepest error is the most specific one (oneOf/anyOf wrap their children).
+        error = max(errors, key=lambda e: len(e.absolute_path))
+        best = jsonschema.exceptions.best_match([error])
+        message = best.message
+        if best.validator == "oneOf" and _key_path(best).startswith("models."):
+            message = "a model needs exactly one of 'architecture' or 'file'"
+        raise ConfigError(f"config key {_key_path(best)}: {message}")
+    _check_references(config, trained_files)
+    return config
+
+
+def _check_references(config: dict, trained_files: list[str]) -> None:
+    for name, model in config["models"].items():
+        if model["dataset"] not in config["datasets"]:
+            raise ConfigError(
+                f"config key models.{name}.dataset: unknown dataset {model['dataset']!r} "
+                f"(datasets: {sorted(config['datasets'])})"
+            )
+        seeds = model.get("train", {}).get("seeds", [])
+        if "inference_seed" in model and "architecture" in model and \
+                model["inference_seed"] not in seeds:
+            raise ConfigError(
+                f"config key models.{name}.inference_seed: {model['inference_seed']} is not "
+                f"one of the training seeds {seeds}"
+            )
+        if name in trained_files:
+            raise ConfigError(f"config key models.{name}.train: a model given as a file is "
+                              "used as is and cannot be trained")
+
+
+def load_config(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        with open(path) as handle:
+            config = yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"{path}: cannot read config ({error})") from error
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: config must be a mapping")
+    return validate_config(config)
+
+
+def inference_seed(model: dict) -> int:
+    return model.get("inference_seed", model["train"]["seeds"][0])

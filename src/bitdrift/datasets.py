@@ -1,0 +1,237 @@
+"""Datasets: load a source, scale images to [0, 1] float32 NHWC, write one HDF5 file.
+
+The dataset file holds ``x_train, y_train, x_test, y_test`` and ``train_order`` (the fixed
+shuffle of the training set, seed 42 as in the reference study), with provenance
+attributes ``source``, ``source_sha256`` and ``shuffle_seed``. The test set keeps the
+source's order, so test-set indices are stable and mean the same everywhere.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import pickle
+import tarfile
+import urllib.request
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from bitdrift.atomic import atomic_output
+
+SHUFFLE_SEED = 42
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                   "ship", "truck"]
+
+
+class DatasetError(ValueError):
+    """A dataset source that is missing, corrupt or not in the expected format."""
+
+
+def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _resize(images: np.ndarray, size: int) -> np.ndarray:
+    """Bilinear resize of float images (N, H, W, C) in [0, 1] via Pillow, per channel."""
+    from PIL import Image
+
+    if images.shape[1] == size and images.shape[2] == size:
+        return images
+    out = np.empty((len(images), size, size, images.shape[3]), dtype=np.float32)
+    for i, image in enumerate(images):
+        for c in range(images.shape[3]):
+            channel = Image.fromarray(image[:, :, c].astype(np.float32), mode="F")
+            out[i, :, :, c] = np.asarray(channel.resize((size, size), Image.BILINEAR))
+    return np.clip(out, 0.0, 1.0)
+
+
+# -- embedded default -----------------------------------------------------------------------
+def load_digits(image_size: int = 32) -> dict:
+    """scikit-learn's handwritten digits (shipped with the package, no download).
+
+    8x8 grey images with values 0..16 are scaled to [0, 1], resized to image_size and
+    repeated over 3 channels so that CIFAR-shaped models run on them. First 80 % train,
+    last 20 % test, in the file's order.
+    """
+    import sklearn.datasets
+
+    bunch = sklearn.datasets.load_digits()
+    source_file = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
+    images = (bunch.images.astype(np.float32) / 16.0)[..., None]
+    images = np.repeat(_resize(images, image_size), 3, axis=3)
+    labels = bunch.target.astype(np.int64)
+    split = int(round(0.8 * len(images)))
+    return {
+        "x_train": images[:split], "y_train": labels[:split],
+        "x_test": images[split:], "y_test": labels[split:],
+        "class_names": [str(d) for d in range(10)],
+        "source_sha256": file_digest(source_file),
+        "source_description": "scikit-learn load_digits (digits.csv.gz)",
+    }
+
+
+# -- CIFAR-10 -------------------------------------------------------------------------------
+def fetch_cifar10(path: str | Path, url: str, md5: str) -> Path:
+    """Return the local tarball, downloading it first when it is missing; verify its MD5."""
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with atomic_output(path) as tmp:
+                urllib.request.urlretrieve(url, tmp)
+        except OSError as error:
+            raise DatasetError(f"{path}: not found locally and download from {url} failed "
+                               f"({error}); place the tarball there by hand") from error
+    actual = file_digest(path, "md5")
+    if actual != md5:
+        raise DatasetError(f"{path}: MD5 {actual} does not match the expected {md5}; the "
+                           "file is corrupt or not the CIFAR-10 python tarball")
+    return path
+
+
+def _cifar_batch(archive: tarfile.TarFile, member: str, path: Path):
+    try:
+        handle = archive.extractfile(member)
+    except KeyError as error:
+        raise DatasetError(f"{path}: member {member} missing from the tarball") from error
+    batch = pickle.load(io.BytesIO(handle.read()), encoding="bytes")
+    data = np.asarray(batch[b"data"], dtype=np.uint8)
+    # Rows are 3072 bytes: 1024 red, 1024 green, 1024 blue, each 32x32 row-major.
+    images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32) / 255.0
+    return images, np.asarray(batch[b"labels"], dtype=np.int64)
+
+
+def load_cifar10(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        archive = tarfile.open(path, "r:gz")
+    except (tarfile.TarError, OSError) as error:
+        raise DatasetError(f"{path}: not a gzip tar archive ({error})") from error
+    with archive:
+        base = "cifar-10-batches-py"
+        parts = [_cifar_batch(archive, f"{base}/data_batch_{i}", path) for i in range(1, 6)]
+        x_test, y_test = _cifar_batch(archive, f"{base}/test_batch", path)
+        try:
+            meta = pickle.load(archive.extractfile(f"{base}/batches.meta"), encoding="bytes")
+            class_names = [name.decode() for name in meta[b"label_names"]]
+        except KeyError:
+            class_names = CIFAR10_CLASSES
+    return {
+        "x_train": np.concatenate([p[0] for p in parts]),
+        "y_train": np.concatenate([p[1] for p in parts]),
+        "x_test": x_test, "y_test": y_test, "class_names": class_names,
+        "source_sha256": file_digest(path),
+        "source_description": f"CIFAR-10 python tarball {path.name}",
+    }
+
+
+# -- DeepWeeds ------------------------------------------------------------------------------
+def load_deepweeds(folder: str | Path, image_size: int = 224) -> dict:
+    """DeepWeeds: ``labels.csv`` (Filename, Label, ...) and ``images/``.
+
+    First 85 % of the CSV's rows train, last 15 % test (the reference study's split).
+    The source hash covers the CSV and every image file in CSV order.
+    """
+    from PIL import Image
+
+    folder = Path(folder)
+    labels_csv = folder / "labels.csv"
+    if not labels_csv.exists():
+        raise DatasetError(f"{labels_csv}: DeepWeeds labels file not found")
+    with open(labels_csv, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows or not {"Filename", "Label"} <= set(rows[0]):
+        raise DatasetError(f"{labels_csv}: needs columns Filename and Label")
+    digest = hashlib.sha256()
+    digest.update(labels_csv.read_bytes())
+    images, labels = [], []
+    for row in rows:
+        image_path = folder / "images" / row["Filename"]
+        if not image_path.exists():
+            raise DatasetError(f"{image_path}: image listed in {labels_csv} not found")
+        digest.update(image_path.read_bytes())
+        with Image.open(image_path) as image:
+            image = image.convert("RGB").resize((image_size, image_size), Image.BILINEAR)
+            images.append(np.asarray(image, dtype=np.float32) / 255.0)
+        labels.append(int(row["Label"]))
+    images_array = np.stack(images)
+    labels_array = np.asarray(labels, dtype=np.int64)
+    split = int(round(0.85 * len(rows)))
+    species = {int(r["Label"]): r.get("Species", r["Label"]) for r in rows}
+    return {
+        "x_train": images_array[:split], "y_train": labels_array[:split],
+        "x_test": images_array[split:], "y_test": labels_array[split:],
+        "class_names": [str(species[k]) for k in sorted(species)],
+        "source_sha256": digest.hexdigest(),
+        "source_description": f"DeepWeeds folder {folder.name}",
+    }
+
+
+# -- common ---------------------------------------------------------------------------------
+def load_source(spec: dict) -> dict:
+    source = spec["source"]
+    if source == "digits":
+        data = load_digits(spec.get("image_size", 32))
+    elif source == "cifar10":
+        if "path" not in spec:
+            raise DatasetError("cifar10 dataset needs 'path' (where the tarball is or goes)")
+        data = load_cifar10(fetch_cifar10(spec["path"], spec["url"], spec["md5"]))
+    elif source == "deepweeds":
+        if "path" not in spec:
+            raise DatasetError("deepweeds dataset needs 'path' (folder with labels.csv)")
+        data = load_deepweeds(spec["path"], spec.get("image_size", 224))
+    else:
+        raise DatasetError(f"unknown dataset source {source!r}")
+    for split, limit_key in (("train", "limit_train"), ("test", "limit_test")):
+        if limit_key in spec:
+            data[f"x_{split}"] = data[f"x_{split}"][: spec[limit_key]]
+            data[f"y_{split}"] = data[f"y_{split}"][: spec[limit_key]]
+    return data
+
+
+def write_dataset(data: dict, name: str, source: str, out: str | Path) -> None:
+    order = np.random.default_rng(SHUFFLE_SEED).permutation(len(data["x_train"]))
+    with atomic_output(out) as tmp, h5py.File(tmp, "w") as handle:
+        for key in ("x_train", "y_train", "x_test", "y_test"):
+            handle.create_dataset(key, data=data[key], compression="gzip", compression_opts=1)
+        handle.create_dataset("train_order", data=order)
+        handle.attrs.update({
+            "name": name, "source": source,
+            "source_description": data["source_description"],
+            "source_sha256": data["source_sha256"], "shuffle_seed": SHUFFLE_SEED,
+            "class_names": json.dumps(data["class_names"]),
+        })
+
+
+def prepare_dataset(name: str, spec: dict, out: str | Path) -> None:
+    write_dataset(load_source(spec), name, spec["source"], out)
+
+
+def read_dataset(path: str | Path, splits=("train", "test")) -> dict:
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as handle:
+            data = {f"{p}_{s}": handle[f"{p}_{s}"][()] for s in splits for p in ("x", "y")}
+            data["train_order"] = handle["train_order"][()]
+            data["attrs"] = {k: handle.attrs[k] for k in handle.attrs}
+    except (OSError, KeyError) as error:
+        raise DatasetError(f"{path}: not a bitdrift dataset file ({error})") from error
+    return data
+
+
+def test_images(path: str | Path, indices: list[int]) -> np.ndarray:
+    """Test images at the given indices (float32, NHWC)."""
+    with h5py.File(path, "r") as handle:
+        n_test = handle["x_test"].shape[0]
+        bad = [i for i in indices if i >= n_test]
+        if bad:
+            raise DatasetError(f"{path}: sample indices {bad} beyond the test set ({n_test})")
+        return np.stack([handle["x_test"][i] for i in indices])

@@ -1,0 +1,207 @@
+"""Equivalence classes (EQCs) of bit-identical results, and the per-layer analysis pass.
+
+Equality is bitwise: same float format, same shape, same bytes. So -0.0 and +0.0 are in
+different classes, and two NaNs are equal only if their bits are.
+
+The representative of a device is its most frequent output over the repeats; a tie goes
+to the output that occurred first (lowest repeat index). Classes are numbered 1, 2, ...
+in order of first appearance over the devices in the order given (config order in the
+workflow, argument order on the command line).
+
+Everything here streams one (model, sample, layer) at a time: memory is bounded by one
+layer over all devices and does not grow with the number of layers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from bitdrift.precision import RemainingPrecisionAccumulator
+from bitdrift.record import OUTPUT, Record, RecordError, group_by_model
+
+EQC_COLUMNS = ["model", "sample", "device", "eqc", "deterministic", "distinct_outputs",
+               "majority_count"]
+EQC_LAYER_COLUMNS = ["model", "sample", "layer", "position", "device", "eqc", "deterministic",
+                     "distinct_outputs", "majority_count"]
+PRECISION_COLUMNS = ["model", "sample", "layer", "position", "n_eqc", "remaining_precision",
+                     "remaining_precision_uncapped", "median_remaining_precision",
+                     "deviating_fraction"]
+# Appended after the contract's columns: which devices entered, and the layer's class.
+PRECISION_EXTRA_COLUMNS = ["precision", "n_devices", "layer_class"]
+
+
+def output_key(values: np.ndarray, float_format: str) -> bytes:
+    """Identity of one output under bitwise equality."""
+    digest = hashlib.blake2b(digest_size=20)
+    digest.update(f"{float_format}{values.shape}".encode())
+    digest.update(np.ascontiguousarray(values).tobytes())
+    return digest.digest()
+
+
+@dataclass
+class DeviceSummary:
+    device: str
+    key: bytes  # representative's identity
+    deterministic: bool
+    distinct_outputs: int
+    majority_count: int
+
+
+def summarize_repeats(device: str, repeats: np.ndarray, float_format: str):
+    """Return (summary, representative array) for one device's repeats of one tensor."""
+    keys = [output_key(repeat, float_format) for repeat in repeats]
+    counts = Counter(keys)
+    # Counter keeps insertion order, so max() returns the first-seen key among ties.
+    representative_key = max(counts, key=counts.get)
+    representative = repeats[keys.index(representative_key)]
+    summary = DeviceSummary(
+        device=device,
+        key=representative_key,
+        deterministic=len(counts) == 1,
+        distinct_outputs=len(counts),
+        majority_count=counts[representative_key],
+    )
+    return summary, representative
+
+
+def number_classes(keys: list[bytes]) -> list[int]:
+    """Class ids 1.. in order of first appearance."""
+    ids: dict[bytes, int] = {}
+    return [ids.setdefault(key, len(ids) + 1) for key in keys]
+
+
+@dataclass
+class LayerResult:
+    model: str
+    sample: int
+    layer: str
+    position: int
+    devices: list[DeviceSummary]
+    classes: list[int]
+    precision: dict | None  # remaining precision stats over the analysed devices
+    layer_class: str = ""
+
+
+def _common_samples(model: str, records: list[Record]) -> list[int]:
+    reference = records[0]
+    for record in records[1:]:
+        if record.samples != reference.samples:
+            raise RecordError(
+                f"{record.path}: samples {record.samples} differ from {reference.path} "
+                f"({reference.samples}) for model {model!r}"
+            )
+    return reference.samples
+
+
+def _common_layers(records: list[Record], sample: int):
+    reference = records[0].layers(sample)
+    names = [info.name for info in reference]
+    common = set(names)
+    for record in records[1:]:
+        common &= {info.name for info in record.layers(sample)}
+    left_out = [name for name in names if name not in common]
+    if left_out:
+        print(f"bitdrift: sample {sample}: layers not in every record, left out of the "
+              f"per-layer analysis: {left_out}", file=sys.stderr)
+    return [info for info in reference if info.name in common]
+
+
+def analyse(records: list[Record], precision: str | None = None,
+            layers: bool = True) -> Iterator[LayerResult]:
+    """One pass over all (model, sample, layer) of the records, streaming.
+
+    ``precision`` selects the devices whose remaining precision is computed (records with
+    that ``precision`` attribute); None means the precision shared by all records of a
+    model, and an error if they differ.
+    """
+    for model, group in group_by_model(records):
+        analysed_precision = precision
+        if analysed_precision is None:
+            precisions = sorted({record.precision for record in group})
+            if len(precisions) > 1:
+                raise RecordError(
+                    f"records of model {model!r} have precisions {precisions}; choose one for "
+                    "remaining precision with --precision"
+                )
+            analysed_precision = precisions[0]
+        for sample in _common_samples(model, group):
+            infos = _common_layers(group, sample) if layers else [
+                info for info in group[0].layers(sample) if info.name == OUTPUT]
+            for info in infos:
+                result = _analyse_layer(model, group, sample, info.name, info.position,
+                                        analysed_precision)
+                result.layer_class = info.class_name
+                yield result
+
+
+def _analyse_layer(model, group, sample, layer, position, analysed_precision) -> LayerResult:
+    summaries = []
+    accumulator = None
+    formats = set()
+    for record in group:
+        tensor = record.tensor(sample, layer)
+        summary, representative = summarize_repeats(record.device, tensor.values,
+                                                     tensor.float_format)
+        summaries.append(summary)
+        if record.precision == analysed_precision:
+            formats.add(tensor.float_format)
+            if len(formats) == 1:
+                if accumulator is None:
+                    accumulator = RemainingPrecisionAccumulator(tensor.float_format)
+                accumulator.add(representative)
+    if accumulator is None:
+        stats = None
+    elif len(formats) > 1:
+        # Devices of one nominal precision computed this layer in different formats.
+        stats = {"remaining_precision": np.nan, "remaining_precision_uncapped": np.nan,
+                 "median_remaining_precision": np.nan, "deviating_fraction": np.nan}
+    else:
+        stats = accumulator.result()
+    selected = [s.key for s, r in zip(summaries, group, strict=True)
+                if r.precision == analysed_precision]
+    if stats is not None:
+        stats = {"n_eqc": len(set(selected)), **stats, "precision": analysed_precision,
+                 "n_devices": len(selected)}
+    return LayerResult(model, sample, layer, position, summaries,
+                       number_classes([s.key for s in summaries]), stats)
+
+
+def eqc_tables(records: list[Record], layers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(final-output table, per-layer table) as documented in README."""
+    final_rows, layer_rows = [], []
+    # EQCs do not need a precision choice; pick each model's first record's precision so
+    # that mixed-precision device sets are accepted here.
+    for result in analyse(records, precision="__none__", layers=layers):
+        for summary, eqc in zip(result.devices, result.classes, strict=True):
+            row = {
+                "model": result.model, "sample": result.sample, "layer": result.layer,
+                "position": result.position, "device": summary.device, "eqc": eqc,
+                "deterministic": summary.deterministic,
+                "distinct_outputs": summary.distinct_outputs,
+                "majority_count": summary.majority_count,
+            }
+            layer_rows.append(row)
+            if result.layer == OUTPUT:
+                final_rows.append(row)
+    return (pd.DataFrame(final_rows, columns=EQC_COLUMNS),
+            pd.DataFrame(layer_rows, columns=EQC_LAYER_COLUMNS))
+
+
+def precision_table(records: list[Record], precision: str | None = None) -> pd.DataFrame:
+    rows = []
+    for result in analyse(records, precision=precision):
+        if result.precision is None:
+            continue
+        rows.append({"model": result.model, "sample": result.sample, "layer": result.layer,
+                     "position": result.position, **result.precision,
+                     "layer_class": result.layer_class})
+    if not rows and precision is not None:
+        raise RecordError(f"no record has precision {precision!r}")
+    return pd.DataFrame(rows, columns=PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)

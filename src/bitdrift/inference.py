@@ -1,0 +1,163 @@
+"""Per-device inference: every layer's output for the configured samples, repeated.
+
+Each repeat runs in a fresh Python process with the device's environment (the reference
+study's protocol: autotuning, thread pools and CPU dispatch are decided per process).
+The parent merges the repeats into one record (see bitdrift.record) written atomically.
+
+    python -m bitdrift.inference WORKER_JSON   # one repeat; used by infer()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bitdrift.datasets import file_digest, test_images
+from bitdrift.devices import device_environment
+from bitdrift.record import OUTPUT, write_record
+
+
+class InferenceError(RuntimeError):
+    pass
+
+
+def batch_indices(samples: list[int], batch_size: int, n_test: int) -> list[int]:
+    """Samples first, then the following test images not among them, up to a whole batch.
+
+    A device's batch size changes the kernels chosen (GEMM shapes), so the padding is part
+    of the device; the filler images are fixed, so every device sees the same inputs.
+    """
+    total = -(-len(samples) // batch_size) * batch_size
+    chosen = set(samples)
+    filler = [i for i in range(n_test) if i not in chosen][: total - len(samples)]
+    if len(samples) + len(filler) < total:
+        raise InferenceError(f"test set too small for batch size {batch_size}")
+    return list(samples) + filler
+
+
+def input_sha256(images: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(images, dtype=np.float32).tobytes()).hexdigest()
+
+
+def run_repeat(job: dict) -> None:
+    """One repeat inside a fresh process: load, cast, run, save outputs to job['out']."""
+    from bitdrift.devices import (
+        check_accelerator,
+        configure_threads,
+        fingerprint,
+        import_keras,
+    )
+    from bitdrift.models import cast_model, layer_probe, numpy_dtype
+
+    device, name = job["device"], job["device_name"]
+    keras = import_keras(device["backend"])
+    configure_threads(device["backend"], device.get("threads"))
+    accelerator = check_accelerator(name, device)
+    strategy_scope = _tpu_scope(accelerator)
+    with strategy_scope:
+        model = keras.saving.load_model(job["model_path"], compile=False)
+        model = cast_model(keras, model, device["precision"])
+        if job["layers"]:
+            probe, layers = layer_probe(keras, model)
+        else:
+            probe, layers = model, []
+    with h5_dataset_len(job["dataset_path"]) as n_test:
+        indices = batch_indices(job["samples"], device["batch_size"], n_test)
+    images = test_images(job["dataset_path"], indices).astype(numpy_dtype(device["precision"]))
+    results: dict[str, list[np.ndarray]] = {}
+    for start in range(0, len(indices), device["batch_size"]):
+        chunk = images[start:start + device["batch_size"]]
+        outputs = probe(chunk, training=False)
+        outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
+        for position, value in enumerate(outputs):
+            results.setdefault(str(position), []).append(keras.ops.convert_to_numpy(value))
+    arrays = {}
+    for position, parts in results.items():
+        stacked = np.concatenate(parts)[: len(job["samples"])]
+        if stacked.dtype.name == "bfloat16":
+            stacked = stacked.view(np.uint16)
+        arrays[position] = stacked
+    meta = {"layers": layers, "fingerprint": fingerprint(device, accelerator),
+            "bfloat16": device["precision"] == "bfloat16"}
+    np.savez(job["out"], meta=json.dumps(meta), **arrays)
+
+
+class h5_dataset_len:  # noqa: N801 - used as a context manager like open()
+    def __init__(self, path):
+        import h5py
+
+        self._file = h5py.File(path, "r")
+
+    def __enter__(self) -> int:
+        return self._file["x_test"].shape[0]
+
+    def __exit__(self, *exc):
+        self._file.close()
+
+
+def _tpu_scope(accelerator: dict):
+    import contextlib
+
+    if accelerator.get("accelerator") != "tpu":
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.distribute.TPUStrategy(accelerator["_resolver"]).scope()
+
+
+def infer(*, model_name: str, device_name: str, device: dict, model_path: str | Path,
+          dataset_path: str | Path, samples: list[int], out: str | Path,
+          layers: bool = True, log=sys.stderr) -> None:
+    """Run all repeats of one (model, device) in fresh processes and write the record."""
+    env = device_environment(device)
+    repeats = []
+    with tempfile.TemporaryDirectory(prefix="bitdrift-infer-") as tmp:
+        for repeat in range(device["repeats"]):
+            job = {"device": device, "device_name": device_name, "model_path": str(model_path),
+                   "dataset_path": str(dataset_path), "samples": list(samples),
+                   "layers": layers, "out": str(Path(tmp) / f"repeat{repeat}.npz")}
+            print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
+                  f"{device['repeats']} in a fresh process", file=log, flush=True)
+            completed = subprocess.run(
+                [sys.executable, "-m", "bitdrift.inference", json.dumps(job)], env=env,
+                stdout=log, stderr=log)
+            if completed.returncode != 0:
+                raise InferenceError(f"device {device_name!r}, model {model_name!r}: repeat "
+                                     f"{repeat + 1} failed (exit {completed.returncode}); see log")
+            with np.load(job["out"]) as data:
+                meta = json.loads(str(data["meta"]))
+                repeats.append((meta, {k: data[k] for k in data.files if k != "meta"}))
+    meta = repeats[0][0]
+    layer_names = [name for name, _ in meta["layers"]]
+    n_outputs = len(repeats[0][1])
+    samples_content = {}
+    for row, sample in enumerate(samples):
+        stacked = [np.stack([arrays[str(p)][row] for _, arrays in repeats])
+                   for p in range(n_outputs)]
+        content = {OUTPUT: stacked[-1]}
+        if layers:
+            content["layers"] = list(zip(layer_names, stacked, strict=True))
+            content["layer_classes"] = [cls for _, cls in meta["layers"]]
+        samples_content[sample] = content
+    if meta["bfloat16"]:
+        for content in samples_content.values():
+            content["bfloat16"] = True
+    sample_images = test_images(dataset_path, list(samples))
+    attrs = {
+        "model": model_name, "device": device_name, "backend": device["backend"],
+        "precision": device["precision"], "fingerprint": meta["fingerprint"],
+        "model_sha256": file_digest(model_path), "input_sha256": input_sha256(sample_images),
+        "accelerator": device["accelerator"], "batch_size": device["batch_size"],
+        "repeats": device["repeats"], "device_config": json.dumps(device, sort_keys=True),
+    }
+    write_record(out, attrs, samples_content)
+
+
+if __name__ == "__main__":
+    run_repeat(json.loads(sys.argv[1]))

@@ -1,0 +1,111 @@
+"""Remaining precision: how many mantissa bits agree across a set of outputs.
+
+With m mantissa bits and integer views of the floats, i* is the smallest i such that all
+outputs agree once the i lowest bits of every element are dropped. RP = m - i*. It is
+computed in O(devices x elements): XOR every output against one reference, OR-reduce over
+devices, and take the highest set bit of the result per element.
+
+i* > m means sign or exponent bits differ; the capped RP is then 0 and the uncapped value
+is negative (down to m - total_bits, a sign difference).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MANTISSA_BITS = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}
+INTEGER_VIEW = {
+    "float16": np.uint16,
+    "bfloat16": np.uint16,
+    "float32": np.uint32,
+    "float64": np.uint64,
+}
+
+
+def integer_view(values: np.ndarray, float_format: str) -> np.ndarray:
+    """Raw bits of ``values`` as unsigned integers (bfloat16 arrives as uint16 already)."""
+    if float_format not in INTEGER_VIEW:
+        raise ValueError(f"unsupported float format {float_format!r}")
+    view_type = INTEGER_VIEW[float_format]
+    values = np.ascontiguousarray(values)
+    if values.dtype == view_type:
+        return values
+    if values.dtype.itemsize != np.dtype(view_type).itemsize:
+        raise ValueError(f"{values.dtype} values cannot be viewed as {float_format}")
+    return values.view(view_type)
+
+
+def bit_length(values: np.ndarray) -> np.ndarray:
+    """Per-element number of significant bits of unsigned integers (0 for 0), exact to 64 bits."""
+    values = values.astype(np.uint64, copy=False)
+    high = (values >> np.uint64(32)).astype(np.float64)
+    low = (values & np.uint64(0xFFFFFFFF)).astype(np.float64)
+    # frexp is exact below 2**53, so split the word in halves of 32 bits.
+    _, high_exponent = np.frexp(high)
+    _, low_exponent = np.frexp(low)
+    return np.where(high > 0, high_exponent + 32, low_exponent).astype(np.int64)
+
+
+class RemainingPrecisionAccumulator:
+    """Streams outputs one at a time; memory is two arrays of one output's size."""
+
+    def __init__(self, float_format: str):
+        self.float_format = float_format
+        self.mantissa_bits = MANTISSA_BITS[float_format]
+        self.reference: np.ndarray | None = None
+        self.differing_bits: np.ndarray | None = None
+        self.count = 0
+
+    def add(self, values: np.ndarray) -> None:
+        bits = integer_view(values, self.float_format).ravel()
+        if self.reference is None:
+            self.reference = bits.copy()
+            self.differing_bits = np.zeros_like(bits)
+        elif bits.shape != self.reference.shape:
+            raise ValueError(f"shape mismatch: {bits.size} elements vs {self.reference.size}")
+        else:
+            self.differing_bits |= bits ^ self.reference
+        self.count += 1
+
+    def result(self) -> dict:
+        if self.reference is None:
+            raise ValueError("no outputs were added")
+        dropped_bits = bit_length(self.differing_bits)  # i* per element
+        m = self.mantissa_bits
+        i_star = int(dropped_bits.max()) if dropped_bits.size else 0
+        per_element = np.clip(m - dropped_bits, 0, m)
+        return {
+            "remaining_precision": int(min(max(m - i_star, 0), m)),
+            "remaining_precision_uncapped": int(m - i_star),
+            "median_remaining_precision": float(np.median(per_element)) if per_element.size
+            else float(m),
+            "deviating_fraction": float(np.count_nonzero(self.differing_bits))
+            / max(self.differing_bits.size, 1),
+        }
+
+
+def remaining_precision(outputs: list[np.ndarray], float_format: str | None = None) -> dict:
+    """Remaining precision of a set of equally shaped outputs (see module docstring)."""
+    if not outputs:
+        raise ValueError("remaining precision needs at least one output")
+    float_format = float_format or np.asarray(outputs[0]).dtype.name
+    accumulator = RemainingPrecisionAccumulator(float_format)
+    for output in outputs:
+        accumulator.add(np.asarray(output))
+    return accumulator.result()
+
+
+def pairwise_dropped_bits(outputs: list[np.ndarray], float_format: str) -> np.ndarray:
+    """Matrix of i* for every pair of outputs (used for the dendrogram only).
+
+    The i* of a set equals the largest pairwise i* in it, so complete linkage on this
+    matrix merges devices exactly at the remaining precision of the merged set.
+    """
+    bits = [integer_view(np.asarray(o), float_format).ravel() for o in outputs]
+    n = len(bits)
+    matrix = np.zeros((n, n), dtype=np.int64)
+    for a in range(n):
+        for b in range(a + 1, n):
+            diff = bits[a] ^ bits[b]
+            matrix[a, b] = matrix[b, a] = int(bit_length(diff).max()) if diff.size else 0
+    return matrix

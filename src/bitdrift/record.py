@@ -1,0 +1,258 @@
+"""The inference record: one HDF5 file per (model, device). This is a public format.
+
+Layout (documented in README, "The inference record"):
+
+    /                       attrs: model, device, backend, precision, fingerprint (JSON),
+                                   model_sha256, input_sha256, format_version
+    /samples/<index>/output dataset (repeats, *output_shape)
+    /samples/<index>/layers/<layer>
+                            dataset (repeats, *layer_shape), attr position (int), attr name
+
+Values are stored with the dtype they were computed in (float16/32/64). bfloat16 has no
+numpy dtype, so its raw bits are stored as uint16 with the attribute ``bfloat16_raw_bits``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from bitdrift.atomic import atomic_output
+
+FORMAT_VERSION = 1
+REQUIRED_ATTRS = ("model", "device", "backend", "precision", "fingerprint", "model_sha256",
+                  "input_sha256")
+BFLOAT16_ATTR = "bfloat16_raw_bits"
+OUTPUT = "output"
+
+
+class RecordError(ValueError):
+    """A record file that does not follow the format; the message names the file."""
+
+
+@dataclass
+class Tensor:
+    """One recorded tensor: all repeats of one layer (or the output) for one sample."""
+
+    values: np.ndarray  # (repeats, *shape); bfloat16 as uint16 raw bits
+    bfloat16: bool = False
+
+    @property
+    def float_format(self) -> str:
+        return "bfloat16" if self.bfloat16 else self.values.dtype.name
+
+
+def _sanitize(name: str) -> str:
+    # HDF5 uses "/" as the path separator; Keras names may contain it in nested models.
+    return name.replace("/", "__")
+
+
+def _as_storable(values: np.ndarray) -> tuple[np.ndarray, bool]:
+    if values.dtype.name == "bfloat16":
+        return values.view(np.uint16), True
+    return values, False
+
+
+def write_record(path: str | Path, attrs: dict, samples: dict[int, dict]) -> None:
+    """Write a record atomically.
+
+    ``samples`` maps test-set index -> {"output": array (repeats, ...),
+    "layers": [(name, array (repeats, ...)), ...] in model order,
+    optional "layer_classes": [Keras class name per layer], optional "bfloat16": True when
+    the arrays are already raw bfloat16 bits (uint16)}.
+    """
+    missing = [key for key in REQUIRED_ATTRS if key not in attrs]
+    if missing:
+        raise RecordError(f"{path}: cannot write record, missing attributes {missing}")
+    with atomic_output(path) as tmp, h5py.File(tmp, "w") as handle:
+        for key, value in attrs.items():
+            handle.attrs[key] = json.dumps(value, sort_keys=True) if key == "fingerprint" else value
+        handle.attrs["format_version"] = FORMAT_VERSION
+        samples_group = handle.create_group("samples")
+        for index, content in samples.items():
+            group = samples_group.create_group(str(int(index)))
+            # Already raw uint16 bits when the producer flags the sample as bfloat16.
+            raw_bf16 = bool(content.get("bfloat16", False))
+            data, is_bf16 = _as_storable(np.asarray(content[OUTPUT]))
+            dataset = group.create_dataset(OUTPUT, data=data)
+            if is_bf16 or raw_bf16:
+                dataset.attrs[BFLOAT16_ATTR] = True
+            layers = group.create_group("layers")
+            classes = content.get("layer_classes") or [""] * len(content.get("layers", []))
+            for position, ((name, values), layer_class) in enumerate(
+                    zip(content.get("layers", []), classes, strict=True)):
+                data, is_bf16 = _as_storable(np.asarray(values))
+                dataset = layers.create_dataset(_sanitize(name), data=data)
+                dataset.attrs["position"] = position
+                dataset.attrs["name"] = name
+                if layer_class:
+                    dataset.attrs["class_name"] = layer_class
+                if is_bf16 or raw_bf16:
+                    dataset.attrs[BFLOAT16_ATTR] = True
+
+
+@dataclass
+class LayerInfo:
+    name: str  # dataset name inside the file
+    position: int
+    class_name: str = ""  # optional attribute: the Keras layer class
+
+
+class Record:
+    """Read access to one inference record, validated on open.
+
+    Tensors are read lazily one at a time so analyses can stream layer by layer.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise RecordError(f"{self.path}: inference record does not exist")
+        try:
+            self._file = h5py.File(self.path, "r")
+        except OSError as error:
+            raise RecordError(f"{self.path}: not a readable HDF5 file ({error})") from error
+        try:
+            self._validate()
+        except Exception:
+            self._file.close()
+            raise
+
+    def _fail(self, message: str) -> RecordError:
+        return RecordError(f"{self.path}: {message}")
+
+    def _validate(self) -> None:
+        attrs = self._file.attrs
+        missing = [key for key in REQUIRED_ATTRS if key not in attrs]
+        if missing:
+            raise self._fail(f"missing root attribute(s) {', '.join(missing)}")
+        try:
+            self.fingerprint = json.loads(_text(attrs["fingerprint"]))
+        except (TypeError, ValueError) as error:
+            raise self._fail(f"root attribute 'fingerprint' is not JSON ({error})") from error
+        if "samples" not in self._file or not isinstance(self._file["samples"], h5py.Group):
+            raise self._fail("missing group 'samples'")
+        self.samples: list[int] = []
+        for key, group in self._file["samples"].items():
+            if not key.lstrip("-").isdigit():
+                raise self._fail(f"sample group name {key!r} is not a test-set index")
+            if OUTPUT not in group or not isinstance(group[OUTPUT], h5py.Dataset):
+                raise self._fail(f"samples/{key} has no dataset 'output'")
+            if group[OUTPUT].ndim < 1 or group[OUTPUT].shape[0] < 1:
+                raise self._fail(f"samples/{key}/output must have shape (repeats >= 1, ...)")
+            self.samples.append(int(key))
+        if not self.samples:
+            raise self._fail("group 'samples' is empty")
+        self.samples.sort()
+
+    # -- metadata -------------------------------------------------------------------------
+    def attr(self, key: str) -> str:
+        return _text(self._file.attrs[key])
+
+    @property
+    def model(self) -> str:
+        return self.attr("model")
+
+    @property
+    def device(self) -> str:
+        return self.attr("device")
+
+    @property
+    def precision(self) -> str:
+        return self.attr("precision")
+
+    # -- data -----------------------------------------------------------------------------
+    def layers(self, sample: int) -> list[LayerInfo]:
+        """Layers of a sample in model order; the final output comes last as 'output'."""
+        group = self._file[f"samples/{sample}"]
+        infos = []
+        if "layers" in group:
+            for name, dataset in group["layers"].items():
+                if "position" not in dataset.attrs:
+                    raise self._fail(f"samples/{sample}/layers/{name} has no attribute 'position'")
+                infos.append(LayerInfo(name, int(dataset.attrs["position"]),
+                                       _text(dataset.attrs.get("class_name", ""))))
+        infos.sort(key=lambda info: info.position)
+        last = infos[-1].position + 1 if infos else 0
+        infos.append(LayerInfo(OUTPUT, last))
+        return infos
+
+    def tensor(self, sample: int, layer: str) -> Tensor:
+        if sample not in self.samples:
+            raise self._fail(f"has no sample {sample} (it has {self.samples})")
+        group = self._file[f"samples/{sample}"]
+        if layer == OUTPUT:
+            dataset = group[OUTPUT]
+        elif "layers" in group and layer in group["layers"]:
+            dataset = group["layers"][layer]
+        else:
+            raise self._fail(f"sample {sample} has no layer {layer!r}")
+        is_bf16 = bool(dataset.attrs.get(BFLOAT16_ATTR, False))
+        values = dataset[()]
+        if is_bf16 and values.dtype != np.uint16:
+            raise self._fail(f"{dataset.name} is marked bfloat16 but is stored as {values.dtype}")
+        if not is_bf16 and values.dtype.kind != "f":
+            raise self._fail(f"{dataset.name} has non-float dtype {values.dtype}")
+        return Tensor(values, bfloat16=is_bf16)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> Record:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def open_records(paths: list[str | Path]) -> list[Record]:
+    """Open and validate all records; on any error close those already open."""
+    records: list[Record] = []
+    try:
+        for path in paths:
+            records.append(Record(path))
+    except Exception:
+        for record in records:
+            record.close()
+        raise
+    return records
+
+
+def group_by_model(records: list[Record]) -> Iterator[tuple[str, list[Record]]]:
+    """Group records by model (order of first appearance) and check they are comparable.
+
+    Records of one model must share the model hash and the input hash: a record produced
+    with a different model or different inputs would inflate the class counts silently.
+    Device names must be unique per model.
+    """
+    by_model: dict[str, list[Record]] = {}
+    for record in records:
+        by_model.setdefault(record.model, []).append(record)
+    for model, group in by_model.items():
+        reference = group[0]
+        for key in ("model_sha256", "input_sha256"):
+            for record in group[1:]:
+                if record.attr(key) != reference.attr(key):
+                    raise RecordError(
+                        f"{record.path}: {key} {record.attr(key)[:12]}... differs from "
+                        f"{reference.path} ({reference.attr(key)[:12]}...) for model {model!r}; "
+                        "the records were not produced from the same model and inputs"
+                    )
+        seen: dict[str, Path] = {}
+        for record in group:
+            if record.device in seen:
+                raise RecordError(
+                    f"{record.path}: device {record.device!r} of model {model!r} also in "
+                    f"{seen[record.device]}"
+                )
+            seen[record.device] = record.path
+        yield model, group
