@@ -227,7 +227,7 @@ def read_dataset(path: str | Path, splits=("train", "test")) -> dict:
     return data
 
 
-def test_images(path: str | Path, indices: list[int]) -> np.ndarray:
+def read_test_images(path: str | Path, indices: list[int]) -> np.ndarray:
     """Test images at the given indices (float32, NHWC)."""
     with h5py.File(path, "r") as handle:
         n_test = handle["x_test"].shape[0]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.datasets import file_digest, test_images
+from bitdrift.datasets import file_digest, read_test_images
 from bitdrift.devices import device_environment
 from bitdrift.record import OUTPUT, write_record
 
@@ -69,7 +69,7 @@ def run_repeat(job: dict) -> None:
             probe, layers = model, []
     with h5_dataset_len(job["dataset_path"]) as n_test:
         indices = batch_indices(job["samples"], device["batch_size"], n_test)
-    images = test_images(job["dataset_path"], indices).astype(numpy_dtype(device["precision"]))
+    images = read_test_images(job["dataset_path"], indices).astype(numpy_dtype(device["precision"]))
     results: dict[str, list[np.ndarray]] = {}
     for start in range(0, len(indices), device["batch_size"]):
         chunk = images[start:start + device["batch_size"]]
@@ -148,7 +148,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     if meta["bfloat16"]:
         for content in samples_content.values():
             content["bfloat16"] = True
-    sample_images = test_images(dataset_path, list(samples))
+    sample_images = read_test_images(dataset_path, list(samples))
     attrs = {
         "model": model_name, "device": device_name, "backend": device["backend"],
         "precision": device["precision"], "fingerprint": meta["fingerprint"],

@@ -1,0 +1,13 @@
+rule prepare_dataset:
+    output:
+        "results/datasets/{dataset}.h5",
+    log:
+        "logs/prepare_dataset/{dataset}.log",
+    benchmark:
+        "results/benchmarks/prepare_dataset/{dataset}.tsv"
+    conda:
+        "../envs/bitdrift.yaml"
+    params:
+        spec=dataset_spec,
+    script:
+        "../workflow/scripts/prepare_dataset.py"

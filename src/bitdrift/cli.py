@@ -1,0 +1,181 @@
+"""The ``bitdrift`` command line. Each workflow step is a subcommand, so results gathered
+outside the scheduler (a cloud VM, a laptop GPU) are produced and analysed with the same code.
+
+The analysis subcommands (eqc, precision, plot-*) never import TensorFlow or torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bitdrift import paths
+
+
+def _config(path):
+    from bitdrift.config import load_config
+
+    return load_config(path)
+
+
+def cmd_prepare_dataset(args) -> None:
+    from bitdrift.datasets import prepare_dataset
+
+    config = _config(args.config)
+    prepare_dataset(args.dataset, config["datasets"][args.dataset],
+                    args.out or paths.dataset_file(args.dataset))
+
+
+def cmd_train(args) -> None:
+    from bitdrift.training import train_model
+
+    config = _config(args.config)
+    spec = _model_spec(config, args.model)
+    if "architecture" not in spec:
+        sys.exit(f"bitdrift: model {args.model!r} is a file used as is; nothing to train")
+    prefix = paths.trained_model_file(args.model, args.seed).rsplit("/", 1)[0]
+    train_model(spec=spec, seed=args.seed,
+                dataset_path=args.dataset_file or paths.dataset_file(spec["dataset"]),
+                out_model=args.out_model or f"{prefix}/model.keras",
+                out_history=args.out_history or f"{prefix}/history.csv",
+                out_logits=args.out_logits or f"{prefix}/test_logits.h5",
+                threads=args.threads, log=sys.stderr)
+
+
+def _model_spec(config, model):
+    if model not in config["models"]:
+        sys.exit(f"bitdrift: unknown model {model!r} (config has {sorted(config['models'])})")
+    return config["models"][model]
+
+
+def cmd_infer(args) -> None:
+    from bitdrift.inference import infer
+
+    config = _config(args.config)
+    spec = _model_spec(config, args.model)
+    if args.device not in config["devices"]:
+        sys.exit(f"bitdrift: unknown device {args.device!r} "
+                 f"(config has {sorted(config['devices'])})")
+    infer(model_name=args.model, device_name=args.device, device=config["devices"][args.device],
+          model_path=args.model_file or paths.model_file(config, args.model),
+          dataset_path=args.dataset_file or paths.dataset_file(spec["dataset"]),
+          samples=config["samples"], out=args.out or paths.record_file(args.model, args.device),
+          layers=config["analysis"]["layers"])
+
+
+def _write_csv(table, out) -> None:
+    from bitdrift.atomic import atomic_output
+
+    with atomic_output(out) as tmp:
+        table.to_csv(tmp, index=False)
+
+
+def cmd_eqc(args) -> None:
+    from bitdrift.eqc import eqc_tables
+    from bitdrift.record import open_records
+
+    records = open_records(args.files)
+    final, layers = eqc_tables(records, layers=args.layers_out is not None)
+    _write_csv(final, args.out)
+    if args.layers_out:
+        _write_csv(layers, args.layers_out)
+    print(f"bitdrift: {final['eqc'].max() if len(final) else 0} classes at most over "
+          f"{final['device'].nunique()} devices -> {args.out}", file=sys.stderr)
+
+
+def cmd_precision(args) -> None:
+    from bitdrift.eqc import precision_table
+    from bitdrift.record import open_records
+
+    table = precision_table(open_records(args.files), precision=args.precision)
+    _write_csv(table, args.out)
+
+
+def cmd_plot_eqc(args) -> None:
+    import pandas as pd
+
+    from bitdrift.figures import plot_eqc
+    from bitdrift.record import open_records
+
+    plot_eqc(pd.read_csv(args.eqc), open_records(args.files), args.out, args.precision)
+
+
+def cmd_plot_precision(args) -> None:
+    import pandas as pd
+
+    from bitdrift.figures import plot_remaining_precision
+
+    plot_remaining_precision(pd.read_csv(args.table), args.out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bitdrift", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare-dataset", help="load a dataset source into HDF5")
+    p.add_argument("--config", required=True)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--out")
+    p.set_defaults(func=cmd_prepare_dataset)
+
+    p = sub.add_parser("train", help="train one model with one seed")
+    p.add_argument("--config", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--threads", type=int)
+    for name in ("dataset-file", "out-model", "out-history", "out-logits"):
+        p.add_argument(f"--{name}")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("infer", help="run one device: all repeats, every layer, one record")
+    p.add_argument("--config", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--device", required=True)
+    p.add_argument("--out", help="record path (default results/inference/MODEL/DEVICE.h5)")
+    p.add_argument("--model-file", help="model to run (default: the workflow's trained model)")
+    p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
+    p.set_defaults(func=cmd_infer)
+
+    p = sub.add_parser("eqc", help="equivalence classes of inference records")
+    p.add_argument("files", nargs="+", help="records; devices are ordered as given")
+    p.add_argument("--out", required=True, help="final-output table (CSV)")
+    p.add_argument("--layers-out", help="per-layer table (CSV)")
+    p.set_defaults(func=cmd_eqc)
+
+    p = sub.add_parser("precision", help="remaining precision per layer")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--out", required=True)
+    p.add_argument("--precision", choices=["float16", "bfloat16", "float32", "float64"],
+                   help="devices of this precision enter (default: the one all records share)")
+    p.set_defaults(func=cmd_precision)
+
+    p = sub.add_parser("plot-eqc", help="EQC grid and dendrogram (PDF)")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--eqc", required=True, help="table from `bitdrift eqc`")
+    p.add_argument("--out", required=True)
+    p.add_argument("--precision", default="float32")
+    p.set_defaults(func=cmd_plot_eqc)
+
+    p = sub.add_parser("plot-precision", help="remaining precision per layer (PDF)")
+    p.add_argument("table", help="table from `bitdrift precision`")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_plot_precision)
+    return parser
+
+
+def main(argv=None) -> int:
+    from bitdrift.config import ConfigError
+    from bitdrift.datasets import DatasetError
+    from bitdrift.record import RecordError
+
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ConfigError, RecordError, DatasetError) as error:
+        print(f"bitdrift: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bitdrift.config import ConfigError, load_config, validate_config
+
+ROOT = Path(__file__).resolve().parents[2]
+MINIMAL = {"datasets": {"digits": {"source": "digits"}},
+           "models": {"small": {"architecture": "cifar10_small", "dataset": "digits"}},
+           "devices": {"cpu": {"accelerator": "cpu", "backend": "tensorflow"}}}
+
+
+@pytest.mark.parametrize("path", ["config.yaml", "tests/config/config.yaml",
+                                  "config/presets/cifar10_paper.yaml"])
+def test_shipped_configs_are_valid(path):
+    load_config(ROOT / path)
+
+
+def test_defaults_are_filled():
+    config = validate_config(copy.deepcopy(MINIMAL))
+    assert config["samples"] == [0, 1, 6]
+    device = config["devices"]["cpu"]
+    assert device["repeats"] == 2 and device["precision"] == "float32"
+    assert device["batch_size"] == 1 and device["env"] == {}
+    assert config["models"]["small"]["train"]["seeds"] == [1]
+    assert config["analysis"]["precision"] == "float32"
+
+
+@pytest.mark.parametrize("mutate,key", [
+    (lambda c: c["devices"]["cpu"].update(threads="two"), "devices.cpu.threads"),
+    (lambda c: c["devices"]["cpu"].update(threds=2), "devices.cpu"),
+    (lambda c: c["devices"]["cpu"].update(accelerator="fpga"), "devices.cpu.accelerator"),
+    (lambda c: c["devices"]["cpu"]["env"].update(X=1) if "env" in c["devices"]["cpu"]
+     else c["devices"]["cpu"].update(env={"X": 1}), "devices.cpu.env.X"),
+    (lambda c: c["devices"].update({"bad name": {"accelerator": "cpu", "backend": "torch"}}),
+     "devices"),
+    (lambda c: c["models"]["small"].update(file="x.keras"), "models.small"),
+    (lambda c: c.update(samples=[-1]), "samples.0"),
+    (lambda c: c["models"]["small"].update(dataset="cifar"), "models.small.dataset"),
+    (lambda c: c.pop("devices"), "(top level)"),
+])
+def test_errors_name_the_bad_key(mutate, key):
+    config = copy.deepcopy(MINIMAL)
+    mutate(config)
+    with pytest.raises(ConfigError) as error:
+        validate_config(config)
+    assert f"config key {key}:" in str(error.value)
+
+
+def test_a_model_file_cannot_be_trained():
+    config = copy.deepcopy(MINIMAL)
+    config["models"]["mine"] = {"file": "m.keras", "dataset": "digits", "train": {"epochs": 1}}
+    with pytest.raises(ConfigError, match="models.mine.train"):
+        validate_config(config)
+
+
+def test_snakefile_rejects_bad_config_with_the_key(tmp_path):
+    import subprocess
+    import sys
+
+    bad = copy.deepcopy(MINIMAL)
+    bad["devices"]["cpu"]["repeats"] = 0
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(ROOT / "Snakefile"),
+                             "--configfile", str(tmp_path / "bad.yaml"), "-d", str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "config key devices.cpu.repeats" in result.stdout + result.stderr

@@ -1,0 +1,104 @@
+import csv
+import hashlib
+import io
+import pickle
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from bitdrift.datasets import (
+    SHUFFLE_SEED,
+    DatasetError,
+    load_source,
+    prepare_dataset,
+    read_dataset,
+    read_test_images,
+)
+
+
+def make_cifar10_tarball(path, n_per_batch=4, n_test=5, seed=0):
+    """A tiny tarball in the official CIFAR-10 python format."""
+    rng = np.random.default_rng(seed)
+    batches = {}
+    with tarfile.open(path, "w:gz") as archive:
+        def add(name, obj):
+            data = pickle.dumps(obj)
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+        for name, n in [(f"data_batch_{i}", n_per_batch) for i in range(1, 6)] + [
+                ("test_batch", n_test)]:
+            batch = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                     b"labels": rng.integers(0, 10, n).tolist()}
+            batches[name] = batch
+            add(name, batch)
+        add("batches.meta", {b"label_names": [f"class{i}".encode() for i in range(10)]})
+    return batches
+
+
+def md5(path):
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def test_cifar10_loader_reads_the_real_format(tmp_path):
+    tarball = tmp_path / "cifar-10-python.tar.gz"
+    batches = make_cifar10_tarball(tarball)
+    out = tmp_path / "cifar10.h5"
+    prepare_dataset("cifar10", {"source": "cifar10", "path": str(tarball), "md5": md5(tarball),
+                                "url": "unused"}, out)
+    data = read_dataset(out)
+    assert data["x_train"].shape == (20, 32, 32, 3) and data["x_test"].shape == (5, 32, 32, 3)
+    assert data["x_train"].dtype == np.float32
+    assert 0.0 <= data["x_train"].min() and data["x_train"].max() <= 1.0
+    # pixel (row 0, col 1) of test image 2, green channel = byte 1024 + 1 of its row
+    raw = batches["test_batch"][b"data"][2]
+    assert data["x_test"][2, 0, 1, 1] == np.float32(raw[1024 + 1] / 255.0)
+    assert data["y_test"].tolist() == batches["test_batch"][b"labels"]
+    assert data["attrs"]["shuffle_seed"] == SHUFFLE_SEED
+    assert data["attrs"]["source_sha256"] == hashlib.sha256(tarball.read_bytes()).hexdigest()
+    assert sorted(data["train_order"].tolist()) == list(range(20))
+    assert np.array_equal(read_test_images(out, [2]), data["x_test"][[2]])
+
+
+def test_cifar10_checksum_mismatch_names_the_file(tmp_path):
+    tarball = tmp_path / "cifar.tar.gz"
+    make_cifar10_tarball(tarball)
+    with pytest.raises(DatasetError, match=r"cifar\.tar\.gz: MD5 .* does not match"):
+        load_source({"source": "cifar10", "path": str(tarball), "md5": "0" * 32, "url": "x"})
+
+
+def test_cifar10_missing_and_not_downloadable(tmp_path):
+    with pytest.raises(DatasetError, match="download from .* failed"):
+        load_source({"source": "cifar10", "path": str(tmp_path / "none.tar.gz"),
+                     "md5": "0" * 32, "url": "file:///nonexistent/cifar.tar.gz"})
+    assert not (tmp_path / "none.tar.gz").exists()
+
+
+def test_deepweeds_split_85_15(tmp_path):
+    (tmp_path / "images").mkdir()
+    rows = []
+    rng = np.random.default_rng(0)
+    for i in range(20):
+        name = f"img{i:02d}.jpg"
+        Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(
+            tmp_path / "images" / name)
+        rows.append({"Filename": name, "Label": i % 3, "Species": f"sp{i % 3}"})
+    with open(tmp_path / "labels.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["Filename", "Label", "Species"])
+        writer.writeheader()
+        writer.writerows(rows)
+    data = load_source({"source": "deepweeds", "path": str(tmp_path), "image_size": 16})
+    assert data["x_train"].shape == (17, 16, 16, 3) and data["x_test"].shape == (3, 16, 16, 3)
+    assert data["y_test"].tolist() == [17 % 3, 18 % 3, 19 % 3]
+    assert data["class_names"] == ["sp0", "sp1", "sp2"]
+
+
+def test_embedded_digits_need_no_download(tmp_path):
+    data = load_source({"source": "digits", "limit_test": 10})
+    assert data["x_train"].shape[1:] == (32, 32, 3)
+    assert data["x_test"].shape == (10, 32, 32, 3)
+    assert data["x_train"].max() <= 1.0 and data["x_train"].max() > 0.9
+    assert len(data["source_sha256"]) == 64

@@ -1,0 +1,111 @@
+"""Real inference in fresh processes, with TensorFlow and torch, on a tiny saved model."""
+
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from bitdrift.datasets import file_digest, prepare_dataset
+from bitdrift.inference import InferenceError, batch_indices, infer
+from bitdrift.record import Record
+
+CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
+       "env": {}, "repeats": 2, "external": False}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("assets")
+    dataset = tmp / "digits.h5"
+    prepare_dataset("digits", {"source": "digits", "limit_train": 8, "limit_test": 12}, dataset)
+    model = tmp / "small.keras"
+    code = ("import keras, sys; from bitdrift.models import build_model; "
+            "keras.utils.set_random_seed(0); "
+            "build_model(keras, {'architecture': 'cifar10_small'}, (32, 32, 3), 10)"
+            ".save(sys.argv[1])")
+    subprocess.run([sys.executable, "-c", code, str(model)], check=True,
+                   env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    return dataset, model
+
+
+def test_batch_padding_is_fixed_filler():
+    assert batch_indices([3, 0], 1, 10) == [3, 0]
+    assert batch_indices([3, 0], 4, 10) == [3, 0, 1, 2]
+    with pytest.raises(InferenceError):
+        batch_indices([0], 8, 4)
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_record_of_a_real_run(assets, tmp_path, backend):
+    dataset, model = assets
+    out = tmp_path / "rec.h5"
+    device = {**CPU, "backend": backend, "env": {"BITDRIFT_TEST_MARK": "1"}}
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="small", device_name=f"{backend}_cpu", device=device, model_path=model,
+              dataset_path=dataset, samples=[6, 0], out=out, log=log)
+    with Record(out) as record:
+        assert record.samples == [0, 6]
+        assert record.attr("backend") == backend
+        assert record.attr("model_sha256") == file_digest(model)
+        fingerprint = record.fingerprint
+        assert fingerprint["environment"] == {"BITDRIFT_TEST_MARK": "1"}
+        assert fingerprint["cpu"]["flags"] and fingerprint["cpu"]["count"] >= 1
+        assert backend in fingerprint["versions"]
+        assert fingerprint["cuda_visible_devices"] == ""  # a CPU device hides GPUs
+        layers = record.layers(0)
+        assert [i.name for i in layers][:3] == ["conv2d", "activation", "pooling2d"]
+        assert [i.position for i in layers] == list(range(len(layers)))
+        conv = record.tensor(0, "conv2d").values
+        assert conv.shape == (2, 32, 32, 3) and conv.dtype == np.float32
+        output = record.tensor(6, "output").values
+        assert output.shape == (2, 10)
+        # the final output is the last layer's output
+        assert np.array_equal(output, record.tensor(6, "dense_3").values)
+        # repeats in fresh processes on one CPU were bit-identical on every machine seen
+        assert np.array_equal(output[0], output[1])
+
+
+def test_float64_device_records_float64(assets, tmp_path):
+    dataset, model = assets
+    out = tmp_path / "rec64.h5"
+    device = {**CPU, "backend": "tensorflow", "precision": "float64", "repeats": 1}
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="small", device_name="f64", device=device, model_path=model,
+              dataset_path=dataset, samples=[0], out=out, log=log)
+    with h5py.File(out) as handle:
+        assert handle["samples/0/output"].dtype == np.float64
+        assert handle["samples/0/layers/conv2d"].dtype == np.float64
+        assert handle.attrs["precision"] == "float64"
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_gpu_device_without_gpu_fails_loudly(assets, tmp_path, backend):
+    dataset, model = assets
+    out = tmp_path / "gpu.h5"
+    device = {**CPU, "accelerator": "gpu", "backend": backend, "repeats": 1}
+    log_path = tmp_path / "log"
+    with open(log_path, "w") as log, pytest.raises(InferenceError, match="repeat 1 failed"):
+        infer(model_name="small", device_name="my_gpu", device=device, model_path=model,
+              dataset_path=dataset, samples=[0], out=out, log=log)
+    text = log_path.read_text()
+    assert "device 'my_gpu' asks for a GPU" in text and "refusing to fall back" in text
+    assert not out.exists()
+
+
+def test_infer_command_line(assets, tmp_path):
+    dataset, model = assets
+    config = {"samples": [1], "datasets": {"digits": {"source": "digits"}},
+              "models": {"mine": {"file": str(model), "dataset": "digits"}},
+              "devices": {"laptop": {"accelerator": "cpu", "backend": "torch", "threads": 1,
+                                     "repeats": 1}}}
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    out = tmp_path / "laptop.h5"
+    subprocess.run([sys.executable, "-m", "bitdrift.cli", "infer", "--config",
+                    str(tmp_path / "config.yaml"), "--model", "mine", "--device", "laptop",
+                    "--dataset-file", str(dataset), "--out", str(out)], check=True)
+    with Record(out) as record:
+        assert record.device == "laptop" and record.samples == [1]

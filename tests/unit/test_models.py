@@ -1,0 +1,52 @@
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from bitdrift.devices import import_keras  # noqa: E402
+from bitdrift.models import build_model, cast_model, layer_probe  # noqa: E402
+
+keras = import_keras(os.environ["KERAS_BACKEND"])
+
+
+def test_cifar10_small_is_table_sup6():
+    model = build_model(keras, {"architecture": "cifar10_small"}, (32, 32, 3), 10)
+    assert model.count_params() == 59354
+    shapes = {layer.name: tuple(layer.output.shape[1:]) for layer in model.layers}
+    assert shapes["conv2d"] == (32, 32, 3) and shapes["pooling2d"] == (16, 16, 3)
+    assert shapes["conv2d_1"] == (16, 16, 5) and shapes["pooling2d_1"] == (8, 8, 5)
+    assert shapes["flatten_1"] == (320,) and shapes["dense_3"] == (10,)
+    params = {layer.name: layer.count_params() for layer in model.layers}
+    assert (params["conv2d"], params["conv2d_1"], params["dense_1"], params["dense_2"],
+            params["dense_3"]) == (84, 380, 41088, 16512, 1290)
+
+
+def test_sigmoid_avg_variant_uses_xavier_and_avg_pooling():
+    model = build_model(keras, {"architecture": "cifar10_small", "activation": "sigmoid",
+                                "pooling": "avg"}, (32, 32, 3), 10)
+    assert model.get_layer("pooling2d").__class__.__name__ == "AveragePooling2D"
+    assert model.get_layer("activation").get_config()["activation"] == "sigmoid"
+    assert model.get_layer("conv2d").kernel_initializer.__class__.__name__ == "GlorotUniform"
+
+
+@pytest.mark.parametrize("architecture", ["resnet18", "resnet50", "resnet50v2"])
+def test_resnets_return_logits(architecture):
+    model = build_model(keras, {"architecture": architecture}, (32, 32, 3), 10)
+    assert model.output.shape[-1] == 10
+    assert model.layers[-1].get_config()["activation"] in ("linear", None)
+    out = keras.ops.convert_to_numpy(model(np.random.rand(2, 32, 32, 3).astype("float32")))
+    assert not np.allclose(out.sum(axis=1), 1.0)  # no softmax
+
+
+@pytest.mark.parametrize("precision", ["float16", "float64"])
+def test_cast_model_computes_in_the_precision(precision):
+    model = build_model(keras, {"architecture": "cifar10_small"}, (32, 32, 3), 10)
+    cast = cast_model(keras, model, precision)
+    probe, names = layer_probe(keras, cast)
+    outputs = probe(np.random.rand(1, 32, 32, 3).astype(precision))
+    assert all(keras.ops.convert_to_numpy(o).dtype == np.dtype(precision) for o in outputs)
+    assert [n for n, _ in names][:3] == ["conv2d", "activation", "pooling2d"]
+    for original, casted in zip(model.get_weights(), cast.get_weights(), strict=True):
+        assert np.array_equal(original.astype(precision), casted)

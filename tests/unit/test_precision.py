@@ -1,0 +1,115 @@
+import numpy as np
+import pytest
+
+from bitdrift.precision import (
+    MANTISSA_BITS,
+    bit_length,
+    integer_view,
+    pairwise_dropped_bits,
+    remaining_precision,
+)
+
+
+def next_up(value, dtype, steps=1):
+    bits = np.array([value], dtype=dtype).view(integer_view(np.array([value], dtype=dtype),
+                                                            np.dtype(dtype).name).dtype)
+    return (bits + steps).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_identical_outputs_keep_all_mantissa_bits(dtype):
+    x = np.linspace(-3, 3, 50).astype(dtype)
+    result = remaining_precision([x, x.copy(), x.copy()])
+    assert result["remaining_precision"] == MANTISSA_BITS[dtype]
+    assert result["remaining_precision_uncapped"] == MANTISSA_BITS[dtype]
+    assert result["deviating_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_last_bit_difference_costs_one_bit(dtype):
+    x = np.array([1.5, 2.25, 3.0], dtype=dtype)
+    y = x.copy()
+    y[1] = next_up(x[1], dtype)[0]  # mantissa ...00 -> ...01
+    result = remaining_precision([x, y])
+    assert result["remaining_precision"] == MANTISSA_BITS[dtype] - 1
+    assert result["deviating_fraction"] == pytest.approx(1 / 3)
+    # the two untouched elements keep everything, so the median is m
+    assert result["median_remaining_precision"] == MANTISSA_BITS[dtype]
+
+
+def test_carry_into_higher_bits_counts_the_highest_changed_bit():
+    x = np.array([1.0 + 2.0**-23 * 3], dtype=np.float32)  # mantissa ...011
+    y = next_up(x[0], np.float32)  # ...100: bits 0,1,2 changed
+    assert remaining_precision([x, y])["remaining_precision"] == 23 - 3
+
+
+def test_exponent_difference_gives_zero_and_negative_uncapped():
+    x = np.array([2.0], dtype=np.float32)
+    y = np.array([4.0], dtype=np.float32)  # only the lowest exponent bit (bit 23) differs
+    result = remaining_precision([x, y])
+    assert result["remaining_precision"] == 0
+    assert result["remaining_precision_uncapped"] == 23 - 24
+
+
+def test_sign_difference_and_negative_zero():
+    pos, neg = np.array([0.0], np.float32), np.array([-0.0], np.float32)
+    result = remaining_precision([pos, neg])
+    assert result["remaining_precision"] == 0
+    assert result["remaining_precision_uncapped"] == 23 - 32
+    assert result["deviating_fraction"] == 1.0
+
+
+def test_nan_with_same_bits_agrees_and_with_other_payload_differs():
+    nan = np.array([np.nan], np.float32)
+    assert remaining_precision([nan, nan.copy()])["remaining_precision"] == 23
+    other = (nan.view(np.uint32) | np.uint32(1)).view(np.float32)
+    assert np.isnan(other[0])
+    assert remaining_precision([nan, other])["remaining_precision"] == 22
+
+
+def test_bfloat16_raw_bits():
+    x = np.array([0x3F80, 0x4000], dtype=np.uint16)  # 1.0, 2.0 in bfloat16
+    y = np.array([0x3F81, 0x4000], dtype=np.uint16)
+    assert remaining_precision([x, y], "bfloat16")["remaining_precision"] == 6
+
+
+def test_bit_length_is_exact_for_64_bit_words():
+    values = np.array([0, 1, 2, 3, 2**31, 2**32 - 1, 2**32, 2**53 + 1, 2**63, 2**64 - 1],
+                      dtype=np.uint64)
+    expected = [int(v).bit_length() for v in values]
+    assert bit_length(values).tolist() == expected
+
+
+def naive_remaining_precision(outputs, m, total_bits, view):
+    """Pairs and shifts: the definition taken literally."""
+    ints = [o.view(view).astype(object) for o in outputs]
+    for dropped in range(total_bits + 1):
+        if all((a >> dropped == b >> dropped).all() for a in ints for b in ints):
+            return m - dropped
+    raise AssertionError
+
+
+@pytest.mark.parametrize("dtype,view,total", [("float32", np.uint32, 32),
+                                              ("float64", np.uint64, 64)])
+def test_matches_naive_definition_on_random_perturbations(dtype, view, total):
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        base = rng.normal(size=20).astype(dtype)
+        outputs = [base]
+        for _ in range(rng.integers(1, 5)):
+            noise = rng.integers(0, 2 ** int(rng.integers(0, 30)), size=20)
+            outputs.append((base.view(view) ^ noise.astype(view)).view(dtype))
+        expected = naive_remaining_precision(outputs, MANTISSA_BITS[dtype], total, view)
+        result = remaining_precision(outputs)
+        assert result["remaining_precision_uncapped"] == expected
+        assert result["remaining_precision"] == min(max(expected, 0), MANTISSA_BITS[dtype])
+
+
+def test_pairwise_matrix_max_equals_set_value():
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=10).astype(np.float32)
+    outputs = [base, (base.view(np.uint32) ^ np.uint32(4)).view(np.float32),
+               (base.view(np.uint32) ^ np.uint32(1)).view(np.float32)]
+    matrix = pairwise_dropped_bits(outputs, "float32")
+    assert matrix[0, 1] == 3 and matrix[0, 2] == 1 and matrix[1, 2] == 3
+    assert 23 - matrix.max() == remaining_precision(outputs)["remaining_precision"]

@@ -1,0 +1,85 @@
+import json
+
+import h5py
+import ml_dtypes
+import numpy as np
+import pytest
+
+from bitdrift.atomic import atomic_output
+from bitdrift.record import Record, RecordError, write_record
+
+from ..conftest import BASE_ATTRS
+
+
+def test_round_trip_keeps_dtype_positions_and_fingerprint(tmp_path):
+    path = tmp_path / "r.h5"
+    layers = [("conv/1", np.ones((2, 4, 4, 3), np.float16)), ("dense", np.zeros((2, 10), np.float16))]
+    write_record(path, {**BASE_ATTRS, "model": "m", "device": "d", "precision": "float16"},
+                 {6: {"output": np.zeros((2, 10), np.float16), "layers": layers,
+                      "layer_classes": ["Conv2D", "Dense"]}})
+    with Record(path) as record:
+        assert record.samples == [6]
+        assert record.fingerprint == {"hostname": "test"}
+        infos = record.layers(6)
+        assert [(i.name, i.position, i.class_name) for i in infos] == [
+            ("conv__1", 0, "Conv2D"), ("dense", 1, "Dense"), ("output", 2, "")]
+        tensor = record.tensor(6, "conv__1")
+        assert tensor.values.dtype == np.float16 and tensor.values.shape == (2, 4, 4, 3)
+    with h5py.File(path) as handle:
+        assert handle["samples/6/layers/conv__1"].attrs["name"] == "conv/1"
+        assert json.loads(handle.attrs["fingerprint"]) == {"hostname": "test"}
+
+
+def test_bfloat16_is_stored_as_raw_bits(tmp_path):
+    path = tmp_path / "bf.h5"
+    values = np.array([[1.0, 2.5]], dtype=ml_dtypes.bfloat16)
+    write_record(path, {**BASE_ATTRS, "model": "m", "device": "d", "precision": "bfloat16"},
+                 {0: {"output": values}})
+    with h5py.File(path) as handle:
+        assert handle["samples/0/output"].dtype == np.uint16
+        assert handle["samples/0/output"].attrs["bfloat16_raw_bits"]
+    tensor = Record(path).tensor(0, "output")
+    assert tensor.float_format == "bfloat16"
+    assert tensor.values.tolist() == values.view(np.uint16).tolist()
+
+
+def test_missing_attribute_is_named_with_the_file(tmp_path):
+    path = tmp_path / "bad.h5"
+    with h5py.File(path, "w") as handle:
+        handle.attrs["model"] = "m"
+        handle.create_dataset("samples/0/output", data=np.zeros((1, 2), np.float32))
+    with pytest.raises(RecordError, match=r"bad\.h5: missing root attribute.*device"):
+        Record(path)
+
+
+def test_corrupt_file_is_rejected_with_its_name(tmp_path):
+    path = tmp_path / "corrupt.h5"
+    path.write_bytes(b"this is not hdf5")
+    with pytest.raises(RecordError, match=r"corrupt\.h5: not a readable HDF5"):
+        Record(path)
+
+
+def test_truncated_file_is_rejected(tmp_path):
+    path = tmp_path / "cut.h5"
+    write_record(path, {**BASE_ATTRS, "model": "m", "device": "d"},
+                 {0: {"output": np.zeros((1, 1000), np.float32)}})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(RecordError, match=r"cut\.h5"):
+        Record(path).tensor(0, "output")
+
+
+def test_output_must_be_float(tmp_path):
+    path = tmp_path / "int.h5"
+    write_record(path, {**BASE_ATTRS, "model": "m", "device": "d"},
+                 {0: {"output": np.zeros((1, 3), np.int32)}})
+    with pytest.raises(RecordError, match="non-float"):
+        Record(path).tensor(0, "output")
+
+
+def test_atomic_output_leaves_nothing_when_interrupted(tmp_path):
+    target = tmp_path / "out.h5"
+    with pytest.raises(KeyboardInterrupt), atomic_output(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
