@@ -13,7 +13,8 @@ from ..conftest import BASE_ATTRS
 
 def test_round_trip_keeps_dtype_positions_and_fingerprint(tmp_path):
     path = tmp_path / "r.h5"
-    layers = [("conv/1", np.ones((2, 4, 4, 3), np.float16)), ("dense", np.zeros((2, 10), np.float16))]
+    layers = [("conv/1", np.ones((2, 4, 4, 3), np.float16)),
+              ("dense", np.zeros((2, 10), np.float16))]
     write_record(path, {**BASE_ATTRS, "model": "m", "device": "d", "precision": "float16"},
                  {6: {"output": np.zeros((2, 10), np.float16), "layers": layers,
                       "layer_classes": ["Conv2D", "Dense"]}})
