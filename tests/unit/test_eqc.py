@@ -108,3 +108,21 @@ def test_hand_written_file_in_documented_format(tmp_path, make_record):
     final, _ = eqc_tables(open_records([reference, path]))
     assert final["eqc"].tolist() == [1, 2]
     assert final["distinct_outputs"].tolist() == [1, 2]
+
+
+def test_analysis_commands_do_not_import_frameworks(make_record, tmp_path):
+    import subprocess
+    import sys
+
+    paths = [str(make_record("d1", {0: repeats(A)})), str(make_record("d2", {0: repeats(B)}))]
+    code = (
+        "import sys; from bitdrift.cli import main; "
+        f"assert main(['eqc', *{paths!r}, '--out', {str(tmp_path / 'e.csv')!r}]) == 0; "
+        f"assert main(['precision', *{paths!r}, '--out', {str(tmp_path / 'p.csv')!r}]) == 0; "
+        f"assert main(['plot-eqc', *{paths!r}, '--eqc', {str(tmp_path / 'e.csv')!r}, "
+        f"'--out', {str(tmp_path / 'e.pdf')!r}]) == 0; "
+        "loaded = {'tensorflow', 'torch', 'keras'} & set(sys.modules); "
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert (tmp_path / "e.pdf").read_bytes().startswith(b"%PDF")
