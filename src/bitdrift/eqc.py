@@ -113,17 +113,18 @@ def _common_layers(records: list[Record], sample: int):
     return [info for info in reference if info.name in common]
 
 
-def analyse(records: list[Record], precision: str | None = None,
-            layers: bool = True) -> Iterator[LayerResult]:
+def analyse(records: list[Record], precision: str | None = None, layers: bool = True,
+            remaining_precision: bool = True) -> Iterator[LayerResult]:
     """One pass over all (model, sample, layer) of the records, streaming.
 
     ``precision`` selects the devices whose remaining precision is computed (records with
     that ``precision`` attribute); None means the precision shared by all records of a
-    model, and an error if they differ.
+    model, and an error if they differ. With ``remaining_precision=False`` only the classes
+    are computed, so records of mixed precisions need no choice.
     """
     for model, group in group_by_model(records):
         analysed_precision = precision
-        if analysed_precision is None:
+        if remaining_precision and analysed_precision is None:
             precisions = sorted({record.precision for record in group})
             if len(precisions) > 1:
                 raise RecordError(
@@ -176,9 +177,7 @@ def _analyse_layer(model, group, sample, layer, position, analysed_precision) ->
 def eqc_tables(records: list[Record], layers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(final-output table, per-layer table) as documented in README."""
     final_rows, layer_rows = [], []
-    # EQCs do not need a precision choice; pick each model's first record's precision so
-    # that mixed-precision device sets are accepted here.
-    for result in analyse(records, precision="__none__", layers=layers):
+    for result in analyse(records, layers=layers, remaining_precision=False):
         for summary, eqc in zip(result.devices, result.classes, strict=True):
             row = {
                 "model": result.model, "sample": result.sample, "layer": result.layer,
