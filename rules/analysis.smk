@@ -1,6 +1,7 @@
 rule cluster_equivalence_classes:
     input:
-        record_files,
+        records=record_files,
+        provenance=[file for triple in provenance() for file in triple[1:]],
     output:
         final=report(
             "results/tables/eqc.csv",
@@ -18,13 +19,18 @@ rule cluster_equivalence_classes:
         "results/benchmarks/cluster_equivalence_classes/all.tsv"
     conda:
         "../envs/bitdrift.yaml"
+    resources:
+        **ANALYSIS_RESOURCES,
+    params:
+        expect=expect_arguments(provenance()),
     script:
         "../workflow/scripts/cluster_equivalence_classes.py"
 
 
 rule compute_remaining_precision:
     input:
-        record_files,
+        records=record_files,
+        provenance=[file for triple in provenance() for file in triple[1:]],
     output:
         report(
             "results/tables/precision.csv",
@@ -37,8 +43,11 @@ rule compute_remaining_precision:
         "results/benchmarks/compute_remaining_precision/all.tsv"
     conda:
         "../envs/bitdrift.yaml"
+    resources:
+        **ANALYSIS_RESOURCES,
     params:
         precision=config["analysis"]["precision"],
+        expect=expect_arguments(provenance()),
     script:
         "../workflow/scripts/compute_remaining_precision.py"
 

@@ -54,6 +54,23 @@ def all_targets():
     ]
 
 
+def provenance():
+    """(model, model file, dataset file) per model: every record, external ones included,
+    is checked against the files the workflow itself uses."""
+    return [
+        [
+            model,
+            paths.model_file(config, model),
+            paths.dataset_file(config["models"][model]["dataset"]),
+        ]
+        for model in MODELS
+    ]
+
+
+def expect_arguments(provenance):
+    return [arg for triple in provenance for arg in ("--expect", *triple)]
+
+
 def canonical(entry):
     """A config entry with sorted keys: params are compared by value, so reordering keys
     in config.yaml must not trigger reruns."""
@@ -88,15 +105,47 @@ def device_threads(wildcards):
     return config["devices"][wildcards.device]["threads"] or 1
 
 
-def device_resource(key, default=None):
-    """A resource of the device's config entry (cluster scheduling per device)."""
+def _profile_default(key):
+    """The profile's plain default-resources value of `key` (None if unset or an expression)."""
+    default = workflow.resource_settings.default_resources.get(key)
+    if default is None or default.is_evaluable():
+        return None
+    return default.value
 
-    def resource(wildcards):
-        device = config["devices"][wildcards.device]
-        if key == "gpu":
-            return device.get("resources", {}).get(
-                "gpu", 1 if device["accelerator"] == "gpu" else 0
-            )
-        return device.get("resources", {}).get(key, default)
 
-    return resource
+def scheduling_resources(entries, lookup):
+    """Rule resources taken from config entries: `entries` are every entry the rule can
+    run (to declare only the keys some entry sets, so the profile's defaults stay in
+    force otherwise), `lookup(wildcards)` the job's own resources. A key the job's entry
+    leaves unset falls back to the profile's default-resources."""
+    keys = sorted({key for entry in entries for key in entry})
+
+    def resource(key):
+        def value(wildcards):
+            own = lookup(wildcards)
+            return own[key] if key in own else _profile_default(key)
+
+        return value
+
+    return {key: resource(key) for key in keys}
+
+
+def device_resources(device):
+    """A device's scheduling: its `resources`, plus one GPU for a GPU device that asks
+    for none (so `gpu` devices land on GPU nodes without extra config)."""
+    entry = config["devices"][device]
+    own = dict(entry.get("resources", {}))
+    if entry["accelerator"] == "gpu" and "gpu" not in own and "gres" not in own:
+        own["gpu"] = 1
+    return own
+
+
+INFERENCE_RESOURCES = scheduling_resources(
+    [device_resources(device) for device in SCHEDULED_DEVICES],
+    lambda wildcards: device_resources(wildcards.device),
+)
+TRAINING_RESOURCES = scheduling_resources(
+    [config["models"][model]["train"].get("resources", {}) for model in TRAINED_MODELS],
+    lambda wildcards: config["models"][wildcards.model]["train"].get("resources", {}),
+)
+ANALYSIS_RESOURCES = config["analysis"].get("resources", {})

@@ -5,6 +5,8 @@ rule prepare_dataset:
         "logs/prepare_dataset/{dataset}.log",
     benchmark:
         "results/benchmarks/prepare_dataset/{dataset}.tsv"
+    # Downloads run where the internet is: compute nodes often have none.
+    localrule: True
     conda:
         "../envs/bitdrift.yaml"
     params:

@@ -15,7 +15,8 @@ rule run_inference:
         "../envs/bitdrift.yaml"
     threads: device_threads
     resources:
-        gpu=device_resource("gpu"),
+        # Partition, GRES, constraint, runtime, memory: the device's config entry.
+        **INFERENCE_RESOURCES,
     params:
         device=device_spec,
         samples=config["samples"],

@@ -12,6 +12,8 @@ rule train_model:
     conda:
         "../envs/bitdrift.yaml"
     threads: 2
+    resources:
+        **TRAINING_RESOURCES,
     params:
         spec=model_spec,
     script:

@@ -70,11 +70,22 @@ def _write_csv(table, out) -> None:
         table.to_csv(tmp, index=False)
 
 
-def cmd_eqc(args) -> None:
-    from bitdrift.eqc import eqc_tables
-    from bitdrift.record import open_records
+def _open_checked(args):
+    """Open the records; with --expect, check them against the workflow's files."""
+    from bitdrift.provenance import check_provenance
+    from bitdrift.record import RecordError, open_records
 
     records = open_records(args.files)
+    for model, model_path, dataset_path in args.expect or []:
+        if not check_provenance(records, model, model_path, dataset_path):
+            raise RecordError(f"--expect {model}: no record of that model among the files")
+    return records
+
+
+def cmd_eqc(args) -> None:
+    from bitdrift.eqc import eqc_tables
+
+    records = _open_checked(args)
     final, layers = eqc_tables(records, layers=args.layers_out is not None)
     _write_csv(final, args.out)
     if args.layers_out:
@@ -85,9 +96,8 @@ def cmd_eqc(args) -> None:
 
 def cmd_precision(args) -> None:
     from bitdrift.eqc import precision_table
-    from bitdrift.record import open_records
 
-    table = precision_table(open_records(args.files), precision=args.precision)
+    table = precision_table(_open_checked(args), precision=args.precision)
     _write_csv(table, args.out)
 
 
@@ -106,6 +116,13 @@ def cmd_plot_precision(args) -> None:
     from bitdrift.figures import plot_remaining_precision
 
     plot_remaining_precision(pd.read_csv(args.table), args.out)
+
+
+def _expect_option(parser) -> None:
+    parser.add_argument(
+        "--expect", nargs=3, action="append", metavar=("MODEL", "MODEL_FILE", "DATASET_FILE"),
+        help="refuse records of MODEL not produced from this model file and dataset "
+             "(repeatable; the workflow passes its own files)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,11 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", help="records; devices are ordered as given")
     p.add_argument("--out", required=True, help="final-output table (CSV)")
     p.add_argument("--layers-out", help="per-layer table (CSV)")
+    _expect_option(p)
     p.set_defaults(func=cmd_eqc)
 
     p = sub.add_parser("precision", help="remaining precision per layer")
     p.add_argument("files", nargs="+")
     p.add_argument("--out", required=True)
+    _expect_option(p)
     p.add_argument("--precision", choices=["float16", "bfloat16", "float32", "float64"],
                    help="devices of this precision enter (default: the one all records share)")
     p.set_defaults(func=cmd_precision)

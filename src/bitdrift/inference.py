@@ -9,7 +9,6 @@ The parent merges the repeats into one record (see bitdrift.record) written atom
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -18,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.datasets import file_digest, read_test_images
+from bitdrift.datasets import read_test_images
 from bitdrift.devices import device_environment
+from bitdrift.models import model_digest
+from bitdrift.provenance import input_sha256
 from bitdrift.record import OUTPUT, write_record
 
 
@@ -39,10 +40,6 @@ def batch_indices(samples: list[int], batch_size: int, n_test: int) -> list[int]
     if len(samples) + len(filler) < total:
         raise InferenceError(f"test set too small for batch size {batch_size}")
     return list(samples) + filler
-
-
-def input_sha256(images: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(images, dtype=np.float32).tobytes()).hexdigest()
 
 
 def run_repeat(job: dict) -> None:
@@ -152,7 +149,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     attrs = {
         "model": model_name, "device": device_name, "backend": device["backend"],
         "precision": device["precision"], "fingerprint": meta["fingerprint"],
-        "model_sha256": file_digest(model_path), "input_sha256": input_sha256(sample_images),
+        "model_sha256": model_digest(model_path), "input_sha256": input_sha256(sample_images),
         "accelerator": device["accelerator"], "batch_size": device["batch_size"],
         "repeats": device["repeats"], "device_config": json.dumps(device, sort_keys=True),
     }

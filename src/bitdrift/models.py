@@ -8,7 +8,16 @@ analysis commands never load TensorFlow or torch.
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import h5py
 import numpy as np
+
+from bitdrift.datasets import file_digest
 
 ACTIVATION_CLASSES = {"Activation", "ReLU", "LeakyReLU", "ELU", "PReLU", "Softmax"}
 
@@ -148,3 +157,47 @@ def layer_probe(keras, model):
         outputs.append(output)
         names.append((layer.name, layer.__class__.__name__))
     return keras.Model(model.inputs, outputs), names
+
+
+def _canonical_config(node, shared_ids: dict):
+    """A Keras config with run-specific parts made canonical: `shared_object_id` is a
+    Python object id (differs per process), so it is renumbered by first appearance."""
+    if isinstance(node, dict):
+        return {
+            key: (shared_ids.setdefault(value, len(shared_ids)) if key == "shared_object_id"
+                  else _canonical_config(value, shared_ids))
+            for key, value in sorted(node.items())
+        }
+    if isinstance(node, list):
+        return [_canonical_config(item, shared_ids) for item in node]
+    return node
+
+
+def _hash_weights(digest, handle) -> None:
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            values = np.ascontiguousarray(obj[()])
+            digest.update(f"{name}|{values.dtype.str}|{values.shape}\n".encode())
+            digest.update(values.tobytes())
+
+    handle.visititems(visit)
+
+
+def model_digest(path) -> str:
+    """SHA-256 of what a saved model computes: its architecture and its weights.
+
+    A `.keras` file also stores the save time and process-specific object ids, so two
+    saves of the same trained model differ byte for byte; this digest does not (the same
+    training on a cluster node and on a laptop gives the same digest). Other files are
+    hashed as bytes.
+    """
+    path = Path(path)
+    if not zipfile.is_zipfile(path):
+        return file_digest(path)
+    digest = hashlib.sha256()
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read("config.json"))
+        digest.update(json.dumps(_canonical_config(config, {}), sort_keys=True).encode())
+        with h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r") as weights:
+            _hash_weights(digest, weights)
+    return digest.hexdigest()

@@ -9,8 +9,9 @@ import h5py
 import numpy as np
 import pytest
 
-from bitdrift.datasets import file_digest, prepare_dataset
+from bitdrift.datasets import prepare_dataset
 from bitdrift.inference import InferenceError, batch_indices, infer
+from bitdrift.models import model_digest
 from bitdrift.record import Record
 
 CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
@@ -50,7 +51,7 @@ def test_record_of_a_real_run(assets, tmp_path, backend):
     with Record(out) as record:
         assert record.samples == [0, 6]
         assert record.attr("backend") == backend
-        assert record.attr("model_sha256") == file_digest(model)
+        assert record.attr("model_sha256") == model_digest(model)
         fingerprint = record.fingerprint
         assert fingerprint["environment"] == {"BITDRIFT_TEST_MARK": "1"}
         assert fingerprint["cpu"]["flags"] and fingerprint["cpu"]["count"] >= 1

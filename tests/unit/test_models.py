@@ -1,12 +1,16 @@
+import json
 import os
+import re
+import zipfile
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from bitdrift.datasets import file_digest  # noqa: E402
 from bitdrift.devices import import_keras  # noqa: E402
-from bitdrift.models import build_model, cast_model, layer_probe  # noqa: E402
+from bitdrift.models import build_model, cast_model, layer_probe, model_digest  # noqa: E402
 
 keras = import_keras(os.environ["KERAS_BACKEND"])
 
@@ -50,3 +54,34 @@ def test_cast_model_computes_in_the_precision(precision):
     assert [n for n, _ in names][:3] == ["conv2d", "activation", "pooling2d"]
     for original, casted in zip(model.get_weights(), cast.get_weights(), strict=True):
         assert np.array_equal(original.astype(precision), casted)
+
+
+def resave_as_another_process(source, target):
+    """Rewrite a .keras file as a save at another time, in another process would: a new
+    `date_saved` and new `shared_object_id`s (as seen between a cluster and a local run)."""
+    with zipfile.ZipFile(source) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    metadata = json.loads(members["metadata.json"])
+    metadata["date_saved"] = "1999-01-01@00:00:00"
+    members["metadata.json"] = json.dumps(metadata).encode()
+    members["config.json"] = re.sub(rb'("shared_object_id": )(\d+)', rb"\g<1>12345",
+                                    members["config.json"])
+    with zipfile.ZipFile(target, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def test_model_digest_ignores_save_time_but_not_weights(tmp_path):
+    spec = {"architecture": "cifar10_small", "activation": "relu", "pooling": "max"}
+    keras.utils.set_random_seed(0)
+    model = build_model(keras, spec, (32, 32, 3), 10)
+    first, second, changed = (tmp_path / f"{name}.keras" for name in ("a", "b", "c"))
+    model.save(first)
+    resave_as_another_process(first, second)
+    assert b"shared_object_id" in zipfile.ZipFile(first).read("config.json")
+    assert file_digest(first) != file_digest(second)
+    assert model_digest(first) == model_digest(second)
+    kernel = model.get_layer("dense_3").kernel
+    kernel.assign(kernel.numpy() + np.float32(1e-7))  # a change in the last bits
+    model.save(changed)
+    assert model_digest(changed) != model_digest(first)

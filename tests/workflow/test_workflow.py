@@ -1,36 +1,20 @@
 """The tiny test config end to end through Snakemake: tables, figures, report, incremental."""
 
-import shutil
 import subprocess
 import sys
-from pathlib import Path
+import zipfile
 
+import h5py
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
 from bitdrift.eqc import EQC_COLUMNS, PRECISION_COLUMNS
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import ROOT, snakemake
+
 pytestmark = pytest.mark.workflow
-
-
-def snakemake(workdir, *args, configfile):
-    command = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d",
-               str(workdir), "--configfile", str(configfile), "--cores", "2", *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1200)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return result.stdout + result.stderr
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("workflow")
-    config = workdir / "config.yaml"
-    shutil.copy(ROOT / "tests/config/config.yaml", config)
-    snakemake(workdir, "all", configfile=config)
-    snakemake(workdir, "--report", str(workdir / "results/report.html"), configfile=config)
-    return workdir, config
 
 
 def test_tables_follow_the_contract_and_agree(run):
@@ -80,3 +64,63 @@ def test_adding_a_device_recomputes_only_that_device(run):
     assert jobs.get("run_inference") == 1
     assert "prepare_dataset" not in jobs and "train_model" not in jobs
     assert jobs.get("cluster_equivalence_classes") == 1
+
+
+def tampered_copy(model, target):
+    """The model with one weight changed in its last bits: what a record made from a
+    slightly different model (another training, another checkpoint) would carry."""
+    with zipfile.ZipFile(model) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    weights = target.with_suffix(".weights.h5")
+    weights.write_bytes(members["model.weights.h5"])
+    with h5py.File(weights, "r+") as handle:
+        kernels = []
+        handle.visititems(lambda name, obj: kernels.append(obj)
+                          if isinstance(obj, h5py.Dataset) and obj.ndim == 2 else None)
+        values = kernels[-1][()]
+        values.flat[0] = np.nextafter(values.flat[0], np.float32(np.inf))
+        kernels[-1][...] = values
+    members["model.weights.h5"] = weights.read_bytes()
+    with zipfile.ZipFile(target, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def bitdrift_infer(workdir, config, device, *args):
+    command = [sys.executable, "-m", "bitdrift.cli", "infer", "--config", str(config),
+               "--model", "small", "--device", device, *args]
+    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_external_device_is_merged_and_a_mismatched_one_refused(run, tmp_path):
+    workdir, config = run
+    settings = yaml.safe_load(config.read_text())
+    settings["devices"]["laptop"] = {"accelerator": "cpu", "backend": "torch", "threads": 1,
+                                     "repeats": 1, "external": True}
+    extended = workdir / "external.yaml"
+    extended.write_text(yaml.safe_dump(settings))
+    record = workdir / "results/inference/small/laptop.h5"
+    # Measured "off-cluster": the same command a user runs on the other machine.
+    bitdrift_infer(workdir, extended, "laptop", "--out", str(record))
+    dry_run = snakemake(workdir, "all", "-n", configfile=extended)
+    assert "run_inference" not in dry_run  # never scheduled
+    snakemake(workdir, "all", configfile=extended)
+    eqc = pd.read_csv(workdir / "results/tables/eqc.csv")
+    laptop, torch = (eqc[eqc["device"] == name].set_index("sample")["eqc"]
+                     for name in ("laptop", "torch_1thread"))
+    assert laptop.equals(torch)  # same software, same machine: same class
+
+    tampered = tmp_path / "tampered.keras"
+    tampered_copy(workdir / "results/models/small/seed_3/model.keras", tampered)
+    bitdrift_infer(workdir, extended, "laptop", "--out", str(record),
+                   "--model-file", str(tampered))
+    command = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d",
+               str(workdir), "--configfile", str(extended), "--cores", "2",
+               "results/tables/eqc.csv"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    log = (workdir / "logs/cluster_equivalence_classes/all.log").read_text()
+    assert "laptop.h5: device 'laptop' was run on another model" in log, log
+    record.unlink()  # leave the shared run as it was for the other tests
+    snakemake(workdir, "all", configfile=config)

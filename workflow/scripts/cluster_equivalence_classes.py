@@ -6,7 +6,8 @@ from bitdrift.cli import main  # noqa: E402
 
 sys.exit(
     main(
-        ["eqc", *snakemake.input, "--out", snakemake.output.final]  # noqa: F821
+        ["eqc", *snakemake.input.records, "--out", snakemake.output.final]  # noqa: F821
         + ["--layers-out", snakemake.output.layers]  # noqa: F821
+        + snakemake.params.expect  # noqa: F821
     )
 )
