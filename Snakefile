@@ -18,6 +18,7 @@ include: "rules/datasets.smk"
 include: "rules/training.smk"
 include: "rules/inference.smk"
 include: "rules/analysis.smk"
+include: "rules/maxpool.smk"
 
 
 rule all:

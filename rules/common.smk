@@ -27,6 +27,13 @@ def _choice(names):
 
 wildcard_constraints:
     dataset=_choice(config["datasets"]),
+    setting=_choice(config.get("maxpool", {}).get("volume", {}).get("settings", {})),
+    beta=_choice(
+        [
+            b.replace(".", r"\.")
+            for b in config.get("maxpool", {}).get("training", {}).get("betas", {})
+        ]
+    ),
     model=_choice(MODELS),
     seed=r"\d+",
 
@@ -44,14 +51,67 @@ def record_files(wildcards=None):
     return [paths.record_file(model, device) for model in MODELS for device in DEVICES]
 
 
-def all_targets():
-    return training_targets() + [
-        "results/tables/eqc.csv",
-        "results/tables/eqc_layers.csv",
-        "results/tables/precision.csv",
-        "results/figures/eqc.pdf",
-        "results/figures/remaining_precision.pdf",
+MAXPOOL = config.get("maxpool")
+
+
+def maxpool_dataset_file(wildcards):
+    return paths.dataset_file(MAXPOOL["dataset"])
+
+
+def maxpool_spec(wildcards):
+    return canonical(MAXPOOL)
+
+
+def maxpool_variation_files(wildcards=None):
+    return [
+        f"results/maxpool/variation/{precision}.csv"
+        for precision in MAXPOOL["variation"]["precisions"]
     ]
+
+
+def maxpool_volume_files(wildcards=None):
+    return [
+        f"results/maxpool/volume/{name}.csv" for name in MAXPOOL["volume"]["settings"]
+    ]
+
+
+def maxpool_training_files(wildcards=None):
+    training = MAXPOOL["training"]
+    return [
+        f"results/maxpool/training/beta_{beta}/seed_{seed}.csv"
+        for beta in training["betas"]
+        for seed in training["seeds"]
+    ]
+
+
+def maxpool_targets():
+    if not MAXPOOL:
+        return []
+    targets = [
+        "results/tables/maxpool_zero_program.csv",
+        "results/figures/backprop_variation.pdf",
+        "results/figures/maxpool_training.pdf",
+    ]
+    if MAXPOOL["volume"]["settings"]:
+        targets.append("results/figures/bifurcation_volume.pdf")
+    return targets
+
+
+MAXPOOL_RESOURCES = (MAXPOOL or {}).get("resources", {})
+
+
+def all_targets():
+    return (
+        maxpool_targets()
+        + training_targets()
+        + [
+            "results/tables/eqc.csv",
+            "results/tables/eqc_layers.csv",
+            "results/tables/precision.csv",
+            "results/figures/eqc.pdf",
+            "results/figures/remaining_precision.pdf",
+        ]
+    )
 
 
 def provenance():

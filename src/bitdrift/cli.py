@@ -118,6 +118,55 @@ def cmd_plot_precision(args) -> None:
     plot_remaining_precision(pd.read_csv(args.table), args.out)
 
 
+def _maxpool(args):
+    from bitdrift import paths
+    from bitdrift.config import ConfigError, load_config
+
+    config = load_config(args.config)
+    if "maxpool" not in config:
+        raise ConfigError(f"{args.config}: no `maxpool` section")
+    study = config["maxpool"]
+    dataset = args.dataset_file or paths.dataset_file(study["dataset"])
+    return study, dataset
+
+
+def cmd_maxpool(args) -> None:
+    from bitdrift.maxpool_study import run_step
+
+    step = args.command.removeprefix("maxpool-")
+    if step == "zero":
+        study, dataset = {"accelerator": "cpu", "deterministic": True}, None
+    else:
+        study, dataset = _maxpool(args)
+    run_step(step, study, args.out, dataset=dataset, inputs=getattr(args, "files", ()),
+             precision=getattr(args, "precision", None), setting=getattr(args, "setting", None),
+             beta=getattr(args, "beta", None), seed=getattr(args, "seed", None))
+
+
+def _concat_csv(files):
+    import pandas as pd
+
+    return pd.concat([pd.read_csv(path) for path in files], ignore_index=True)
+
+
+def cmd_plot_backprop_variation(args) -> None:
+    from bitdrift.maxpool_figures import plot_backprop_variation
+
+    plot_backprop_variation(_concat_csv(args.files), args.out)
+
+
+def cmd_plot_bifurcation_volume(args) -> None:
+    from bitdrift.maxpool_figures import plot_bifurcation_volume
+
+    plot_bifurcation_volume(_concat_csv([args.table]), args.out)
+
+
+def cmd_plot_maxpool_training(args) -> None:
+    from bitdrift.maxpool_figures import plot_maxpool_training
+
+    plot_maxpool_training(_concat_csv(args.files), args.out)
+
+
 def _expect_option(parser) -> None:
     parser.add_argument(
         "--expect", nargs=3, action="append", metavar=("MODEL", "MODEL_FILE", "DATASET_FILE"),
@@ -179,18 +228,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("table", help="table from `bitdrift precision`")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_plot_precision)
+    _add_maxpool_commands(sub)
     return parser
+
+
+def _add_maxpool_commands(sub) -> None:
+    p = sub.add_parser("maxpool-zero", help="zero programs of Tables 1 and 3 at 16/32/64 bits")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_maxpool)
+    for name, func, help_text in (
+        ("maxpool-variation", cmd_maxpool, "backprop variation D at one precision"),
+        ("maxpool-volume", cmd_maxpool, "D over draws x mini-batches for one setting"),
+        ("maxpool-train", cmd_maxpool, "train with hybrid-beta MaxPool, one seed"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--config", required=True)
+        p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
+        p.add_argument("--out", required=True)
+        p.set_defaults(func=func)
+        if name == "maxpool-variation":
+            p.add_argument("--precision", type=int, choices=[16, 32, 64], required=True)
+        elif name == "maxpool-volume":
+            p.add_argument("--setting", required=True, help="a key of maxpool.volume.settings")
+        else:
+            p.add_argument("--beta", type=float, required=True)
+            p.add_argument("--seed", type=int, required=True)
+    p = sub.add_parser("maxpool-volume-table", help="Table 2: share of draws/batches in S")
+    p.add_argument("files", nargs="+", help="tables from `bitdrift maxpool-volume`")
+    p.add_argument("--config", required=True)
+    p.add_argument("--dataset-file")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_maxpool)
+    for name, func, inputs in (
+        ("plot-backprop-variation", cmd_plot_backprop_variation, "files"),
+        ("plot-bifurcation-volume", cmd_plot_bifurcation_volume, "table"),
+        ("plot-maxpool-training", cmd_plot_maxpool_training, "files"),
+    ):
+        p = sub.add_parser(name, help=f"{name[5:].replace('-', ' ')} figure (PDF)")
+        p.add_argument(inputs, nargs="+" if inputs == "files" else None)
+        p.add_argument("--out", required=True)
+        p.set_defaults(func=func)
 
 
 def main(argv=None) -> int:
     from bitdrift.config import ConfigError
     from bitdrift.datasets import DatasetError
+    from bitdrift.errors import StudyError
     from bitdrift.record import RecordError
 
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ConfigError, RecordError, DatasetError) as error:
+    except (ConfigError, RecordError, DatasetError, StudyError) as error:
         print(f"bitdrift: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -63,6 +63,10 @@ def validate_config(config: dict) -> dict:
 
 
 def _check_references(config: dict, trained_files: list[str]) -> None:
+    study = config.get("maxpool")
+    if study and study["dataset"] not in config["datasets"]:
+        raise ConfigError(f"config key maxpool.dataset: unknown dataset {study['dataset']!r} "
+                          f"(datasets: {sorted(config['datasets'])})")
     for name, model in config["models"].items():
         if model["dataset"] not in config["datasets"]:
             raise ConfigError(

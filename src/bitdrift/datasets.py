@@ -9,6 +9,7 @@ source's order, so test-set indices are stable and mean the same everywhere.
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
 import io
 import json
@@ -176,6 +177,56 @@ def load_deepweeds(folder: str | Path, image_size: int = 224) -> dict:
 
 
 # -- common ---------------------------------------------------------------------------------
+MNIST_FILES = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
+               "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
+MNIST_MIRROR = "https://ossci-datasets.s3.amazonaws.com/mnist/"
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """An IDX file (LeCun's MNIST format; gzip or plain) as a uint8 array, checked."""
+    path = Path(path)
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] != 0x08:
+        raise DatasetError(f"{path}: not an IDX file of unsigned bytes (bad magic number)")
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    payload = raw[4 + 4 * ndim:]
+    if len(payload) != int(np.prod(shape)):
+        raise DatasetError(f"{path}: IDX header says {shape} but holds {len(payload)} bytes")
+    return np.frombuffer(payload, dtype=np.uint8).reshape(shape)
+
+
+def load_mnist(folder: str | Path, mirror: str = MNIST_MIRROR) -> dict:
+    """MNIST from the four IDX files in `folder` (downloaded from `mirror` when missing),
+    padded from 28x28 to 32x32 as LeNet-5 expects, one channel, [0, 1] float32."""
+    folder = Path(folder)
+    data = {}
+    for key, stem in MNIST_FILES.items():
+        candidates = [folder / stem, folder / f"{stem}.gz"]
+        path = next((c for c in candidates if c.exists()), None)
+        if path is None:
+            path = candidates[1]
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                with atomic_output(path) as tmp:
+                    urllib.request.urlretrieve(f"{mirror}{stem}.gz", tmp)
+            except OSError as error:
+                raise DatasetError(f"{path}: not found locally and download from {mirror} "
+                                   f"failed ({error}); place the IDX files there") from error
+        data[key] = read_idx(path)
+    for split in ("train", "test"):
+        images, labels = data[f"x_{split}"], data[f"y_{split}"]
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise DatasetError(f"{folder}: {split} images {images.shape} and labels "
+                               f"{labels.shape} do not match")
+        padded = np.pad(images, ((0, 0), (2, 2), (2, 2)))[..., None]
+        data[f"x_{split}"] = padded.astype(np.float32) / 255.0
+        data[f"y_{split}"] = labels.astype(np.int64)
+    return data
+
+
 def load_source(spec: dict) -> dict:
     source = spec["source"]
     if source == "digits":
@@ -184,6 +235,10 @@ def load_source(spec: dict) -> dict:
         if "path" not in spec:
             raise DatasetError("cifar10 dataset needs 'path' (where the tarball is or goes)")
         data = load_cifar10(fetch_cifar10(spec["path"], spec["url"], spec["md5"]))
+    elif source == "mnist":
+        if "path" not in spec:
+            raise DatasetError("mnist dataset needs 'path' (folder of the IDX files)")
+        data = load_mnist(spec["path"], spec.get("mirror", MNIST_MIRROR))
     elif source == "deepweeds":
         if "path" not in spec:
             raise DatasetError("deepweeds dataset needs 'path' (folder with labels.csv)")

@@ -1,4 +1,5 @@
 import csv
+import gzip
 import hashlib
 import io
 import pickle
@@ -102,3 +103,36 @@ def test_embedded_digits_need_no_download(tmp_path):
     assert data["x_test"].shape == (10, 32, 32, 3)
     assert data["x_train"].max() <= 1.0 and data["x_train"].max() > 0.9
     assert len(data["source_sha256"]) == 64
+
+
+def write_idx(path, array):
+    """LeCun's IDX format: magic 0x00000803/0x00000801, big-endian dims, bytes; gzipped."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+        int(n).to_bytes(4, "big") for n in array.shape)
+    path.write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))
+
+
+def test_mnist_loader_reads_generated_idx_files(tmp_path):
+    rng = np.random.default_rng(0)
+    images = {split: rng.integers(0, 256, (n, 28, 28)) for split, n in (("train", 5), ("t10k", 3))}
+    labels = {"train": np.array([5, 0, 4, 1, 9]), "t10k": np.array([7, 2, 1])}
+    for split in ("train", "t10k"):
+        write_idx(tmp_path / f"{split}-images-idx3-ubyte.gz", images[split])
+        write_idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", labels[split])
+    data = load_source({"source": "mnist", "path": str(tmp_path)})
+    assert data["x_train"].shape == (5, 32, 32, 1) and data["x_test"].shape == (3, 32, 32, 1)
+    assert data["y_test"].tolist() == [7, 2, 1]
+    # padded by 2 on each side, [0, 1] scaled, pixel order kept
+    expected = images["train"][1].astype(np.float32) / np.float32(255)
+    assert np.array_equal(data["x_train"][1, 2:30, 2:30, 0], expected)
+    assert data["x_train"][:, :2].max() == 0.0
+
+
+def test_mnist_corrupt_idx_names_the_file(tmp_path):
+    for split in ("train", "t10k"):
+        write_idx(tmp_path / f"{split}-images-idx3-ubyte.gz", np.zeros((2, 28, 28)))
+        write_idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", np.zeros(2))
+    broken = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    broken.write_bytes(gzip.compress(bytes([0, 0, 8, 1]) + (5).to_bytes(4, "big") + b"ab"))
+    with pytest.raises(DatasetError, match=r"t10k-labels-idx1-ubyte\.gz: IDX header says"):
+        load_source({"source": "mnist", "path": str(tmp_path)})

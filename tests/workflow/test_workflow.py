@@ -44,11 +44,24 @@ def test_tables_follow_the_contract_and_agree(run):
 
 def test_figures_and_report_exist(run):
     workdir, _ = run
-    for name in ("eqc.pdf", "remaining_precision.pdf"):
+    for name in ("eqc.pdf", "remaining_precision.pdf", "backprop_variation.pdf",
+                 "bifurcation_volume.pdf", "maxpool_training.pdf"):
         data = (workdir / "results/figures" / name).read_bytes()
         assert data.startswith(b"%PDF") and len(data) > 5000
     report = (workdir / "results/report.html").read_text(errors="replace")
     assert "eqc.pdf" in report and "remaining_precision.pdf" in report
+    assert "maxpool_training.pdf" in report
+
+
+def test_maxpool_tables(run):
+    workdir, _ = run
+    zero = pd.read_csv(workdir / "results/tables/maxpool_zero_program.csv")
+    at_zero = zero[(zero["x"] == "x1") & (zero["t"] == 0.0)]
+    assert set(at_zero["derivative"].abs()) == {1.5}  # Tables 1 and 3 at every precision
+    volume = pd.read_csv(workdir / "results/tables/bifurcation_volume.csv")
+    assert volume["setting"].tolist() == ["lenet5_b16_fp32"]
+    assert volume[["M", "R"]].values.tolist() == [[2, 2]]
+    assert volume["share_batches"].between(0, 1).all()
 
 
 def test_adding_a_device_recomputes_only_that_device(run):

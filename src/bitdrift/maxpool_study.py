@@ -1,0 +1,247 @@
+"""The MaxPool study's experiments on a bitdrift dataset file: backprop variation
+(Figures 1-3), bifurcation-zone volume (Table 2, Figure 4) and hybrid-beta training
+(Figure 5). Each returns a table; the figures are drawn from the tables."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from bitdrift.datasets import read_dataset
+from bitdrift.errors import StudyError
+from bitdrift.maxpool import (
+    MINIMAL,
+    NATIVE,
+    PRECISIONS,
+    RELU_ONE,
+    Program,
+    bifurcation_volume,
+    kaiming_uniform_,
+    minibatch_gradient,
+    minor_major_split,
+    set_program,
+    tau_gpu,
+    tau_relu,
+)
+from bitdrift.torchnets import build_network
+
+# Definition 7's comparisons: the sanity copy, the MaxPool Jacobians, ReLU'(0).
+COMPARISONS = {
+    "copy": (NATIVE, NATIVE),
+    "native_vs_minimal": (NATIVE, MINIMAL),
+    "relu0_vs_relu1": (NATIVE, RELU_ONE),
+}
+
+
+def select_device(accelerator: str) -> torch.device:
+    """cpu, or cuda when asked for; a missing GPU fails, never falls back to the CPU."""
+    if accelerator == "cpu":
+        return torch.device("cpu")
+    if accelerator == "gpu":
+        if not torch.cuda.is_available():
+            raise StudyError("the MaxPool study asks for a GPU but torch sees none "
+                             "(torch.cuda.is_available() is False); refusing to fall back")
+        return torch.device("cuda")
+    raise StudyError(f"unknown accelerator {accelerator!r}")
+
+
+def configure(accelerator: str, deterministic: bool) -> torch.device:
+    device = select_device(accelerator)
+    # Deterministic kernels make D(P, P~) 0; off, GPU kernels give tau^1 > 0.
+    torch.use_deterministic_algorithms(deterministic, warn_only=False)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = False
+    return device
+
+
+def load_split(dataset_path, split: str, limit: int | None, precision: int, device):
+    """Images (NCHW) and labels of one split, in the study's precision."""
+    data = read_dataset(dataset_path, splits=(split,))
+    images, labels = data[f"x_{split}"], data[f"y_{split}"]
+    if split == "train":  # the dataset's fixed training order
+        images, labels = images[data["train_order"]], labels[data["train_order"]]
+    if limit:
+        images, labels = images[:limit], labels[:limit]
+    images = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
+    return (images.to(device=device, dtype=PRECISIONS[precision]),
+            torch.from_numpy(labels.astype(np.int64)).to(device))
+
+
+def _network(spec: dict, images, labels, precision: int, device):
+    classes = int(labels.max()) + 1
+    network = build_network(spec["network"], channels=images.shape[1],
+                            classes=max(classes, spec.get("classes", 10)),
+                            batch_norm=spec.get("batch_norm", False),
+                            width=spec.get("width", 1.0), pooling=spec.get("pooling", "max"))
+    return network.to(device=device, dtype=PRECISIONS[precision])
+
+
+def backprop_variation_table(spec: dict, dataset_path, *, precision: int,
+                             comparisons=tuple(COMPARISONS), accelerator: str = "cpu",
+                             deterministic: bool = True) -> pd.DataFrame:
+    """D_{m,q}(P, Q) for M Kaiming-uniform draws x R mini-batches, per comparison; with
+    per-parameter counts of minor (a few ulps) and major differences."""
+    device = configure(accelerator, deterministic)
+    images, labels = load_split(dataset_path, "train", spec.get("limit"), precision, device)
+    network = _network(spec, images, labels, precision, device)
+    network.train(spec.get("train_mode", True))
+    batch_size = spec["batch_size"]
+    starts = list(range(0, len(images), batch_size))[: spec.get("batches") or None]
+    rows = []
+    for draw in range(spec["draws"]):
+        kaiming_uniform_(network, spec.get("seed", 0) * 100003 + draw)
+        for batch, start in enumerate(starts):
+            x, y = images[start:start + batch_size], labels[start:start + batch_size]
+            for name in comparisons:
+                program_p, program_q = COMPARISONS[name]
+                # BatchNorm's running statistics move with each forward pass: keep the
+                # parameters identical for P and Q by restoring the buffers.
+                state = {k: v.clone() for k, v in network.state_dict().items()}
+                total, difference, magnitude = _variation(network, program_p, program_q,
+                                                          x, y, state)
+                minor, major = minor_major_split(difference, magnitude, precision)
+                rows.append({"comparison": name, "network": spec["network"],
+                             "precision": precision, "batch_size": batch_size,
+                             "batch_norm": spec.get("batch_norm", False), "draw": draw,
+                             "batch": batch, "variation": total, "parameters":
+                             difference.numel(), "minor": minor, "major": major,
+                             "finite": bool(np.isfinite(total))})
+    return pd.DataFrame(rows)
+
+
+def _variation(network, program_p: Program, program_q: Program, x, y, state):
+    network.load_state_dict(state)
+    grad_p = minibatch_gradient(set_program(network, program_p), x, y)
+    network.load_state_dict(state)
+    grad_q = minibatch_gradient(set_program(network, program_q), x, y)
+    difference = (grad_p - grad_q).abs()
+    return float(difference.sum()), difference, torch.maximum(grad_p.abs(), grad_q.abs())
+
+
+def thresholds(table: pd.DataFrame) -> dict:
+    """tau^1 from the copy comparison, tau^2 from ReLU'(0), per precision."""
+    out = {}
+    for precision, rows in table.groupby("precision"):
+        copy = rows.loc[rows["comparison"] == "copy", "variation"].to_numpy()
+        relu = rows.loc[rows["comparison"] == "relu0_vs_relu1", "variation"].to_numpy()
+        out[int(precision)] = {"tau1": tau_gpu(copy) if copy.size else None,
+                               "tau2": tau_relu(relu) if relu.size else None}
+    return out
+
+
+def volume_table(table: pd.DataFrame, threshold_policy: dict) -> pd.DataFrame:
+    """Table 2 / Figure 4 rows: the share of draws and of mini-batches in S(tau), with the
+    Hoeffding and McDiarmid margins. `threshold_policy` maps precision -> 'tau1', 'tau2'
+    or a number."""
+    taus = thresholds(table)
+    rows = []
+    keys = ["network", "precision", "batch_size", "batch_norm"]
+    maxpool = table[table["comparison"] == "native_vs_minimal"]
+    for key, rows_of_setting in maxpool.groupby(keys):
+        setting = dict(zip(keys, key, strict=True))
+        policy = threshold_policy.get(int(setting["precision"]), "tau1")
+        tau = taus[int(setting["precision"])].get(policy) if isinstance(policy, str) else policy
+        if tau is None:
+            raise ValueError(f"threshold {policy} needs the {policy} comparison in the table")
+        variations = rows_of_setting.pivot(index="draw", columns="batch",
+                                           values="variation").to_numpy()
+        volume = bifurcation_volume(np.nan_to_num(variations, nan=np.inf), tau)
+        rows.append({**setting, "threshold_policy": str(policy), **volume})
+    return pd.DataFrame(rows)
+
+
+def train_hybrid(spec: dict, dataset_path, *, beta: float, seed: int, learning_rate: float,
+                 precision: int, accelerator: str = "cpu",
+                 deterministic: bool = True) -> pd.DataFrame:
+    """SGD (no momentum) with hybrid-beta MaxPool; one row per epoch.
+
+    16-bit training is pure half precision: parameters, inputs, gradients and the SGD
+    update are float16, with no float32 master copy and no loss scaling, so what the
+    Jacobian choice does to float16 arithmetic is not hidden.
+    """
+    device = configure(accelerator, deterministic)
+    train_x, train_y = load_split(dataset_path, "train", spec.get("limit"), precision, device)
+    test_x, test_y = load_split(dataset_path, "test", None, precision, device)
+    torch.manual_seed(seed)
+    network = _network(spec, train_x, train_y, precision, device)
+    kaiming_uniform_(network, seed)
+    set_program(network, Program(beta=beta))
+    optimizer = torch.optim.SGD(network.parameters(), lr=learning_rate, momentum=0.0)
+    order = torch.Generator().manual_seed(seed)
+    rows, batch_size = [], spec["batch_size"]
+    for epoch in range(1, spec["epochs"] + 1):
+        network.train()
+        started, losses = time.perf_counter(), []
+        for index in torch.randperm(len(train_x), generator=order).split(batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(network(train_x[index]), train_y[index])
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+        network.eval()
+        with torch.no_grad():
+            predicted = torch.cat([network(test_x[i:i + 256]).argmax(1)
+                                   for i in range(0, len(test_x), 256)])
+        rows.append({"beta": beta, "seed": seed, "learning_rate": learning_rate,
+                     "precision": precision, "epoch": epoch,
+                     "train_loss": float(np.mean(losses)),
+                     "diverged": not np.isfinite(np.mean(losses)),
+                     "test_accuracy": float((predicted == test_y).float().mean()),
+                     "epoch_seconds": time.perf_counter() - started})
+    return pd.DataFrame(rows)
+
+
+def _write_csv(table: pd.DataFrame, out) -> None:
+    from bitdrift.atomic import atomic_output
+
+    with atomic_output(out) as tmp:
+        table.to_csv(tmp, index=False)
+
+
+def run_step(step: str, study: dict, out, *, dataset=None, inputs=(), precision=None,
+             setting=None, beta=None, seed=None) -> None:
+    """One step of the study, as the workflow rules and `bitdrift maxpool-*` run it.
+
+    `study` is the validated `maxpool` config section (defaults filled)."""
+    from bitdrift.maxpool import zero_program_table
+
+    common = {"accelerator": study["accelerator"], "deterministic": study["deterministic"]}
+    if step == "zero":
+        table = pd.DataFrame(zero_program_table())
+    elif step == "variation":
+        table = backprop_variation_table(study["variation"], dataset, precision=precision,
+                                         **common)
+    elif step == "volume":
+        volume = study["volume"]
+        if setting not in volume["settings"]:
+            raise StudyError(f"setting {setting!r} is not in maxpool.volume.settings "
+                             f"{sorted(volume['settings'])}")
+        spec = {**volume["settings"][setting], "draws": volume["draws"],
+                "batches": volume["batches"], "limit": volume["limit"],
+                "width": volume["width"]}
+        table = backprop_variation_table(spec, dataset, precision=spec["precision"], **common)
+        table.insert(0, "setting", setting)
+    elif step == "volume-table":
+        policy = {int(k): v for k, v in study["volume"]["thresholds"].items()}
+        parts = []
+        for path in inputs:
+            raw = pd.read_csv(path)
+            part = volume_table(raw, policy)
+            part.insert(0, "setting", raw["setting"].iloc[0])
+            parts.append(part)
+        table = pd.concat(parts, ignore_index=True)
+    elif step == "train":
+        training = study["training"]
+        rates = {float(key): rate for key, rate in training["betas"].items()}
+        if float(beta) not in rates:
+            raise StudyError(f"beta {beta} is not in maxpool.training.betas {list(rates)}")
+        table = train_hybrid(training, dataset, beta=float(beta), seed=int(seed),
+                             learning_rate=rates[float(beta)],
+                             precision=training["precision"], **common)
+    else:
+        raise StudyError(f"unknown MaxPool study step {step!r}")
+    _write_csv(table, out)
