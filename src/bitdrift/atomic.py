@@ -30,3 +30,9 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_csv(table, path: str | Path) -> None:
+    """A pandas table as CSV (no index), written atomically."""
+    with atomic_output(path) as tmp:
+        table.to_csv(tmp, index=False)

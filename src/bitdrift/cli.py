@@ -63,13 +63,6 @@ def cmd_infer(args) -> None:
           layers=config["analysis"]["layers"])
 
 
-def _write_csv(table, out) -> None:
-    from bitdrift.atomic import atomic_output
-
-    with atomic_output(out) as tmp:
-        table.to_csv(tmp, index=False)
-
-
 def _open_checked(args):
     """Open the records; with --expect, check them against the workflow's files."""
     from bitdrift.provenance import check_provenance
@@ -83,22 +76,24 @@ def _open_checked(args):
 
 
 def cmd_eqc(args) -> None:
+    from bitdrift.atomic import write_csv
     from bitdrift.eqc import eqc_tables
 
     records = _open_checked(args)
     final, layers = eqc_tables(records, layers=args.layers_out is not None)
-    _write_csv(final, args.out)
+    write_csv(final, args.out)
     if args.layers_out:
-        _write_csv(layers, args.layers_out)
+        write_csv(layers, args.layers_out)
     print(f"bitdrift: {final['eqc'].max() if len(final) else 0} classes at most over "
           f"{final['device'].nunique()} devices -> {args.out}", file=sys.stderr)
 
 
 def cmd_precision(args) -> None:
+    from bitdrift.atomic import write_csv
     from bitdrift.eqc import precision_table
 
     table = precision_table(_open_checked(args), precision=args.precision)
-    _write_csv(table, args.out)
+    write_csv(table, args.out)
 
 
 def cmd_plot_eqc(args) -> None:
@@ -126,7 +121,7 @@ def _maxpool(args):
     if "maxpool" not in config:
         raise ConfigError(f"{args.config}: no `maxpool` section")
     study = config["maxpool"]
-    dataset = args.dataset_file or paths.dataset_file(study["dataset"])
+    dataset = getattr(args, "dataset_file", None) or paths.dataset_file(study["dataset"])
     return study, dataset
 
 
@@ -134,10 +129,7 @@ def cmd_maxpool(args) -> None:
     from bitdrift.maxpool_study import run_step
 
     step = args.command.removeprefix("maxpool-")
-    if step == "zero":
-        study, dataset = {"accelerator": "cpu", "deterministic": True}, None
-    else:
-        study, dataset = _maxpool(args)
+    study, dataset = (None, None) if step == "zero" else _maxpool(args)
     run_step(step, study, args.out, dataset=dataset, inputs=getattr(args, "files", ()),
              precision=getattr(args, "precision", None), setting=getattr(args, "setting", None),
              beta=getattr(args, "beta", None), seed=getattr(args, "seed", None))
@@ -232,33 +224,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _study_parser(sub, name: str, help_text: str, *, dataset=True):
+    """A `maxpool-*` subcommand: it reads the study from --config and writes --out."""
+    p = sub.add_parser(name, help=help_text)
+    p.add_argument("--config", required=True)
+    if dataset:
+        p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_maxpool)
+    return p
+
+
 def _add_maxpool_commands(sub) -> None:
     p = sub.add_parser("maxpool-zero", help="zero programs of Tables 1 and 3 at 16/32/64 bits")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_maxpool)
-    for name, func, help_text in (
-        ("maxpool-variation", cmd_maxpool, "backprop variation D at one precision"),
-        ("maxpool-volume", cmd_maxpool, "D over draws x mini-batches for one setting"),
-        ("maxpool-train", cmd_maxpool, "train with hybrid-beta MaxPool, one seed"),
-    ):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--config", required=True)
-        p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
-        p.add_argument("--out", required=True)
-        p.set_defaults(func=func)
-        if name == "maxpool-variation":
-            p.add_argument("--precision", type=int, choices=[16, 32, 64], required=True)
-        elif name == "maxpool-volume":
-            p.add_argument("--setting", required=True, help="a key of maxpool.volume.settings")
-        else:
-            p.add_argument("--beta", type=float, required=True)
-            p.add_argument("--seed", type=int, required=True)
-    p = sub.add_parser("maxpool-volume-table", help="Table 2: share of draws/batches in S")
+    p = _study_parser(sub, "maxpool-variation", "backprop variation D at one precision")
+    p.add_argument("--precision", type=int, choices=[16, 32, 64], required=True)
+    p = _study_parser(sub, "maxpool-volume", "D over draws x mini-batches for one setting")
+    p.add_argument("--setting", required=True, help="a key of maxpool.volume.settings")
+    p = _study_parser(sub, "maxpool-train", "train with hybrid-beta MaxPool, one seed")
+    p.add_argument("--beta", type=float, required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p = _study_parser(sub, "maxpool-volume-table", "Table 2: share of draws/batches in S",
+                      dataset=False)
     p.add_argument("files", nargs="+", help="tables from `bitdrift maxpool-volume`")
-    p.add_argument("--config", required=True)
-    p.add_argument("--dataset-file")
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=cmd_maxpool)
     for name, func, inputs in (
         ("plot-backprop-variation", cmd_plot_backprop_variation, "files"),
         ("plot-bifurcation-volume", cmd_plot_bifurcation_volume, "table"),

@@ -27,7 +27,11 @@ from torch import nn
 PRECISIONS = {16: torch.float16, 32: torch.float32, 64: torch.float64}
 
 
-def minimal_maxpool_grad(x, out, grad_out, kernel_size: int, stride: int):
+def _pair(size) -> list[int]:
+    return [size, size] if isinstance(size, int) else list(size)
+
+
+def minimal_maxpool_grad(x, out, grad_out, kernel_size, stride):
     """Gradient of MaxPool shared equally among every maximal entry of each window."""
     n, c, h, w = x.shape
     columns = F.unfold(x.reshape(n * c, 1, h, w), kernel_size, stride=stride)
@@ -53,7 +57,7 @@ class _MaxPool2d(torch.autograd.Function):
         grad = None
         if beta != 1:
             native = torch.ops.aten.max_pool2d_with_indices_backward(
-                grad_out, x, [k, k], [s, s], [0, 0], [1, 1], False, indices)
+                grad_out, x, _pair(k), _pair(s), [0, 0], [1, 1], False, indices)
             grad = native if beta == 0 else (1 - beta) * native
         if beta != 0:
             minimal = minimal_maxpool_grad(x, out, grad_out, k, s)
@@ -183,27 +187,11 @@ def zero_program_derivative(t: float, x, precision: int) -> float:
     dtype = PRECISIONS[precision]
     t = torch.tensor(t, dtype=dtype, requires_grad=True)
     z = (t * torch.as_tensor(x, dtype=dtype)).reshape(1, 1, 1, -1)
-    width = z.shape[-1]
-    (_MaxPool1xW.apply(z, width, 0.0) - _MaxPool1xW.apply(z, width, 1.0)).sum().backward()
+    window = (1, z.shape[-1])  # MaxPool over the whole row is the max of the vector
+    native = _MaxPool2d.apply(z, window, window, 0.0)
+    minimal = _MaxPool2d.apply(z, window, window, 1.0)
+    (native - minimal).sum().backward()
     return float(t.grad)
-
-
-class _MaxPool1xW(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, z, width, beta):
-        out, indices = F.max_pool2d(z, (1, width), (1, width), return_indices=True)
-        ctx.save_for_backward(z, out, indices)
-        ctx.width, ctx.beta = width, beta
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        z, out, indices = ctx.saved_tensors
-        native = torch.ops.aten.max_pool2d_with_indices_backward(
-            grad_out, z, [1, ctx.width], [1, ctx.width], [0, 0], [1, 1], False, indices)
-        ties = (z == out).to(z.dtype)
-        minimal = ties * grad_out / ties.sum(dim=-1, keepdim=True)
-        return ctx.beta * minimal + (1 - ctx.beta) * native, None, None
 
 
 def zero2_program_derivative(t: float, x, precision: int) -> float:

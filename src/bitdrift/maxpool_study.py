@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from bitdrift.atomic import write_csv
 from bitdrift.datasets import read_dataset
 from bitdrift.errors import StudyError
 from bitdrift.maxpool import (
@@ -26,6 +27,7 @@ from bitdrift.maxpool import (
     set_program,
     tau_gpu,
     tau_relu,
+    zero_program_table,
 )
 from bitdrift.torchnets import build_network
 
@@ -96,11 +98,11 @@ def backprop_variation_table(spec: dict, dataset_path, *, precision: int,
         kaiming_uniform_(network, spec.get("seed", 0) * 100003 + draw)
         for batch, start in enumerate(starts):
             x, y = images[start:start + batch_size], labels[start:start + batch_size]
+            # BatchNorm's running statistics move with each forward pass: every program
+            # starts from the same parameters and buffers.
+            state = {k: v.clone() for k, v in network.state_dict().items()}
             for name in comparisons:
                 program_p, program_q = COMPARISONS[name]
-                # BatchNorm's running statistics move with each forward pass: keep the
-                # parameters identical for P and Q by restoring the buffers.
-                state = {k: v.clone() for k, v in network.state_dict().items()}
                 total, difference, magnitude = _variation(network, program_p, program_q,
                                                           x, y, state)
                 minor, major = minor_major_split(difference, magnitude, precision)
@@ -195,24 +197,17 @@ def train_hybrid(spec: dict, dataset_path, *, beta: float, seed: int, learning_r
     return pd.DataFrame(rows)
 
 
-def _write_csv(table: pd.DataFrame, out) -> None:
-    from bitdrift.atomic import atomic_output
-
-    with atomic_output(out) as tmp:
-        table.to_csv(tmp, index=False)
-
-
 def run_step(step: str, study: dict, out, *, dataset=None, inputs=(), precision=None,
              setting=None, beta=None, seed=None) -> None:
     """One step of the study, as the workflow rules and `bitdrift maxpool-*` run it.
 
-    `study` is the validated `maxpool` config section (defaults filled)."""
-    from bitdrift.maxpool import zero_program_table
-
-    common = {"accelerator": study["accelerator"], "deterministic": study["deterministic"]}
+    `study` is the validated `maxpool` config section (defaults filled); the zero
+    programs need none."""
     if step == "zero":
-        table = pd.DataFrame(zero_program_table())
-    elif step == "variation":
+        write_csv(pd.DataFrame(zero_program_table()), out)
+        return
+    common = {"accelerator": study["accelerator"], "deterministic": study["deterministic"]}
+    if step == "variation":
         table = backprop_variation_table(study["variation"], dataset, precision=precision,
                                          **common)
     elif step == "volume":
@@ -244,4 +239,4 @@ def run_step(step: str, study: dict, out, *, dataset=None, inputs=(), precision=
                              precision=training["precision"], **common)
     else:
         raise StudyError(f"unknown MaxPool study step {step!r}")
-    _write_csv(table, out)
+    write_csv(table, out)

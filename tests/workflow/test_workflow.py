@@ -12,7 +12,7 @@ import yaml
 
 from bitdrift.eqc import EQC_COLUMNS, PRECISION_COLUMNS
 
-from .conftest import ROOT, snakemake
+from .conftest import snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -128,10 +128,7 @@ def test_external_device_is_merged_and_a_mismatched_one_refused(run, tmp_path):
     tampered_copy(workdir / "results/models/small/seed_3/model.keras", tampered)
     bitdrift_infer(workdir, extended, "laptop", "--out", str(record),
                    "--model-file", str(tampered))
-    command = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d",
-               str(workdir), "--configfile", str(extended), "--cores", "2",
-               "results/tables/eqc.csv"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = snakemake(workdir, "results/tables/eqc.csv", configfile=extended, check=False)
     assert result.returncode != 0
     log = (workdir / "logs/cluster_equivalence_classes/all.log").read_text()
     assert "laptop.h5: device 'laptop' was run on another model" in log, log
