@@ -1,7 +1,7 @@
 rule cluster_equivalence_classes:
     input:
         records=record_files,
-        provenance=[file for triple in provenance() for file in triple[1:]],
+        provenance=PROVENANCE_FILES,
     output:
         final=report(
             "results/tables/eqc.csv",
@@ -22,7 +22,7 @@ rule cluster_equivalence_classes:
     resources:
         **ANALYSIS_RESOURCES,
     params:
-        expect=expect_arguments(provenance()),
+        expect=EXPECT_ARGUMENTS,
     script:
         "../workflow/scripts/cluster_equivalence_classes.py"
 
@@ -30,7 +30,7 @@ rule cluster_equivalence_classes:
 rule compute_remaining_precision:
     input:
         records=record_files,
-        provenance=[file for triple in provenance() for file in triple[1:]],
+        provenance=PROVENANCE_FILES,
     output:
         report(
             "results/tables/precision.csv",
@@ -47,7 +47,7 @@ rule compute_remaining_precision:
         **ANALYSIS_RESOURCES,
     params:
         precision=config["analysis"]["precision"],
-        expect=expect_arguments(provenance()),
+        expect=EXPECT_ARGUMENTS,
     script:
         "../workflow/scripts/compute_remaining_precision.py"
 

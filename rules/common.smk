@@ -114,21 +114,18 @@ def all_targets():
     )
 
 
-def provenance():
-    """(model, model file, dataset file) per model: every record, external ones included,
-    is checked against the files the workflow itself uses."""
-    return [
-        [
-            model,
-            paths.model_file(config, model),
-            paths.dataset_file(config["models"][model]["dataset"]),
-        ]
-        for model in MODELS
-    ]
-
-
-def expect_arguments(provenance):
-    return [arg for triple in provenance for arg in ("--expect", *triple)]
+# (model, model file, dataset file) per model: every record, external ones included, is
+# checked against the files the workflow itself uses (`bitdrift eqc --expect ...`).
+PROVENANCE = [
+    (
+        model,
+        paths.model_file(config, model),
+        paths.dataset_file(config["models"][model]["dataset"]),
+    )
+    for model in MODELS
+]
+PROVENANCE_FILES = [file for _, *files in PROVENANCE for file in files]
+EXPECT_ARGUMENTS = [arg for triple in PROVENANCE for arg in ("--expect", *triple)]
 
 
 def canonical(entry):
