@@ -19,6 +19,7 @@ include: "rules/training.smk"
 include: "rules/inference.smk"
 include: "rules/analysis.smk"
 include: "rules/maxpool.smk"
+include: "rules/variance.smk"
 
 
 rule all:

@@ -1,4 +1,5 @@
 # Python helpers for the rules: config validation, target lists, wildcard constraints.
+import re
 import sys
 
 # The library is installed into the environment; fall back to the checkout's src/ so a
@@ -9,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 
 from bitdrift import paths
 from bitdrift.config import ConfigError, inference_seed, validate_config
+from bitdrift.variance_plans import plan_runs, resolve_plans, run_directory
 
 try:
     validate_config(config)
@@ -19,21 +21,21 @@ MODELS = list(config["models"])
 DEVICES = list(config["devices"])
 SCHEDULED_DEVICES = [d for d in DEVICES if not config["devices"][d]["external"]]
 TRAINED_MODELS = [m for m in MODELS if "architecture" in config["models"][m]]
+PLANS = resolve_plans(config)
+VARIANCE_DEVICES = sorted({d for plan in PLANS.values() for d in plan["devices"]})
 
 
 def _choice(names):
-    return "|".join(names) if names else "(?!)"
+    return "|".join(re.escape(name) for name in names) if names else "(?!)"
 
 
 wildcard_constraints:
     dataset=_choice(config["datasets"]),
     setting=_choice(config.get("maxpool", {}).get("volume", {}).get("settings", {})),
-    beta=_choice(
-        [
-            b.replace(".", r"\.")
-            for b in config.get("maxpool", {}).get("training", {}).get("betas", {})
-        ]
-    ),
+    beta=_choice(config.get("maxpool", {}).get("training", {}).get("betas", {})),
+    plan=_choice(PLANS),
+    arm=_choice(sorted({arm for plan in PLANS.values() for arm in plan["arms"]})),
+    run=r"\d+",
     model=_choice(MODELS),
     seed=r"\d+",
 
@@ -100,9 +102,45 @@ def maxpool_targets():
 MAXPOOL_RESOURCES = (MAXPOOL or {}).get("resources", {})
 
 
+def variance_run_files(wildcards=None):
+    """run.h5 of every training-variance run: one job each, so runs spread over a cluster."""
+    return [f"{run_directory(*run)}/run.h5" for run in plan_runs(PLANS)]
+
+
+def variance_run_plan(wildcards):
+    """What one run depends on: its arm's switches, not the plan's other arms, devices or
+    run count (adding runs or devices must not retrain the existing ones)."""
+    plan = PLANS[wildcards.plan]
+    return canonical(
+        {
+            "study": plan["study"],
+            "model": plan["model"],
+            "spec": plan["spec"],
+            "seed": plan["seed"],
+            "arms": {wildcards.arm: plan["arms"][wildcards.arm]},
+        }
+    )
+
+
+def variance_dataset_file(wildcards):
+    return paths.dataset_file(PLANS[wildcards.plan]["spec"]["dataset"])
+
+
+def variance_targets():
+    if not PLANS:
+        return []
+    return [
+        "results/figures/training_variance.pdf",
+        "results/figures/churn.pdf",
+        "results/figures/determinism_cost.pdf",
+        "results/figures/ensemble_disagreement.pdf",
+    ]
+
+
 def all_targets():
     return (
         maxpool_targets()
+        + variance_targets()
         + training_targets()
         + [
             "results/tables/eqc.csv",
@@ -206,3 +244,14 @@ TRAINING_RESOURCES = scheduling_resources(
     lambda wildcards: config["models"][wildcards.model]["train"].get("resources", {}),
 )
 ANALYSIS_RESOURCES = config["analysis"].get("resources", {})
+VARIANCE_RESOURCES = scheduling_resources(
+    [
+        {**device_resources(device), **plan["resources"]}
+        for plan in PLANS.values()
+        for device in plan["devices"]
+    ],
+    lambda wildcards: {
+        **device_resources(wildcards.device),
+        **PLANS[wildcards.plan]["resources"],
+    },
+)

@@ -159,6 +159,90 @@ def cmd_plot_maxpool_training(args) -> None:
     plot_maxpool_training(_concat_csv(args.files), args.out)
 
 
+TRAINING_TABLES = {"summary": "training_variance.csv", "runs": "training_runs.csv",
+                   "subgroups": "training_subgroups.csv", "seed_ratio": "seed_ratio.csv",
+                   "determinism_cost": "determinism_cost.csv"}
+
+
+def cmd_train_run(args) -> None:
+    from bitdrift.variance_plans import resolve_plans, run_directory
+    from bitdrift.variance_training import train_run
+
+    config = _config(args.config)
+    plans = resolve_plans(config)
+    if args.plan not in plans:
+        sys.exit(f"bitdrift: unknown plan {args.plan!r} (config has {sorted(plans)})")
+    plan = plans[args.plan]
+    if args.device not in config["devices"]:
+        sys.exit(f"bitdrift: unknown device {args.device!r} "
+                 f"(config has {sorted(config['devices'])})")
+    dataset = config["training_variance"]["models"][plan["model"]]["dataset"]
+    train_run(plan_name=args.plan, plan=plan, arm=args.arm, device_name=args.device,
+              device=config["devices"][args.device], run=args.run,
+              dataset_path=args.dataset_file or paths.dataset_file(dataset),
+              out_dir=args.out_dir or run_directory(args.plan, args.arm, args.device, args.run))
+
+
+def cmd_training_stats(args) -> None:
+    from pathlib import Path
+
+    from bitdrift.atomic import write_csv
+    from bitdrift.variance_stats import training_tables
+
+    tables = training_tables(args.files)
+    for key, name in TRAINING_TABLES.items():
+        write_csv(tables[key], Path(args.out_dir) / name)
+    summary = tables["summary"]
+    print(f"bitdrift: {len(tables['runs'])} runs in {len(summary)} groups -> {args.out_dir}",
+          file=sys.stderr)
+
+
+def _read_table(path):
+    import pandas as pd
+
+    return pd.read_csv(path, keep_default_na=True)
+
+
+def cmd_plot_training(args) -> None:
+    from bitdrift import variance_figures
+
+    tables = [_read_table(path) for path in args.tables]
+    plot = {"plot-training-variance": variance_figures.plot_training_variance,
+            "plot-churn": variance_figures.plot_churn,
+            "plot-determinism-cost": variance_figures.plot_determinism_cost,
+            "plot-ensemble-disagreement": variance_figures.plot_ensemble_disagreement,
+            }[args.command]
+    plot(*tables, args.out)
+
+
+def _add_training_commands(sub) -> None:
+    p = sub.add_parser("train-run", help="one run of a training-variance plan on a device")
+    p.add_argument("--config", required=True)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--arm", required=True)
+    p.add_argument("--device", required=True)
+    p.add_argument("--run", type=int, required=True)
+    p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
+    p.add_argument("--out-dir", help="default results/training/PLAN/ARM/DEVICE/run_RUN")
+    p.set_defaults(func=cmd_train_run)
+
+    p = sub.add_parser("training-stats", help="spread, churn, weight distance, sub-groups and "
+                       "determinism cost from run files (run.h5)")
+    p.add_argument("files", nargs="+", help="run.h5 files, from this workflow or elsewhere")
+    p.add_argument("--out-dir", required=True,
+                   help=f"folder for {', '.join(TRAINING_TABLES.values())}")
+    p.set_defaults(func=cmd_training_stats)
+
+    for name, tables in (("plot-training-variance", "training_variance.csv seed_ratio.csv"),
+                         ("plot-churn", "training_variance.csv"),
+                         ("plot-determinism-cost", "determinism_cost.csv"),
+                         ("plot-ensemble-disagreement", "training_variance.csv")):
+        p = sub.add_parser(name, help=f"{name[5:].replace('-', ' ')} figure (PDF) from {tables}")
+        p.add_argument("tables", nargs=len(tables.split()), help=tables)
+        p.add_argument("--out", required=True)
+        p.set_defaults(func=cmd_plot_training)
+
+
 def _expect_option(parser) -> None:
     parser.add_argument(
         "--expect", nargs=3, action="append", metavar=("MODEL", "MODEL_FILE", "DATASET_FILE"),
@@ -221,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_plot_precision)
     _add_maxpool_commands(sub)
+    _add_training_commands(sub)
     return parser
 
 
@@ -265,11 +350,12 @@ def main(argv=None) -> int:
     from bitdrift.datasets import DatasetError
     from bitdrift.errors import StudyError
     from bitdrift.record import RecordError
+    from bitdrift.variance_training import TrainingRunError
 
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ConfigError, RecordError, DatasetError, StudyError) as error:
+    except (ConfigError, RecordError, DatasetError, StudyError, TrainingRunError) as error:
         print(f"bitdrift: error: {error}", file=sys.stderr)
         return 2
     return 0

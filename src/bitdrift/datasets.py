@@ -79,9 +79,18 @@ def load_digits(image_size: int = 32) -> dict:
     }
 
 
-# -- CIFAR-10 -------------------------------------------------------------------------------
+# -- CIFAR-10 and CIFAR-100 -----------------------------------------------------------------
+CIFAR_SOURCES = {
+    "cifar10": {"url": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+                "md5": "c58f30108f718f92721af3b95e74349a"},
+    "cifar100": {"url": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+                 "md5": "eb9058c3a382ffc7106e4002c42a8d85"},
+}
+
+
 def fetch_cifar10(path: str | Path, url: str, md5: str) -> Path:
-    """Return the local tarball, downloading it first when it is missing; verify its MD5."""
+    """Return the local tarball (CIFAR-10 or CIFAR-100), downloading it first when it is
+    missing; verify its MD5."""
     path = Path(path)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,20 +103,24 @@ def fetch_cifar10(path: str | Path, url: str, md5: str) -> Path:
     actual = file_digest(path, "md5")
     if actual != md5:
         raise DatasetError(f"{path}: MD5 {actual} does not match the expected {md5}; the "
-                           "file is corrupt or not the CIFAR-10 python tarball")
+                           "file is corrupt or not the CIFAR python tarball")
     return path
 
 
-def _cifar_batch(archive: tarfile.TarFile, member: str, path: Path):
+def _cifar_member(archive: tarfile.TarFile, member: str, path: Path) -> dict:
     try:
         handle = archive.extractfile(member)
     except KeyError as error:
         raise DatasetError(f"{path}: member {member} missing from the tarball") from error
-    batch = pickle.load(io.BytesIO(handle.read()), encoding="bytes")
+    return pickle.load(io.BytesIO(handle.read()), encoding="bytes")
+
+
+def _cifar_batch(archive: tarfile.TarFile, member: str, path: Path, labels_key=b"labels"):
+    batch = _cifar_member(archive, member, path)
     data = np.asarray(batch[b"data"], dtype=np.uint8)
     # Rows are 3072 bytes: 1024 red, 1024 green, 1024 blue, each 32x32 row-major.
     images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32) / 255.0
-    return images, np.asarray(batch[b"labels"], dtype=np.int64)
+    return images, np.asarray(batch[labels_key], dtype=np.int64)
 
 
 def load_cifar10(path: str | Path) -> dict:
@@ -134,6 +147,106 @@ def load_cifar10(path: str | Path) -> dict:
     }
 
 
+def load_cifar100(path: str | Path, labels: str = "fine") -> dict:
+    """CIFAR-100 python tarball: ``train`` and ``test`` pickles, 100 fine (or 20 coarse)
+    classes named in ``meta``. The class count comes from ``meta``, never from the labels
+    present, so a model always gets a 100-class head (a 10-class head on CIFAR-100 is a
+    known defect of the reference code)."""
+    path = Path(path)
+    try:
+        archive = tarfile.open(path, "r:gz")
+    except (tarfile.TarError, OSError) as error:
+        raise DatasetError(f"{path}: not a gzip tar archive ({error})") from error
+    key = labels.encode()
+    with archive:
+        base = "cifar-100-python"
+        x_train, y_train = _cifar_batch(archive, f"{base}/train", path, key + b"_labels")
+        x_test, y_test = _cifar_batch(archive, f"{base}/test", path, key + b"_labels")
+        meta = _cifar_member(archive, f"{base}/meta", path)
+        class_names = [name.decode() for name in meta[key + b"_label_names"]]
+    return {
+        "x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test,
+        "class_names": class_names, "source_sha256": file_digest(path),
+        "source_description": f"CIFAR-100 python tarball {path.name} ({labels} labels)",
+    }
+
+
+def _read_image(path: Path, listed_in: Path, size: int, digest) -> np.ndarray:
+    """An image file listed in a CSV, as RGB float32 in [0, 1] resized to size x size;
+    its bytes enter the dataset's source digest."""
+    from PIL import Image
+
+    if not path.exists():
+        raise DatasetError(f"{path}: image listed in {listed_in} not found")
+    digest.update(path.read_bytes())
+    with Image.open(path) as image:
+        image = image.convert("RGB").resize((size, size), Image.BILINEAR)
+        return np.asarray(image, dtype=np.float32) / 255.0
+
+
+# -- CelebA ---------------------------------------------------------------------------------
+def _read_csv_rows(path: Path, key: str) -> list[dict]:
+    if not path.exists():
+        raise DatasetError(f"{path}: CelebA file not found")
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows or key not in rows[0]:
+        raise DatasetError(f"{path}: needs a column {key!r}")
+    return rows
+
+
+def load_celeba(folder: str | Path, target: str = "Blond_Hair",
+                attributes: tuple[str, ...] = ("Male", "Young"), image_size: int = 64) -> dict:
+    """CelebA in its CSV layout: ``list_attr_celeba.csv`` (image_id and 40 attributes as
+    1/-1), ``list_eval_partition.csv`` (image_id, partition 0 train / 1 valid / 2 test)
+    and ``img_align_celeba/``.
+
+    The task is binary: ``target`` (label 1 when the attribute is 1). The sub-group
+    ``attributes`` of the test images are kept (0/1) for sub-group accuracy, FPR and FNR.
+    The validation partition is not used.
+    """
+
+    folder = Path(folder)
+    attr_csv = folder / "list_attr_celeba.csv"
+    partition_csv = folder / "list_eval_partition.csv"
+    rows = _read_csv_rows(attr_csv, "image_id")
+    for column in (target, *attributes):
+        if column not in rows[0]:
+            raise DatasetError(f"{attr_csv}: no attribute column {column!r}")
+    partition = {r["image_id"]: r["partition"] for r in _read_csv_rows(partition_csv, "image_id")}
+    digest = hashlib.sha256(attr_csv.read_bytes() + partition_csv.read_bytes())
+    split: dict[str, dict[str, list]] = {"0": {}, "2": {}}
+    for row in rows:
+        part = partition.get(row["image_id"])
+        if part is None:
+            raise DatasetError(f"{partition_csv}: no partition for {row['image_id']}")
+        if part not in split:
+            continue
+        pixels = _read_image(folder / "img_align_celeba" / row["image_id"], attr_csv,
+                             image_size, digest)
+        try:
+            values = [int(row[c]) for c in (target, *attributes)]
+        except ValueError as error:
+            raise DatasetError(f"{attr_csv}: {row['image_id']}: attributes must be 1 or -1 "
+                               f"({error})") from error
+        if any(v not in (1, -1) for v in values):
+            raise DatasetError(f"{attr_csv}: {row['image_id']}: attributes must be 1 or -1")
+        for key, value in (("x", pixels), ("y", int(values[0] == 1)),
+                           ("a", [int(v == 1) for v in values[1:]])):
+            split[part].setdefault(key, []).append(value)
+    if not split["0"] or not split["2"]:
+        raise DatasetError(f"{partition_csv}: needs images in partition 0 (train) and 2 (test)")
+    return {
+        "x_train": np.stack(split["0"]["x"]), "y_train": np.asarray(split["0"]["y"], np.int64),
+        "x_test": np.stack(split["2"]["x"]), "y_test": np.asarray(split["2"]["y"], np.int64),
+        "a_test": np.asarray(split["2"]["a"], dtype=np.int8).reshape(len(split["2"]["y"]), -1),
+        "attribute_names": list(attributes),
+        "class_names": [f"not {target}", target],
+        "source_sha256": digest.hexdigest(),
+        "source_description": f"CelebA folder {folder.name}, target {target}",
+    }
+
+
 # -- DeepWeeds ------------------------------------------------------------------------------
 def load_deepweeds(folder: str | Path, image_size: int = 224) -> dict:
     """DeepWeeds: ``labels.csv`` (Filename, Label, ...) and ``images/``.
@@ -141,7 +254,6 @@ def load_deepweeds(folder: str | Path, image_size: int = 224) -> dict:
     First 85 % of the CSV's rows train, last 15 % test (the reference study's split).
     The source hash covers the CSV and every image file in CSV order.
     """
-    from PIL import Image
 
     folder = Path(folder)
     labels_csv = folder / "labels.csv"
@@ -155,13 +267,8 @@ def load_deepweeds(folder: str | Path, image_size: int = 224) -> dict:
     digest.update(labels_csv.read_bytes())
     images, labels = [], []
     for row in rows:
-        image_path = folder / "images" / row["Filename"]
-        if not image_path.exists():
-            raise DatasetError(f"{image_path}: image listed in {labels_csv} not found")
-        digest.update(image_path.read_bytes())
-        with Image.open(image_path) as image:
-            image = image.convert("RGB").resize((image_size, image_size), Image.BILINEAR)
-            images.append(np.asarray(image, dtype=np.float32) / 255.0)
+        images.append(_read_image(folder / "images" / row["Filename"], labels_csv,
+                                  image_size, digest))
         labels.append(int(row["Label"]))
     images_array = np.stack(images)
     labels_array = np.asarray(labels, dtype=np.int64)
@@ -231,10 +338,20 @@ def load_source(spec: dict) -> dict:
     source = spec["source"]
     if source == "digits":
         data = load_digits(spec.get("image_size", 32))
-    elif source == "cifar10":
+    elif source in CIFAR_SOURCES:
         if "path" not in spec:
-            raise DatasetError("cifar10 dataset needs 'path' (where the tarball is or goes)")
-        data = load_cifar10(fetch_cifar10(spec["path"], spec["url"], spec["md5"]))
+            raise DatasetError(f"{source} dataset needs 'path' (where the tarball is or goes)")
+        defaults = CIFAR_SOURCES[source]
+        tarball = fetch_cifar10(spec["path"], spec.get("url", defaults["url"]),
+                                spec.get("md5", defaults["md5"]))
+        data = (load_cifar10(tarball) if source == "cifar10"
+                else load_cifar100(tarball, spec.get("labels", "fine")))
+    elif source == "celeba":
+        if "path" not in spec:
+            raise DatasetError("celeba dataset needs 'path' (folder with list_attr_celeba.csv)")
+        data = load_celeba(spec["path"], spec.get("target", "Blond_Hair"),
+                           tuple(spec.get("attributes", ("Male", "Young"))),
+                           spec.get("image_size", 64))
     elif source == "mnist":
         if "path" not in spec:
             raise DatasetError("mnist dataset needs 'path' (folder of the IDX files)")
@@ -249,6 +366,8 @@ def load_source(spec: dict) -> dict:
         if limit_key in spec:
             data[f"x_{split}"] = data[f"x_{split}"][: spec[limit_key]]
             data[f"y_{split}"] = data[f"y_{split}"][: spec[limit_key]]
+    if "a_test" in data and "limit_test" in spec:
+        data["a_test"] = data["a_test"][: spec["limit_test"]]
     return data
 
 
@@ -258,6 +377,9 @@ def write_dataset(data: dict, name: str, source: str, out: str | Path) -> None:
         for key in ("x_train", "y_train", "x_test", "y_test"):
             handle.create_dataset(key, data=data[key], compression="gzip", compression_opts=1)
         handle.create_dataset("train_order", data=order)
+        if "a_test" in data:  # sub-group attributes of the test images (CelebA)
+            handle.create_dataset("a_test", data=data["a_test"])
+            handle.attrs["attribute_names"] = json.dumps(data["attribute_names"])
         handle.attrs.update({
             "name": name, "source": source,
             "source_description": data["source_description"],
@@ -280,6 +402,25 @@ def read_dataset(path: str | Path, splits=("train", "test")) -> dict:
     except (OSError, KeyError) as error:
         raise DatasetError(f"{path}: not a bitdrift dataset file ({error})") from error
     return data
+
+
+def dataset_classes(data: dict) -> int:
+    """The number of classes of a dataset read by read_dataset: the class names recorded
+    from the source, never the labels present (a small split may miss some classes)."""
+    names = json.loads(data["attrs"]["class_names"])
+    present = int(max(data["y_train"].max(), data["y_test"].max()) + 1)
+    if present > len(names):
+        raise DatasetError(f"dataset {data['attrs'].get('name')!r}: label {present - 1} but only "
+                           f"{len(names)} class names")
+    return len(names)
+
+
+def read_test_attributes(path: str | Path) -> tuple[np.ndarray, list[str]] | None:
+    """The test images' sub-group attributes (0/1) and their names, or None."""
+    with h5py.File(path, "r") as handle:
+        if "a_test" not in handle:
+            return None
+        return handle["a_test"][()], json.loads(handle.attrs["attribute_names"])
 
 
 def read_test_images(path: str | Path, indices: list[int]) -> np.ndarray:

@@ -132,6 +132,17 @@ def check_accelerator(name: str, device: dict) -> dict:
     raise ValueError(f"device {name!r}: unknown accelerator {accelerator!r}")
 
 
+def strategy_scope(accelerator: dict):
+    """The distribution scope models are built in: TPUStrategy on a TPU, else none."""
+    import contextlib
+
+    if accelerator.get("accelerator") != "tpu":
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.distribute.TPUStrategy(accelerator["_resolver"]).scope()
+
+
 def _nvidia_driver() -> str | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],

@@ -49,6 +49,7 @@ def run_repeat(job: dict) -> None:
         configure_threads,
         fingerprint,
         import_keras,
+        strategy_scope,
     )
     from bitdrift.models import cast_model, layer_probe, numpy_dtype
 
@@ -56,8 +57,7 @@ def run_repeat(job: dict) -> None:
     keras = import_keras(device["backend"])
     configure_threads(device["backend"], device.get("threads"))
     accelerator = check_accelerator(name, device)
-    strategy_scope = _tpu_scope(accelerator)
-    with strategy_scope:
+    with strategy_scope(accelerator):
         model = keras.saving.load_model(job["model_path"], compile=False)
         model = cast_model(keras, model, device["precision"])
         if job["layers"]:
@@ -96,16 +96,6 @@ class h5_dataset_len:  # noqa: N801 - used as a context manager like open()
 
     def __exit__(self, *exc):
         self._file.close()
-
-
-def _tpu_scope(accelerator: dict):
-    import contextlib
-
-    if accelerator.get("accelerator") != "tpu":
-        return contextlib.nullcontext()
-    import tensorflow as tf
-
-    return tf.distribute.TPUStrategy(accelerator["_resolver"]).scope()
 
 
 def infer(*, model_name: str, device_name: str, device: dict, model_path: str | Path,

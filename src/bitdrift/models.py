@@ -32,7 +32,7 @@ def _pool(keras, pooling: str, name: str, pool_size=2, strides=None):
     return cls(pool_size=pool_size, strides=strides, name=name)
 
 
-def cifar10_small(keras, input_shape, classes, activation="relu", pooling="max"):
+def cifar10_small(keras, input_shape, classes, activation="relu", pooling="max", **_):
     """Cifar10-small exactly as Table SUP-6 of Schlögl et al. (59,354 parameters)."""
     layers = keras.layers
     init = _initializer(activation)
@@ -50,7 +50,7 @@ def cifar10_small(keras, input_shape, classes, activation="relu", pooling="max")
     return keras.Model(inputs, outputs, name="cifar10_small")
 
 
-def resnet18(keras, input_shape, classes, activation="relu", pooling="max"):
+def resnet18(keras, input_shape, classes, activation="relu", pooling="max", **_):
     """CIFAR ResNet-18: 3x3 stem, one pooling layer after it, 4 stages of 2 basic blocks."""
     layers = keras.layers
     init = _initializer(activation)
@@ -92,14 +92,122 @@ def resnet50v2(keras, input_shape, classes, **_):
                                          classifier_activation=None)
 
 
+def _dropout(keras, x, rate: float, seed: int | None):
+    # The dropout seed is its own switch (Zhuang et al.), separate from the init seed.
+    if not rate:
+        return x
+    return keras.layers.Dropout(rate, seed=seed, name="dropout")(x)
+
+
+def small_cnn(keras, input_shape, classes, batch_norm=False, dropout=0.0, dropout_seed=None,
+              **_):
+    """Zhuang et al.'s three-layer small CNN (Appendix C): 3 x [conv 3x3, ReLU, max pool]
+    with 16, 32, 32 filters, a dense layer of 32 and the output layer. ``batch_norm`` puts
+    batch normalisation after each convolution (their Figure 3)."""
+    layers = keras.layers
+    inputs = keras.Input(input_shape, name="input")
+    x = inputs
+    for index, filters in enumerate((16, 32, 32), start=1):
+        x = layers.Conv2D(filters, 3, padding="same", use_bias=not batch_norm,
+                          name=f"conv{index}")(x)
+        if batch_norm:
+            x = layers.BatchNormalization(name=f"bn{index}")(x)
+        x = layers.Activation("relu", name=f"relu{index}")(x)
+        x = layers.MaxPooling2D(2, padding="same", name=f"pool{index}")(x)
+    x = layers.Flatten(name="flatten")(x)
+    x = layers.Dense(32, activation="relu", name="dense")(x)
+    x = _dropout(keras, x, dropout, dropout_seed)
+    outputs = layers.Dense(classes, name="logits")(x)
+    return keras.Model(inputs, outputs, name="small_cnn")
+
+
+def medium_cnn(keras, input_shape, classes, kernel_size=3, width=1.0, dropout=0.0,
+               dropout_seed=None, **_):
+    """Zhuang et al.'s six-layer medium CNN (Appendix C): 6 x [conv XxX stride 1, BN, ReLU,
+    max pool] with 16..512 filters (times ``width``), global average pooling, output layer.
+    Pools use 'same' padding so that 32x32 inputs survive six halvings."""
+    layers = keras.layers
+    inputs = keras.Input(input_shape, name="input")
+    x = inputs
+    for index, filters in enumerate((16, 32, 64, 128, 256, 512), start=1):
+        x = layers.Conv2D(max(1, int(round(filters * width))), kernel_size, padding="same",
+                          use_bias=False, name=f"conv{index}")(x)
+        x = layers.BatchNormalization(name=f"bn{index}")(x)
+        x = layers.Activation("relu", name=f"relu{index}")(x)
+        x = layers.MaxPooling2D(2, padding="same", name=f"pool{index}")(x)
+    x = layers.GlobalAveragePooling2D(name="global_pool")(x)
+    x = _dropout(keras, x, dropout, dropout_seed)
+    outputs = layers.Dense(classes, name="logits")(x)
+    return keras.Model(inputs, outputs, name=f"medium_cnn_k{kernel_size}")
+
+
+def resnet_v2(keras, input_shape, classes, depth=29, **_):
+    """ResNet v2 of the Keras example ``cifar10_resnet.py`` (the code Morin & Willetts ran,
+    depth 29): pre-activation bottleneck blocks, depth = 9n + 2, L2 1e-4, He-normal init."""
+    if depth < 11 or (depth - 2) % 9:
+        raise ValueError(f"resnet_v2 depth must be 9n+2 (11, 20, 29, 56, 110...), got {depth}")
+    layers = keras.layers
+    regularizer = keras.regularizers.L2(1e-4)
+    counter = iter(range(10_000))
+
+    def unit(x, filters, kernel=3, strides=1, activation="relu", batch_norm=True,
+             conv_first=True):
+        index = next(counter)
+        conv = layers.Conv2D(filters, kernel, strides=strides, padding="same",
+                             kernel_initializer="he_normal", kernel_regularizer=regularizer,
+                             name=f"conv{index}")
+        if conv_first:
+            x = conv(x)
+        if batch_norm:
+            x = layers.BatchNormalization(name=f"bn{index}")(x)
+        if activation:
+            x = layers.Activation(activation, name=f"relu{index}")(x)
+        return x if conv_first else conv(x)
+
+    blocks = (depth - 2) // 9
+    filters_in = 16
+    inputs = keras.Input(input_shape, name="input")
+    x = unit(inputs, filters_in)
+    for stage in range(3):
+        for block in range(blocks):
+            activation, batch_norm, strides = "relu", True, 1
+            if stage == 0:
+                filters_out = filters_in * 4
+                if block == 0:
+                    activation, batch_norm = None, False
+            else:
+                filters_out = filters_in * 2
+                if block == 0:
+                    strides = 2
+            y = unit(x, filters_in, 1, strides, activation, batch_norm, conv_first=False)
+            y = unit(y, filters_in, conv_first=False)
+            y = unit(y, filters_out, 1, conv_first=False)
+            if block == 0:
+                x = unit(x, filters_out, 1, strides, activation=None, batch_norm=False)
+            x = layers.Add(name=f"add{stage}_{block}")([x, y])
+        filters_in = filters_out
+    x = layers.BatchNormalization(name="bn_final")(x)
+    x = layers.Activation("relu", name="relu_final")(x)
+    x = layers.AveragePooling2D(pool_size=x.shape[1], name="pool")(x)  # 8 for 32x32 inputs
+    x = layers.Flatten(name="flatten")(x)
+    outputs = layers.Dense(classes, kernel_initializer="he_normal", name="logits")(x)
+    return keras.Model(inputs, outputs, name=f"resnet{depth}_v2")
+
+
 ARCHITECTURES = {"cifar10_small": cifar10_small, "resnet18": resnet18, "resnet50": resnet50,
-                 "resnet50v2": resnet50v2}
+                 "resnet50v2": resnet50v2, "small_cnn": small_cnn, "medium_cnn": medium_cnn,
+                 "resnet_v2": resnet_v2}
+# Options an architecture entry may carry (config keys passed on to the builder).
+ARCHITECTURE_OPTIONS = ("activation", "pooling", "batch_norm", "kernel_size", "width", "depth",
+                        "dropout")
 
 
-def build_model(keras, spec: dict, input_shape, classes: int):
+def build_model(keras, spec: dict, input_shape, classes: int, dropout_seed: int | None = None):
     builder = ARCHITECTURES[spec["architecture"]]
-    return builder(keras, tuple(input_shape), classes, activation=spec.get("activation", "relu"),
-                   pooling=spec.get("pooling", "max"))
+    options = {key: spec[key] for key in ARCHITECTURE_OPTIONS if key in spec}
+    if dropout_seed is not None:
+        options["dropout_seed"] = dropout_seed
+    return builder(keras, tuple(input_shape), classes, **options)
 
 
 def numpy_dtype(precision: str):

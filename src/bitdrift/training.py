@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 
 from bitdrift.atomic import atomic_output
-from bitdrift.datasets import read_dataset
+from bitdrift.datasets import dataset_classes, read_dataset
 
 
 def train_model(*, spec: dict, seed: int, dataset_path: str | Path, out_model: str | Path,
@@ -36,7 +36,7 @@ def train_model(*, spec: dict, seed: int, dataset_path: str | Path, out_model: s
     data = read_dataset(dataset_path)
     order = data["train_order"]
     x_train, y_train = data["x_train"][order], data["y_train"][order]
-    classes = int(max(data["y_train"].max(), data["y_test"].max()) + 1)
+    classes = dataset_classes(data)
     model = build_model(keras, spec, x_train.shape[1:], classes)
     optimizer = (keras.optimizers.Adam(settings["learning_rate"]) if settings["optimizer"] == "adam"
                  else keras.optimizers.SGD(settings["learning_rate"]))

@@ -12,11 +12,21 @@ from PIL import Image
 from bitdrift.datasets import (
     SHUFFLE_SEED,
     DatasetError,
+    dataset_classes,
     load_source,
     prepare_dataset,
     read_dataset,
+    read_test_attributes,
     read_test_images,
 )
+
+
+def add_pickle(archive, member, obj):
+    """A pickled member, as the CIFAR python tarballs hold them."""
+    data = pickle.dumps(obj)
+    info = tarfile.TarInfo(member)
+    info.size = len(data)
+    archive.addfile(info, io.BytesIO(data))
 
 
 def make_cifar10_tarball(path, n_per_batch=4, n_test=5, seed=0):
@@ -25,10 +35,7 @@ def make_cifar10_tarball(path, n_per_batch=4, n_test=5, seed=0):
     batches = {}
     with tarfile.open(path, "w:gz") as archive:
         def add(name, obj):
-            data = pickle.dumps(obj)
-            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
+            add_pickle(archive, f"cifar-10-batches-py/{name}", obj)
 
         for name, n in [(f"data_batch_{i}", n_per_batch) for i in range(1, 6)] + [
                 ("test_batch", n_test)]:
@@ -136,3 +143,80 @@ def test_mnist_corrupt_idx_names_the_file(tmp_path):
     broken.write_bytes(gzip.compress(bytes([0, 0, 8, 1]) + (5).to_bytes(4, "big") + b"ab"))
     with pytest.raises(DatasetError, match=r"t10k-labels-idx1-ubyte\.gz: IDX header says"):
         load_source({"source": "mnist", "path": str(tmp_path)})
+
+
+def make_cifar100_tarball(path, n_train=6, n_test=4, seed=0):
+    """A tiny tarball in the official CIFAR-100 python format, using only labels 0..4."""
+    rng = np.random.default_rng(seed)
+    parts = {}
+    with tarfile.open(path, "w:gz") as archive:
+        def add(name, obj):
+            add_pickle(archive, f"cifar-100-python/{name}", obj)
+
+        for name, n in (("train", n_train), ("test", n_test)):
+            parts[name] = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                           b"fine_labels": rng.integers(0, 5, n).tolist(),
+                           b"coarse_labels": rng.integers(0, 3, n).tolist()}
+            add(name, parts[name])
+        add("meta", {b"fine_label_names": [f"fine{i}".encode() for i in range(100)],
+                     b"coarse_label_names": [f"coarse{i}".encode() for i in range(20)]})
+    return parts
+
+
+def test_cifar100_keeps_all_100_classes(tmp_path):
+    tarball = tmp_path / "cifar-100-python.tar.gz"
+    parts = make_cifar100_tarball(tarball)
+    out = tmp_path / "cifar100.h5"
+    prepare_dataset("cifar100", {"source": "cifar100", "path": str(tarball),
+                                 "md5": md5(tarball)}, out)
+    data = read_dataset(out)
+    assert data["y_test"].tolist() == parts["test"][b"fine_labels"]
+    assert data["x_train"].shape == (6, 32, 32, 3)
+    # only labels 0..4 occur, yet the head must have 100 outputs (the reference's defect)
+    assert dataset_classes(data) == 100
+    coarse = tmp_path / "coarse.h5"
+    prepare_dataset("c", {"source": "cifar100", "path": str(tarball), "md5": md5(tarball),
+                          "labels": "coarse"}, coarse)
+    assert dataset_classes(read_dataset(coarse)) == 20
+    with pytest.raises(DatasetError, match="MD5"):
+        load_source({"source": "cifar100", "path": str(tarball)})  # official MD5 by default
+
+
+def make_celeba(folder, rows):
+    """A tiny CelebA folder in its CSV layout: rows of (image_id, partition, Blond, Male, Young)."""
+    (folder / "img_align_celeba").mkdir(parents=True)
+    names = ["5_o_Clock_Shadow", "Blond_Hair", "Male", "Young"]
+    with open(folder / "list_attr_celeba.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["image_id", *names])
+        for image_id, _, blond, male, young in rows:
+            writer.writerow([image_id, -1, blond, male, young])
+    with open(folder / "list_eval_partition.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["image_id", "partition"])
+        writer.writerows([(image_id, partition) for image_id, partition, *_ in rows])
+    rng = np.random.default_rng(0)
+    for image_id, *_ in rows:
+        Image.fromarray(rng.integers(0, 256, (24, 20, 3), dtype=np.uint8)).save(
+            folder / "img_align_celeba" / image_id)
+
+
+def test_celeba_binary_target_with_subgroup_attributes(tmp_path):
+    rows = [("000001.jpg", 0, 1, -1, 1), ("000002.jpg", 0, -1, 1, 1),
+            ("000003.jpg", 1, 1, 1, -1), ("000004.jpg", 2, 1, 1, -1),
+            ("000005.jpg", 2, -1, -1, 1), ("000006.jpg", 2, -1, 1, 1)]
+    make_celeba(tmp_path / "celeba", rows)
+    out = tmp_path / "celeba.h5"
+    prepare_dataset("celeba", {"source": "celeba", "path": str(tmp_path / "celeba"),
+                               "image_size": 16}, out)
+    data = read_dataset(out)
+    assert data["x_train"].shape == (2, 16, 16, 3)  # partition 1 (validation) left out
+    assert data["y_test"].tolist() == [1, 0, 0] and dataset_classes(data) == 2
+    attributes, names = read_test_attributes(out)
+    assert names == ["Male", "Young"]
+    assert attributes.tolist() == [[1, 0], [0, 1], [1, 1]]
+    with pytest.raises(DatasetError, match="no attribute column 'Bald'"):
+        load_source({"source": "celeba", "path": str(tmp_path / "celeba"), "target": "Bald"})
+    (tmp_path / "celeba" / "img_align_celeba" / "000005.jpg").unlink()
+    with pytest.raises(DatasetError, match="000005.jpg"):
+        load_source({"source": "celeba", "path": str(tmp_path / "celeba")})

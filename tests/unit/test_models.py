@@ -85,3 +85,45 @@ def test_model_digest_ignores_save_time_but_not_weights(tmp_path):
     kernel.assign(kernel.numpy() + np.float32(1e-7))  # a change in the last bits
     model.save(changed)
     assert model_digest(changed) != model_digest(first)
+
+
+def test_small_cnn_is_zhuang_appendix_c():
+    model = build_model(keras, {"architecture": "small_cnn"}, (32, 32, 3), 10)
+    shapes = {layer.name: tuple(layer.output.shape[1:]) for layer in model.layers}
+    assert (shapes["pool1"], shapes["pool2"], shapes["pool3"]) == \
+        ((16, 16, 16), (8, 8, 32), (4, 4, 32))
+    assert shapes["dense"] == (32,) and shapes["logits"] == (10,)
+    # conv 448 + 4640 + 9248, dense 512*32+32, logits 32*10+10
+    assert model.count_params() == 448 + 4640 + 9248 + 16416 + 330
+    with_bn = build_model(keras, {"architecture": "small_cnn", "batch_norm": True},
+                          (32, 32, 3), 10)
+    assert [layer.name for layer in with_bn.layers if "bn" in layer.name] == ["bn1", "bn2", "bn3"]
+
+
+@pytest.mark.parametrize("kernel_size", [1, 3, 5, 7])
+def test_medium_cnn_has_six_conv_bn_blocks_of_kernel_x(kernel_size):
+    model = build_model(keras, {"architecture": "medium_cnn", "kernel_size": kernel_size},
+                        (32, 32, 3), 100)
+    convs = [layer for layer in model.layers if layer.__class__.__name__ == "Conv2D"]
+    assert [c.filters for c in convs] == [16, 32, 64, 128, 256, 512]
+    assert {tuple(c.kernel_size) for c in convs} == {(kernel_size, kernel_size)}
+    assert sum(layer.__class__.__name__ == "BatchNormalization" for layer in model.layers) == 6
+    assert tuple(model.output.shape[1:]) == (100,)
+
+
+def test_resnet_v2_follows_the_keras_example_depth():
+    for depth, blocks in ((11, 1), (29, 3)):
+        model = build_model(keras, {"architecture": "resnet_v2", "depth": depth},
+                            (32, 32, 3), 10)
+        convs = [layer for layer in model.layers if layer.__class__.__name__ == "Conv2D"]
+        # 9n+2 = stem + 3 stages x n blocks x 3 convs + dense; plus 3 projection shortcuts
+        assert len(convs) == 1 + 9 * blocks + 3 and tuple(model.output.shape[1:]) == (10,)
+        assert convs[0].kernel_regularizer is not None
+    with pytest.raises(ValueError, match="9n\\+2"):
+        build_model(keras, {"architecture": "resnet_v2", "depth": 30}, (32, 32, 3), 10)
+
+
+def test_dropout_seed_reaches_the_layer():
+    model = build_model(keras, {"architecture": "small_cnn", "dropout": 0.5}, (32, 32, 3), 10,
+                        dropout_seed=123)
+    assert model.get_layer("dropout").seed == 123

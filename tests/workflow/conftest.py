@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,12 +29,24 @@ def snakemake(workdir, *args, configfile, timeout=1200, executor=("--cores", "2"
     return result.stdout + result.stderr
 
 
+def write_inputs(workdir):
+    """Input files the test config names: a tiny CelebA folder in the real CSV layout
+    (24 train and 12 test images; blond, male and young drawn at random)."""
+    from tests.unit.test_datasets import make_celeba
+
+    rng = np.random.default_rng(1)
+    rows = [(f"{i:06d}.jpg", 0 if i <= 24 else 2, *rng.choice([1, -1], size=3))
+            for i in range(1, 37)]
+    make_celeba(Path(workdir) / "celeba", rows)
+
+
 @pytest.fixture(scope="session")
 def run(tmp_path_factory):
     """The tiny test config, run locally once per session."""
     workdir = tmp_path_factory.mktemp("workflow")
     config = workdir / "config.yaml"
     shutil.copy(ROOT / "tests/config/config.yaml", config)
+    write_inputs(workdir)
     snakemake(workdir, "all", configfile=config)
     snakemake(workdir, "--report", str(workdir / "results/report.html"), configfile=config)
     return workdir, config

@@ -15,7 +15,7 @@ import yaml
 
 from tests.cluster.slurm import ClusterUnavailable, SlurmCluster
 
-from .conftest import ROOT, snakemake
+from .conftest import ROOT, snakemake, write_inputs
 
 pytestmark = pytest.mark.workflow
 
@@ -40,6 +40,7 @@ def slurm_run(cluster, tmp_path_factory):
     configs = [workdir / "config.yaml", workdir / "slurm.yaml"]
     shutil.copy(ROOT / "tests/config/config.yaml", configs[0])
     shutil.copy(ROOT / "tests/config/slurm.yaml", configs[1])
+    write_inputs(workdir)
     profile = ["--profile", str(ROOT / "profiles/slurm-gpu"),
                # the plugin waits 40 s before its first status check by default
                "--slurm-init-seconds-before-status-checks", "2"]
@@ -129,3 +130,25 @@ def test_slurm_results_equal_the_local_run_bit_for_bit(slurm_run, run):
                 device, name)
     pd.testing.assert_frame_equal(pd.read_csv(slurm_dir / "results/tables/eqc.csv"),
                                   pd.read_csv(local_dir / "results/tables/eqc.csv"))
+
+
+def test_training_runs_follow_their_device_and_plan(slurm_run, run):
+    slurm_dir, settings, jobs = slurm_run
+    plan = settings["training_variance"]["plans"]["devices"]
+    for device in plan["devices"]:
+        (job,) = jobs_of(jobs, "train_variance_run", f"_devices_control_{device}_0")
+        resources = settings["devices"][device].get("resources", {})
+        assert job["JobState"] == "COMPLETED", job
+        assert job["Partition"] == resources.get("slurm_partition", "cpu"), (device, job)
+        assert job["TimeLimit"] == f"00:{plan['resources']['runtime']:02d}:00", (device, job)
+        if "gres" in resources:
+            requested = " ".join([job.get("TresPerJob", ""), job.get("TresPerNode", "")])
+            assert f"gres:{resources['gres']}" in requested, (device, job)
+    # Fixed seeds and a CPU: the cluster's runs equal the local ones bit for bit.
+    local_dir, _ = run
+    for path in (slurm_dir / "results/training").glob("*/control/*/run_*/run.h5"):
+        local = local_dir / path.relative_to(slurm_dir)
+        with h5py.File(path) as ours, h5py.File(local) as theirs:
+            for name in ("logits", "weights"):
+                assert np.array_equal(ours[name][()].view(np.uint8),
+                                      theirs[name][()].view(np.uint8)), (path, name)

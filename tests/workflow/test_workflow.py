@@ -1,5 +1,6 @@
 """The tiny test config end to end through Snakemake: tables, figures, report, incremental."""
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -45,12 +46,14 @@ def test_tables_follow_the_contract_and_agree(run):
 def test_figures_and_report_exist(run):
     workdir, _ = run
     for name in ("eqc.pdf", "remaining_precision.pdf", "backprop_variation.pdf",
-                 "bifurcation_volume.pdf", "maxpool_training.pdf"):
+                 "bifurcation_volume.pdf", "maxpool_training.pdf", "training_variance.pdf",
+                 "churn.pdf", "determinism_cost.pdf", "ensemble_disagreement.pdf"):
         data = (workdir / "results/figures" / name).read_bytes()
         assert data.startswith(b"%PDF") and len(data) > 5000
     report = (workdir / "results/report.html").read_text(errors="replace")
     assert "eqc.pdf" in report and "remaining_precision.pdf" in report
     assert "maxpool_training.pdf" in report
+    assert "training_variance.pdf" in report and "ensemble_disagreement.pdf" in report
 
 
 def test_maxpool_tables(run):
@@ -134,3 +137,77 @@ def test_external_device_is_merged_and_a_mismatched_one_refused(run, tmp_path):
     assert "laptop.h5: device 'laptop' was run on another model" in log, log
     record.unlink()  # leave the shared run as it was for the other tests
     snakemake(workdir, "all", configfile=config)
+
+
+def test_training_variance_arms_behave_as_their_switches_say(run):
+    workdir, _ = run
+    tables = workdir / "results/tables"
+    summary = pd.read_csv(tables / "training_variance.csv")
+    noise = summary[summary["plan"] == "noise"].set_index("arm")
+    assert noise["runs"].eq(2).all()
+    # Every seed fixed, on a CPU: the runs are bit-identical, with or without op determinism
+    # (the IMPL arm shows no spread on this machine; on a GPU it would).
+    for arm in ("control", "impl", "same"):
+        assert noise.loc[arm, "distinct_outputs"] == 1, arm
+        assert noise.loc[arm, "churn"] == 0 and noise.loc[arm, "weight_distance"] == 0, arm
+        assert noise.loc[arm, "sd_loss"] == 0, arm
+    for arm in ("algo", "algo_impl", "different"):
+        assert noise.loc[arm, "distinct_outputs"] == 2, arm
+        assert noise.loc[arm, "weight_distance"] > 0 and noise.loc[arm, "sd_loss"] > 0, arm
+    ratio = pd.read_csv(tables / "seed_ratio.csv").set_index("plan").loc["noise"]
+    assert ratio["ratio_loss"] == 0.0 and ratio["sd_loss_different"] > 0
+    # Seeds follow the arm: run 1 of ALGO uses seed 1 for everything, IMPL seed 0.
+    with h5py.File(workdir / "results/training/noise/algo/tf_1thread/run_1/run.h5") as handle:
+        assert set(json.loads(handle.attrs["seeds"]).values()) == {1}
+        assert handle["logits"].shape == (16, 10) and handle["step_seconds"].shape[0] == 1
+    with h5py.File(workdir / "results/training/noise/impl/tf_1thread/run_1/run.h5") as handle:
+        assert set(json.loads(handle.attrs["seeds"]).values()) == {0}
+    # TensorFlow and torch draw different initial weights from one seed: the cross-device
+    # plan shows two models where each device alone shows one.
+    devices = summary[summary["plan"] == "devices"].set_index("scope")
+    assert devices.loc["all", "distinct_outputs"] == 2 and devices.loc["all", "runs"] == 2
+    ensemble = summary[summary["study"] == "ensemble"].set_index("arm")
+    assert len(ensemble) == 4 and ensemble["learning_rate"].eq(0.05).all()
+    assert ensemble.loc["fixed_init_fixed_batches_deterministic", "disagreement"] == 0
+    assert ensemble.loc["random_init_random_batches_deterministic", "distinct_outputs"] == 2
+    cost = pd.read_csv(tables / "determinism_cost.csv")
+    pairs = set(zip(cost["arm_default"], cost["arm_deterministic"], strict=True))
+    assert {("algo_impl", "algo"), ("impl", "control")} <= pairs
+    assert cost["epoch_seconds_default"].gt(0).all()
+    runs = pd.read_csv(tables / "training_runs.csv")
+    assert len(runs) == 12 + 2 + 2 + 4 * 2 and runs["total_seconds"].gt(0).all()
+
+
+def test_subgroup_spread_on_the_celeba_style_dataset(run):
+    workdir, _ = run
+    subgroups = pd.read_csv(workdir / "results/tables/training_subgroups.csv")
+    assert set(subgroups["plan"]) == {"subgroups"}
+    rows = subgroups.set_index("group")
+    assert set(rows.index) == {"all", "Male", "not Male", "Young", "not Young"}
+    assert rows.loc["all", "examples"] == 12 and rows["runs"].eq(2).all()
+    assert rows.loc["Male", "examples"] + rows.loc["not Male", "examples"] == 12
+    # Rates are recomputed here from the runs' own predictions and the dataset's attributes.
+    dataset = workdir / "results/datasets/celeba.h5"
+    with h5py.File(dataset) as handle:
+        labels, male = handle["y_test"][()], handle["a_test"][()][:, 0] == 1
+    fprs = []
+    for number in (0, 1):
+        path = workdir / f"results/training/subgroups/algo/tf_1thread/run_{number}/run.h5"
+        with h5py.File(path) as handle:
+            predicted = handle["logits"][()].argmax(1)
+        negatives = male & (labels == 0)
+        fprs.append(np.sum(predicted[negatives] == 1) / negatives.sum())
+    assert rows.loc["Male", "mean_fpr"] == pytest.approx(np.mean(fprs))
+
+
+def test_training_stats_command_reproduces_the_workflow_tables(run, tmp_path):
+    workdir, _ = run
+    files = sorted(str(p) for p in (workdir / "results/training").glob("noise/*/*/*/run.h5"))
+    result = subprocess.run([sys.executable, "-m", "bitdrift.cli", "training-stats", *files,
+                             "--out-dir", str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    ours = pd.read_csv(tmp_path / "training_variance.csv").set_index("arm")
+    workflow = pd.read_csv(workdir / "results/tables/training_variance.csv")
+    workflow = workflow[workflow["plan"] == "noise"].set_index("arm")
+    for column in ("sd_accuracy", "sd_loss", "churn", "weight_distance", "distinct_outputs"):
+        pd.testing.assert_series_equal(ours[column].sort_index(), workflow[column].sort_index())

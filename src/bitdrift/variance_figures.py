@@ -1,0 +1,133 @@
+"""Figures of the training-variance study (PDF, matplotlib, no framework import)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from bitdrift.atomic import atomic_output
+from bitdrift.variance_plans import ARM_LABELS
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _arm(arm: str) -> str:
+    return ARM_LABELS.get(arm, arm)
+
+
+def _label(row) -> str:
+    scope = "" if row["scope"] == "all" else f" @{row['scope']}"
+    return f"{row['plan']}: {_arm(row['arm'])}{scope}"
+
+
+def _plans(summary: pd.DataFrame) -> pd.DataFrame:
+    """The non-ensemble rows: per device, plus the all-devices row where there is one."""
+    return summary[summary["study"] == "plan"].reset_index(drop=True)
+
+
+def _save(fig, out) -> None:
+    with atomic_output(out) as tmp:
+        fig.savefig(tmp, format="pdf")
+
+
+def _bars(ax, rows: pd.DataFrame, column: str, title: str, scale: float = 1.0) -> None:
+    values = rows[column].to_numpy(dtype=float) * scale
+    positions = np.arange(len(rows))
+    ax.barh(positions, np.nan_to_num(values), color="tab:blue")
+    for position, value in zip(positions, values, strict=True):
+        ax.text(0, position, " n/a" if np.isnan(value) else f" {value:.3g}", va="center",
+                fontsize=7)
+    ax.set_yticks(positions, [_label(r) for _, r in rows.iterrows()], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_title(title, fontsize=9)
+
+
+def _bar_panels(summary: pd.DataFrame, panels, title: str, out) -> None:
+    """One horizontal bar panel per (column, title, scale), the plans' arms as rows."""
+    plt = _pyplot()
+    rows = _plans(summary)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels) + 2,
+                                                      1.2 + 0.32 * max(len(rows), 1)),
+                             sharey=True, layout="constrained")
+    for ax, (column, panel_title, scale) in zip(axes, panels, strict=True):
+        _bars(ax, rows, column, panel_title, scale)
+    fig.suptitle(title, fontsize=8)
+    _save(fig, out)
+    plt.close(fig)
+
+
+def plot_training_variance(summary: pd.DataFrame, ratios: pd.DataFrame, out) -> None:
+    """sd of test accuracy and loss per arm; the same/different ratios in the title."""
+    notes = [f"{r['plan']}{'' if r['scope'] == 'all' else ' @' + r['scope']}: same/different "
+             f"= {r['ratio_accuracy']:.3g} (accuracy), {r['ratio_loss']:.3g} (loss)"
+             for _, r in ratios.iterrows()]
+    _bar_panels(summary, [("sd_accuracy", "sd of test accuracy (%)", 100),
+                          ("sd_loss", "sd of test loss", 1)],
+                "Spread over training runs (sample sd)\n" + "\n".join(notes)
+                + "\nMorin & Willetts, ResNet on GPU: 0.739 (accuracy), 0.872 (loss)", out)
+
+
+def plot_churn(summary: pd.DataFrame, out) -> None:
+    """Churn, normalised weight distance and per-class accuracy spread per arm."""
+    _bar_panels(summary, [
+        ("churn", "churn (% test labels that differ, mean over pairs)", 100),
+        ("weight_distance", "L2 distance of unit-normalised weights", 1),
+        ("mean_sd_class_accuracy", "mean sd of per-class accuracy (%)", 100)],
+        "Model stability under each source of noise", out)
+
+
+def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
+    """Overhead of deterministic training per plan (model, kernel size) and device."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 0.35 * max(len(cost), 1)), sharey=True,
+                             layout="constrained")
+    positions = np.arange(len(cost))
+    labels = [f"{r['plan']} @{r['device']} ({_arm(r['arm_deterministic'])} vs "
+              f"{_arm(r['arm_default'])})" for _, r in cost.iterrows()]
+    for ax, column, title in ((axes[0], "epoch_overhead", "per epoch"),
+                              (axes[1], "step_overhead", "per step (median)")):
+        values = cost[column].to_numpy(dtype=float) * 100
+        ax.barh(positions, values, color=np.where(values > 0, "tab:red", "tab:green"))
+        for position, value in zip(positions, values, strict=True):
+            ax.text(0, position, f" {value:+.1f} %", va="center", fontsize=7)
+        ax.axvline(0, color="black", linewidth=0.5)
+        ax.set_yticks(positions, labels, fontsize=7)
+        ax.set_title(f"time overhead of deterministic ops, {title}", fontsize=9)
+    axes[0].invert_yaxis()
+    if cost.empty:
+        axes[0].text(0.5, 0.5, "no pair of arms differing only in op determinism",
+                     transform=axes[0].transAxes, ha="center")
+    _save(fig, out)
+    plt.close(fig)
+
+
+def plot_ensemble_disagreement(summary: pd.DataFrame, out) -> None:
+    """Fraction of test labels on which the ensemble's members disagree vs learning rate,
+    per arm (fixed/random init x fixed/random batches), solid default ops, dashed
+    deterministic ops."""
+    plt = _pyplot()
+    rows = summary[summary["study"] == "ensemble"]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
+    for (arm, scope), group in rows.groupby(["arm", "scope"], sort=True):
+        group = group.sort_values("learning_rate")
+        deterministic = bool(group["deterministic"].iloc[0])
+        name = arm.removesuffix("_deterministic").replace("_", " ")
+        ax.plot(group["learning_rate"], group["disagreement"], marker="o",
+                linestyle="--" if deterministic else "-",
+                label=f"{name}{' (deterministic ops)' if deterministic else ''}"
+                      f"{'' if scope == 'all' else ' @' + scope}")
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate (plain SGD, no momentum, no augmentation)")
+    ax.set_ylabel("fraction of test labels the members disagree on")
+    ax.set_title("Ensemble disagreement (hardware proposal, Figure S4)", fontsize=9)
+    if not rows.empty:
+        ax.legend(fontsize=7)
+    _save(fig, out)
+    plt.close(fig)

@@ -1,0 +1,303 @@
+"""Statistics over training runs: spread of accuracy and loss, churn, weight distance,
+per-class and sub-group spread, ensemble disagreement, cost of determinism.
+
+Definitions (Zhuang et al. 2022, Morin & Willetts 2020):
+- churn of two models: the fraction of test examples on which their predicted labels
+  *differ*; a group's churn is the mean over all pairs of runs;
+- weight distance of two runs: ``|| w1/|w1| - w2/|w2| ||``, each run's trained weights
+  as one vector normalised to unit length; mean over pairs;
+- standard deviations are sample standard deviations (ddof=1) over the runs;
+- for a binary task (label 1 = positive): FPR = FP / (FP + TN), the share of true
+  negatives predicted positive; FNR = FN / (FN + TP), the share of true positives
+  predicted negative;
+- disagreement of an ensemble: the fraction of test examples on which its members do not
+  all predict the same label (the hardware proposal's Figure S4).
+
+Only NumPy, pandas and h5py: runs gathered elsewhere are analysed without a framework.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pandas as pd
+
+from bitdrift.errors import StudyError
+
+RUN_KEYS = ("logits", "labels", "weights", "step_seconds", "epoch_seconds")
+RUN_ATTRS = ("plan", "arm", "device", "run", "study", "model", "learning_rate", "switches",
+             "deterministic", "test_accuracy", "test_loss", "dataset_sha256", "classes")
+
+
+# -- measures on hand-checkable arrays ------------------------------------------------------
+def _pairs(items):
+    return list(itertools.combinations(range(len(items)), 2))
+
+
+def churn(predictions: np.ndarray) -> float:
+    """Mean over pairs of runs of the fraction of examples whose predicted labels differ.
+    ``predictions`` is (runs, examples) of labels; NaN for fewer than two runs."""
+    pairs = _pairs(predictions)
+    if not pairs:
+        return float("nan")
+    return float(np.mean([np.mean(predictions[i] != predictions[j]) for i, j in pairs]))
+
+
+def normalised_weight_distance(weights: list[np.ndarray]) -> float:
+    """Mean over pairs of runs of the L2 distance of the unit-normalised weight vectors."""
+    pairs = _pairs(weights)
+    if not pairs:
+        return float("nan")
+    units = []
+    for vector in weights:
+        vector = np.asarray(vector, dtype=np.float64).ravel()
+        norm = np.linalg.norm(vector)
+        if norm == 0:
+            raise StudyError("a run's weights are all zero; cannot normalise them")
+        units.append(vector / norm)
+    return float(np.mean([np.linalg.norm(units[i] - units[j]) for i, j in pairs]))
+
+
+def disagreement(predictions: np.ndarray) -> float:
+    """Fraction of examples on which not all runs predict the same label."""
+    if len(predictions) < 2:
+        return float("nan")
+    return float(np.mean((predictions != predictions[0]).any(axis=0)))
+
+
+def per_class_accuracy(predictions: np.ndarray, labels: np.ndarray, classes: int) -> np.ndarray:
+    """Accuracy on each class's test examples; NaN for a class absent from the test set."""
+    correct = np.bincount(labels, weights=(predictions == labels), minlength=classes)
+    counts = np.bincount(labels, minlength=classes).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, correct / counts, np.nan)
+
+
+def binary_rates(predictions: np.ndarray, labels: np.ndarray) -> dict:
+    """Accuracy, FPR = FP/(FP+TN) and FNR = FN/(FN+TP) of binary predictions (1 positive).
+    A rate whose denominator is empty is NaN."""
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
+    positive, negative = labels == 1, labels == 0
+    false_positive = np.sum(negative & (predictions == 1))
+    false_negative = np.sum(positive & (predictions == 0))
+    return {
+        "accuracy": float(np.mean(predictions == labels)) if len(labels) else float("nan"),
+        "fpr": float(false_positive / negative.sum()) if negative.any() else float("nan"),
+        "fnr": float(false_negative / positive.sum()) if positive.any() else float("nan"),
+    }
+
+
+def sample_sd(values, axis=None):
+    """Sample sd (ddof=1); NaN for one value. Deviations are taken from the first value
+    (the same sd mathematically), so bit-identical runs give exactly 0, not rounding dust."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) < 2:
+        return float("nan") if axis is None else np.full(values.shape[1:], np.nan)
+    result = np.std(values - values[0], ddof=1, axis=axis)
+    return float(result) if axis is None else result
+
+
+def steady_epochs(epoch_seconds: np.ndarray) -> np.ndarray:
+    """Epoch times without the first when there are more: the first epoch also traces and
+    compiles the step function, which is not the cost of an epoch."""
+    return epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
+
+
+def distinct_outputs(logits: list[np.ndarray]) -> int:
+    """How many bit-distinct logit arrays the runs produced (1: all bit-identical)."""
+    return len({np.ascontiguousarray(array).tobytes() for array in logits})
+
+
+# -- run files ------------------------------------------------------------------------------
+def read_run(path: str | Path) -> dict:
+    """A run file written by bitdrift.variance_training, checked; errors name the file."""
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as handle:
+            missing = [k for k in RUN_KEYS if k not in handle]
+            missing += [k for k in RUN_ATTRS if k not in handle.attrs]
+            if missing:
+                raise StudyError(f"{path}: not a bitdrift run file (missing {missing})")
+            run = {key: handle[key][()] for key in RUN_KEYS}
+            run.update({key: handle.attrs[key] for key in RUN_ATTRS})
+            if "attributes" in handle:
+                run["attributes"] = handle["attributes"][()]
+                run["attribute_names"] = json.loads(handle.attrs["attribute_names"])
+    except OSError as error:
+        raise StudyError(f"{path}: cannot read run file ({error})") from error
+    for key in ("plan", "arm", "device", "study", "model", "dataset_sha256"):
+        run[key] = str(run[key])
+    run["run"], run["classes"] = int(run["run"]), int(run["classes"])
+    run["switches"] = json.loads(run["switches"])
+    run["path"] = str(path)
+    if run["logits"].shape != (len(run["labels"]), run["classes"]):
+        raise StudyError(f"{path}: logits {run['logits'].shape} do not match "
+                         f"{len(run['labels'])} labels x {run['classes']} classes")
+    return run
+
+
+def _check_group(runs: list[dict]) -> None:
+    first = runs[0]
+    for run in runs[1:]:
+        for key in ("model", "dataset_sha256", "classes"):
+            if run[key] != first[key]:
+                raise StudyError(f"{run['path']}: {key} {run[key]!r} differs from "
+                                 f"{first['path']} ({first[key]!r}) in the same plan")
+        if not np.array_equal(run["labels"], first["labels"]) or \
+                run["weights"].shape != first["weights"].shape:
+            raise StudyError(f"{run['path']}: test labels or weight shapes differ from "
+                             f"{first['path']} in the same plan")
+    seen = {}
+    for run in runs:
+        key = (run["device"], run["run"])
+        if key in seen:
+            raise StudyError(f"{run['path']}: the same run as {seen[key]}")
+        seen[key] = run["path"]
+
+
+def _groups(runs: list[dict]):
+    """(plan, arm, scope) -> runs; scope is a device, or `all` over a plan's devices."""
+    groups: dict[tuple, list] = {}
+    for run in runs:
+        groups.setdefault((run["plan"], run["arm"], run["device"]), []).append(run)
+        groups.setdefault((run["plan"], run["arm"], "all"), []).append(run)
+    devices = {}
+    for run in runs:
+        devices.setdefault((run["plan"], run["arm"]), set()).add(run["device"])
+    return {key: sorted(members, key=lambda r: (r["device"], r["run"]))
+            for key, members in groups.items()
+            if key[2] != "all" or len(devices[key[:2]]) > 1}
+
+
+def summarise(runs: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Per (plan, arm, scope): the summary table, the per-run table, the sub-group table."""
+    if not runs:
+        raise StudyError("no run files given")
+    rows, subgroup_rows = [], []
+    for (plan, arm, scope), members in _groups(runs).items():
+        _check_group(members)
+        predictions = np.stack([r["logits"].argmax(axis=1) for r in members])
+        labels, classes = members[0]["labels"], members[0]["classes"]
+        class_accuracy = np.stack([per_class_accuracy(p, labels, classes) for p in predictions])
+        present = ~np.isnan(class_accuracy[0])  # classes with test examples
+        class_sd = sample_sd(class_accuracy[:, present], axis=0)
+        switches = members[0]["switches"]
+        steps = np.concatenate([r["step_seconds"].ravel() for r in members])
+        rows.append({
+            "plan": plan, "arm": arm, "scope": scope, "study": members[0]["study"],
+            "model": members[0]["model"], "learning_rate": float(members[0]["learning_rate"]),
+            **{source: switches[source] for source in
+               ("init", "data_order", "augmentation", "dropout")},
+            "deterministic": bool(switches["deterministic"]), "runs": len(members),
+            "mean_accuracy": float(np.mean([r["test_accuracy"] for r in members])),
+            "sd_accuracy": sample_sd([r["test_accuracy"] for r in members]),
+            "mean_loss": float(np.mean([r["test_loss"] for r in members])),
+            "sd_loss": sample_sd([r["test_loss"] for r in members]),
+            "churn": churn(predictions),
+            "weight_distance": normalised_weight_distance([r["weights"] for r in members]),
+            "disagreement": disagreement(predictions),
+            "distinct_outputs": distinct_outputs([r["logits"] for r in members]),
+            "mean_sd_class_accuracy": float(np.mean(class_sd)),
+            "max_sd_class_accuracy": float(np.max(class_sd)),
+            "mean_epoch_seconds": float(np.mean(np.concatenate(
+                [steady_epochs(r["epoch_seconds"]) for r in members]))),
+            "mean_step_seconds": float(np.nanmean(steps)) if steps.size else float("nan"),
+            "median_step_seconds": float(np.nanmedian(steps)) if steps.size else float("nan"),
+        })
+        if "attributes" in members[0] and classes == 2:
+            subgroup_rows += _subgroups(plan, arm, scope, members, predictions, labels)
+    per_run = pd.DataFrame([{
+        "plan": r["plan"], "arm": r["arm"], "device": r["device"], "run": r["run"],
+        "test_accuracy": float(r["test_accuracy"]), "test_loss": float(r["test_loss"]),
+        "total_seconds": float(np.sum(r["epoch_seconds"])),
+        "mean_step_seconds": float(np.nanmean(r["step_seconds"])) if r["step_seconds"].size
+        else float("nan"), "path": r["path"],
+    } for r in sorted(runs, key=lambda r: (r["plan"], r["arm"], r["device"], r["run"]))])
+    subgroup_columns = ["plan", "arm", "scope", "group", "examples", "positives", "runs",
+                        *(f"{stat}_{m}" for m in ("accuracy", "fpr", "fnr")
+                          for stat in ("mean", "sd"))]
+    return (pd.DataFrame(rows), per_run,
+            pd.DataFrame(subgroup_rows, columns=subgroup_columns))
+
+
+def _subgroups(plan, arm, scope, members, predictions, labels) -> list[dict]:
+    attributes, names = members[0]["attributes"], members[0]["attribute_names"]
+    masks = {"all": np.ones(len(labels), dtype=bool)}
+    for column, name in enumerate(names):
+        masks[name] = attributes[:, column] == 1
+        masks[f"not {name}"] = attributes[:, column] == 0
+    rows = []
+    for group, mask in masks.items():
+        rates = [binary_rates(p[mask], labels[mask]) for p in predictions]
+        row = {"plan": plan, "arm": arm, "scope": scope, "group": group,
+               "examples": int(mask.sum()), "positives": int(labels[mask].sum()),
+               "runs": len(members)}
+        for measure in ("accuracy", "fpr", "fnr"):
+            values = [r[measure] for r in rates]
+            row[f"mean_{measure}"] = float(np.mean(values))
+            row[f"sd_{measure}"] = sample_sd(values)
+        rows.append(row)
+    return rows
+
+
+def seed_ratio(summary: pd.DataFrame) -> pd.DataFrame:
+    """Morin & Willetts' Table 1 per plan and scope: sd with the same seed, with different
+    seeds, and same/different (0.739 for accuracy and 0.872 for loss in the paper)."""
+    rows = []
+    for (plan, scope), group in summary.groupby(["plan", "scope"], sort=False):
+        arms = group.set_index("arm")
+        if not {"same", "different"} <= set(arms.index):
+            continue
+        row = {"plan": plan, "scope": scope, "runs_same": int(arms.loc["same", "runs"]),
+               "runs_different": int(arms.loc["different", "runs"])}
+        for measure in ("accuracy", "loss"):
+            same = arms.loc["same", f"sd_{measure}"]
+            different = arms.loc["different", f"sd_{measure}"]
+            row[f"sd_{measure}_same"], row[f"sd_{measure}_different"] = same, different
+            row[f"ratio_{measure}"] = same / different if different > 0 else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["plan", "scope", "runs_same", "runs_different",
+                                       "sd_accuracy_same", "sd_accuracy_different",
+                                       "ratio_accuracy", "sd_loss_same", "sd_loss_different",
+                                       "ratio_loss"])
+
+
+SWITCH_COLUMNS = ["init", "data_order", "augmentation", "dropout"]
+
+
+def determinism_cost(summary: pd.DataFrame) -> pd.DataFrame:
+    """Overhead of deterministic training: for two arms of one plan on one device whose
+    switches are equal except op determinism, time(deterministic)/time(default) - 1."""
+    rows = []
+    devices = summary[summary["scope"] != "all"]
+    for (plan, scope), group in devices.groupby(["plan", "scope"], sort=False):
+        for _, fast in group[~group["deterministic"]].iterrows():
+            match = group[group["deterministic"]]
+            for column in SWITCH_COLUMNS:
+                match = match[match[column] == fast[column]]
+            for _, slow in match.iterrows():
+                rows.append({
+                    "plan": plan, "device": scope, "model": fast["model"],
+                    "arm_default": fast["arm"], "arm_deterministic": slow["arm"],
+                    "epoch_seconds_default": fast["mean_epoch_seconds"],
+                    "epoch_seconds_deterministic": slow["mean_epoch_seconds"],
+                    "epoch_overhead": slow["mean_epoch_seconds"] / fast["mean_epoch_seconds"] - 1,
+                    "step_seconds_default": fast["median_step_seconds"],
+                    "step_seconds_deterministic": slow["median_step_seconds"],
+                    "step_overhead": slow["median_step_seconds"] / fast["median_step_seconds"] - 1,
+                })
+    return pd.DataFrame(rows, columns=[
+        "plan", "device", "model", "arm_default", "arm_deterministic", "epoch_seconds_default",
+        "epoch_seconds_deterministic", "epoch_overhead", "step_seconds_default",
+        "step_seconds_deterministic", "step_overhead"])
+
+
+def training_tables(paths) -> dict[str, pd.DataFrame]:
+    """Every table of the training-variance study from a set of run files."""
+    summary, per_run, subgroups = summarise([read_run(path) for path in paths])
+    return {"summary": summary, "runs": per_run, "subgroups": subgroups,
+            "seed_ratio": seed_ratio(summary), "determinism_cost": determinism_cost(summary)}

@@ -1,0 +1,232 @@
+"""Training-variance measures on hand-made predictions, plan resolution, run-file checks."""
+
+import json
+import math
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+
+from bitdrift.config import ConfigError, validate_config
+from bitdrift.errors import StudyError
+from bitdrift.variance_plans import arm_switches, plan_runs, resolve_plans, run_seeds
+from bitdrift.variance_stats import (
+    binary_rates,
+    churn,
+    determinism_cost,
+    disagreement,
+    normalised_weight_distance,
+    per_class_accuracy,
+    seed_ratio,
+    training_tables,
+)
+
+
+def test_churn_is_the_fraction_that_differs_averaged_over_pairs():
+    predictions = np.array([[0, 1, 2, 3], [0, 1, 2, 0], [1, 1, 2, 0]])
+    # pairs (0,1): 1/4, (0,2): 2/4, (1,2): 1/4
+    assert churn(predictions) == pytest.approx((0.25 + 0.5 + 0.25) / 3)
+    assert churn(np.array([[4, 5, 6], [4, 5, 6]])) == 0.0  # agreement would give 1
+    assert math.isnan(churn(predictions[:1]))
+
+
+def test_weight_distance_normalises_each_vector_to_unit_length():
+    # Same direction, different scale: distance 0 (unnormalised it would be 5).
+    assert normalised_weight_distance([np.array([3.0, 4.0]), np.array([6.0, 8.0])]) == 0.0
+    # Orthogonal unit directions: sqrt(2), whatever the lengths.
+    assert normalised_weight_distance([np.array([5.0, 0.0]), np.array([0.0, 0.1])]) == \
+        pytest.approx(math.sqrt(2))
+    three = [np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([2.0, 0.0])]
+    assert normalised_weight_distance(three) == pytest.approx(2 * math.sqrt(2) / 3)
+    with pytest.raises(StudyError, match="all zero"):
+        normalised_weight_distance([np.zeros(2), np.ones(2)])
+
+
+def test_per_class_accuracy_and_its_spread():
+    labels = np.array([0, 0, 1, 1, 1, 3])
+    run_a = np.array([0, 1, 1, 1, 0, 3])
+    run_b = np.array([0, 0, 1, 0, 0, 0])
+    a, b = per_class_accuracy(run_a, labels, 4), per_class_accuracy(run_b, labels, 4)
+    np.testing.assert_allclose(a, [0.5, 2 / 3, np.nan, 1.0])
+    np.testing.assert_allclose(b, [1.0, 1 / 3, np.nan, 0.0])
+    spread = np.std(np.stack([a, b])[:, [0, 1, 3]], axis=0, ddof=1)
+    np.testing.assert_allclose(spread, [0.5 / math.sqrt(2), (1 / 3) / math.sqrt(2),
+                                                   1 / math.sqrt(2)])
+
+
+def test_fpr_and_fnr_are_defined_on_the_true_class():
+    labels = np.array([1, 1, 0, 0, 0])
+    predictions = np.array([1, 0, 1, 0, 0])  # TP 1, FN 1, FP 1, TN 2
+    rates = binary_rates(predictions, labels)
+    assert rates == pytest.approx({"accuracy": 3 / 5, "fpr": 1 / 3, "fnr": 1 / 2})
+    only_negatives = binary_rates(np.array([1, 0]), np.array([0, 0]))
+    assert only_negatives["fpr"] == 0.5 and math.isnan(only_negatives["fnr"])
+
+
+def test_disagreement_counts_examples_where_members_are_not_unanimous():
+    assert disagreement(np.array([[0, 1, 2], [0, 1, 1], [0, 1, 2]])) == pytest.approx(1 / 3)
+    assert disagreement(np.array([[0, 1], [0, 1], [0, 1]])) == 0.0
+
+
+def test_arms_resolve_to_explicit_switches_and_seeds():
+    assert arm_switches("impl", {}, True)["deterministic"] is False
+    assert arm_switches("same", {}, True)["deterministic"] is True  # the plan's setting
+    assert arm_switches("control", {"data_order": "per_run"}, False)["data_order"] == "per_run"
+    with pytest.raises(ValueError, match="must set"):
+        arm_switches("mine", {"init": "fixed"}, False)
+    algo = arm_switches("algo", {}, False)
+    assert run_seeds(algo, 7, 3) == {"init_seed": 10, "data_order_seed": 10,
+                                     "augmentation_seed": 10, "dropout_seed": 10}
+    assert set(run_seeds(arm_switches("control", {}, False), 7, 3).values()) == {7}
+    different = [run_seeds(arm_switches("different", {}, False), 5, r)["init_seed"]
+                 for r in range(4)]
+    assert different == [5, 6, 7, 8]  # Morin & Willetts: seeds s..s+N-1
+
+
+def _config(**variance):
+    return {"datasets": {"d": {"source": "digits"}},
+            "models": {"m": {"architecture": "cifar10_small", "dataset": "d"}},
+            "devices": {"cpu": {"accelerator": "cpu", "backend": "tensorflow"},
+                        "far": {"accelerator": "cpu", "backend": "torch", "external": True}},
+            "training_variance": {"models": {"small": {"architecture": "small_cnn",
+                                                       "dataset": "d"}}, **variance}}
+
+
+def test_plans_from_config_one_run_per_job():
+    config = validate_config(_config(
+        plans={"noise": {"model": "small", "runs": 2, "devices": ["cpu"],
+                         "arms": {"algo_impl": None, "control": {}}}},
+        ensemble={"model": "small", "learning_rates": [0.01, 0.1], "devices": ["cpu"]}))
+    plans = resolve_plans(config)
+    assert set(plans) == {"noise", "ensemble_lr_0.01", "ensemble_lr_0.1"}
+    ensemble = plans["ensemble_lr_0.1"]
+    assert ensemble["spec"]["optimizer"] == "sgd" and ensemble["spec"]["momentum"] == 0.0
+    assert ensemble["spec"]["learning_rate"] == 0.1 and ensemble["runs"] == 3
+    assert len(ensemble["arms"]) == 8  # {fixed, random} init x batches x {default, det} ops
+    assert ensemble["arms"]["fixed_init_random_batches_deterministic"] == {
+        "init": "fixed", "data_order": "per_run", "augmentation": "fixed", "dropout": "fixed",
+        "deterministic": True}
+    runs = plan_runs(plans)
+    assert ("noise", "control", "cpu", 1) in runs and len(runs) == 4 + 2 * 8 * 3
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"plans": {"p": {"model": "nope", "runs": 2, "devices": ["cpu"], "arms": {"algo": {}}}}},
+     "training_variance.plans.p.model"),
+    ({"plans": {"p": {"model": "small", "runs": 2, "devices": ["gpu9"], "arms": {"algo": {}}}}},
+     "training_variance.plans.p.devices"),
+    ({"plans": {"p": {"model": "small", "runs": 2, "devices": ["far"], "arms": {"algo": {}}}}},
+     "training_variance.plans.p.devices"),
+    ({"plans": {"p": {"model": "small", "runs": 2, "devices": ["cpu"],
+                      "arms": {"mine": {"init": "fixed"}}}}},
+     "training_variance.plans.p.arms.mine"),
+    ({"plans": {"p": {"model": "small", "runs": 2, "devices": ["cpu"],
+                      "arms": {"algo": {"init": "sometimes"}}}}},
+     "training_variance.plans.p.arms.algo.init"),
+    ({"plans": {"p": {"model": "small", "runs": 0, "devices": ["cpu"], "arms": {"algo": {}}}}},
+     "training_variance.plans.p.runs"),
+])
+def test_bad_plans_name_their_key(change, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_config(_config(**change))
+
+
+def write_run(path, *, plan="p", arm="a", device="cpu", run=0, predictions, labels,
+              weights, seconds=1.0, switches=None, study="plan", learning_rate=0.01,
+              accuracy=None, loss=0.5, attributes=None, classes=None):
+    """A run file in the format bitdrift.variance_training writes."""
+    classes = classes or int(max(np.max(predictions), np.max(labels)) + 1)
+    logits = np.eye(classes, dtype=np.float32)[predictions]
+    switches = switches or {"init": "fixed", "data_order": "fixed", "augmentation": "fixed",
+                            "dropout": "fixed", "deterministic": False}
+    with h5py.File(path, "w") as handle:
+        handle["logits"], handle["labels"] = logits, np.asarray(labels)
+        handle["weights"] = np.asarray(weights, dtype=np.float32)
+        handle["step_seconds"] = np.full((2, 3), seconds / 3)
+        handle["epoch_seconds"] = np.full(2, seconds)
+        if attributes is not None:
+            handle["attributes"] = np.asarray(attributes, dtype=np.int8)
+            handle.attrs["attribute_names"] = json.dumps(["Male"])
+        handle.attrs.update({
+            "plan": plan, "arm": arm, "device": device, "run": run, "study": study,
+            "model": "small", "learning_rate": learning_rate, "classes": classes,
+            "switches": json.dumps(switches), "deterministic": switches["deterministic"],
+            "test_accuracy": float(np.mean(np.asarray(predictions) == labels))
+            if accuracy is None else accuracy, "test_loss": loss, "dataset_sha256": "abc"})
+    return path
+
+
+def test_tables_from_run_files(tmp_path):
+    labels = np.array([0, 1, 1, 0])
+    det = {"init": "fixed", "data_order": "fixed", "augmentation": "fixed", "dropout": "fixed",
+           "deterministic": True}
+    files = [
+        write_run(tmp_path / "s0.h5", arm="same", run=0, predictions=[0, 1, 1, 0], labels=labels,
+                  weights=[1, 0], accuracy=0.80, loss=0.50, seconds=2.0),
+        write_run(tmp_path / "s1.h5", arm="same", run=1, predictions=[0, 1, 1, 1], labels=labels,
+                  weights=[1, 0.1], accuracy=0.82, loss=0.52, seconds=2.0),
+        write_run(tmp_path / "d0.h5", arm="different", run=0, predictions=[1, 1, 1, 0],
+                  labels=labels, weights=[0, 1], accuracy=0.80, loss=0.50, switches=det,
+                  seconds=3.0),
+        write_run(tmp_path / "d1.h5", arm="different", run=1, predictions=[0, 0, 1, 1],
+                  labels=labels, weights=[1, 1], accuracy=0.84, loss=0.56, switches=det,
+                  seconds=3.0),
+    ]
+    tables = training_tables(files)
+    summary = tables["summary"].set_index("arm")
+    assert summary.loc["same", "sd_accuracy"] == pytest.approx(np.std([0.80, 0.82], ddof=1))
+    assert summary.loc["same", "churn"] == pytest.approx(0.25)
+    assert summary.loc["different", "churn"] == pytest.approx(0.75)
+    assert summary.loc["same", "distinct_outputs"] == 2
+    ratio = tables["seed_ratio"].iloc[0]
+    assert ratio["ratio_accuracy"] == pytest.approx(0.02 / 0.04)
+    assert ratio["ratio_loss"] == pytest.approx(0.02 / 0.06)
+    cost = tables["determinism_cost"].iloc[0]
+    assert (cost["arm_default"], cost["arm_deterministic"]) == ("same", "different")
+    assert cost["epoch_overhead"] == pytest.approx(0.5)
+    assert len(tables["runs"]) == 4 and tables["subgroups"].empty
+
+
+def test_subgroup_rates_and_cross_device_scope(tmp_path):
+    labels = np.array([1, 1, 0, 0])
+    male = [[1], [0], [1], [0]]
+    files = [write_run(tmp_path / f"{device}.h5", device=device, predictions=predictions,
+                       labels=labels, weights=[1, 2], attributes=male)
+             for device, predictions in (("cpu", [1, 0, 1, 0]), ("gpu", [1, 1, 0, 0]))]
+    tables = training_tables(files)
+    assert set(tables["summary"]["scope"]) == {"cpu", "gpu", "all"}
+    across = tables["summary"].set_index("scope").loc["all"]
+    assert across["runs"] == 2 and across["churn"] == pytest.approx(0.5)
+    rows = tables["subgroups"].set_index(["scope", "group"])
+    # cpu run on males (examples 0, 2): TP on 0, FP on 2 -> FPR 1, FNR 0
+    assert rows.loc[("cpu", "Male"), "mean_fpr"] == 1.0
+    assert rows.loc[("cpu", "not Male"), "mean_fnr"] == 1.0
+    assert rows.loc[("all", "Male"), "sd_fpr"] == pytest.approx(np.std([1.0, 0.0], ddof=1))
+
+
+def test_mismatched_or_corrupt_runs_are_refused_by_name(tmp_path):
+    good = write_run(tmp_path / "a.h5", predictions=[0, 1], labels=[0, 1], weights=[1, 0])
+    other = write_run(tmp_path / "b.h5", run=1, predictions=[0, 1], labels=[1, 0],
+                      weights=[1, 0])
+    with pytest.raises(StudyError, match="b.h5"):
+        training_tables([good, other])
+    broken = tmp_path / "c.h5"
+    broken.write_bytes(b"not hdf5")
+    with pytest.raises(StudyError, match="c.h5"):
+        training_tables([good, broken])
+    with h5py.File(tmp_path / "d.h5", "w") as handle:
+        handle["logits"] = np.zeros((2, 2))
+    with pytest.raises(StudyError, match="d.h5: not a bitdrift run file"):
+        training_tables([tmp_path / "d.h5"])
+
+
+def test_seed_ratio_and_cost_need_their_pairs():
+    summary = pd.DataFrame([{"plan": "p", "scope": "cpu", "arm": "same", "runs": 2,
+                             "sd_accuracy": 0.1, "sd_loss": 0.1}])
+    assert seed_ratio(summary).empty
+    lone = pd.DataFrame([{"plan": "p", "scope": "cpu", "arm": "impl", "deterministic": False,
+                          "init": "fixed", "data_order": "fixed", "augmentation": "fixed",
+                          "dropout": "fixed", "model": "m", "mean_epoch_seconds": 1.0,
+                          "median_step_seconds": 0.1}])
+    assert determinism_cost(lone).empty
