@@ -28,8 +28,9 @@ def _label(row) -> str:
 
 
 def _plans(summary: pd.DataFrame) -> pd.DataFrame:
-    """The non-ensemble rows: per device, plus the all-devices row where there is one."""
-    return summary[summary["study"] == "plan"].reset_index(drop=True)
+    """The non-ensemble rows with a spread to show (two runs or more): per device, plus
+    the all-devices row where there is one."""
+    return summary[(summary["study"] == "plan") & (summary["runs"] > 1)].reset_index(drop=True)
 
 
 def _save(fig, out) -> None:
@@ -45,7 +46,6 @@ def _bars(ax, rows: pd.DataFrame, column: str, title: str, scale: float = 1.0) -
         ax.text(0, position, " n/a" if np.isnan(value) else f" {value:.3g}", va="center",
                 fontsize=7)
     ax.set_yticks(positions, [_label(r) for _, r in rows.iterrows()], fontsize=7)
-    ax.invert_yaxis()
     ax.set_title(title, fontsize=9)
 
 
@@ -58,6 +58,7 @@ def _bar_panels(summary: pd.DataFrame, panels, title: str, out) -> None:
                              sharey=True, layout="constrained")
     for ax, (column, panel_title, scale) in zip(axes, panels, strict=True):
         _bars(ax, rows, column, panel_title, scale)
+    axes[0].invert_yaxis()  # shared y: once for all panels, first row on top
     fig.suptitle(title, fontsize=8)
     _save(fig, out)
     plt.close(fig)
