@@ -197,16 +197,12 @@ def cmd_training_stats(args) -> None:
           file=sys.stderr)
 
 
-def _read_table(path):
+def cmd_plot_training(args) -> None:
     import pandas as pd
 
-    return pd.read_csv(path, keep_default_na=True)
-
-
-def cmd_plot_training(args) -> None:
     from bitdrift import variance_figures
 
-    tables = [_read_table(path) for path in args.tables]
+    tables = [pd.read_csv(path) for path in args.tables]
     plot = {"plot-training-variance": variance_figures.plot_training_variance,
             "plot-churn": variance_figures.plot_churn,
             "plot-determinism-cost": variance_figures.plot_determinism_cost,

@@ -398,6 +398,8 @@ def read_dataset(path: str | Path, splits=("train", "test")) -> dict:
         with h5py.File(path, "r") as handle:
             data = {f"{p}_{s}": handle[f"{p}_{s}"][()] for s in splits for p in ("x", "y")}
             data["train_order"] = handle["train_order"][()]
+            if "a_test" in handle:  # sub-group attributes (0/1), named in attribute_names
+                data["a_test"] = handle["a_test"][()]
             data["attrs"] = {k: handle.attrs[k] for k in handle.attrs}
     except (OSError, KeyError) as error:
         raise DatasetError(f"{path}: not a bitdrift dataset file ({error})") from error
@@ -413,14 +415,6 @@ def dataset_classes(data: dict) -> int:
         raise DatasetError(f"dataset {data['attrs'].get('name')!r}: label {present - 1} but only "
                            f"{len(names)} class names")
     return len(names)
-
-
-def read_test_attributes(path: str | Path) -> tuple[np.ndarray, list[str]] | None:
-    """The test images' sub-group attributes (0/1) and their names, or None."""
-    with h5py.File(path, "r") as handle:
-        if "a_test" not in handle:
-            return None
-        return handle["a_test"][()], json.loads(handle.attrs["attribute_names"])
 
 
 def read_test_images(path: str | Path, indices: list[int]) -> np.ndarray:

@@ -93,7 +93,7 @@ def _step_timer(keras):
 
 def run_worker(job: dict) -> None:
     """Inside the fresh process: train, then write model, history and run file."""
-    from bitdrift.datasets import dataset_classes, read_dataset, read_test_attributes
+    from bitdrift.datasets import dataset_classes, read_dataset
     from bitdrift.devices import (
         check_accelerator,
         configure_determinism,
@@ -157,7 +157,6 @@ def run_worker(job: dict) -> None:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["epoch"])
         writer.writeheader()
         writer.writerows(rows)
-    attributes = read_test_attributes(job["dataset_path"])
     with atomic_output(out / "run.h5") as tmp, h5py.File(tmp, "w") as handle:
         handle.create_dataset("logits", data=logits)
         handle.create_dataset("labels", data=data["y_test"])
@@ -166,9 +165,9 @@ def run_worker(job: dict) -> None:
         handle.create_dataset("step_seconds", data=np.array(
             [s + [np.nan] * (steps - len(s)) for s in step_seconds], dtype=np.float64))
         handle.create_dataset("epoch_seconds", data=[r["seconds"] for r in rows])
-        if attributes is not None:
-            handle.create_dataset("attributes", data=attributes[0])
-            handle.attrs["attribute_names"] = json.dumps(attributes[1])
+        if "a_test" in data:
+            handle.create_dataset("attributes", data=data["a_test"])
+            handle.attrs["attribute_names"] = data["attrs"]["attribute_names"]
         handle.attrs.update({
             "format": RUN_FORMAT, "plan": job["plan"], "arm": job["arm"],
             "device": job["device_name"], "run": job["run"], "study": job["study"],

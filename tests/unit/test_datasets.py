@@ -2,6 +2,7 @@ import csv
 import gzip
 import hashlib
 import io
+import json
 import pickle
 import tarfile
 
@@ -16,7 +17,6 @@ from bitdrift.datasets import (
     load_source,
     prepare_dataset,
     read_dataset,
-    read_test_attributes,
     read_test_images,
 )
 
@@ -212,9 +212,8 @@ def test_celeba_binary_target_with_subgroup_attributes(tmp_path):
     data = read_dataset(out)
     assert data["x_train"].shape == (2, 16, 16, 3)  # partition 1 (validation) left out
     assert data["y_test"].tolist() == [1, 0, 0] and dataset_classes(data) == 2
-    attributes, names = read_test_attributes(out)
-    assert names == ["Male", "Young"]
-    assert attributes.tolist() == [[1, 0], [0, 1], [1, 1]]
+    assert json.loads(data["attrs"]["attribute_names"]) == ["Male", "Young"]
+    assert data["a_test"].tolist() == [[1, 0], [0, 1], [1, 1]]
     with pytest.raises(DatasetError, match="no attribute column 'Bald'"):
         load_source({"source": "celeba", "path": str(tmp_path / "celeba"), "target": "Bald"})
     (tmp_path / "celeba" / "img_align_celeba" / "000005.jpg").unlink()
