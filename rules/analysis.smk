@@ -4,12 +4,12 @@ rule cluster_equivalence_classes:
         provenance=PROVENANCE_FILES,
     output:
         final=report(
-            "results/tables/eqc.csv",
+            paths.table_file("eqc"),
             caption="../workflow/report/eqc_table.rst",
             category="Equivalence classes",
         ),
         layers=report(
-            "results/tables/eqc_layers.csv",
+            paths.table_file("eqc_layers"),
             caption="../workflow/report/eqc_layers_table.rst",
             category="Equivalence classes",
         ),
@@ -32,8 +32,8 @@ rule compute_remaining_precision:
         records=record_files,
         provenance=PROVENANCE_FILES,
     output:
-        report(
-            "results/tables/precision.csv",
+        table=report(
+            paths.table_file("precision"),
             caption="../workflow/report/precision_table.rst",
             category="Remaining precision",
         ),
@@ -54,11 +54,11 @@ rule compute_remaining_precision:
 
 rule plot_equivalence_classes:
     input:
-        eqc="results/tables/eqc.csv",
+        eqc=rules.cluster_equivalence_classes.output.final,
         records=record_files,
     output:
         report(
-            "results/figures/eqc.pdf",
+            paths.figure_file("eqc"),
             caption="../workflow/report/eqc_figure.rst",
             category="Equivalence classes",
         ),
@@ -75,10 +75,10 @@ rule plot_equivalence_classes:
 
 rule plot_remaining_precision:
     input:
-        "results/tables/precision.csv",
+        rules.compute_remaining_precision.output.table,
     output:
         report(
-            "results/figures/remaining_precision.pdf",
+            paths.figure_file("remaining_precision"),
             caption="../workflow/report/precision_figure.rst",
             category="Remaining precision",
         ),

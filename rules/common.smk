@@ -1,4 +1,5 @@
-# Python helpers for the rules: config validation, target lists, wildcard constraints.
+# Python helpers for the rules, in sections: validation and constants (core, then the
+# studies), target functions, input and params functions, resources.
 import re
 import sys
 
@@ -9,9 +10,10 @@ sys.path.insert(0, f"{workflow.basedir}/src")
 from snakemake.exceptions import WorkflowError
 
 from bitdrift import paths
-from bitdrift.config import ConfigError, inference_seed, validate_config
-from bitdrift.variance_plans import plan_runs, resolve_plans, run_directory
+from bitdrift.config import ConfigError, validate_config
+from bitdrift.studies.variance.plans import plan_runs, resolve_plans
 
+# ---- validation and constants: core -------------------------------------------------------
 try:
     validate_config(config)
 except ConfigError as error:
@@ -21,136 +23,6 @@ MODELS = list(config["models"])
 DEVICES = list(config["devices"])
 SCHEDULED_DEVICES = [d for d in DEVICES if not config["devices"][d]["external"]]
 TRAINED_MODELS = [m for m in MODELS if "architecture" in config["models"][m]]
-PLANS = resolve_plans(config)
-VARIANCE_DEVICES = sorted({d for plan in PLANS.values() for d in plan["devices"]})
-
-
-def _choice(names):
-    return "|".join(re.escape(name) for name in names) if names else "(?!)"
-
-
-wildcard_constraints:
-    dataset=_choice(config["datasets"]),
-    setting=_choice(config.get("maxpool", {}).get("volume", {}).get("settings", {})),
-    beta=_choice(config.get("maxpool", {}).get("training", {}).get("betas", {})),
-    plan=_choice(PLANS),
-    arm=_choice(sorted({arm for plan in PLANS.values() for arm in plan["arms"]})),
-    run=r"\d+",
-    model=_choice(MODELS),
-    seed=r"\d+",
-
-
-def training_targets():
-    return [
-        paths.trained_model_file(model, seed)
-        for model in TRAINED_MODELS
-        for seed in config["models"][model]["train"]["seeds"]
-    ]
-
-
-def record_files(wildcards=None):
-    """Every record, devices in config order (this order numbers the classes)."""
-    return [paths.record_file(model, device) for model in MODELS for device in DEVICES]
-
-
-MAXPOOL = config.get("maxpool")
-
-
-def maxpool_dataset_file(wildcards):
-    return paths.dataset_file(MAXPOOL["dataset"])
-
-
-def maxpool_spec(wildcards):
-    return canonical(MAXPOOL)
-
-
-def maxpool_variation_files(wildcards=None):
-    return [
-        f"results/maxpool/variation/{precision}.csv"
-        for precision in MAXPOOL["variation"]["precisions"]
-    ]
-
-
-def maxpool_volume_files(wildcards=None):
-    return [
-        f"results/maxpool/volume/{name}.csv" for name in MAXPOOL["volume"]["settings"]
-    ]
-
-
-def maxpool_training_files(wildcards=None):
-    training = MAXPOOL["training"]
-    return [
-        f"results/maxpool/training/beta_{beta}/seed_{seed}.csv"
-        for beta in training["betas"]
-        for seed in training["seeds"]
-    ]
-
-
-def maxpool_targets():
-    if not MAXPOOL:
-        return []
-    targets = [
-        "results/tables/maxpool_zero_program.csv",
-        "results/figures/backprop_variation.pdf",
-        "results/figures/maxpool_training.pdf",
-    ]
-    if MAXPOOL["volume"]["settings"]:
-        targets.append("results/figures/bifurcation_volume.pdf")
-    return targets
-
-
-MAXPOOL_RESOURCES = (MAXPOOL or {}).get("resources", {})
-
-
-def variance_run_files(wildcards=None):
-    """run.h5 of every training-variance run: one job each, so runs spread over a cluster."""
-    return [f"{run_directory(*run)}/run.h5" for run in plan_runs(PLANS)]
-
-
-def variance_run_plan(wildcards):
-    """What one run depends on: its arm's switches, not the plan's other arms, devices or
-    run count (adding runs or devices must not retrain the existing ones)."""
-    plan = PLANS[wildcards.plan]
-    return canonical(
-        {
-            "study": plan["study"],
-            "model": plan["model"],
-            "spec": plan["spec"],
-            "seed": plan["seed"],
-            "arms": {wildcards.arm: plan["arms"][wildcards.arm]},
-        }
-    )
-
-
-def variance_dataset_file(wildcards):
-    return paths.dataset_file(PLANS[wildcards.plan]["spec"]["dataset"])
-
-
-def variance_targets():
-    if not PLANS:
-        return []
-    return [
-        "results/figures/training_variance.pdf",
-        "results/figures/churn.pdf",
-        "results/figures/determinism_cost.pdf",
-        "results/figures/ensemble_disagreement.pdf",
-    ]
-
-
-def all_targets():
-    return (
-        maxpool_targets()
-        + variance_targets()
-        + training_targets()
-        + [
-            "results/tables/eqc.csv",
-            "results/tables/eqc_layers.csv",
-            "results/tables/precision.csv",
-            "results/figures/eqc.pdf",
-            "results/figures/remaining_precision.pdf",
-        ]
-    )
-
 
 # (model, model file, dataset file) per model: every record, external ones included, is
 # checked against the files the workflow itself uses (`bitdrift eqc --expect ...`).
@@ -165,7 +37,78 @@ PROVENANCE = [
 PROVENANCE_FILES = [file for _, *files in PROVENANCE for file in files]
 EXPECT_ARGUMENTS = [arg for triple in PROVENANCE for arg in ("--expect", *triple)]
 
+# ---- validation and constants: studies ----------------------------------------------------
+MAXPOOL = config.get("maxpool")
+PLANS = resolve_plans(config)
+VARIANCE_DEVICES = sorted({d for plan in PLANS.values() for d in plan["devices"]})
 
+
+def _choice(names):
+    return "|".join(re.escape(name) for name in names) if names else "(?!)"
+
+
+wildcard_constraints:
+    dataset=_choice(config["datasets"]),
+    setting=_choice((MAXPOOL or {}).get("volume", {}).get("settings", {})),
+    beta=_choice((MAXPOOL or {}).get("training", {}).get("betas", {})),
+    plan=_choice(PLANS),
+    arm=_choice(sorted({arm for plan in PLANS.values() for arm in plan["arms"]})),
+    run=r"\d+",
+    model=_choice(MODELS),
+    seed=r"\d+",
+
+
+# ---- target functions ---------------------------------------------------------------------
+def training_targets():
+    return [
+        paths.trained_model_file(model, seed)
+        for model in TRAINED_MODELS
+        for seed in config["models"][model]["train"]["seeds"]
+    ]
+
+
+def core_targets():
+    return [
+        paths.table_file("eqc"),
+        paths.table_file("eqc_layers"),
+        paths.table_file("precision"),
+        paths.figure_file("eqc"),
+        paths.figure_file("remaining_precision"),
+    ]
+
+
+def maxpool_targets():
+    if not MAXPOOL:
+        return []
+    targets = [
+        paths.table_file("maxpool_zero_program"),
+        paths.figure_file("backprop_variation"),
+        paths.figure_file("maxpool_training"),
+    ]
+    if MAXPOOL["volume"]["settings"]:
+        targets.append(paths.figure_file("bifurcation_volume"))
+    return targets
+
+
+def variance_targets():
+    if not PLANS:
+        return []
+    return [
+        paths.figure_file(name)
+        for name in (
+            "training_variance",
+            "churn",
+            "determinism_cost",
+            "ensemble_disagreement",
+        )
+    ]
+
+
+def all_targets():
+    return maxpool_targets() + variance_targets() + training_targets() + core_targets()
+
+
+# ---- input and params functions: core -----------------------------------------------------
 def canonical(entry):
     """A config entry with sorted keys: params are compared by value, so reordering keys
     in config.yaml must not trigger reruns."""
@@ -174,6 +117,11 @@ def canonical(entry):
     if isinstance(entry, list):
         return [canonical(item) for item in entry]
     return entry
+
+
+def record_files(wildcards=None):
+    """Every record, devices in config order (this order numbers the classes)."""
+    return [paths.record_file(model, device) for model in MODELS for device in DEVICES]
 
 
 def dataset_spec(wildcards):
@@ -200,6 +148,61 @@ def device_threads(wildcards):
     return config["devices"][wildcards.device]["threads"] or 1
 
 
+# ---- input and params functions: MaxPool study --------------------------------------------
+def maxpool_dataset_file(wildcards):
+    return paths.dataset_file(MAXPOOL["dataset"])
+
+
+def maxpool_spec(wildcards):
+    return canonical(MAXPOOL)
+
+
+def maxpool_variation_files(wildcards=None):
+    return [
+        paths.maxpool_variation_file(precision)
+        for precision in MAXPOOL["variation"]["precisions"]
+    ]
+
+
+def maxpool_volume_files(wildcards=None):
+    return [paths.maxpool_volume_file(name) for name in MAXPOOL["volume"]["settings"]]
+
+
+def maxpool_training_files(wildcards=None):
+    training = MAXPOOL["training"]
+    return [
+        paths.maxpool_training_file(beta, seed)
+        for beta in training["betas"]
+        for seed in training["seeds"]
+    ]
+
+
+# ---- input and params functions: training-variance study ----------------------------------
+def variance_run_files(wildcards=None):
+    """run.h5 of every training-variance run: one job each, so runs spread over a cluster."""
+    return [paths.run_file("run", *run) for run in plan_runs(PLANS)]
+
+
+def variance_run_plan(wildcards):
+    """What one run depends on: its arm's switches, not the plan's other arms, devices or
+    run count (adding runs or devices must not retrain the existing ones)."""
+    plan = PLANS[wildcards.plan]
+    return canonical(
+        {
+            "study": plan["study"],
+            "model": plan["model"],
+            "spec": plan["spec"],
+            "seed": plan["seed"],
+            "arms": {wildcards.arm: plan["arms"][wildcards.arm]},
+        }
+    )
+
+
+def variance_dataset_file(wildcards):
+    return paths.dataset_file(PLANS[wildcards.plan]["spec"]["dataset"])
+
+
+# ---- resources ----------------------------------------------------------------------------
 def _profile_default(key):
     """The profile's plain default-resources value of `key` (None if unset or an expression)."""
     default = workflow.resource_settings.default_resources.get(key)
@@ -244,6 +247,7 @@ TRAINING_RESOURCES = scheduling_resources(
     lambda wildcards: config["models"][wildcards.model]["train"].get("resources", {}),
 )
 ANALYSIS_RESOURCES = config["analysis"].get("resources", {})
+MAXPOOL_RESOURCES = (MAXPOOL or {}).get("resources", {})
 VARIANCE_RESOURCES = scheduling_resources(
     [
         {**device_resources(device), **plan["resources"]}

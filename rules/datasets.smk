@@ -1,6 +1,6 @@
 rule prepare_dataset:
     output:
-        "results/datasets/{dataset}.h5",
+        paths.dataset_file(),
     log:
         "logs/prepare_dataset/{dataset}.log",
     benchmark:

@@ -3,7 +3,7 @@ rule run_inference:
         model=inference_model_file,
         dataset=model_dataset_file,
     output:
-        "results/inference/{model}/{device}.h5",
+        paths.record_file(),
     log:
         "logs/run_inference/{model}/{device}.log",
     benchmark:

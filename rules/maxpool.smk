@@ -1,28 +1,28 @@
-rule maxpool_zero_program:
+rule compute_zero_programs:
     output:
         report(
-            "results/tables/maxpool_zero_program.csv",
+            paths.table_file("maxpool_zero_program"),
             caption="../workflow/report/maxpool_zero_program.rst",
             category="MaxPool study",
         ),
     log:
-        "logs/maxpool_zero_program/all.log",
+        "logs/compute_zero_programs/all.log",
     localrule: True
     conda:
         "../envs/bitdrift.yaml"
     script:
-        "../workflow/scripts/maxpool.py"
+        "../workflow/scripts/compute_zero_programs.py"
 
 
-rule maxpool_backprop_variation:
+rule compute_backprop_variation:
     input:
         dataset=maxpool_dataset_file,
     output:
-        "results/maxpool/variation/{precision}.csv",
+        paths.maxpool_variation_file(),
     log:
-        "logs/maxpool_backprop_variation/{precision}.log",
+        "logs/compute_backprop_variation/{precision}.log",
     benchmark:
-        "results/benchmarks/maxpool_backprop_variation/{precision}.tsv"
+        "results/benchmarks/compute_backprop_variation/{precision}.tsv"
     wildcard_constraints:
         precision="16|32|64",
     conda:
@@ -32,18 +32,18 @@ rule maxpool_backprop_variation:
     params:
         study=maxpool_spec,
     script:
-        "../workflow/scripts/maxpool.py"
+        "../workflow/scripts/compute_backprop_variation.py"
 
 
-rule maxpool_bifurcation_volume:
+rule compute_bifurcation_volume_draws:
     input:
         dataset=maxpool_dataset_file,
     output:
-        "results/maxpool/volume/{setting}.csv",
+        paths.maxpool_volume_file(),
     log:
-        "logs/maxpool_bifurcation_volume/{setting}.log",
+        "logs/compute_bifurcation_volume_draws/{setting}.log",
     benchmark:
-        "results/benchmarks/maxpool_bifurcation_volume/{setting}.tsv"
+        "results/benchmarks/compute_bifurcation_volume_draws/{setting}.tsv"
     conda:
         "../envs/bitdrift.yaml"
     resources:
@@ -51,18 +51,18 @@ rule maxpool_bifurcation_volume:
     params:
         study=maxpool_spec,
     script:
-        "../workflow/scripts/maxpool.py"
+        "../workflow/scripts/compute_bifurcation_volume_draws.py"
 
 
-rule maxpool_train:
+rule train_hybrid_maxpool:
     input:
         dataset=maxpool_dataset_file,
     output:
-        "results/maxpool/training/beta_{beta}/seed_{seed}.csv",
+        paths.maxpool_training_file(),
     log:
-        "logs/maxpool_train/beta_{beta}/seed_{seed}.log",
+        "logs/train_hybrid_maxpool/beta_{beta}/seed_{seed}.log",
     benchmark:
-        "results/benchmarks/maxpool_train/beta_{beta}/seed_{seed}.tsv"
+        "results/benchmarks/train_hybrid_maxpool/beta_{beta}/seed_{seed}.tsv"
     conda:
         "../envs/bitdrift.yaml"
     resources:
@@ -70,7 +70,7 @@ rule maxpool_train:
     params:
         study=maxpool_spec,
     script:
-        "../workflow/scripts/maxpool.py"
+        "../workflow/scripts/train_hybrid_maxpool.py"
 
 
 rule tabulate_bifurcation_volume:
@@ -78,7 +78,7 @@ rule tabulate_bifurcation_volume:
         maxpool_volume_files,
     output:
         report(
-            "results/tables/bifurcation_volume.csv",
+            paths.table_file("bifurcation_volume"),
             caption="../workflow/report/bifurcation_volume_table.rst",
             category="MaxPool study",
         ),
@@ -90,7 +90,7 @@ rule tabulate_bifurcation_volume:
     params:
         study=maxpool_spec,
     script:
-        "../workflow/scripts/maxpool.py"
+        "../workflow/scripts/tabulate_bifurcation_volume.py"
 
 
 rule plot_backprop_variation:
@@ -98,7 +98,7 @@ rule plot_backprop_variation:
         maxpool_variation_files,
     output:
         report(
-            "results/figures/backprop_variation.pdf",
+            paths.figure_file("backprop_variation"),
             caption="../workflow/report/backprop_variation.rst",
             category="MaxPool study",
         ),
@@ -107,16 +107,18 @@ rule plot_backprop_variation:
     localrule: True
     conda:
         "../envs/bitdrift.yaml"
+    params:
+        command="plot-backprop-variation",
     script:
-        "../workflow/scripts/maxpool.py"
+        "../workflow/scripts/plot_with_cli.py"
 
 
 rule plot_bifurcation_volume:
     input:
-        "results/tables/bifurcation_volume.csv",
+        rules.tabulate_bifurcation_volume.output,
     output:
         report(
-            "results/figures/bifurcation_volume.pdf",
+            paths.figure_file("bifurcation_volume"),
             caption="../workflow/report/bifurcation_volume.rst",
             category="MaxPool study",
         ),
@@ -125,8 +127,10 @@ rule plot_bifurcation_volume:
     localrule: True
     conda:
         "../envs/bitdrift.yaml"
+    params:
+        command="plot-bifurcation-volume",
     script:
-        "../workflow/scripts/maxpool.py"
+        "../workflow/scripts/plot_with_cli.py"
 
 
 rule plot_maxpool_training:
@@ -134,7 +138,7 @@ rule plot_maxpool_training:
         maxpool_training_files,
     output:
         report(
-            "results/figures/maxpool_training.pdf",
+            paths.figure_file("maxpool_training"),
             caption="../workflow/report/maxpool_training.rst",
             category="MaxPool study",
         ),
@@ -143,5 +147,7 @@ rule plot_maxpool_training:
     localrule: True
     conda:
         "../envs/bitdrift.yaml"
+    params:
+        command="plot-maxpool-training",
     script:
-        "../workflow/scripts/maxpool.py"
+        "../workflow/scripts/plot_with_cli.py"

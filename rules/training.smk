@@ -2,9 +2,9 @@ rule train_model:
     input:
         dataset=model_dataset_file,
     output:
-        model=protected("results/models/{model}/seed_{seed}/model.keras"),
-        history="results/models/{model}/seed_{seed}/history.csv",
-        logits="results/models/{model}/seed_{seed}/test_logits.h5",
+        model=protected(paths.trained_model_file()),
+        history=paths.training_history_file(),
+        logits=paths.test_logits_file(),
     log:
         "logs/train_model/{model}/seed_{seed}.log",
     benchmark:

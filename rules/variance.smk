@@ -2,9 +2,9 @@ rule train_variance_run:
     input:
         dataset=variance_dataset_file,
     output:
-        model="results/training/{plan}/{arm}/{device}/run_{run}/model.keras",
-        history="results/training/{plan}/{arm}/{device}/run_{run}/history.csv",
-        run="results/training/{plan}/{arm}/{device}/run_{run}/run.h5",
+        model=paths.run_file("model"),
+        history=paths.run_file("history"),
+        run=paths.run_file("run"),
     log:
         "logs/train_variance_run/{plan}/{arm}/{device}/run_{run}.log",
     benchmark:
@@ -24,54 +24,54 @@ rule train_variance_run:
         "../workflow/scripts/train_variance_run.py"
 
 
-rule training_statistics:
+rule compute_training_statistics:
     input:
         variance_run_files,
     output:
         summary=report(
-            "results/tables/training_variance.csv",
+            paths.table_file("training_variance"),
             caption="../workflow/report/training_variance_table.rst",
             category="Training variance",
         ),
         runs=report(
-            "results/tables/training_runs.csv",
+            paths.table_file("training_runs"),
             caption="../workflow/report/training_runs_table.rst",
             category="Training variance",
         ),
         subgroups=report(
-            "results/tables/training_subgroups.csv",
+            paths.table_file("training_subgroups"),
             caption="../workflow/report/training_subgroups_table.rst",
             category="Training variance",
         ),
         seed_ratio=report(
-            "results/tables/seed_ratio.csv",
+            paths.table_file("seed_ratio"),
             caption="../workflow/report/seed_ratio_table.rst",
             category="Training variance",
         ),
         determinism_cost=report(
-            "results/tables/determinism_cost.csv",
+            paths.table_file("determinism_cost"),
             caption="../workflow/report/determinism_cost_table.rst",
             category="Training variance",
         ),
     log:
-        "logs/training_statistics/all.log",
+        "logs/compute_training_statistics/all.log",
     benchmark:
-        "results/benchmarks/training_statistics/all.tsv"
+        "results/benchmarks/compute_training_statistics/all.tsv"
     conda:
         "../envs/bitdrift.yaml"
     resources:
         **ANALYSIS_RESOURCES,
     script:
-        "../workflow/scripts/training_statistics.py"
+        "../workflow/scripts/compute_training_statistics.py"
 
 
 rule plot_training_variance:
     input:
-        "results/tables/training_variance.csv",
-        "results/tables/seed_ratio.csv",
+        rules.compute_training_statistics.output.summary,
+        rules.compute_training_statistics.output.seed_ratio,
     output:
         report(
-            "results/figures/training_variance.pdf",
+            paths.figure_file("training_variance"),
             caption="../workflow/report/training_variance_figure.rst",
             category="Training variance",
         ),
@@ -80,16 +80,18 @@ rule plot_training_variance:
     localrule: True
     conda:
         "../envs/bitdrift.yaml"
+    params:
+        command="plot-training-variance",
     script:
-        "../workflow/scripts/plot_training.py"
+        "../workflow/scripts/plot_with_cli.py"
 
 
 rule plot_churn:
     input:
-        "results/tables/training_variance.csv",
+        rules.compute_training_statistics.output.summary,
     output:
         report(
-            "results/figures/churn.pdf",
+            paths.figure_file("churn"),
             caption="../workflow/report/churn_figure.rst",
             category="Training variance",
         ),
@@ -98,16 +100,18 @@ rule plot_churn:
     localrule: True
     conda:
         "../envs/bitdrift.yaml"
+    params:
+        command="plot-churn",
     script:
-        "../workflow/scripts/plot_training.py"
+        "../workflow/scripts/plot_with_cli.py"
 
 
 rule plot_determinism_cost:
     input:
-        "results/tables/determinism_cost.csv",
+        rules.compute_training_statistics.output.determinism_cost,
     output:
         report(
-            "results/figures/determinism_cost.pdf",
+            paths.figure_file("determinism_cost"),
             caption="../workflow/report/determinism_cost_figure.rst",
             category="Training variance",
         ),
@@ -116,16 +120,18 @@ rule plot_determinism_cost:
     localrule: True
     conda:
         "../envs/bitdrift.yaml"
+    params:
+        command="plot-determinism-cost",
     script:
-        "../workflow/scripts/plot_training.py"
+        "../workflow/scripts/plot_with_cli.py"
 
 
 rule plot_ensemble_disagreement:
     input:
-        "results/tables/training_variance.csv",
+        rules.compute_training_statistics.output.summary,
     output:
         report(
-            "results/figures/ensemble_disagreement.pdf",
+            paths.figure_file("ensemble_disagreement"),
             caption="../workflow/report/ensemble_disagreement_figure.rst",
             category="Training variance",
         ),
@@ -134,5 +140,7 @@ rule plot_ensemble_disagreement:
     localrule: True
     conda:
         "../envs/bitdrift.yaml"
+    params:
+        command="plot-ensemble-disagreement",
     script:
-        "../workflow/scripts/plot_training.py"
+        "../workflow/scripts/plot_with_cli.py"

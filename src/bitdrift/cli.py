@@ -1,15 +1,18 @@
-"""The ``bitdrift`` command line. Each workflow step is a subcommand, so results gathered
-outside the scheduler (a cloud VM, a laptop GPU) are produced and analysed with the same code.
-
-The analysis subcommands (eqc, precision, plot-*) never import TensorFlow or torch.
+"""The ``bitdrift`` command line: every workflow step is a subcommand, so results gathered
+outside the scheduler (a cloud VM, a laptop GPU) are produced and analysed with the same
+code. The analysis subcommands (eqc, precision, plot-*) never import TensorFlow or torch.
+Each study registers its own subcommands (``bitdrift.studies.*.cli.add_commands``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from bitdrift import paths
+from bitdrift.errors import EXIT_CODES, BitdriftError, ConfigError
+from bitdrift.studies import STUDIES
 
 
 def _config(path):
@@ -32,19 +35,19 @@ def cmd_train(args) -> None:
     config = _config(args.config)
     spec = _model_spec(config, args.model)
     if "architecture" not in spec:
-        sys.exit(f"bitdrift: model {args.model!r} is a file used as is; nothing to train")
-    prefix = paths.trained_model_file(args.model, args.seed).rsplit("/", 1)[0]
+        raise ConfigError(f"model {args.model!r} is a file used as is; nothing to train")
     train_model(spec=spec, seed=args.seed,
                 dataset_path=args.dataset_file or paths.dataset_file(spec["dataset"]),
-                out_model=args.out_model or f"{prefix}/model.keras",
-                out_history=args.out_history or f"{prefix}/history.csv",
-                out_logits=args.out_logits or f"{prefix}/test_logits.h5",
+                out_model=args.out_model or paths.trained_model_file(args.model, args.seed),
+                out_history=args.out_history or paths.training_history_file(args.model,
+                                                                           args.seed),
+                out_logits=args.out_logits or paths.test_logits_file(args.model, args.seed),
                 threads=args.threads, log=sys.stderr)
 
 
 def _model_spec(config, model):
     if model not in config["models"]:
-        sys.exit(f"bitdrift: unknown model {model!r} (config has {sorted(config['models'])})")
+        raise ConfigError(f"unknown model {model!r} (config has {sorted(config['models'])})")
     return config["models"][model]
 
 
@@ -54,8 +57,8 @@ def cmd_infer(args) -> None:
     config = _config(args.config)
     spec = _model_spec(config, args.model)
     if args.device not in config["devices"]:
-        sys.exit(f"bitdrift: unknown device {args.device!r} "
-                 f"(config has {sorted(config['devices'])})")
+        raise ConfigError(f"unknown device {args.device!r} "
+                          f"(config has {sorted(config['devices'])})")
     infer(model_name=args.model, device_name=args.device, device=config["devices"][args.device],
           model_path=args.model_file or paths.model_file(config, args.model),
           dataset_path=args.dataset_file or paths.dataset_file(spec["dataset"]),
@@ -113,132 +116,6 @@ def cmd_plot_precision(args) -> None:
     plot_remaining_precision(pd.read_csv(args.table), args.out)
 
 
-def _maxpool(args):
-    from bitdrift import paths
-    from bitdrift.config import ConfigError, load_config
-
-    config = load_config(args.config)
-    if "maxpool" not in config:
-        raise ConfigError(f"{args.config}: no `maxpool` section")
-    study = config["maxpool"]
-    dataset = getattr(args, "dataset_file", None) or paths.dataset_file(study["dataset"])
-    return study, dataset
-
-
-def cmd_maxpool(args) -> None:
-    from bitdrift.maxpool_study import run_step
-
-    step = args.command.removeprefix("maxpool-")
-    study, dataset = (None, None) if step == "zero" else _maxpool(args)
-    run_step(step, study, args.out, dataset=dataset, inputs=getattr(args, "files", ()),
-             precision=getattr(args, "precision", None), setting=getattr(args, "setting", None),
-             beta=getattr(args, "beta", None), seed=getattr(args, "seed", None))
-
-
-def _concat_csv(files):
-    import pandas as pd
-
-    return pd.concat([pd.read_csv(path) for path in files], ignore_index=True)
-
-
-def cmd_plot_backprop_variation(args) -> None:
-    from bitdrift.maxpool_figures import plot_backprop_variation
-
-    plot_backprop_variation(_concat_csv(args.files), args.out)
-
-
-def cmd_plot_bifurcation_volume(args) -> None:
-    from bitdrift.maxpool_figures import plot_bifurcation_volume
-
-    plot_bifurcation_volume(_concat_csv([args.table]), args.out)
-
-
-def cmd_plot_maxpool_training(args) -> None:
-    from bitdrift.maxpool_figures import plot_maxpool_training
-
-    plot_maxpool_training(_concat_csv(args.files), args.out)
-
-
-TRAINING_TABLES = {"summary": "training_variance.csv", "runs": "training_runs.csv",
-                   "subgroups": "training_subgroups.csv", "seed_ratio": "seed_ratio.csv",
-                   "determinism_cost": "determinism_cost.csv"}
-
-
-def cmd_train_run(args) -> None:
-    from bitdrift.variance_plans import resolve_plans, run_directory
-    from bitdrift.variance_training import train_run
-
-    config = _config(args.config)
-    plans = resolve_plans(config)
-    if args.plan not in plans:
-        sys.exit(f"bitdrift: unknown plan {args.plan!r} (config has {sorted(plans)})")
-    plan = plans[args.plan]
-    if args.device not in config["devices"]:
-        sys.exit(f"bitdrift: unknown device {args.device!r} "
-                 f"(config has {sorted(config['devices'])})")
-    dataset = config["training_variance"]["models"][plan["model"]]["dataset"]
-    train_run(plan_name=args.plan, plan=plan, arm=args.arm, device_name=args.device,
-              device=config["devices"][args.device], run=args.run,
-              dataset_path=args.dataset_file or paths.dataset_file(dataset),
-              out_dir=args.out_dir or run_directory(args.plan, args.arm, args.device, args.run))
-
-
-def cmd_training_stats(args) -> None:
-    from pathlib import Path
-
-    from bitdrift.atomic import write_csv
-    from bitdrift.variance_stats import training_tables
-
-    tables = training_tables(args.files)
-    for key, name in TRAINING_TABLES.items():
-        write_csv(tables[key], Path(args.out_dir) / name)
-    summary = tables["summary"]
-    print(f"bitdrift: {len(tables['runs'])} runs in {len(summary)} groups -> {args.out_dir}",
-          file=sys.stderr)
-
-
-def cmd_plot_training(args) -> None:
-    import pandas as pd
-
-    from bitdrift import variance_figures
-
-    tables = [pd.read_csv(path) for path in args.tables]
-    plot = {"plot-training-variance": variance_figures.plot_training_variance,
-            "plot-churn": variance_figures.plot_churn,
-            "plot-determinism-cost": variance_figures.plot_determinism_cost,
-            "plot-ensemble-disagreement": variance_figures.plot_ensemble_disagreement,
-            }[args.command]
-    plot(*tables, args.out)
-
-
-def _add_training_commands(sub) -> None:
-    p = sub.add_parser("train-run", help="one run of a training-variance plan on a device")
-    p.add_argument("--config", required=True)
-    p.add_argument("--plan", required=True)
-    p.add_argument("--arm", required=True)
-    p.add_argument("--device", required=True)
-    p.add_argument("--run", type=int, required=True)
-    p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
-    p.add_argument("--out-dir", help="default results/training/PLAN/ARM/DEVICE/run_RUN")
-    p.set_defaults(func=cmd_train_run)
-
-    p = sub.add_parser("training-stats", help="spread, churn, weight distance, sub-groups and "
-                       "determinism cost from run files (run.h5)")
-    p.add_argument("files", nargs="+", help="run.h5 files, from this workflow or elsewhere")
-    p.add_argument("--out-dir", required=True,
-                   help=f"folder for {', '.join(TRAINING_TABLES.values())}")
-    p.set_defaults(func=cmd_training_stats)
-
-    for name, tables in (("plot-training-variance", "training_variance.csv seed_ratio.csv"),
-                         ("plot-churn", "training_variance.csv"),
-                         ("plot-determinism-cost", "determinism_cost.csv"),
-                         ("plot-ensemble-disagreement", "training_variance.csv")):
-        p = sub.add_parser(name, help=f"{name[5:].replace('-', ' ')} figure (PDF) from {tables}")
-        p.add_argument("tables", nargs=len(tables.split()), help=tables)
-        p.add_argument("--out", required=True)
-        p.set_defaults(func=cmd_plot_training)
-
-
 def _expect_option(parser) -> None:
     parser.add_argument(
         "--expect", nargs=3, action="append", metavar=("MODEL", "MODEL_FILE", "DATASET_FILE"),
@@ -246,29 +123,49 @@ def _expect_option(parser) -> None:
              "(repeatable; the workflow passes its own files)")
 
 
+DESCRIPTION = ("Measure how neural-network results drift when only the tooling changes: run a "
+               "model on many devices, record every layer, and find where the results part "
+               "ways; plus the MaxPool and training-variance studies.")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("bitdrift")
+    except PackageNotFoundError:  # run from a checkout without installing
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bitdrift", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="bitdrift", description=DESCRIPTION,
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("prepare-dataset", help="load a dataset source into HDF5")
-    p.add_argument("--config", required=True)
-    p.add_argument("--dataset", required=True)
-    p.add_argument("--out")
+    p.add_argument("--config", required=True, help="config file (config.yaml or a preset)")
+    p.add_argument("--dataset", required=True, help="a key of datasets")
+    p.add_argument("--out", help="dataset HDF5 (default results/datasets/DATASET.h5)")
     p.set_defaults(func=cmd_prepare_dataset)
 
     p = sub.add_parser("train", help="train one model with one seed")
-    p.add_argument("--config", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--threads", type=int)
-    for name in ("dataset-file", "out-model", "out-history", "out-logits"):
-        p.add_argument(f"--{name}")
+    p.add_argument("--config", required=True, help="config file (config.yaml or a preset)")
+    p.add_argument("--model", required=True, help="a key of models with an architecture")
+    p.add_argument("--seed", type=int, required=True, help="seed of every source of randomness")
+    p.add_argument("--threads", type=int, help="framework threads (default: its own)")
+    p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
+    p.add_argument("--out-model", help="default results/models/MODEL/seed_SEED/model.keras")
+    p.add_argument("--out-history", help="default results/models/MODEL/seed_SEED/history.csv")
+    p.add_argument("--out-logits",
+                   help="default results/models/MODEL/seed_SEED/test_logits.h5")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("infer", help="run one device: all repeats, every layer, one record")
-    p.add_argument("--config", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--device", required=True)
+    p.add_argument("--config", required=True, help="config file (config.yaml or a preset)")
+    p.add_argument("--model", required=True, help="a key of models")
+    p.add_argument("--device", required=True, help="a key of devices")
     p.add_argument("--out", help="record path (default results/inference/MODEL/DEVICE.h5)")
     p.add_argument("--model-file", help="model to run (default: the workflow's trained model)")
     p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
@@ -282,78 +179,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eqc)
 
     p = sub.add_parser("precision", help="remaining precision per layer")
-    p.add_argument("files", nargs="+")
-    p.add_argument("--out", required=True)
+    p.add_argument("files", nargs="+", help="records of one model and sample set")
+    p.add_argument("--out", required=True, help="table (CSV)")
     _expect_option(p)
     p.add_argument("--precision", choices=["float16", "bfloat16", "float32", "float64"],
                    help="devices of this precision enter (default: the one all records share)")
     p.set_defaults(func=cmd_precision)
 
     p = sub.add_parser("plot-eqc", help="EQC grid and dendrogram (PDF)")
-    p.add_argument("files", nargs="+")
+    p.add_argument("files", nargs="+", help="the records the table was made from")
     p.add_argument("--eqc", required=True, help="table from `bitdrift eqc`")
-    p.add_argument("--out", required=True)
-    p.add_argument("--precision", default="float32")
+    p.add_argument("--out", required=True, help="figure (PDF)")
+    p.add_argument("--precision", default="float32",
+                   help="precision whose devices the dendrogram joins (default float32)")
     p.set_defaults(func=cmd_plot_eqc)
 
     p = sub.add_parser("plot-precision", help="remaining precision per layer (PDF)")
     p.add_argument("table", help="table from `bitdrift precision`")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="figure (PDF)")
     p.set_defaults(func=cmd_plot_precision)
-    _add_maxpool_commands(sub)
-    _add_training_commands(sub)
+    for study in STUDIES:
+        importlib.import_module(f"bitdrift.studies.{study}.cli").add_commands(sub)
     return parser
 
 
-def _study_parser(sub, name: str, help_text: str, *, dataset=True):
-    """A `maxpool-*` subcommand: it reads the study from --config and writes --out."""
-    p = sub.add_parser(name, help=help_text)
-    p.add_argument("--config", required=True)
-    if dataset:
-        p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=cmd_maxpool)
-    return p
-
-
-def _add_maxpool_commands(sub) -> None:
-    p = sub.add_parser("maxpool-zero", help="zero programs of Tables 1 and 3 at 16/32/64 bits")
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=cmd_maxpool)
-    p = _study_parser(sub, "maxpool-variation", "backprop variation D at one precision")
-    p.add_argument("--precision", type=int, choices=[16, 32, 64], required=True)
-    p = _study_parser(sub, "maxpool-volume", "D over draws x mini-batches for one setting")
-    p.add_argument("--setting", required=True, help="a key of maxpool.volume.settings")
-    p = _study_parser(sub, "maxpool-train", "train with hybrid-beta MaxPool, one seed")
-    p.add_argument("--beta", type=float, required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p = _study_parser(sub, "maxpool-volume-table", "Table 2: share of draws/batches in S",
-                      dataset=False)
-    p.add_argument("files", nargs="+", help="tables from `bitdrift maxpool-volume`")
-    for name, func, inputs in (
-        ("plot-backprop-variation", cmd_plot_backprop_variation, "files"),
-        ("plot-bifurcation-volume", cmd_plot_bifurcation_volume, "table"),
-        ("plot-maxpool-training", cmd_plot_maxpool_training, "files"),
-    ):
-        p = sub.add_parser(name, help=f"{name[5:].replace('-', ' ')} figure (PDF)")
-        p.add_argument(inputs, nargs="+" if inputs == "files" else None)
-        p.add_argument("--out", required=True)
-        p.set_defaults(func=func)
-
-
 def main(argv=None) -> int:
-    from bitdrift.config import ConfigError
-    from bitdrift.datasets import DatasetError
-    from bitdrift.errors import StudyError
-    from bitdrift.record import RecordError
-    from bitdrift.variance_training import TrainingRunError
-
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ConfigError, RecordError, DatasetError, StudyError, TrainingRunError) as error:
-        print(f"bitdrift: error: {error}", file=sys.stderr)
-        return 2
+    except BitdriftError as error:
+        # One line naming the file or key; anything else is a bug and keeps its traceback.
+        message = " ".join(str(error).split())
+        print(f"bitdrift: error: {message}", file=sys.stderr)
+        return error.exit_code
     return 0
 
 

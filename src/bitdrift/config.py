@@ -8,11 +8,9 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from bitdrift.errors import ConfigError
+
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; the message names the offending key."""
 
 
 def load_schema() -> dict:
@@ -62,51 +60,13 @@ def validate_config(config: dict) -> dict:
     return config
 
 
-def _check_training_variance(config: dict) -> None:
-    from bitdrift.variance_plans import PlanError, arm_switches
-
-    section = config.get("training_variance")
-    if not section:
-        return
-    for name, model in section["models"].items():
-        if model["dataset"] not in config["datasets"]:
-            raise ConfigError(f"config key training_variance.models.{name}.dataset: unknown "
-                              f"dataset {model['dataset']!r} "
-                              f"(datasets: {sorted(config['datasets'])})")
-    entries = [(f"plans.{name}", plan) for name, plan in section["plans"].items()]
-    if section.get("ensemble"):
-        entries.append(("ensemble", section["ensemble"]))
-    for key, entry in entries:
-        if entry["model"] not in section["models"]:
-            raise ConfigError(f"config key training_variance.{key}.model: unknown model "
-                              f"{entry['model']!r} (training_variance.models: "
-                              f"{sorted(section['models'])})")
-        for device in entry["devices"]:
-            if device not in config["devices"]:
-                raise ConfigError(f"config key training_variance.{key}.devices: unknown device "
-                                  f"{device!r} (devices: {sorted(config['devices'])})")
-            if config["devices"][device]["external"]:
-                raise ConfigError(f"config key training_variance.{key}.devices: {device!r} is "
-                                  "external (measured off-cluster), so the workflow cannot "
-                                  "train on it")
-        for arm, overrides in entry.get("arms", {}).items():
-            try:
-                arm_switches(arm, overrides or {}, entry["deterministic"])
-            except PlanError as error:
-                raise ConfigError(f"config key training_variance.{key}.arms.{arm}: "
-                                  f"{error}") from None
-        for rate in entry.get("learning_rates", []):
-            if f"ensemble_lr_{rate:g}" in section["plans"]:
-                raise ConfigError(f"config key training_variance.plans.ensemble_lr_{rate:g}: "
-                                  "the name is taken by the ensemble's plan of that rate")
-
-
 def _check_references(config: dict, trained_files: list[str]) -> None:
-    _check_training_variance(config)
-    study = config.get("maxpool")
-    if study and study["dataset"] not in config["datasets"]:
-        raise ConfigError(f"config key maxpool.dataset: unknown dataset {study['dataset']!r} "
-                          f"(datasets: {sorted(config['datasets'])})")
+    import importlib
+
+    from bitdrift.studies import STUDIES
+
+    for study in STUDIES:  # each study checks the names its own section refers to
+        importlib.import_module(f"bitdrift.studies.{study}.config").check(config)
     for name, model in config["models"].items():
         if model["dataset"] not in config["datasets"]:
             raise ConfigError(

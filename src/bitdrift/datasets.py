@@ -22,14 +22,11 @@ import h5py
 import numpy as np
 
 from bitdrift.atomic import atomic_output
+from bitdrift.errors import DatasetError
 
 SHUFFLE_SEED = 42
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
                    "ship", "truck"]
-
-
-class DatasetError(ValueError):
-    """A dataset source that is missing, corrupt or not in the expected format."""
 
 
 def file_digest(path: str | Path, algorithm: str = "sha256") -> str:

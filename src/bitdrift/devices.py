@@ -16,9 +16,7 @@ import socket
 import subprocess
 import sys
 
-
-class AcceleratorMissing(RuntimeError):
-    """The device's accelerator is not visible to this process."""
+from bitdrift.errors import AcceleratorMissing
 
 
 def import_keras(backend: str):

@@ -1,5 +1,68 @@
-"""Errors shared by commands that must not import the frameworks to report them."""
+"""One error hierarchy: every domain error is a :class:`BitdriftError`.
+
+``bitdrift``'s ``main`` catches this base only and prints its message on one line (the
+message names the file or config key); anything else is a bug and keeps its traceback.
+Each class carries the exit status the command line returns for it.
+This module imports nothing, so the analysis commands can report errors without loading
+TensorFlow or torch.
+"""
 
 
-class StudyError(RuntimeError):
-    """A study cannot run as configured (e.g. a GPU asked for and none visible)."""
+class BitdriftError(Exception):
+    """Base of every error bitdrift reports to its user as one line."""
+
+    exit_code = 2
+
+
+class ConfigError(BitdriftError, ValueError):
+    """A config that does not match the schema or refers to unknown names."""
+
+    exit_code = 2
+
+
+class PlanError(ConfigError):
+    """A training-variance plan that cannot be run as written."""
+
+
+class DatasetError(BitdriftError, ValueError):
+    """A dataset source or dataset file that is missing, corrupt or inconsistent."""
+
+    exit_code = 3
+
+
+class RecordError(BitdriftError, ValueError):
+    """A record that is not a valid bitdrift record, or not comparable with the others."""
+
+    exit_code = 3
+
+
+class StudyError(BitdriftError, RuntimeError):
+    """A study cannot run as configured, or its inputs are inconsistent."""
+
+    exit_code = 4
+
+
+class AcceleratorMissing(BitdriftError, RuntimeError):
+    """The device's accelerator is not visible to this process (never a CPU fallback)."""
+
+    exit_code = 5
+
+
+class InferenceError(BitdriftError, RuntimeError):
+    """An inference job that failed; the message names the device and points at its log."""
+
+    exit_code = 4
+
+
+class TrainingRunError(BitdriftError, RuntimeError):
+    """A training run that failed; the message names the run and points at its log."""
+
+    exit_code = 4
+
+
+EXIT_CODES = """exit status:
+  0  success
+  2  bad command line or config (the key is named)
+  3  unreadable, corrupt or mismatched dataset or record file (the file is named)
+  4  a study, inference or training run failed (the log is named)
+  5  the device's accelerator (GPU/TPU) is not visible: never a CPU fallback"""

@@ -19,13 +19,10 @@ import numpy as np
 
 from bitdrift.datasets import read_test_images
 from bitdrift.devices import device_environment
+from bitdrift.errors import InferenceError
 from bitdrift.models import model_digest
 from bitdrift.provenance import input_sha256
 from bitdrift.record import OUTPUT, write_record
-
-
-class InferenceError(RuntimeError):
-    pass
 
 
 def batch_indices(samples: list[int], batch_size: int, n_test: int) -> list[int]:

@@ -1,16 +1,37 @@
-"""Where the workflow puts things; shared by rules/common.smk and the command line."""
+"""Where the workflow puts things: the one place every path is spelled.
+
+Each function returns a concrete path when given values and the Snakemake wildcard
+pattern when called without them (``record_file()`` is
+``results/inference/{model}/{device}.h5``), so rules, input functions, the command line and
+the studies share one spelling: renaming a file is one edit here.
+"""
 
 from __future__ import annotations
 
 RESULTS = "results"
+TABLES = f"{RESULTS}/tables"
+FIGURES = f"{RESULTS}/figures"
 
 
-def dataset_file(dataset: str) -> str:
+# -- core -----------------------------------------------------------------------------------
+def dataset_file(dataset="{dataset}") -> str:
     return f"{RESULTS}/datasets/{dataset}.h5"
 
 
-def trained_model_file(model: str, seed: int | str) -> str:
-    return f"{RESULTS}/models/{model}/seed_{seed}/model.keras"
+def trained_model_directory(model="{model}", seed="{seed}") -> str:
+    return f"{RESULTS}/models/{model}/seed_{seed}"
+
+
+def trained_model_file(model="{model}", seed="{seed}") -> str:
+    return f"{trained_model_directory(model, seed)}/model.keras"
+
+
+def training_history_file(model="{model}", seed="{seed}") -> str:
+    return f"{trained_model_directory(model, seed)}/history.csv"
+
+
+def test_logits_file(model="{model}", seed="{seed}") -> str:
+    return f"{trained_model_directory(model, seed)}/test_logits.h5"
 
 
 def model_file(config: dict, model: str) -> str:
@@ -23,5 +44,48 @@ def model_file(config: dict, model: str) -> str:
     return trained_model_file(model, inference_seed(spec))
 
 
-def record_file(model: str, device: str) -> str:
+def record_file(model="{model}", device="{device}") -> str:
     return f"{RESULTS}/inference/{model}/{device}.h5"
+
+
+def table_file(name: str) -> str:
+    """A table of the results (CSV), by its name without extension."""
+    return f"{TABLES}/{name}.csv"
+
+
+def figure_file(name: str) -> str:
+    """A figure of the results (PDF), by its name without extension."""
+    return f"{FIGURES}/{name}.pdf"
+
+
+# -- MaxPool study ----------------------------------------------------------------------------
+def maxpool_variation_file(precision="{precision}") -> str:
+    return f"{RESULTS}/maxpool/variation/{precision}.csv"
+
+
+def maxpool_volume_file(setting="{setting}") -> str:
+    return f"{RESULTS}/maxpool/volume/{setting}.csv"
+
+
+def maxpool_training_file(beta="{beta}", seed="{seed}") -> str:
+    return f"{RESULTS}/maxpool/training/beta_{beta}/seed_{seed}.csv"
+
+
+# -- training-variance study ------------------------------------------------------------------
+def run_directory(plan="{plan}", arm="{arm}", device="{device}", run="{run}") -> str:
+    return f"{RESULTS}/training/{plan}/{arm}/{device}/run_{run}"
+
+
+# The files of one training run, inside its run_directory.
+RUN_FILES = {"model": "model.keras", "history": "history.csv", "run": "run.h5"}
+
+
+def run_file(kind: str, plan="{plan}", arm="{arm}", device="{device}", run="{run}") -> str:
+    """``kind`` is a key of RUN_FILES."""
+    return f"{run_directory(plan, arm, device, run)}/{RUN_FILES[kind]}"
+
+
+# The tables `bitdrift training-stats` writes, by key of its result.
+TRAINING_TABLES = {"summary": "training_variance", "runs": "training_runs",
+                   "subgroups": "training_subgroups", "seed_ratio": "seed_ratio",
+                   "determinism_cost": "determinism_cost"}

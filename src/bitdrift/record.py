@@ -23,16 +23,13 @@ import h5py
 import numpy as np
 
 from bitdrift.atomic import atomic_output
+from bitdrift.errors import RecordError
 
 FORMAT_VERSION = 1
 REQUIRED_ATTRS = ("model", "device", "backend", "precision", "fingerprint", "model_sha256",
                   "input_sha256")
 BFLOAT16_ATTR = "bfloat16_raw_bits"
 OUTPUT = "output"
-
-
-class RecordError(ValueError):
-    """A record file that does not follow the format; the message names the file."""
 
 
 @dataclass

@@ -19,6 +19,7 @@ from bitdrift.datasets import (
     read_dataset,
     read_test_images,
 )
+from tests.utils import make_celeba
 
 
 def add_pickle(archive, member, obj):
@@ -180,25 +181,6 @@ def test_cifar100_keeps_all_100_classes(tmp_path):
     assert dataset_classes(read_dataset(coarse)) == 20
     with pytest.raises(DatasetError, match="MD5"):
         load_source({"source": "cifar100", "path": str(tarball)})  # official MD5 by default
-
-
-def make_celeba(folder, rows):
-    """A tiny CelebA folder in its CSV layout: rows of (image_id, partition, Blond, Male, Young)."""
-    (folder / "img_align_celeba").mkdir(parents=True)
-    names = ["5_o_Clock_Shadow", "Blond_Hair", "Male", "Young"]
-    with open(folder / "list_attr_celeba.csv", "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["image_id", *names])
-        for image_id, _, blond, male, young in rows:
-            writer.writerow([image_id, -1, blond, male, young])
-    with open(folder / "list_eval_partition.csv", "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["image_id", "partition"])
-        writer.writerows([(image_id, partition) for image_id, partition, *_ in rows])
-    rng = np.random.default_rng(0)
-    for image_id, *_ in rows:
-        Image.fromarray(rng.integers(0, 256, (24, 20, 3), dtype=np.uint8)).save(
-            folder / "img_align_celeba" / image_id)
 
 
 def test_celeba_binary_target_with_subgroup_attributes(tmp_path):

@@ -3,16 +3,24 @@
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 
 from bitdrift.errors import StudyError
-from bitdrift.maxpool import (
+from bitdrift.studies.maxpool.experiments import (
+    backprop_variation_table,
+    select_device,
+    thresholds,
+    volume_table,
+)
+from bitdrift.studies.maxpool.jacobians import (
     MINIMAL,
     NATIVE,
     MaxPool2d,
     NormPool2d,
+    Program,
     ReLU,
     bifurcation_volume,
     hoeffding_margin,
@@ -24,8 +32,7 @@ from bitdrift.maxpool import (
     zero2_program_derivative,
     zero_program_derivative,
 )
-from bitdrift.maxpool_study import backprop_variation_table, select_device, thresholds
-from bitdrift.torchnets import build_network
+from bitdrift.studies.maxpool.networks import build_network
 
 
 def grad_through(pool, x):
@@ -150,3 +157,46 @@ def test_a_gpu_study_without_a_gpu_fails_loudly():
         pytest.skip("this machine has a GPU: the refusal path cannot be shown here")
     with pytest.raises(StudyError, match="asks for a GPU.*refusing to fall back"):
         select_device("gpu")
+
+
+def test_resnet18_without_batch_norm_has_none():
+    # Before the fix the switch was ignored: 20 BatchNorm2d modules either way.
+    with_bn = build_network("resnet18", channels=3, classes=10, width=0.125, batch_norm=True)
+    without = build_network("resnet18", channels=3, classes=10, width=0.125, batch_norm=False)
+    count = lambda net: sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules())  # noqa: E731
+    assert count(with_bn) == 20 and count(without) == 0
+    assert without(torch.rand(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_a_non_finite_copy_variation_never_becomes_the_threshold():
+    rows = [{"comparison": "copy", "precision": 16, "variation": value}
+            for value in (0.0, 1e-3, float("nan"), float("inf"))]
+    rows += [{"comparison": "native_vs_minimal", "precision": 16, "network": "vgg11",
+              "batch_size": 32, "batch_norm": False, "draw": draw, "batch": batch,
+              "variation": value}
+             for (draw, batch), value in zip([(0, 0), (0, 1), (1, 0), (1, 1)],
+                                             [0.0, 5e-4, 2e-3, float("nan")], strict=True)]
+    table = pd.DataFrame(rows)
+    taus = thresholds(table)[16]
+    # Before the fix tau^1 was NaN and every D > NaN false: a volume of 0, silently.
+    assert taus["tau1"] == 1e-3 and taus["copy_non_finite"] == 2
+    volume = volume_table(table, {16: "tau1"}).iloc[0]
+    assert volume["non_finite"] == 1 and volume["copy_non_finite"] == 2
+    # in S: draw 1 (2e-3 > tau, and the non-finite one); draw 0 has 0 and 5e-4 <= 1e-3
+    assert volume["share_theta"] == 0.5 and volume["share_batches"] == 0.5
+
+
+def test_table_2_second_line_carries_both_margins():
+    volume = bifurcation_volume(np.zeros((4, 5)), threshold=0.0)
+    assert volume["share_batches_margin"] == pytest.approx(mcdiarmid_margin(4, 5))
+    assert volume["share_batches_hoeffding_margin"] == pytest.approx(hoeffding_margin(20))
+    assert volume["non_finite"] == 0
+
+
+def test_normpool_zero_gradient_must_stay_in_the_clarke_jacobian():
+    assert NormPool2d(kernel_size=2, zero_grad=-0.5).zero_grad == -0.5  # norm exactly 1
+    with pytest.raises(ValueError, match="outside the Clarke Jacobian"):
+        NormPool2d(kernel_size=2, zero_grad=0.6)
+    pool = NormPool2d(kernel_size=3)
+    with pytest.raises(ValueError, match="kernel size 3"):
+        set_program(torch.nn.Sequential(pool), Program(norm_zero_grad=0.5))

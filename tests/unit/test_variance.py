@@ -1,6 +1,5 @@
 """Training-variance measures on hand-made predictions, plan resolution, run-file checks."""
 
-import json
 import math
 
 import h5py
@@ -10,8 +9,8 @@ import pytest
 
 from bitdrift.config import ConfigError, validate_config
 from bitdrift.errors import StudyError
-from bitdrift.variance_plans import arm_switches, plan_runs, resolve_plans, run_seeds
-from bitdrift.variance_stats import (
+from bitdrift.studies.variance.plans import arm_switches, plan_runs, resolve_plans, run_seeds
+from bitdrift.studies.variance.stats import (
     binary_rates,
     churn,
     determinism_cost,
@@ -21,6 +20,7 @@ from bitdrift.variance_stats import (
     seed_ratio,
     training_tables,
 )
+from tests.utils import write_run
 
 
 def test_churn_is_the_fraction_that_differs_averaged_over_pairs():
@@ -132,31 +132,6 @@ def test_bad_plans_name_their_key(change, key):
         validate_config(_config(**change))
 
 
-def write_run(path, *, plan="p", arm="a", device="cpu", run=0, predictions, labels,
-              weights, seconds=1.0, switches=None, study="plan", learning_rate=0.01,
-              accuracy=None, loss=0.5, attributes=None, classes=None):
-    """A run file in the format bitdrift.variance_training writes."""
-    classes = classes or int(max(np.max(predictions), np.max(labels)) + 1)
-    logits = np.eye(classes, dtype=np.float32)[predictions]
-    switches = switches or {"init": "fixed", "data_order": "fixed", "augmentation": "fixed",
-                            "dropout": "fixed", "deterministic": False}
-    with h5py.File(path, "w") as handle:
-        handle["logits"], handle["labels"] = logits, np.asarray(labels)
-        handle["weights"] = np.asarray(weights, dtype=np.float32)
-        handle["step_seconds"] = np.full((2, 3), seconds / 3)
-        handle["epoch_seconds"] = np.full(2, seconds)
-        if attributes is not None:
-            handle["attributes"] = np.asarray(attributes, dtype=np.int8)
-            handle.attrs["attribute_names"] = json.dumps(["Male"])
-        handle.attrs.update({
-            "plan": plan, "arm": arm, "device": device, "run": run, "study": study,
-            "model": "small", "learning_rate": learning_rate, "classes": classes,
-            "switches": json.dumps(switches), "deterministic": switches["deterministic"],
-            "test_accuracy": float(np.mean(np.asarray(predictions) == labels))
-            if accuracy is None else accuracy, "test_loss": loss, "dataset_sha256": "abc"})
-    return path
-
-
 def test_tables_from_run_files(tmp_path):
     labels = np.array([0, 1, 1, 0])
     det = {"init": "fixed", "data_order": "fixed", "augmentation": "fixed", "dropout": "fixed",
@@ -185,6 +160,9 @@ def test_tables_from_run_files(tmp_path):
     cost = tables["determinism_cost"].iloc[0]
     assert (cost["arm_default"], cost["arm_deterministic"]) == ("same", "different")
     assert cost["epoch_overhead"] == pytest.approx(0.5)
+    # Zhuang et al. report deterministic time as a percentage of the default time
+    assert cost["epoch_ratio"] == pytest.approx(1.5)
+    assert cost["epoch_percent_of_default"] == pytest.approx(150.0)
     assert len(tables["runs"]) == 4 and tables["subgroups"].empty
 
 
@@ -230,3 +208,34 @@ def test_seed_ratio_and_cost_need_their_pairs():
                           "dropout": "fixed", "model": "m", "mean_epoch_seconds": 1.0,
                           "median_step_seconds": 0.1}])
     assert determinism_cost(lone).empty
+
+
+def test_runs_with_a_fixed_init_but_other_initial_weights_are_refused(tmp_path):
+    """A fixed init seed is a claim that the initial weights are the same; the run files'
+    digests decide it (before the fix, TF and torch runs of one seed were compared as
+    'same init' while their initial weights were unrelated)."""
+    common = {"arm": "control", "predictions": [0, 1], "labels": [0, 1], "weights": [1, 0]}
+    same = [write_run(tmp_path / "tf.h5", device="tf", **common),
+            write_run(tmp_path / "torch.h5", device="torch", **common)]
+    assert training_tables(same)["summary"]["runs"].max() == 2
+    other = write_run(tmp_path / "torch_other.h5", device="torch", init_sha256="f" * 64,
+                      **common)
+    with pytest.raises(StudyError, match=r"torch_other\.h5: arm 'control' fixes the init seed"):
+        training_tables([same[0], other])
+    per_run = {"init": "per_run", "data_order": "fixed", "augmentation": "fixed",
+               "dropout": "fixed", "deterministic": False}
+    different = [write_run(tmp_path / f"r{run}.h5", run=run, switches=per_run, **common)
+                 for run in (0, 1)]
+    assert training_tables(different)["summary"]["runs"].max() == 2  # digests may differ
+
+
+def test_fixed_dropout_across_backends_is_refused():
+    config = _config(
+        models={"small": {"architecture": "small_cnn", "dataset": "d", "dropout": 0.5}},
+        plans={"p": {"model": "small", "runs": 2, "arms": {"control": {}},
+                     "devices": ["cpu", "torch"]}})
+    config["devices"]["torch"] = {"accelerator": "cpu", "backend": "torch"}
+    with pytest.raises(ConfigError, match="dropout masks differ"):
+        validate_config(config)
+    config["training_variance"]["plans"]["p"]["arms"] = {"algo": {}}  # dropout per run
+    validate_config(config)

@@ -14,8 +14,7 @@ import pytest
 import yaml
 
 from tests.cluster.slurm import ClusterUnavailable, SlurmCluster
-
-from .conftest import ROOT, snakemake, write_inputs
+from tests.utils import ROOT, snakemake, write_inputs
 
 pytestmark = pytest.mark.workflow
 

@@ -1,7 +1,7 @@
 import sys
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)  # noqa: F821
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
 
-from bitdrift.datasets import prepare_dataset  # noqa: E402
+from bitdrift.datasets import prepare_dataset
 
-prepare_dataset(snakemake.wildcards.dataset, snakemake.params.spec, snakemake.output[0])  # noqa: F821
+prepare_dataset(snakemake.wildcards.dataset, snakemake.params.spec, snakemake.output[0])

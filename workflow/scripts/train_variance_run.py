@@ -1,19 +1,19 @@
 import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)  # noqa: F821
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
 
-from bitdrift.variance_training import train_run  # noqa: E402
+from bitdrift.studies.variance.runs import train_run
 
-wildcards = snakemake.wildcards  # noqa: F821
+wildcards = snakemake.wildcards
 train_run(
     plan_name=wildcards.plan,
-    plan=snakemake.params.plan,  # noqa: F821
+    plan=snakemake.params.plan,
     arm=wildcards.arm,
     device_name=wildcards.device,
-    device=snakemake.params.device,  # noqa: F821
+    device=snakemake.params.device,
     run=int(wildcards.run),
-    dataset_path=snakemake.input.dataset,  # noqa: F821
-    out_dir=Path(snakemake.output.run).parent,  # noqa: F821
+    dataset_path=snakemake.input.dataset,
+    out_dir=Path(snakemake.output.run).parent,
     log=sys.stderr,
 )

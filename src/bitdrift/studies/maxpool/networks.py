@@ -1,13 +1,13 @@
 """PyTorch networks of the MaxPool study (no torchvision needed): LeNet-5, VGG-11/13/16/19
 with optional batch normalisation, ResNet-18. Every ReLU and MaxPool is a module of
-:mod:`bitdrift.maxpool`, so :func:`bitdrift.maxpool.set_program` switches the Jacobian
+:mod:`bitdrift.studies.maxpool.jacobians`, so its :func:`set_program` switches the Jacobian
 choices of the whole network without touching its parameters."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from bitdrift.maxpool import MaxPool2d, NormPool2d, ReLU
+from bitdrift.studies.maxpool.jacobians import MaxPool2d, NormPool2d, ReLU
 
 VGG_LAYERS = {
     11: [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
@@ -65,19 +65,24 @@ class VGG(nn.Module):
         return self.classifier(self.features(x))
 
 
+def _norm(channels: int, batch_norm: bool) -> nn.Module:
+    # Without batch normalisation the paper replaces each BN with the identity.
+    return nn.BatchNorm2d(channels) if batch_norm else nn.Identity()
+
+
 class _BasicBlock(nn.Module):
-    def __init__(self, in_channels, out_channels, stride):
+    def __init__(self, in_channels, out_channels, stride, batch_norm=True):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.bn1 = _norm(out_channels, batch_norm)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.bn2 = _norm(out_channels, batch_norm)
         self.relu1, self.relu2 = ReLU(), ReLU()
         self.shortcut = nn.Sequential()
         if stride != 1 or in_channels != out_channels:
             self.shortcut = nn.Sequential(
                 nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                nn.BatchNorm2d(out_channels))
+                _norm(out_channels, batch_norm))
 
     def forward(self, x):
         out = self.relu1(self.bn1(self.conv1(x)))
@@ -85,18 +90,21 @@ class _BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    """ResNet-18 (He et al. 2016) with the stem's MaxPool kept (2x2), for 32x32 inputs."""
+    """ResNet-18 (He et al. 2016) with the stem's MaxPool kept (2x2), for 32x32 inputs;
+    ``batch_norm=False`` replaces every BatchNorm with the identity."""
 
-    def __init__(self, *, channels: int = 3, classes: int = 10, width: float = 1.0):
+    def __init__(self, *, channels: int = 3, classes: int = 10, width: float = 1.0,
+                 batch_norm: bool = True):
         super().__init__()
         widths = [max(1, int(w * width)) for w in (64, 128, 256, 512)]
         self.stem = nn.Sequential(nn.Conv2d(channels, widths[0], 3, 1, 1, bias=False),
-                                  nn.BatchNorm2d(widths[0]), ReLU(), MaxPool2d(kernel_size=2))
+                                  _norm(widths[0], batch_norm), ReLU(),
+                                  MaxPool2d(kernel_size=2))
         blocks, in_channels = [], widths[0]
         for index, out_channels in enumerate(widths):
             for block in range(2):
                 stride = 2 if index > 0 and block == 0 else 1
-                blocks.append(_BasicBlock(in_channels, out_channels, stride))
+                blocks.append(_BasicBlock(in_channels, out_channels, stride, batch_norm))
                 in_channels = out_channels
         self.blocks = nn.Sequential(*blocks)
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
@@ -115,5 +123,5 @@ def build_network(name: str, *, channels: int, classes: int, batch_norm: bool = 
         return VGG(depth=int(name[3:]), channels=channels, classes=classes,
                    batch_norm=batch_norm, width=width)
     if name == "resnet18":
-        return ResNet18(channels=channels, classes=classes, width=width)
+        return ResNet18(channels=channels, classes=classes, width=width, batch_norm=batch_norm)
     raise ValueError(f"unknown network {name!r}")

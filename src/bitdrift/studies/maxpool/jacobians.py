@@ -146,7 +146,22 @@ class NormPool2d(nn.Module):
                  zero_grad: float = 0.0):
         super().__init__()
         self.kernel_size, self.stride = kernel_size, stride or kernel_size
-        self.zero_grad = float(zero_grad)
+        self.zero_grad = zero_grad
+
+    @property
+    def zero_grad(self) -> float:
+        return self._zero_grad
+
+    @zero_grad.setter
+    def zero_grad(self, value: float) -> None:
+        # The gradient at 0 is `value` in each of the k*k entries; a Clarke Jacobian of the
+        # norm at 0 is a vector of the unit ball, so its norm |value| * k must be <= 1.
+        norm = abs(float(value)) * self.kernel_size
+        if norm > 1:
+            raise ValueError(f"NormPool zero_grad {value} gives a gradient of norm {norm:g} "
+                             f"at 0 (> 1, outside the Clarke Jacobian); need |zero_grad| <= "
+                             f"{1 / self.kernel_size:g} for kernel size {self.kernel_size}")
+        self._zero_grad = float(value)
 
     def forward(self, x):
         return _NormPool2d.apply(x, self.kernel_size, self.stride, self.zero_grad)
@@ -277,24 +292,38 @@ def mcdiarmid_margin(m: int, r: int, alpha: float = 0.05) -> float:
 
 
 def bifurcation_volume(variations: np.ndarray, threshold: float, alpha: float = 0.05) -> dict:
-    """Eqs. 18-19 from D[m, r] (M parameter draws x R mini-batches) and a threshold tau."""
+    """Eqs. 18-19 from D[m, r] (M parameter draws x R mini-batches) and a threshold tau.
+
+    A non-finite D (a gradient overflowed, as float16 does) is counted in ``non_finite``
+    and taken as in S: the two programs did not give equal finite gradients. The shares
+    carry Hoeffding's margin over M draws and, for the mini-batches, McDiarmid's margin
+    (Table 2's first line) and Hoeffding's over n = M*R (its second line)."""
+    variations = np.asarray(variations, dtype=np.float64)
+    if not np.isfinite(threshold):
+        raise ValueError(f"the threshold must be finite, got {threshold}")
     m, r = variations.shape
-    above = variations > threshold
+    finite = np.isfinite(variations)
+    above = ~finite | (variations > threshold)
     return {
-        "threshold": threshold, "M": m, "R": r,
+        "threshold": threshold, "M": m, "R": r, "non_finite": int((~finite).sum()),
         "share_theta": float(above.any(axis=1).mean()),
         "share_theta_margin": hoeffding_margin(m, alpha),
         "share_batches": float(above.mean()),
         "share_batches_margin": mcdiarmid_margin(m, r, alpha),
+        "share_batches_hoeffding_margin": hoeffding_margin(m * r, alpha),
     }
 
 
 def tau_gpu(repeat_variations: np.ndarray) -> float:
-    """tau^1 (Eq. 13): the largest D(P, P~) between two runs of the same program."""
-    return float(np.max(repeat_variations)) if repeat_variations.size else 0.0
+    """tau^1 (Eq. 13): the largest finite D(P, P~) between two runs of the same program
+    (non-finite repeats are counted by the caller, never turned into the threshold)."""
+    values = np.asarray(repeat_variations, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    return float(np.max(values)) if values.size else 0.0
 
 
 def tau_relu(relu_variations: np.ndarray) -> float:
-    """tau^2 (Eq. 14): the smallest positive D(R^0, R^1); inf where none is positive."""
-    positive = relu_variations[relu_variations > 0]
+    """tau^2 (Eq. 14): the smallest positive finite D(R^0, R^1); inf where none is."""
+    values = np.asarray(relu_variations, dtype=np.float64)
+    positive = values[np.isfinite(values) & (values > 0)]
     return float(positive.min()) if positive.size else math.inf

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import copy
 
-SOURCES = ("init", "data_order", "augmentation", "dropout")
+from bitdrift.errors import PlanError
+from bitdrift.training import SOURCES, run_seeds  # noqa: F401 (run_seeds: part of a plan's API)
+
 ARMS = {
     "algo_impl": dict.fromkeys(SOURCES, "per_run") | {"deterministic": False},
     "algo": dict.fromkeys(SOURCES, "per_run") | {"deterministic": True},
@@ -37,14 +39,6 @@ ARMS = {
 }
 ARM_LABELS = {"algo_impl": "ALGO+IMPL", "algo": "ALGO", "impl": "IMPL", "control": "CONTROL",
               "same": "same seed", "different": "different seeds"}
-# Separate streams for the NumPy generators, so that fixing one source never ties another.
-STREAMS = {"data_order": 1, "augmentation": 2}
-
-
-class PlanError(ValueError):
-    """A training-variance plan that cannot be run as written."""
-
-
 def arm_switches(name: str, overrides: dict, plan_deterministic: bool) -> dict:
     """Every switch of an arm: a preset's, replaced by the ones the config gives."""
     switches = dict(ARMS.get(name, {}))
@@ -113,11 +107,3 @@ def plan_runs(plans: dict) -> list[tuple[str, str, str, int]]:
             for device in plan["devices"] for run in range(plan["runs"])]
 
 
-def run_seeds(switches: dict, seed: int, run: int) -> dict:
-    """The seed of each source of randomness in run ``run`` of an arm."""
-    return {f"{source}_seed": seed if switches[source] == "fixed" else seed + run
-            for source in SOURCES}
-
-
-def run_directory(plan: str, arm: str, device: str, run: int | str) -> str:
-    return f"results/training/{plan}/{arm}/{device}/run_{run}"

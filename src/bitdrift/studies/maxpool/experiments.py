@@ -11,10 +11,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from bitdrift.atomic import write_csv
 from bitdrift.datasets import read_dataset
 from bitdrift.errors import StudyError
-from bitdrift.maxpool import (
+from bitdrift.studies.maxpool.jacobians import (
     MINIMAL,
     NATIVE,
     PRECISIONS,
@@ -29,7 +28,7 @@ from bitdrift.maxpool import (
     tau_relu,
     zero_program_table,
 )
-from bitdrift.torchnets import build_network
+from bitdrift.studies.maxpool.networks import build_network
 
 # Definition 7's comparisons: the sanity copy, the MaxPool Jacobians, ReLU'(0).
 COMPARISONS = {
@@ -125,34 +124,42 @@ def _variation(network, program_p: Program, program_q: Program, x, y, state):
 
 
 def thresholds(table: pd.DataFrame) -> dict:
-    """tau^1 from the copy comparison, tau^2 from ReLU'(0), per precision."""
+    """tau^1 from the copy comparison, tau^2 from ReLU'(0), per precision; with the
+    number of non-finite copy variations (never part of tau^1)."""
     out = {}
     for precision, rows in table.groupby("precision"):
-        copy = rows.loc[rows["comparison"] == "copy", "variation"].to_numpy()
-        relu = rows.loc[rows["comparison"] == "relu0_vs_relu1", "variation"].to_numpy()
+        copy = rows.loc[rows["comparison"] == "copy", "variation"].to_numpy(dtype=float)
+        relu = rows.loc[rows["comparison"] == "relu0_vs_relu1", "variation"].to_numpy(
+            dtype=float)
         out[int(precision)] = {"tau1": tau_gpu(copy) if copy.size else None,
-                               "tau2": tau_relu(relu) if relu.size else None}
+                               "tau2": tau_relu(relu) if relu.size else None,
+                               "copy_non_finite": int((~np.isfinite(copy)).sum())}
     return out
 
 
 def volume_table(table: pd.DataFrame, threshold_policy: dict) -> pd.DataFrame:
     """Table 2 / Figure 4 rows: the share of draws and of mini-batches in S(tau), with the
-    Hoeffding and McDiarmid margins. `threshold_policy` maps precision -> 'tau1', 'tau2'
-    or a number."""
+    Hoeffding and McDiarmid margins and the count of non-finite variations.
+    `threshold_policy` maps precision -> 'tau1', 'tau2' or a number."""
     taus = thresholds(table)
     rows = []
     keys = ["network", "precision", "batch_size", "batch_norm"]
     maxpool = table[table["comparison"] == "native_vs_minimal"]
     for key, rows_of_setting in maxpool.groupby(keys):
         setting = dict(zip(keys, key, strict=True))
-        policy = threshold_policy.get(int(setting["precision"]), "tau1")
-        tau = taus[int(setting["precision"])].get(policy) if isinstance(policy, str) else policy
+        precision = int(setting["precision"])
+        policy = threshold_policy.get(precision, "tau1")
+        tau = taus[precision].get(policy) if isinstance(policy, str) else policy
         if tau is None:
-            raise ValueError(f"threshold {policy} needs the {policy} comparison in the table")
+            raise StudyError(f"threshold {policy} needs the {policy} comparison in the table")
+        if not np.isfinite(tau):
+            raise StudyError(f"threshold {policy} is {tau} at {precision} bits: no positive "
+                             "finite variation to take it from")
         variations = rows_of_setting.pivot(index="draw", columns="batch",
-                                           values="variation").to_numpy()
-        volume = bifurcation_volume(np.nan_to_num(variations, nan=np.inf), tau)
-        rows.append({**setting, "threshold_policy": str(policy), **volume})
+                                           values="variation").to_numpy(dtype=float)
+        volume = bifurcation_volume(variations, tau)
+        rows.append({**setting, "threshold_policy": str(policy),
+                     "copy_non_finite": taus[precision]["copy_non_finite"], **volume})
     return pd.DataFrame(rows)
 
 
@@ -197,46 +204,54 @@ def train_hybrid(spec: dict, dataset_path, *, beta: float, seed: int, learning_r
     return pd.DataFrame(rows)
 
 
-def run_step(step: str, study: dict, out, *, dataset=None, inputs=(), precision=None,
-             setting=None, beta=None, seed=None) -> None:
-    """One step of the study, as the workflow rules and `bitdrift maxpool-*` run it.
+# -- the study's steps, one table each (one `bitdrift maxpool-*` command and rule each) ------
+def _common(study: dict) -> dict:
+    return {"accelerator": study["accelerator"], "deterministic": study["deterministic"]}
 
-    `study` is the validated `maxpool` config section (defaults filled); the zero
-    programs need none."""
-    if step == "zero":
-        write_csv(pd.DataFrame(zero_program_table()), out)
-        return
-    common = {"accelerator": study["accelerator"], "deterministic": study["deterministic"]}
-    if step == "variation":
-        table = backprop_variation_table(study["variation"], dataset, precision=precision,
-                                         **common)
-    elif step == "volume":
-        volume = study["volume"]
-        if setting not in volume["settings"]:
-            raise StudyError(f"setting {setting!r} is not in maxpool.volume.settings "
-                             f"{sorted(volume['settings'])}")
-        spec = {**volume["settings"][setting], "draws": volume["draws"],
-                "batches": volume["batches"], "limit": volume["limit"],
-                "width": volume["width"]}
-        table = backprop_variation_table(spec, dataset, precision=spec["precision"], **common)
-        table.insert(0, "setting", setting)
-    elif step == "volume-table":
-        policy = {int(k): v for k, v in study["volume"]["thresholds"].items()}
-        parts = []
-        for path in inputs:
-            raw = pd.read_csv(path)
-            part = volume_table(raw, policy)
-            part.insert(0, "setting", raw["setting"].iloc[0])
-            parts.append(part)
-        table = pd.concat(parts, ignore_index=True)
-    elif step == "train":
-        training = study["training"]
-        rates = {float(key): rate for key, rate in training["betas"].items()}
-        if float(beta) not in rates:
-            raise StudyError(f"beta {beta} is not in maxpool.training.betas {list(rates)}")
-        table = train_hybrid(training, dataset, beta=float(beta), seed=int(seed),
-                             learning_rate=rates[float(beta)],
-                             precision=training["precision"], **common)
-    else:
-        raise StudyError(f"unknown MaxPool study step {step!r}")
-    write_csv(table, out)
+
+def zero_programs() -> pd.DataFrame:
+    """Tables 1 and 3: the zero programs' derivatives at 16/32/64 bits (no study needed)."""
+    return pd.DataFrame(zero_program_table())
+
+
+def backprop_variation(study: dict, dataset_path, precision: int) -> pd.DataFrame:
+    """Figures 1-3: D for the study's `variation` network at one precision."""
+    return backprop_variation_table(study["variation"], dataset_path, precision=precision,
+                                    **_common(study))
+
+
+def volume_draws(study: dict, dataset_path, setting: str) -> pd.DataFrame:
+    """Table 2's raw material for one setting: D over draws x mini-batches."""
+    volume = study["volume"]
+    if setting not in volume["settings"]:
+        raise StudyError(f"setting {setting!r} is not in maxpool.volume.settings "
+                         f"{sorted(volume['settings'])}")
+    spec = {**volume["settings"][setting], "draws": volume["draws"],
+            "batches": volume["batches"], "limit": volume["limit"], "width": volume["width"]}
+    table = backprop_variation_table(spec, dataset_path, precision=spec["precision"],
+                                     **_common(study))
+    table.insert(0, "setting", setting)
+    return table
+
+
+def volume_summary(study: dict, draw_tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """Table 2: the share of draws and mini-batches in S per setting, from
+    :func:`volume_draws` tables."""
+    policy = {int(k): v for k, v in study["volume"]["thresholds"].items()}
+    parts = []
+    for raw in draw_tables:
+        part = volume_table(raw, policy)
+        part.insert(0, "setting", raw["setting"].iloc[0])
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def hybrid_training(study: dict, dataset_path, beta: float, seed: int) -> pd.DataFrame:
+    """Figure 5: one seed of SGD training with hybrid-beta MaxPool."""
+    training = study["training"]
+    rates = {float(key): rate for key, rate in training["betas"].items()}
+    if float(beta) not in rates:
+        raise StudyError(f"beta {beta} is not in maxpool.training.betas {list(rates)}")
+    return train_hybrid(training, dataset_path, beta=float(beta), seed=int(seed),
+                        learning_rate=rates[float(beta)], precision=training["precision"],
+                        **_common(study))

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from bitdrift.atomic import atomic_output
-from bitdrift.variance_plans import ARM_LABELS
+from bitdrift.studies.variance.plans import ARM_LABELS
 
 
 def _pyplot():
@@ -92,15 +92,19 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
     positions = np.arange(len(cost))
     labels = [f"{r['plan']} @{r['device']} ({_arm(r['arm_deterministic'])} vs "
               f"{_arm(r['arm_default'])})" for _, r in cost.iterrows()]
-    for ax, column, title in ((axes[0], "epoch_overhead", "per epoch"),
-                              (axes[1], "step_overhead", "per step (median)")):
-        values = cost[column].to_numpy(dtype=float) * 100
-        ax.barh(positions, values, color=np.where(values > 0, "tab:red", "tab:green"))
+    for ax, column, title in ((axes[0], "epoch_percent_of_default", "per epoch"),
+                              (axes[1], "step_percent_of_default", "per step (median)")):
+        # Zhuang et al.'s view: deterministic time as a percentage of the default time.
+        values = cost[column].to_numpy(dtype=float)
+        ax.barh(positions, values - 100, left=100,
+                color=np.where(values > 100, "tab:red", "tab:green"))
         for position, value in zip(positions, values, strict=True):
-            ax.text(0, position, f" {value:+.1f} %", va="center", fontsize=7)
-        ax.axvline(0, color="black", linewidth=0.5)
+            ax.text(100, position, f" {value:.0f} % ({value / 100:.2f}x)", va="center",
+                    fontsize=7)
+        ax.axvline(100, color="black", linewidth=0.5)
         ax.set_yticks(positions, labels, fontsize=7)
-        ax.set_title(f"time overhead of deterministic ops, {title}", fontsize=9)
+        ax.set_xlabel("deterministic wall time, % of default (100 % = no cost)", fontsize=8)
+        ax.set_title(f"time of deterministic ops, {title}", fontsize=9)
     axes[0].invert_yaxis()
     if cost.empty:
         axes[0].text(0.5, 0.5, "no pair of arms differing only in op determinism",

@@ -30,7 +30,8 @@ from bitdrift.errors import StudyError
 
 RUN_KEYS = ("logits", "labels", "weights", "step_seconds", "epoch_seconds")
 RUN_ATTRS = ("plan", "arm", "device", "run", "study", "model", "learning_rate", "switches",
-             "deterministic", "test_accuracy", "test_loss", "dataset_sha256", "classes")
+             "deterministic", "test_accuracy", "test_loss", "dataset_sha256", "classes",
+             "init_sha256")
 
 
 # -- measures on hand-checkable arrays ------------------------------------------------------
@@ -114,7 +115,7 @@ def distinct_outputs(logits: list[np.ndarray]) -> int:
 
 # -- run files ------------------------------------------------------------------------------
 def read_run(path: str | Path) -> dict:
-    """A run file written by bitdrift.variance_training, checked; errors name the file."""
+    """A run file written by bitdrift.studies.variance.runs, checked; errors name the file."""
     path = Path(path)
     try:
         with h5py.File(path, "r") as handle:
@@ -129,7 +130,7 @@ def read_run(path: str | Path) -> dict:
                 run["attribute_names"] = json.loads(handle.attrs["attribute_names"])
     except OSError as error:
         raise StudyError(f"{path}: cannot read run file ({error})") from error
-    for key in ("plan", "arm", "device", "study", "model", "dataset_sha256"):
+    for key in ("plan", "arm", "device", "study", "model", "dataset_sha256", "init_sha256"):
         run[key] = str(run[key])
     run["run"], run["classes"] = int(run["run"]), int(run["classes"])
     run["switches"] = json.loads(run["switches"])
@@ -151,6 +152,14 @@ def _check_group(runs: list[dict]) -> None:
                 run["weights"].shape != first["weights"].shape:
             raise StudyError(f"{run['path']}: test labels or weight shapes differ from "
                              f"{first['path']} in the same plan")
+    if first["switches"]["init"] == "fixed":
+        # "Same init" is a claim about the initial weights, checked by their digest.
+        for run in runs[1:]:
+            if run["init_sha256"] != first["init_sha256"]:
+                raise StudyError(
+                    f"{run['path']}: arm {run['arm']!r} fixes the init seed, but its initial "
+                    f"weights (sha256 {run['init_sha256'][:12]}...) differ from "
+                    f"{first['path']} ({first['init_sha256'][:12]}...): not the same init")
     seen = {}
     for run in runs:
         key = (run["device"], run["run"])
@@ -269,9 +278,20 @@ def seed_ratio(summary: pd.DataFrame) -> pd.DataFrame:
 SWITCH_COLUMNS = ["init", "data_order", "augmentation", "dropout"]
 
 
+DETERMINISM_COST_COLUMNS = [
+    "plan", "device", "model", "arm_default", "arm_deterministic", "epoch_seconds_default",
+    "epoch_seconds_deterministic", "epoch_ratio", "epoch_percent_of_default", "epoch_overhead",
+    "step_seconds_default", "step_seconds_deterministic", "step_ratio",
+    "step_percent_of_default", "step_overhead"]
+
+
 def determinism_cost(summary: pd.DataFrame) -> pd.DataFrame:
-    """Overhead of deterministic training: for two arms of one plan on one device whose
-    switches are equal except op determinism, time(deterministic)/time(default) - 1."""
+    """Cost of deterministic training: for two arms of one plan on one device whose
+    switches are equal except op determinism, the wall-clock time of the deterministic arm
+    relative to the default one, per epoch (mean, first epoch left out) and per step
+    (median). Three views of one number: ``ratio`` = deterministic / default;
+    ``percent_of_default`` = 100 x ratio, as Zhuang et al. report it (101 % = no overhead,
+    746 % = 7.46x); ``overhead`` = ratio - 1. Wall clock, not GPU kernel time."""
     rows = []
     devices = summary[summary["scope"] != "all"]
     for (plan, scope), group in devices.groupby(["plan", "scope"], sort=False):
@@ -280,20 +300,17 @@ def determinism_cost(summary: pd.DataFrame) -> pd.DataFrame:
             for column in SWITCH_COLUMNS:
                 match = match[match[column] == fast[column]]
             for _, slow in match.iterrows():
-                rows.append({
-                    "plan": plan, "device": scope, "model": fast["model"],
-                    "arm_default": fast["arm"], "arm_deterministic": slow["arm"],
-                    "epoch_seconds_default": fast["mean_epoch_seconds"],
-                    "epoch_seconds_deterministic": slow["mean_epoch_seconds"],
-                    "epoch_overhead": slow["mean_epoch_seconds"] / fast["mean_epoch_seconds"] - 1,
-                    "step_seconds_default": fast["median_step_seconds"],
-                    "step_seconds_deterministic": slow["median_step_seconds"],
-                    "step_overhead": slow["median_step_seconds"] / fast["median_step_seconds"] - 1,
-                })
-    return pd.DataFrame(rows, columns=[
-        "plan", "device", "model", "arm_default", "arm_deterministic", "epoch_seconds_default",
-        "epoch_seconds_deterministic", "epoch_overhead", "step_seconds_default",
-        "step_seconds_deterministic", "step_overhead"])
+                row = {"plan": plan, "device": scope, "model": fast["model"],
+                       "arm_default": fast["arm"], "arm_deterministic": slow["arm"]}
+                for unit, column in (("epoch", "mean_epoch_seconds"),
+                                     ("step", "median_step_seconds")):
+                    ratio = slow[column] / fast[column]
+                    row.update({f"{unit}_seconds_default": fast[column],
+                                f"{unit}_seconds_deterministic": slow[column],
+                                f"{unit}_ratio": ratio, f"{unit}_percent_of_default": 100 * ratio,
+                                f"{unit}_overhead": ratio - 1})
+                rows.append(row)
+    return pd.DataFrame(rows, columns=DETERMINISM_COST_COLUMNS)
 
 
 def training_tables(paths) -> dict[str, pd.DataFrame]:

@@ -1,0 +1,2 @@
+"""Nonsmooth autodiff through MaxPool (Boustany): Jacobian programs, backprop variation,
+bifurcation zones and hybrid-beta training, in PyTorch."""

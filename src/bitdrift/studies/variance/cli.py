@@ -1,0 +1,95 @@
+"""``bitdrift train-run``, ``training-stats`` and the training-variance figures."""
+
+from __future__ import annotations
+
+import sys
+
+from bitdrift.errors import ConfigError
+
+
+def cmd_train_run(args) -> None:
+    """One run of a training-variance plan on a device, in a fresh process."""
+    from bitdrift import paths
+    from bitdrift.config import load_config
+    from bitdrift.studies.variance.plans import resolve_plans
+    from bitdrift.studies.variance.runs import train_run
+
+    config = load_config(args.config)
+    plans = resolve_plans(config)
+    if args.plan not in plans:
+        raise ConfigError(f"unknown plan {args.plan!r} (config has {sorted(plans)})")
+    plan = plans[args.plan]
+    if args.device not in config["devices"]:
+        raise ConfigError(f"unknown device {args.device!r} "
+                          f"(config has {sorted(config['devices'])})")
+    train_run(plan_name=args.plan, plan=plan, arm=args.arm, device_name=args.device,
+              device=config["devices"][args.device], run=args.run,
+              dataset_path=args.dataset_file or paths.dataset_file(plan["spec"]["dataset"]),
+              out_dir=args.out_dir or paths.run_directory(args.plan, args.arm, args.device,
+                                                          args.run))
+
+
+def cmd_training_stats(args) -> None:
+    """Spread, churn, weight distance, sub-groups and determinism cost from run files."""
+    from pathlib import Path
+
+    from bitdrift.atomic import write_csv
+    from bitdrift.paths import TRAINING_TABLES
+    from bitdrift.studies.variance.stats import training_tables
+
+    tables = training_tables(args.files)
+    for key, name in TRAINING_TABLES.items():
+        write_csv(tables[key], Path(args.out_dir) / f"{name}.csv")
+    print(f"bitdrift: {len(tables['runs'])} runs in {len(tables['summary'])} groups -> "
+          f"{args.out_dir}", file=sys.stderr)
+
+
+FIGURES = {  # command: (plotting function, the tables it reads)
+    "plot-training-variance": ("plot_training_variance", ("training_variance.csv",
+                                                          "seed_ratio.csv")),
+    "plot-churn": ("plot_churn", ("training_variance.csv",)),
+    "plot-determinism-cost": ("plot_determinism_cost", ("determinism_cost.csv",)),
+    "plot-ensemble-disagreement": ("plot_ensemble_disagreement", ("training_variance.csv",)),
+}
+
+
+def cmd_plot(args) -> None:
+    """A training-variance figure (PDF) from the tables of `bitdrift training-stats`."""
+    import pandas as pd
+
+    from bitdrift.studies.variance import figures
+
+    plot = getattr(figures, FIGURES[args.command][0])
+    plot(*[pd.read_csv(path) for path in args.tables], args.out)
+
+
+def add_commands(sub) -> None:
+    """Register the training-variance study's subcommands on the `bitdrift` subparsers."""
+    from bitdrift.paths import TRAINING_TABLES
+
+    p = sub.add_parser("train-run", help="one run of a training-variance plan on a device",
+                       description=cmd_train_run.__doc__)
+    p.add_argument("--config", required=True, help="config file with `training_variance`")
+    p.add_argument("--plan", required=True, help="a plan of training_variance.plans (or an "
+                   "ensemble plan ensemble_lr_RATE)")
+    p.add_argument("--arm", required=True, help="an arm of the plan")
+    p.add_argument("--device", required=True, help="a key of devices")
+    p.add_argument("--run", type=int, required=True, help="run index, 0..runs-1")
+    p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
+    p.add_argument("--out-dir", help="default results/training/PLAN/ARM/DEVICE/run_RUN")
+    p.set_defaults(func=cmd_train_run)
+
+    p = sub.add_parser("training-stats", help="spread, churn, weight distance, sub-groups and "
+                       "determinism cost from run files (run.h5)",
+                       description=cmd_training_stats.__doc__)
+    p.add_argument("files", nargs="+", help="run.h5 files, from this workflow or elsewhere")
+    p.add_argument("--out-dir", required=True, help="folder for " + ", ".join(
+        f"{name}.csv" for name in TRAINING_TABLES.values()))
+    p.set_defaults(func=cmd_training_stats)
+
+    for name, (_, tables) in FIGURES.items():
+        p = sub.add_parser(name, help=f"{name[5:].replace('-', ' ')} figure (PDF) from "
+                           f"{' '.join(tables)}", description=cmd_plot.__doc__)
+        p.add_argument("tables", nargs=len(tables), help=" ".join(tables))
+        p.add_argument("--out", required=True, help="figure file (PDF)")
+        p.set_defaults(func=cmd_plot)

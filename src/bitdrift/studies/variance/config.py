@@ -1,0 +1,64 @@
+"""Checks of the `training_variance` config section beyond its schema."""
+
+from __future__ import annotations
+
+from bitdrift.errors import ConfigError, PlanError
+from bitdrift.studies.variance.plans import arm_switches
+
+
+def check(config: dict) -> None:
+    """Names the `training_variance` section refers to: datasets, models, devices, arms."""
+    section = config.get("training_variance")
+    if not section:
+        return
+    for name, model in section["models"].items():
+        if model["dataset"] not in config["datasets"]:
+            raise ConfigError(f"config key training_variance.models.{name}.dataset: unknown "
+                              f"dataset {model['dataset']!r} "
+                              f"(datasets: {sorted(config['datasets'])})")
+    entries = [(f"plans.{name}", plan) for name, plan in section["plans"].items()]
+    if section.get("ensemble"):
+        entries.append(("ensemble", section["ensemble"]))
+    for key, entry in entries:
+        if entry["model"] not in section["models"]:
+            raise ConfigError(f"config key training_variance.{key}.model: unknown model "
+                              f"{entry['model']!r} (training_variance.models: "
+                              f"{sorted(section['models'])})")
+        for device in entry["devices"]:
+            if device not in config["devices"]:
+                raise ConfigError(f"config key training_variance.{key}.devices: unknown device "
+                                  f"{device!r} (devices: {sorted(config['devices'])})")
+            if config["devices"][device]["external"]:
+                raise ConfigError(f"config key training_variance.{key}.devices: {device!r} is "
+                                  "external (measured off-cluster), so the workflow cannot "
+                                  "train on it")
+        for arm, overrides in entry.get("arms", {}).items():
+            try:
+                arm_switches(arm, overrides or {}, entry["deterministic"])
+            except PlanError as error:
+                raise ConfigError(f"config key training_variance.{key}.arms.{arm}: "
+                                  f"{error}") from None
+        _check_dropout_backends(config, key, entry, section["models"][entry["model"]])
+        for rate in entry.get("learning_rates", []):
+            if f"ensemble_lr_{rate:g}" in section["plans"]:
+                raise ConfigError(f"config key training_variance.plans.ensemble_lr_{rate:g}: "
+                                  "the name is taken by the ensemble's plan of that rate")
+
+
+def _check_dropout_backends(config: dict, key: str, entry: dict, model: dict) -> None:
+    """Dropout masks are drawn by the backend's RNG: one seed gives the same masks on one
+    backend, not across backends. A `fixed` dropout seed over devices of several backends
+    would claim a sameness that is not there, so it is refused."""
+    backends = {config["devices"][device]["backend"] for device in entry["devices"]}
+    if not model.get("dropout") or len(backends) < 2:
+        return
+    arms = entry.get("arms") or {"(ensemble)": {"dropout": "fixed"}}
+    for arm, overrides in arms.items():
+        switches = arm_switches(arm, overrides or {}, entry.get("deterministic", False)) \
+            if arm != "(ensemble)" else overrides
+        if switches["dropout"] == "fixed":
+            raise ConfigError(
+                f"config key training_variance.{key}.devices: model {entry['model']!r} has "
+                f"dropout and arm {arm!r} fixes its seed, but the devices use the backends "
+                f"{sorted(backends)}, whose dropout masks differ for one seed; use devices of "
+                "one backend or `dropout: per_run`")

@@ -1,0 +1,55 @@
+"""The layout the README promises: the core never imports a study; every domain error is a
+BitdriftError that the command line reports on one line; every option has help."""
+
+import subprocess
+import sys
+
+import pytest
+
+from bitdrift import errors
+from bitdrift.cli import build_parser, main
+
+CORE = ("record", "eqc", "precision", "inference", "devices", "models", "datasets",
+        "training", "paths", "provenance", "atomic", "errors")
+
+
+@pytest.mark.parametrize("module", CORE)
+def test_the_core_imports_no_study(module):
+    code = (f"import sys, bitdrift.{module}; "
+            "loaded = [m for m in sys.modules if m.startswith('bitdrift.studies')]; "
+            "assert not loaded, loaded")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_domain_error_is_a_bitdrift_error():
+    for name in ("ConfigError", "PlanError", "DatasetError", "RecordError", "StudyError",
+                 "AcceleratorMissing", "InferenceError", "TrainingRunError"):
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.BitdriftError), name
+        assert f"  {cls.exit_code}  " in errors.EXIT_CODES, name
+
+
+def test_errors_are_one_line_with_their_exit_code(tmp_path, capsys):
+    missing = tmp_path / "missing.h5"
+    assert main(["eqc", str(missing), "--out", str(tmp_path / "e.csv")]) == 3
+    message = capsys.readouterr().err.strip()
+    assert message.startswith("bitdrift: error: ") and "missing.h5" in message
+    assert "\n" not in message and "Traceback" not in message
+    config = tmp_path / "c.yaml"
+    config.write_text("datasets: {d: {source: digits}}\n"
+                      "models: {n: {architecture: cifar10_small, dataset: d}}\n"
+                      "devices: {cpu: {accelerator: cpu, backend: torch}}\n")
+    assert main(["infer", "--config", str(config), "--model", "m", "--device", "x"]) == 2
+    assert "unknown model 'm'" in capsys.readouterr().err
+
+
+def test_every_option_has_help_and_the_version_prints(capsys):
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for name, command in commands.items():
+        for action in command._actions:
+            if action.dest != "help":
+                assert action.help, f"bitdrift {name}: {action.dest} has no help"
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("bitdrift ")

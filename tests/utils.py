@@ -1,0 +1,87 @@
+"""Helpers shared by the tests: files in the real formats, and running the workflow."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_celeba(folder, rows):
+    """A tiny CelebA folder in its CSV layout: rows of (image_id, partition, Blond, Male, Young)."""
+    (folder / "img_align_celeba").mkdir(parents=True)
+    names = ["5_o_Clock_Shadow", "Blond_Hair", "Male", "Young"]
+    with open(folder / "list_attr_celeba.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["image_id", *names])
+        for image_id, _, blond, male, young in rows:
+            writer.writerow([image_id, -1, blond, male, young])
+    with open(folder / "list_eval_partition.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["image_id", "partition"])
+        writer.writerows([(image_id, partition) for image_id, partition, *_ in rows])
+    rng = np.random.default_rng(0)
+    for image_id, *_ in rows:
+        Image.fromarray(rng.integers(0, 256, (24, 20, 3), dtype=np.uint8)).save(
+            folder / "img_align_celeba" / image_id)
+
+
+def write_run(path, *, plan="p", arm="a", device="cpu", run=0, predictions, labels,
+              weights, seconds=1.0, switches=None, study="plan", learning_rate=0.01,
+              accuracy=None, loss=0.5, attributes=None, classes=None, init_sha256=None):
+    """A run file in the format bitdrift.studies.variance.runs writes. The initial weights'
+    digest follows the init switch unless given: one for a fixed init, one per run else."""
+    classes = classes or int(max(np.max(predictions), np.max(labels)) + 1)
+    logits = np.eye(classes, dtype=np.float32)[predictions]
+    switches = switches or {"init": "fixed", "data_order": "fixed", "augmentation": "fixed",
+                            "dropout": "fixed", "deterministic": False}
+    with h5py.File(path, "w") as handle:
+        handle["logits"], handle["labels"] = logits, np.asarray(labels)
+        handle["weights"] = np.asarray(weights, dtype=np.float32)
+        handle["step_seconds"] = np.full((2, 3), seconds / 3)
+        handle["epoch_seconds"] = np.full(2, seconds)
+        if attributes is not None:
+            handle["attributes"] = np.asarray(attributes, dtype=np.int8)
+            handle.attrs["attribute_names"] = json.dumps(["Male"])
+        handle.attrs.update({
+            "plan": plan, "arm": arm, "device": device, "run": run, "study": study,
+            "model": "small", "learning_rate": learning_rate, "classes": classes,
+            "switches": json.dumps(switches), "deterministic": switches["deterministic"],
+            "test_accuracy": float(np.mean(np.asarray(predictions) == labels))
+            if accuracy is None else accuracy, "test_loss": loss, "dataset_sha256": "abc",
+            "init_sha256": init_sha256 or (
+                "init-fixed" if switches["init"] == "fixed" else f"init-run-{run}")})
+    return path
+
+
+def snakemake(workdir, *args, configfile, timeout=1200, executor=("--cores", "2"), env=None,
+              check=True):
+    """Run the workflow in `workdir`; `configfile` is one path or a list (later ones
+    overlay earlier ones). With check=False the completed process is returned as is."""
+    configfiles = configfile if isinstance(configfile, list) else [configfile]
+    command = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"),
+               "-d", str(workdir), "--configfile", *map(str, configfiles), *executor, *args]
+    # On timeout subprocess.run kills snakemake outright: on SIGTERM it would wait for
+    # running jobs, and a stuck cluster must fail the test, not hang it.
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                            env=None if env is None else {**os.environ, **env})
+    if not check:
+        return result
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return result.stdout + result.stderr
+
+
+def write_inputs(workdir):
+    """Input files the test config names: a tiny CelebA folder in the real CSV layout
+    (24 train and 12 test images; blond, male and young drawn at random)."""
+    rng = np.random.default_rng(1)
+    rows = [(f"{i:06d}.jpg", 0 if i <= 24 else 2, *rng.choice([1, -1], size=3))
+            for i in range(1, 37)]
+    make_celeba(Path(workdir) / "celeba", rows)

@@ -1,0 +1,13 @@
+import sys
+
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
+
+from bitdrift.atomic import write_csv
+from bitdrift.studies.maxpool.experiments import volume_draws
+
+write_csv(
+    volume_draws(
+        snakemake.params.study, snakemake.input.dataset, snakemake.wildcards.setting
+    ),
+    snakemake.output[0],
+)

@@ -1,0 +1,16 @@
+import sys
+
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
+
+from bitdrift.atomic import write_csv
+from bitdrift.studies.maxpool.experiments import hybrid_training
+
+write_csv(
+    hybrid_training(
+        snakemake.params.study,
+        snakemake.input.dataset,
+        beta=float(snakemake.wildcards.beta),
+        seed=int(snakemake.wildcards.seed),
+    ),
+    snakemake.output[0],
+)
