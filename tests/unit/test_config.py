@@ -70,3 +70,30 @@ def test_snakefile_rejects_bad_config_with_the_key(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode != 0
     assert "config key devices.cpu.repeats" in result.stdout + result.stderr
+
+
+def _undescribed(node, path=""):
+    """Schema keys without a description (a $ref carries its target's)."""
+    missing = []
+    if not isinstance(node, dict):
+        return missing
+    for key, child in node.get("properties", {}).items():
+        if isinstance(child, dict) and "description" not in child and "$ref" not in child:
+            missing.append(f"{path}.{key}")
+        missing += _undescribed(child, f"{path}.{key}")
+    for key in ("additionalProperties", "items"):
+        missing += _undescribed(node.get(key), f"{path}.{key}")
+    for name, child in node.get("$defs", {}).items():
+        if "description" not in child:
+            missing.append(f"$defs.{name}")
+        missing += _undescribed(child, f"$defs.{name}")
+    for key in ("oneOf", "anyOf", "allOf"):
+        for child in node.get(key, []):
+            missing += _undescribed(child, path)
+    return missing
+
+
+def test_every_schema_key_is_described():
+    from bitdrift.config import load_schema
+
+    assert _undescribed(load_schema()) == []
