@@ -5,7 +5,12 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# A preset given with --configfile is a complete config that replaces config.yaml (it is
+# not merged into the default's devices, models and studies); later --configfile files
+# still overlay earlier ones.
+if not workflow.config_settings.configfiles:
+
+    configfile: "config.yaml"
 
 
 include: "rules/common.smk"

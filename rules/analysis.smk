@@ -22,6 +22,8 @@ rule cluster_equivalence_classes:
     resources:
         **ANALYSIS_RESOURCES,
     params:
+        # Config order numbers the classes: reordering devices must redo the tables.
+        devices=DEVICES,
         expect=EXPECT_ARGUMENTS,
     script:
         "../workflow/scripts/cluster_equivalence_classes.py"
@@ -46,6 +48,7 @@ rule compute_remaining_precision:
     resources:
         **ANALYSIS_RESOURCES,
     params:
+        devices=DEVICES,
         precision=config["analysis"]["precision"],
         expect=EXPECT_ARGUMENTS,
     script:
@@ -68,6 +71,7 @@ rule plot_equivalence_classes:
     conda:
         "../envs/bitdrift.yaml"
     params:
+        devices=DEVICES,
         precision=config["analysis"]["precision"],
     script:
         "../workflow/scripts/plot_equivalence_classes.py"
@@ -89,3 +93,105 @@ rule plot_remaining_precision:
         "../envs/bitdrift.yaml"
     script:
         "../workflow/scripts/plot_remaining_precision.py"
+
+
+rule explain_equivalence_classes:
+    input:
+        records=record_files,
+        provenance=PROVENANCE_FILES,
+    output:
+        explain=report(
+            paths.table_file("explain"),
+            caption="../workflow/report/explain_table.rst",
+            category="Why devices differ",
+        ),
+        flags=report(
+            paths.table_file("flag_groups"),
+            caption="../workflow/report/flag_groups_table.rst",
+            category="Why devices differ",
+        ),
+        classes=report(
+            paths.table_file("device_classes"),
+            caption="../workflow/report/device_classes_table.rst",
+            category="Why devices differ",
+        ),
+    log:
+        "logs/explain_equivalence_classes/all.log",
+    benchmark:
+        "results/benchmarks/explain_equivalence_classes/all.tsv"
+    conda:
+        "../envs/bitdrift.yaml"
+    resources:
+        **ANALYSIS_RESOURCES,
+    params:
+        devices=DEVICES,
+        expect=EXPECT_ARGUMENTS,
+    script:
+        "../workflow/scripts/explain_equivalence_classes.py"
+
+
+rule locate_divergence:
+    input:
+        records=record_files,
+        provenance=PROVENANCE_FILES,
+    output:
+        report(
+            paths.table_file("divergence"),
+            caption="../workflow/report/divergence_table.rst",
+            category="Why devices differ",
+        ),
+    log:
+        "logs/locate_divergence/all.log",
+    benchmark:
+        "results/benchmarks/locate_divergence/all.tsv"
+    conda:
+        "../envs/bitdrift.yaml"
+    resources:
+        **ANALYSIS_RESOURCES,
+    params:
+        devices=DEVICES,
+        expect=EXPECT_ARGUMENTS,
+    script:
+        "../workflow/scripts/locate_divergence.py"
+
+
+rule plot_eqc_table:
+    input:
+        records=record_files,
+        eqc=rules.cluster_equivalence_classes.output.final,
+        classes=rules.explain_equivalence_classes.output.classes,
+    output:
+        figure=report(
+            paths.figure_file("eqc_table"),
+            caption="../workflow/report/eqc_table_figure.rst",
+            category="Why devices differ",
+        ),
+        table=paths.table_file("eqc_table"),
+    log:
+        "logs/plot_eqc_table/all.log",
+    localrule: True
+    conda:
+        "../envs/bitdrift.yaml"
+    script:
+        "../workflow/scripts/plot_eqc_table.py"
+
+
+rule plot_divergence:
+    input:
+        rules.cluster_equivalence_classes.output.layers,
+        rules.compute_remaining_precision.output.table,
+    output:
+        report(
+            paths.figure_file("divergence"),
+            caption="../workflow/report/divergence_figure.rst",
+            category="Why devices differ",
+        ),
+    log:
+        "logs/plot_divergence/all.log",
+    localrule: True
+    conda:
+        "../envs/bitdrift.yaml"
+    params:
+        command="plot-divergence",
+    script:
+        "../workflow/scripts/plot_with_cli.py"

@@ -1,16 +1,21 @@
 # Python helpers for the rules, in sections: validation and constants (core, then the
 # studies), target functions, input and params functions, resources.
+import os
 import re
 import sys
 
 # The library is installed into the environment; fall back to the checkout's src/ so a
 # plain clone still parses (e.g. `snakemake --lint` before installing).
 sys.path.insert(0, f"{workflow.basedir}/src")
+# envs/*.yaml install the library from here (`--sdm conda`): an absolute path, since
+# Snakemake copies the env files elsewhere.
+os.environ.update(BITDRIFT_SOURCE=workflow.basedir)
 
 from snakemake.exceptions import WorkflowError
 
 from bitdrift import paths
 from bitdrift.config import ConfigError, validate_config
+from bitdrift.provenance import infer_command
 from bitdrift.studies.variance.plans import plan_runs, resolve_plans
 
 # ---- validation and constants: core -------------------------------------------------------
@@ -36,6 +41,36 @@ PROVENANCE = [
 ]
 PROVENANCE_FILES = [file for _, *files in PROVENANCE for file in files]
 EXPECT_ARGUMENTS = [arg for triple in PROVENANCE for arg in ("--expect", *triple)]
+
+
+def _check_external_records():
+    """An external device's record comes from elsewhere; if it has not arrived, say so
+    now (Snakemake would keep the existing analyses as current and report nothing)."""
+    missing = [
+        (device, model, paths.record_file(model, device))
+        for model, model_file, dataset_file in PROVENANCE
+        for device in DEVICES
+        if config["devices"][device]["external"]
+        and not os.path.exists(paths.record_file(model, device))
+    ]
+    if missing:
+        raise WorkflowError(
+            "missing records of external devices (measured elsewhere, never scheduled):\n"
+            + "\n".join(
+                f"  device {device!r}, model {model!r}: {path}; make it with\n    "
+                + infer_command(
+                    model,
+                    device,
+                    paths.model_file(config, model),
+                    paths.dataset_file(config["models"][model]["dataset"]),
+                    path,
+                )
+                for device, model, path in missing
+            )
+        )
+
+
+_check_external_records()
 
 # ---- validation and constants: studies ----------------------------------------------------
 MAXPOOL = config.get("maxpool")
@@ -68,12 +103,24 @@ def training_targets():
 
 
 def core_targets():
-    return [
+    # The records are targets themselves: Snakemake treats a deleted intermediate file
+    # whose downstream tables exist as up to date, so a record lost to an interrupted
+    # --forcerun would otherwise never be made again (and the tables never redone).
+    scheduled_records = [
+        paths.record_file(model, device)
+        for model in MODELS
+        for device in SCHEDULED_DEVICES
+    ]
+    return scheduled_records + [
         paths.table_file("eqc"),
         paths.table_file("eqc_layers"),
         paths.table_file("precision"),
         paths.figure_file("eqc"),
         paths.figure_file("remaining_precision"),
+        paths.table_file("explain"),
+        paths.table_file("divergence"),
+        paths.figure_file("eqc_table"),
+        paths.figure_file("divergence"),
     ]
 
 
@@ -87,13 +134,19 @@ def maxpool_targets():
     ]
     if MAXPOOL["volume"]["settings"]:
         targets.append(paths.figure_file("bifurcation_volume"))
-    return targets
+    # Intermediate tables as targets too (see core_targets: deleted ones are made again).
+    return (
+        targets
+        + maxpool_variation_files()
+        + maxpool_volume_files()
+        + maxpool_training_files()
+    )
 
 
 def variance_targets():
     if not PLANS:
         return []
-    return [
+    return variance_run_files() + [
         paths.figure_file(name)
         for name in (
             "training_variance",
@@ -203,11 +256,25 @@ def variance_dataset_file(wildcards):
 
 
 # ---- resources ----------------------------------------------------------------------------
+# Resources whose values are names; every other resource is a number.
+TEXT_RESOURCES = {
+    "slurm_partition",
+    "slurm_account",
+    "constraint",
+    "gres",
+    "gpu_model",
+    "qos",
+}
+
+
 def _profile_default(key):
-    """The profile's plain default-resources value of `key` (None if unset or an expression)."""
-    default = workflow.resource_settings.default_resources.get(key)
+    """The profile's plain default-resources value of `key`. Without a profile, or where
+    it sets none: an empty name or 0, which no local run constrains on (Snakemake refuses
+    a resource function that returns None)."""
+    defaults = workflow.resource_settings.default_resources  # None without a profile
+    default = defaults.get(key) if defaults is not None else None
     if default is None or default.is_evaluable():
-        return None
+        return "" if key in TEXT_RESOURCES else 0
     return default.value
 
 

@@ -1,12 +1,10 @@
-import json
+import shutil
 
 import numpy as np
 import pytest
 
 from bitdrift.record import write_record
-
-BASE_ATTRS = {"backend": "tensorflow", "precision": "float32", "model_sha256": "m" * 64,
-              "input_sha256": "i" * 64, "fingerprint": {"hostname": "test"}}
+from tests.utils import BASE_ATTRS, ROOT, snakemake, write_inputs
 
 
 @pytest.fixture
@@ -27,5 +25,25 @@ def make_record(tmp_path):
     return make
 
 
-def fingerprint_json():
-    return json.dumps({"hostname": "test"})
+# -- the workflow: one local run per session (the reference for the SLURM test) ----------
+# Tests read the session's run; a test that changes results works on its own copy
+# (`own_run`), so no test depends on what another did to the shared workdir.
+@pytest.fixture(scope="session")
+def run(tmp_path_factory):
+    """The tiny test config, run locally once per session."""
+    workdir = tmp_path_factory.mktemp("workflow")
+    config = workdir / "config.yaml"
+    shutil.copy(ROOT / "tests/config/config.yaml", config)
+    write_inputs(workdir)
+    snakemake(workdir, "all", configfile=config)
+    snakemake(workdir, "--report", str(workdir / "results/report.html"), configfile=config)
+    return workdir, config
+
+
+@pytest.fixture
+def own_run(run, tmp_path):
+    """A private copy of the session's run (files, timestamps and Snakemake's metadata)."""
+    workdir, config = run
+    copy = tmp_path / "workflow"
+    shutil.copytree(workdir, copy, symlinks=True)
+    return copy, copy / config.name

@@ -12,6 +12,9 @@ import numpy as np
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
+# Root attributes of a hand-made inference record (tests supply model and device).
+BASE_ATTRS = {"backend": "tensorflow", "precision": "float32", "model_sha256": "m" * 64,
+              "input_sha256": "i" * 64, "fingerprint": {"hostname": "test"}}
 
 
 def make_celeba(folder, rows):

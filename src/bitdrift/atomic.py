@@ -32,7 +32,42 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
             tmp.unlink()
 
 
+def read_table(path: str | Path, columns, producer: str):
+    """A CSV table that must have ``columns``: a table from another command is refused
+    naming the file and the command that makes the right one."""
+    import pandas as pd
+
+    from bitdrift.errors import RecordError
+
+    try:
+        table = pd.read_csv(path)
+    except (OSError, ValueError) as error:
+        raise RecordError(f"{path}: cannot read the table ({error})") from error
+    missing = [column for column in columns if column not in table.columns]
+    if missing:
+        raise RecordError(f"{path}: not a table from `{producer}` (missing columns "
+                          f"{', '.join(missing)})")
+    return table
+
+
 def write_csv(table, path: str | Path) -> None:
     """A pandas table as CSV (no index), written atomically."""
     with atomic_output(path) as tmp:
         table.to_csv(tmp, index=False)
+
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+DATA_SUFFIXES = {".h5", ".hdf5", ".keras", ".npz"}
+
+
+def is_data_file(path: str | Path) -> bool:
+    """A record, model or dataset: by its suffix, or an existing file's HDF5 signature
+    or zip (Keras) header, whatever its name."""
+    path = Path(path)
+    if path.suffix.lower() in DATA_SUFFIXES:
+        return True
+    if not path.is_file():
+        return False
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    return head == HDF5_SIGNATURE or head.startswith(b"PK\x03\x04")

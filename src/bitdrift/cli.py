@@ -68,10 +68,12 @@ def cmd_infer(args) -> None:
 
 def _open_checked(args):
     """Open the records; with --expect, check them against the workflow's files."""
-    from bitdrift.provenance import check_provenance
+    from bitdrift.provenance import check_layout, check_provenance
     from bitdrift.record import RecordError, open_records
 
     records = open_records(args.files)
+    if args.expect:
+        check_layout(records, [model for model, _, _ in args.expect])
     for model, model_path, dataset_path in args.expect or []:
         if not check_provenance(records, model, model_path, dataset_path):
             raise RecordError(f"--expect {model}: no record of that model among the files")
@@ -100,20 +102,88 @@ def cmd_precision(args) -> None:
 
 
 def cmd_plot_eqc(args) -> None:
-    import pandas as pd
-
+    from bitdrift.atomic import read_table
+    from bitdrift.eqc import EQC_COLUMNS
     from bitdrift.figures import plot_eqc
     from bitdrift.record import open_records
 
-    plot_eqc(pd.read_csv(args.eqc), open_records(args.files), args.out, args.precision)
+    eqc = read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc")
+    plot_eqc(eqc, open_records(args.files), args.out, args.precision)
 
 
 def cmd_plot_precision(args) -> None:
-    import pandas as pd
-
+    from bitdrift.atomic import read_table
+    from bitdrift.eqc import PRECISION_COLUMNS
     from bitdrift.figures import plot_remaining_precision
 
-    plot_remaining_precision(pd.read_csv(args.table), args.out)
+    plot_remaining_precision(read_table(args.table, PRECISION_COLUMNS, "bitdrift precision"),
+                             args.out)
+
+
+def cmd_explain(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.explain import explain_table
+
+    explain, flags, classes = explain_table(_open_checked(args), layers=args.layers,
+                                            time_budget=args.time_budget)
+    write_csv(explain, args.out)
+    if args.flags_out:
+        write_csv(flags, args.flags_out)
+    if args.classes_out:
+        write_csv(classes, args.classes_out)
+
+
+def cmd_divergence(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.divergence import divergence_table
+
+    write_csv(divergence_table(_open_checked(args)), args.out)
+
+
+def cmd_plot_eqc_table(args) -> None:
+    from bitdrift.atomic import read_table, write_csv
+    from bitdrift.eqc import EQC_COLUMNS
+    from bitdrift.explain import class_table
+    from bitdrift.figures import plot_eqc_table
+    from bitdrift.record import open_records
+
+    table = class_table(open_records(args.files),
+                        read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"),
+                        read_table(args.classes, ["model", "device", "device_class"],
+                                   "bitdrift explain --classes-out"))
+    if args.table_out:
+        write_csv(table, args.table_out)
+    plot_eqc_table(table, args.out)
+
+
+def cmd_plot_divergence(args) -> None:
+    from bitdrift.atomic import read_table
+    from bitdrift.divergence import pairs_apart
+    from bitdrift.eqc import EQC_LAYER_COLUMNS
+    from bitdrift.figures import plot_divergence
+
+    layers = read_table(args.eqc_layers, EQC_LAYER_COLUMNS, "bitdrift eqc --layers-out")
+    kinds = read_table(args.precision_table, ["model", "layer", "layer_class"],
+                       "bitdrift precision")
+    plot_divergence(pairs_apart(layers), kinds, args.out)
+
+
+def cmd_identify(args) -> int:
+    from bitdrift.explain import identify
+    from bitdrift.record import open_records
+
+    unknown, *known = open_records([args.record, *args.against])
+    found = identify(unknown, known)
+    shared = ", ".join(f"{k}={v}" for k, v in found.shared.items()) or "none"
+    if found.matched:
+        print(f"{args.record}: matched, bitwise on every sample: class "
+              f"{', '.join(f'{c} (sample {s})' for s, c in found.classes.items())}; devices "
+              f"{', '.join(found.devices)}; shared attributes: {shared}")
+        return 0
+    print(f"{args.record}: no match; nearest class by remaining precision "
+          f"({found.remaining_precision:g} bits): devices {', '.join(found.nearest)}; "
+          f"attributes consistent with it: {shared}")
+    return 1
 
 
 def _expect_option(parser) -> None:
@@ -123,6 +193,7 @@ def _expect_option(parser) -> None:
              "(repeatable; the workflow passes its own files)")
 
 
+PRECISIONS = ("float16", "bfloat16", "float32", "float64")
 DESCRIPTION = ("Measure how neural-network results drift when only the tooling changes: run a "
                "model on many devices, record every layer, and find where the results part "
                "ways; plus the MaxPool and training-variance studies.")
@@ -182,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", help="records of one model and sample set")
     p.add_argument("--out", required=True, help="table (CSV)")
     _expect_option(p)
-    p.add_argument("--precision", choices=["float16", "bfloat16", "float32", "float64"],
+    p.add_argument("--precision", choices=list(PRECISIONS),
                    help="devices of this precision enter (default: the one all records share)")
     p.set_defaults(func=cmd_precision)
 
@@ -190,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", help="the records the table was made from")
     p.add_argument("--eqc", required=True, help="table from `bitdrift eqc`")
     p.add_argument("--out", required=True, help="figure (PDF)")
-    p.add_argument("--precision", default="float32",
+    p.add_argument("--precision", default="float32", choices=list(PRECISIONS),
                    help="precision whose devices the dendrogram joins (default float32)")
     p.set_defaults(func=cmd_plot_eqc)
 
@@ -198,21 +269,96 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("table", help="table from `bitdrift precision`")
     p.add_argument("--out", required=True, help="figure (PDF)")
     p.set_defaults(func=cmd_plot_precision)
+
+    p = sub.add_parser("explain", help="which device attributes determine the classes")
+    p.add_argument("files", nargs="+", help="records (any tool's; missing keys are fine)")
+    p.add_argument("--out", required=True, help="explain.csv: smallest determining "
+                   "attribute set per (model, sample[, layer])")
+    p.add_argument("--flags-out", help="flag_groups.csv: CPU flags and their groups")
+    p.add_argument("--classes-out", help="device_classes.csv: each device's class under "
+                   "the attributes used anywhere")
+    p.add_argument("--layers", action="store_true", help="explain every layer, not only "
+                   "the final output")
+    p.add_argument("--time-budget", type=float, default=10.0,
+                   help="seconds for the exact search per class pattern, greedy beyond")
+    _expect_option(p)
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("divergence", help="first layer where two classes differ")
+    p.add_argument("files", nargs="+", help="records with per-layer outputs")
+    p.add_argument("--out", required=True, help="divergence.csv")
+    _expect_option(p)
+    p.set_defaults(func=cmd_divergence)
+
+    p = sub.add_parser("plot-eqc-table", help="paper-style class table (PDF and CSV)")
+    p.add_argument("files", nargs="+", help="the records the tables were made from")
+    p.add_argument("--eqc", required=True, help="table from `bitdrift eqc`")
+    p.add_argument("--classes", required=True, help="table from `bitdrift explain "
+                   "--classes-out`")
+    p.add_argument("--out", required=True, help="figure (PDF)")
+    p.add_argument("--table-out", help="the same table as CSV")
+    p.set_defaults(func=cmd_plot_eqc_table)
+
+    p = sub.add_parser("plot-divergence", help="share of device pairs apart per layer (PDF)")
+    p.add_argument("eqc_layers", help="table from `bitdrift eqc --layers-out`")
+    p.add_argument("precision_table", help="table from `bitdrift precision` (layer classes)")
+    p.add_argument("--out", required=True, help="figure (PDF)")
+    p.set_defaults(func=cmd_plot_divergence)
+
+    p = sub.add_parser("identify", help="which known class a record of unknown origin is in "
+                       "(exit 0: matched, 1: no match)")
+    p.add_argument("record", help="the record to identify (same model and inputs)")
+    p.add_argument("--against", nargs="+", required=True, help="known records")
+    p.set_defaults(func=cmd_identify)
     for study in STUDIES:
         importlib.import_module(f"bitdrift.studies.{study}.cli").add_commands(sub)
     return parser
 
 
+# Commands whose outputs are records, models or datasets; every other command writes tables
+# (CSV) or figures (PDF), never over an HDF5 or Keras file.
+WRITES_DATA = {"prepare-dataset", "train", "infer", "train-run"}
+INPUT_OPTIONS = ("files", "table", "tables", "eqc", "config", "model_file", "dataset_file",
+                 "classes", "eqc_layers", "precision_table", "record", "against")
+OUTPUT_OPTIONS = ("out", "layers_out", "out_model", "out_history", "out_logits", "flags_out",
+                  "classes_out", "table_out")
+
+
+def check_outputs(args) -> None:
+    """Outputs are never inputs: a shell glob that puts a record after --out, or --out
+    naming one of the inputs, must not replace the record with a table."""
+    from pathlib import Path
+
+    from bitdrift.atomic import is_data_file
+
+    inputs = []
+    for option in INPUT_OPTIONS:
+        value = getattr(args, option, None)
+        inputs += value if isinstance(value, list) else [value] if value else []
+    resolved = {Path(path).resolve() for path in inputs}
+    for option in OUTPUT_OPTIONS:
+        out = getattr(args, option, None)
+        if not out:
+            continue
+        flag = "--" + option.replace("_", "-")
+        if Path(out).resolve() in resolved:
+            raise ConfigError(f"{flag} {out} is also an input; refusing to overwrite it")
+        if args.command not in WRITES_DATA and is_data_file(out):
+            raise ConfigError(f"{flag} {out} is a record, model or dataset file (HDF5/Keras); "
+                              "this command writes a table or figure, refusing to overwrite it")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        check_outputs(args)
+        status = args.func(args)
     except BitdriftError as error:
         # One line naming the file or key; anything else is a bug and keeps its traceback.
         message = " ".join(str(error).split())
         print(f"bitdrift: error: {message}", file=sys.stderr)
         return error.exit_code
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

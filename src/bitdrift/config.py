@@ -18,6 +18,15 @@ def load_schema() -> dict:
         return yaml.safe_load(handle)
 
 
+def _strict_integers(validator_class):
+    """JSON Schema counts 2.0 as an integer; a config's `threads: 2.0` is a mistake that
+    would surface later as a misleading Keras error, so integers must be written as such."""
+    checker = validator_class.TYPE_CHECKER.redefine(
+        "integer", lambda _, instance: isinstance(instance, int) and not isinstance(instance,
+                                                                                    bool))
+    return jsonschema.validators.extend(validator_class, type_checker=checker)
+
+
 def _with_defaults(validator_class):
     """Validator that also fills in each property's `default` (jsonschema FAQ recipe)."""
     validate_properties = validator_class.VALIDATORS["properties"]
@@ -46,7 +55,7 @@ def validate_config(config: dict) -> dict:
     trained_files = [name for name, model in (models or {}).items()
                      if isinstance(model, dict) and "file" in model and "train" in model]
     schema = load_schema()
-    validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
+    validator = _with_defaults(_strict_integers(jsonschema.Draft202012Validator))(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         # The deepest error is the most specific one (oneOf/anyOf wrap their children).
@@ -67,6 +76,13 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
 
     for study in STUDIES:  # each study checks the names its own section refers to
         importlib.import_module(f"bitdrift.studies.{study}.config").check(config)
+    recorded = {model["dataset"] for model in config["models"].values()}
+    for name, dataset in config["datasets"].items():
+        limit = dataset.get("limit_test") if name in recorded else None
+        beyond = [sample for sample in config["samples"] if limit and sample >= limit]
+        if beyond:
+            raise ConfigError(f"config key samples: {beyond} beyond the test set of dataset "
+                              f"{name!r} (limit_test {limit}: indices 0..{limit - 1})")
     for name, model in config["models"].items():
         if model["dataset"] not in config["datasets"]:
             raise ConfigError(

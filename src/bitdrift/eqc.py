@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from bitdrift.precision import RemainingPrecisionAccumulator
-from bitdrift.record import OUTPUT, Record, RecordError, group_by_model
+from bitdrift.record import Record, RecordError, group_by_model
 
 EQC_COLUMNS = ["model", "sample", "device", "eqc", "deterministic", "distinct_outputs",
                "majority_count"]
@@ -87,6 +87,7 @@ class LayerResult:
     classes: list[int]
     precision: dict | None  # remaining precision stats over the analysed devices
     layer_class: str = ""
+    final: bool = False  # the final output
 
 
 def _common_samples(model: str, records: list[Record]) -> list[int]:
@@ -102,15 +103,15 @@ def _common_samples(model: str, records: list[Record]) -> list[int]:
 
 def _common_layers(records: list[Record], sample: int):
     reference = records[0].layers(sample)
-    names = [info.name for info in reference]
-    common = set(names)
+    labels = [info.label for info in reference]
+    common = set(labels)
     for record in records[1:]:
-        common &= {info.name for info in record.layers(sample)}
-    left_out = [name for name in names if name not in common]
+        common &= {info.label for info in record.layers(sample)}
+    left_out = [label for label in labels if label not in common]
     if left_out:
         print(f"bitdrift: sample {sample}: layers not in every record, left out of the "
               f"per-layer analysis: {left_out}", file=sys.stderr)
-    return [info for info in reference if info.name in common]
+    return [info for info in reference if info.label in common]
 
 
 def analyse(records: list[Record], precision: str | None = None, layers: bool = True,
@@ -134,20 +135,27 @@ def analyse(records: list[Record], precision: str | None = None, layers: bool = 
             analysed_precision = precisions[0]
         for sample in _common_samples(model, group):
             infos = _common_layers(group, sample) if layers else [
-                info for info in group[0].layers(sample) if info.name == OUTPUT]
+                info for info in group[0].layers(sample) if info.final]
             for info in infos:
-                result = _analyse_layer(model, group, sample, info.name, info.position,
-                                        analysed_precision)
-                result.layer_class = info.class_name
-                yield result
+                yield _analyse_layer(model, group, sample, info, analysed_precision)
 
 
-def _analyse_layer(model, group, sample, layer, position, analysed_precision) -> LayerResult:
+def _analyse_layer(model, group, sample, info, analysed_precision) -> LayerResult:
     summaries = []
     accumulator = None
     formats = set()
+    shape = None
     for record in group:
-        tensor = record.tensor(sample, layer)
+        own = next(i for i in record.layers(sample) if i.label == info.label)
+        tensor = record.tensor(sample, own)
+        # Equal element counts in another layout (NCHW vs NHWC) are not comparable values.
+        if shape is None:
+            shape, shape_path = tensor.values.shape[1:], record.path
+        elif tensor.values.shape[1:] != shape:
+            raise RecordError(
+                f"{record.path}: sample {sample}, {info.label}: shape "
+                f"{tensor.values.shape[1:]} differs from {shape} in {shape_path}; the "
+                "records do not hold the same tensor")
         summary, representative = summarize_repeats(record.device, tensor.values,
                                                      tensor.float_format)
         summaries.append(summary)
@@ -170,8 +178,9 @@ def _analyse_layer(model, group, sample, layer, position, analysed_precision) ->
     if stats is not None:
         stats = {"n_eqc": len(set(selected)), **stats, "precision": analysed_precision,
                  "n_devices": len(selected)}
-    return LayerResult(model, sample, layer, position, summaries,
-                       number_classes([s.key for s in summaries]), stats)
+    return LayerResult(model, sample, info.label, info.position, summaries,
+                       number_classes([s.key for s in summaries]), stats, info.class_name,
+                       final=info.final)
 
 
 def eqc_tables(records: list[Record], layers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -187,7 +196,7 @@ def eqc_tables(records: list[Record], layers: bool = True) -> tuple[pd.DataFrame
                 "majority_count": summary.majority_count,
             }
             layer_rows.append(row)
-            if result.layer == OUTPUT:
+            if result.final:
                 final_rows.append(row)
     return (pd.DataFrame(final_rows, columns=EQC_COLUMNS),
             pd.DataFrame(layer_rows, columns=EQC_LAYER_COLUMNS))

@@ -61,7 +61,8 @@ class TrainingRunError(BitdriftError, RuntimeError):
 
 
 EXIT_CODES = """exit status:
-  0  success
+  0  success (identify: the record matched a known class)
+  1  identify: the record matched no known class
   2  bad command line or config (the key is named)
   3  unreadable, corrupt or mismatched dataset or record file (the file is named)
   4  a study, inference or training run failed (the log is named)

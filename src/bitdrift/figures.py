@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -38,6 +39,19 @@ def dendrogram_distances(records: list[Record]) -> tuple[list[str], np.ndarray, 
     return [r.device for r in records], matrix, MANTISSA_BITS[float_format]
 
 
+def _device_labels(records: list[Record], devices: list[str]) -> list[str]:
+    """`device [GPU or CPU model, N cores]` from each record's fingerprint, where known."""
+    described = {}
+    for record in records:
+        fingerprint = record.fingerprint if isinstance(record.fingerprint, dict) else {}
+        cpu = fingerprint.get("cpu") or {}
+        gpu = (fingerprint.get("accelerator") or {}).get("gpu_name")
+        what = gpu or cpu.get("brand")
+        cores = f", {cpu['count']} cores" if cpu.get("count") and not gpu else ""
+        described[record.device] = f"{record.device} [{what}{cores}]" if what else record.device
+    return [described.get(device, device) for device in devices]
+
+
 def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
              precision: str = "float32") -> None:
     """Grid devices x (model, sample) coloured by class ('*': non-deterministic), and a
@@ -45,7 +59,22 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
     from scipy.cluster.hierarchy import dendrogram, linkage
     from scipy.spatial.distance import squareform
 
+    groups = [(model, [r for r in group if r.precision == precision])
+              for model, group in group_by_model(records)]
+    groups = [(model, group) for model, group in groups if len(group) >= 2]
+    trees = {}
+    for model, group in groups:
+        names, matrix, mantissa = dendrogram_distances(group)
+        tree = linkage(squareform(matrix.astype(float), checks=False), method="complete")
+        trees[model] = (names, matrix, mantissa, tree)
+    # Grid rows in the first dendrogram's leaf order, so rows and leaves line up; devices
+    # of other precisions follow in their own order.
     devices = list(dict.fromkeys(eqc["device"]))
+    if trees:
+        names, _, _, tree = next(iter(trees.values()))
+        leaves = [names[i] for i in dendrogram(tree, no_plot=True)["leaves"]][::-1]
+        devices = [d for d in leaves if d in devices] + [d for d in devices if d not in leaves]
+    labels = _device_labels(records, devices)
     columns = list(dict.fromkeys(zip(eqc["model"], eqc["sample"], strict=True)))
     grid = np.full((len(devices), len(columns)), np.nan)
     marks = np.full(grid.shape, "", dtype=object)
@@ -53,33 +82,46 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         i, j = devices.index(row.device), columns.index((row.model, row.sample))
         grid[i, j] = row.eqc
         marks[i, j] = f"{row.eqc}" + ("" if row.deterministic else "*")
-    groups = [(model, [r for r in group if r.precision == precision])
-              for model, group in group_by_model(records)]
-    groups = [(model, group) for model, group in groups if len(group) >= 2]
-    width = 2.5 + 0.7 * len(columns) + 4.0 * len(groups)
-    height = 1.5 + 0.35 * len(devices)
-    figure = plt.figure(figsize=(max(width, 6), max(height, 3)))
-    grid_axes = figure.add_axes([0.15, 0.15, 0.7 * (0.7 * len(columns) + 2.5) / width, 0.7])
+    # Laid out in inches, so every panel keeps a positive width however many columns.
+    column_inches = 0.6 if len(columns) <= 40 else 0.25
+    label_inches = 0.1 + 0.065 * max((len(label) for label in labels), default=4)
+    grid_inches = column_inches * len(columns) + 0.4
+    # Each dendrogram is followed by its leaf labels (device names) on the right.
+    leaf_inches = 0.3 + 0.065 * max((len(device) for device in devices), default=4)
+    dendrogram_inches, gap_inches = 2.4, 0.5
+    width = (label_inches + grid_inches + 0.2
+             + len(groups) * (gap_inches + dendrogram_inches + leaf_inches))
+    height = max(1.5 + 0.35 * len(devices), 3)
+    figure = plt.figure(figsize=(width, height))
+    grid_axes = figure.add_axes([label_inches / width, 1.2 / height, grid_inches / width,
+                                 1 - 1.7 / height])
     cmap = plt.get_cmap("tab20", max(int(np.nanmax(grid)), 1))
     grid_axes.imshow(grid, cmap=cmap, aspect="auto", vmin=0.5, vmax=np.nanmax(grid) + 0.5)
     for (i, j), text in np.ndenumerate(marks):
         grid_axes.text(j, i, text, ha="center", va="center", fontsize=8)
-    grid_axes.set_yticks(range(len(devices)), devices, fontsize=8)
+    grid_axes.set_yticks(range(len(devices)), labels, fontsize=8)
     grid_axes.set_xticks(range(len(columns)), [f"{m}\n#{s}" for m, s in columns], fontsize=7)
     grid_axes.set_title("Equivalence classes of the final output (* = non-deterministic)",
                         fontsize=9)
-    left = 0.15 + 0.7 * (0.7 * len(columns) + 2.5) / width + 0.12
-    step = (0.95 - left) / max(len(groups), 1)
-    for k, (model, group) in enumerate(groups):
-        names, matrix, mantissa = dendrogram_distances(group)
-        axes = figure.add_axes([left + k * step, 0.15, step * 0.55, 0.7])
-        tree = linkage(squareform(matrix.astype(float), checks=False), method="complete")
-        dendrogram(tree, labels=names, orientation="left", ax=axes, color_threshold=0,
-                   above_threshold_color="k", leaf_font_size=7)
+    for k, model in enumerate(trees):
+        names, matrix, mantissa, tree = trees[model]
+        left = (label_inches + grid_inches + gap_inches
+                + k * (gap_inches + dendrogram_inches + leaf_inches))
+        # Its leaves span the grid rows of its devices (the top rows, in the same order).
+        rows_height = 1 - 1.7 / height
+        share = len(names) / len(devices)
+        axes = figure.add_axes([left / width, 1.2 / height + rows_height * (1 - share),
+                                dendrogram_inches / width, rows_height * share])
+        with warnings.catch_warnings():
+            # All devices equal: every merge at height 0; the limits are set below.
+            warnings.filterwarnings("ignore", "Attempting to set identical low and high xlims")
+            dendrogram(tree, labels=names, orientation="left", ax=axes, color_threshold=0,
+                       above_threshold_color="k", leaf_font_size=7)
         top = max(float(matrix.max()), 1.0)
         ticks = np.unique(np.linspace(0, top, num=min(int(top) + 1, 6)).round())
         axes.set_xticks(ticks, [f"{mantissa - t:.0f}" for t in ticks])
         axes.set_xlim(top + 0.5, -0.5)
+        axes.set_ylim(0, 10 * len(names))  # leaf i sits at 10 i + 5: one grid row each
         axes.set_xlabel("remaining precision (bits)", fontsize=8)
         axes.set_title(f"{model} ({precision})", fontsize=9)
     with atomic_output(out) as tmp:
@@ -119,6 +161,93 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
         bottom.set_ylabel("number of EQCs")
         bottom.set_xlabel("layer")
         bottom.set_xticks(layers["position"], layers["layer"], rotation=90, fontsize=6)
+    figure.tight_layout()
+    with atomic_output(out) as tmp:
+        figure.savefig(tmp, format=Path(out).suffix.lstrip(".") or "pdf")
+    plt.close(figure)
+
+
+def plot_eqc_table(table: pd.DataFrame, out: str | Path) -> None:
+    """Tables SUP-1/SUP-2: devices (rows, sorted by device class) with what they are and
+    their class per (model, sample); a class's first occurrence in a column in bold, a cell
+    equal to its left neighbour faded, `*` non-deterministic."""
+    class_columns = [c for c in table.columns if "#" in c]
+    columns = [c for c in table.columns if c not in class_columns] + class_columns
+    cells = table[columns].astype(str).to_numpy()
+    width = 1.2 + 0.11 * sum(max(len(str(c)), table[c].astype(str).str.len().max())
+                             for c in columns)
+    figure = plt.figure(figsize=(max(width, 6), 0.8 + 0.28 * (len(table) + 1)))
+    axes = figure.add_axes([0.01, 0.01, 0.98, 0.98])
+    axes.axis("off")
+    drawn = axes.table(cellText=cells, colLabels=columns, loc="upper left", cellLoc="center")
+    drawn.auto_set_font_size(False)
+    drawn.set_fontsize(7)
+    drawn.auto_set_column_width(list(range(len(columns))))
+    for k, column in enumerate(columns):
+        drawn[0, k].set_text_props(fontweight="bold")
+        if column not in class_columns:
+            continue
+        seen = set()
+        for row in range(len(table)):
+            value = cells[row, k].rstrip("*")
+            cell = drawn[row + 1, k]
+            if value not in seen:
+                seen.add(value)
+                cell.set_text_props(fontweight="bold")
+            previous = columns[k - 1]
+            if previous in class_columns and cells[row, k] == cells[row, k - 1]:
+                cell.set_text_props(color="0.6")
+    with atomic_output(out) as tmp:
+        figure.savefig(tmp, format=Path(out).suffix.lstrip(".") or "pdf", bbox_inches="tight")
+    plt.close(figure)
+
+
+LAYER_KINDS = {"convolution": ("Conv",), "activation": tuple(ACTIVATION_CLASSES),
+               "pooling": ("Pooling",), "dense": ("Dense",)}
+KIND_STYLE = {"convolution": ("s", "tab:green"), "activation": ("^", "tab:red"),
+              "pooling": ("v", "tab:blue"), "dense": ("D", "tab:purple")}
+
+
+def layer_kind(layer_class: str) -> str:
+    """convolution, activation, pooling, dense, or '' (any other layer)."""
+    for kind, markers in LAYER_KINDS.items():
+        if any(marker in str(layer_class) for marker in markers):
+            return kind
+    return ""
+
+
+def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str | Path) -> None:
+    """Per layer position, the share of device pairs already apart (at that layer or any
+    before: dashed) and apart at the layer (solid), one panel per model; layer classes
+    marked on each point."""
+    models = list(dict.fromkeys(apart["model"]))
+    figure, axes = plt.subplots(1, max(len(models), 1), figsize=(6.5 * max(len(models), 1), 4),
+                                squeeze=False)
+    kinds = (layer_classes.drop_duplicates(["model", "layer"])
+             .set_index(["model", "layer"])["layer_class"].fillna("")
+             if len(layer_classes) else pd.Series(dtype=object))
+    for ax, model in zip(axes[0], models, strict=False):
+        part = apart[apart["model"] == model]
+        for sample, rows in part.groupby("sample"):
+            rows = rows.sort_values("position")
+            line, = ax.plot(rows["position"], rows["share_apart"], lw=1,
+                            label=f"sample {sample}: apart at the layer")
+            ax.plot(rows["position"], rows["share_apart_so_far"], lw=1, ls="--",
+                    color=line.get_color(), label=f"sample {sample}: apart so far")
+            for _, row in rows.iterrows():
+                kind = layer_kind(kinds.get((model, row["layer"]), ""))
+                if kind:
+                    marker, color = KIND_STYLE[kind]
+                    ax.plot(row["position"], row["share_apart"], marker=marker, color=color,
+                            ms=5, ls="none")
+        for kind, (marker, color) in KIND_STYLE.items():
+            ax.plot([], [], marker=marker, color=color, ls="none", label=kind)
+        layers = part.drop_duplicates("position").sort_values("position")
+        ax.set_xticks(layers["position"], layers["layer"], rotation=90, fontsize=6)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_ylabel("share of device pairs in different classes")
+        ax.set_title(f"{model}: where devices part ways", fontsize=10)
+        ax.legend(fontsize=6, loc="upper left")
     figure.tight_layout()
     with atomic_output(out) as tmp:
         figure.savefig(tmp, format=Path(out).suffix.lstrip(".") or "pdf")

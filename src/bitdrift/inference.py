@@ -9,10 +9,15 @@ The parent merges the repeats into one record (see bitdrift.record) written atom
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -95,13 +100,71 @@ class h5_dataset_len:  # noqa: N801 - used as a context manager like open()
         self._file.close()
 
 
+TEMP_PREFIX = "bitdrift-infer-"
+
+
+def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> None:
+    """What would otherwise fail only after the repeats' start-up: a missing model or
+    dataset, sample indices beyond the test set, an output folder that cannot be written."""
+    for kind, path in (("model", model_path), ("dataset", dataset_path)):
+        if not Path(path).is_file():
+            raise InferenceError(f"{path}: {kind} file does not exist")
+    with h5_dataset_len(dataset_path) as n_test:
+        beyond = [sample for sample in samples if not 0 <= sample < n_test]
+    if beyond:
+        raise InferenceError(f"samples {beyond} are not in the test set of {dataset_path} "
+                             f"(indices 0..{n_test - 1})")
+    folder = Path(out).resolve().parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InferenceError(f"{out}: cannot create its folder ({error})") from error
+    if not os.access(folder, os.W_OK):
+        raise InferenceError(f"{out}: folder {folder} is not writable")
+
+
+def remove_stale_temporaries(root: str | Path | None = None) -> None:
+    """Temporary folders of inference processes that were killed (SIGKILL leaves them)."""
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
+        pid = folder.name[len(TEMP_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _terminate_cleanly():
+    """SIGTERM (Snakemake, SLURM's scancel) raises SystemExit, so temporary files are
+    removed on the way out instead of left behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def infer(*, model_name: str, device_name: str, device: dict, model_path: str | Path,
           dataset_path: str | Path, samples: list[int], out: str | Path,
           layers: bool = True, log=sys.stderr) -> None:
     """Run all repeats of one (model, device) in fresh processes and write the record."""
+    check_before_repeats(model_path, dataset_path, samples, out)
+    remove_stale_temporaries()
     env = device_environment(device)
     repeats = []
-    with tempfile.TemporaryDirectory(prefix="bitdrift-infer-") as tmp:
+    with _terminate_cleanly(), tempfile.TemporaryDirectory(
+            prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
         for repeat in range(device["repeats"]):
             job = {"device": device, "device_name": device_name, "model_path": str(model_path),
                    "dataset_path": str(dataset_path), "samples": list(samples),

@@ -267,23 +267,26 @@ def layer_probe(keras, model):
     return keras.Model(model.inputs, outputs), names
 
 
-def _canonical_config(node, shared_ids: dict):
-    """A Keras config with run-specific parts made canonical: `shared_object_id` is a
-    Python object id (differs per process), so it is renumbered by first appearance."""
+# Parts of a saved model that do not change what it computes: Python object ids (present
+# on a first save, absent after a load and re-save), the compile settings and the input
+# build record (the layers' own configs carry their shapes).
+_NOT_ARCHITECTURE = {"shared_object_id", "compile_config", "build_config"}
+
+
+def _canonical_config(node):
+    """A Keras config with what does not change the computation left out, keys sorted."""
     if isinstance(node, dict):
-        return {
-            key: (shared_ids.setdefault(value, len(shared_ids)) if key == "shared_object_id"
-                  else _canonical_config(value, shared_ids))
-            for key, value in sorted(node.items())
-        }
+        return {key: _canonical_config(value) for key, value in sorted(node.items())
+                if key not in _NOT_ARCHITECTURE}
     if isinstance(node, list):
-        return [_canonical_config(item, shared_ids) for item in node]
+        return [_canonical_config(item) for item in node]
     return node
 
 
 def _hash_weights(digest, handle) -> None:
     def visit(name, obj):
-        if isinstance(obj, h5py.Dataset):
+        # The optimizer's state (slots, iteration count) is not part of the model's function.
+        if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer"):
             values = np.ascontiguousarray(obj[()])
             digest.update(f"{name}|{values.dtype.str}|{values.shape}\n".encode())
             digest.update(values.tobytes())
@@ -294,10 +297,10 @@ def _hash_weights(digest, handle) -> None:
 def model_digest(path) -> str:
     """SHA-256 of what a saved model computes: its architecture and its weights.
 
-    A `.keras` file also stores the save time and process-specific object ids, so two
-    saves of the same trained model differ byte for byte; this digest does not (the same
-    training on a cluster node and on a laptop gives the same digest). Other files are
-    hashed as bytes.
+    A `.keras` file also stores the save time, process-specific object ids, the compile
+    settings and the optimizer's state, so two saves of the same trained model differ byte
+    for byte; this digest does not (a load and re-save, or the same training on a cluster
+    node and on a laptop, give the same digest). Other files are hashed as bytes.
     """
     path = Path(path)
     if not zipfile.is_zipfile(path):
@@ -305,7 +308,7 @@ def model_digest(path) -> str:
     digest = hashlib.sha256()
     with zipfile.ZipFile(path) as archive:
         config = json.loads(archive.read("config.json"))
-        digest.update(json.dumps(_canonical_config(config, {}), sort_keys=True).encode())
+        digest.update(json.dumps(_canonical_config(config), sort_keys=True).encode())
         with h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r") as weights:
             _hash_weights(digest, weights)
     return digest.hexdigest()

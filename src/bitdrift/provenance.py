@@ -23,6 +23,29 @@ def input_sha256(images: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(images, dtype=np.float32).tobytes()).hexdigest()
 
 
+def infer_command(model: str, device: str, model_path, dataset_path, out,
+                  config: str = "config.yaml") -> str:
+    """The full `bitdrift infer` command that (re)makes one record."""
+    return (f"bitdrift infer --config {config} --model {model} --device {device} "
+            f"--model-file {model_path} --dataset-file {dataset_path} --out {out}")
+
+
+def check_layout(records: list[Record], models: list[str]) -> None:
+    """Records the workflow merges must be what their place says: a record of another
+    model would otherwise skip the provenance check, and a renamed record would enter the
+    tables under another device's name. The workflow lays them out as MODEL/DEVICE.h5."""
+    for record in records:
+        if record.model not in models:
+            raise RecordError(f"{record.path}: model {record.model!r} is not one of the "
+                              f"expected models {models}; refusing a record that no "
+                              "provenance check covers")
+        if record.path.stem != record.device or record.path.parent.name != record.model:
+            raise RecordError(
+                f"{record.path}: holds device {record.device!r} of model {record.model!r}, "
+                f"but sits at {record.path.parent.name}/{record.path.name} (the workflow "
+                f"expects {record.model}/{record.device}.h5)")
+
+
 def check_provenance(records: list[Record], model: str, model_path, dataset_path) -> int:
     """Refuse any record of `model` whose hashes differ from those of the workflow's model
     file and dataset; returns how many records were checked."""
@@ -32,12 +55,12 @@ def check_provenance(records: list[Record], model: str, model_path, dataset_path
     for record in records:
         if record.model != model:
             continue
+        rerun = infer_command(model, record.device, model_path, dataset_path, record.path)
         if record.attr("model_sha256") != expected_model:
             raise RecordError(
                 f"{record.path}: device {record.device!r} was run on another model than "
                 f"{model_path} (model_sha256 {record.attr('model_sha256')[:12]}... != "
-                f"{expected_model[:12]}...); re-run it with `bitdrift infer --model-file "
-                f"{model_path}`"
+                f"{expected_model[:12]}...); re-run it with `{rerun}`"
             )
         samples = tuple(record.samples)
         if samples not in expected_inputs:
@@ -45,7 +68,8 @@ def check_provenance(records: list[Record], model: str, model_path, dataset_path
         if record.attr("input_sha256") != expected_inputs[samples]:
             raise RecordError(
                 f"{record.path}: device {record.device!r} was run on other inputs than "
-                f"samples {list(samples)} of {dataset_path} (input_sha256 differs)"
+                f"samples {list(samples)} of {dataset_path} (input_sha256 differs); re-run it "
+                f"with `{rerun}`"
             )
         checked += 1
     return checked

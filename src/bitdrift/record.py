@@ -29,6 +29,9 @@ FORMAT_VERSION = 1
 REQUIRED_ATTRS = ("model", "device", "backend", "precision", "fingerprint", "model_sha256",
                   "input_sha256")
 BFLOAT16_ATTR = "bfloat16_raw_bits"
+# HDF5's Fletcher-32 filter: one flipped bit in a stored value is refused on reading
+# instead of adding a class silently. Records written without it are still read.
+CHECKSUM = {"fletcher32": True}
 OUTPUT = "output"
 
 
@@ -76,7 +79,7 @@ def write_record(path: str | Path, attrs: dict, samples: dict[int, dict]) -> Non
             # Already raw uint16 bits when the producer flags the sample as bfloat16.
             raw_bf16 = bool(content.get("bfloat16", False))
             data, is_bf16 = _as_storable(np.asarray(content[OUTPUT]))
-            dataset = group.create_dataset(OUTPUT, data=data)
+            dataset = group.create_dataset(OUTPUT, data=data, **CHECKSUM)
             if is_bf16 or raw_bf16:
                 dataset.attrs[BFLOAT16_ATTR] = True
             layers = group.create_group("layers")
@@ -84,7 +87,7 @@ def write_record(path: str | Path, attrs: dict, samples: dict[int, dict]) -> Non
             for position, ((name, values), layer_class) in enumerate(
                     zip(content.get("layers", []), classes, strict=True)):
                 data, is_bf16 = _as_storable(np.asarray(values))
-                dataset = layers.create_dataset(_sanitize(name), data=data)
+                dataset = layers.create_dataset(_sanitize(name), data=data, **CHECKSUM)
                 dataset.attrs["position"] = position
                 dataset.attrs["name"] = name
                 if layer_class:
@@ -98,6 +101,15 @@ class LayerInfo:
     name: str  # dataset name inside the file
     position: int
     class_name: str = ""  # optional attribute: the Keras layer class
+    final: bool = False  # the final output (samples/<i>/output), not a layer
+
+    @property
+    def label(self) -> str:
+        """The name in the tables: the final output is `output`; a layer that is itself
+        named `output` (bring-your-own models) is `layers/output`, so the two never mix."""
+        if self.final:
+            return OUTPUT
+        return f"layers/{self.name}" if self.name == OUTPUT else self.name
 
 
 class Record:
@@ -108,6 +120,7 @@ class Record:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._layers: dict[int, list[LayerInfo]] = {}
         if not self.path.exists():
             raise RecordError(f"{self.path}: inference record does not exist")
         try:
@@ -136,7 +149,7 @@ class Record:
             raise self._fail("missing group 'samples'")
         self.samples: list[int] = []
         for key, group in self._file["samples"].items():
-            if not key.lstrip("-").isdigit():
+            if not key.isdigit():  # a test-set index: no sign, no path, no name
                 raise self._fail(f"sample group name {key!r} is not a test-set index")
             if OUTPUT not in group or not isinstance(group[OUTPUT], h5py.Dataset):
                 raise self._fail(f"samples/{key} has no dataset 'output'")
@@ -166,6 +179,11 @@ class Record:
     # -- data -----------------------------------------------------------------------------
     def layers(self, sample: int) -> list[LayerInfo]:
         """Layers of a sample in model order; the final output comes last as 'output'."""
+        if sample not in self._layers:  # read once: the analysis asks once per layer
+            self._layers[sample] = self._read_layers(sample)
+        return self._layers[sample]
+
+    def _read_layers(self, sample: int) -> list[LayerInfo]:
         group = self._file[f"samples/{sample}"]
         infos = []
         if "layers" in group:
@@ -176,21 +194,28 @@ class Record:
                                        _text(dataset.attrs.get("class_name", ""))))
         infos.sort(key=lambda info: info.position)
         last = infos[-1].position + 1 if infos else 0
-        infos.append(LayerInfo(OUTPUT, last))
+        infos.append(LayerInfo(OUTPUT, last, final=True))
         return infos
 
-    def tensor(self, sample: int, layer: str) -> Tensor:
+    def tensor(self, sample: int, layer: str | LayerInfo) -> Tensor:
+        """One tensor: a LayerInfo from :meth:`layers`, or a layer's dataset name (the
+        string `output` means the final output)."""
         if sample not in self.samples:
             raise self._fail(f"has no sample {sample} (it has {self.samples})")
         group = self._file[f"samples/{sample}"]
-        if layer == OUTPUT:
+        final = layer.final if isinstance(layer, LayerInfo) else layer == OUTPUT
+        layer = layer.name if isinstance(layer, LayerInfo) else layer
+        if final:
             dataset = group[OUTPUT]
         elif "layers" in group and layer in group["layers"]:
             dataset = group["layers"][layer]
         else:
             raise self._fail(f"sample {sample} has no layer {layer!r}")
         is_bf16 = bool(dataset.attrs.get(BFLOAT16_ATTR, False))
-        values = dataset[()]
+        try:
+            values = dataset[()]
+        except OSError as error:  # Fletcher-32 mismatch, or a truncated file
+            raise self._fail(f"{dataset.name} cannot be read: corrupt ({error})") from error
         if is_bf16 and values.dtype != np.uint16:
             raise self._fail(f"{dataset.name} is marked bfloat16 but is stored as {values.dtype}")
         if not is_bf16 and values.dtype.kind != "f":

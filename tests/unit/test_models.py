@@ -127,3 +127,18 @@ def test_dropout_seed_reaches_the_layer():
     model = build_model(keras, {"architecture": "small_cnn", "dropout": 0.5}, (32, 32, 3), 10,
                         dropout_seed=123)
     assert model.get_layer("dropout").seed == 123
+
+
+def test_model_digest_survives_a_load_and_resave(tmp_path):
+    """A trained, compiled model saved, loaded and saved again computes bit for bit the
+    same: the digest must agree (before the fix the absent `shared_object_id`s, compile
+    settings and optimizer state made it "another model")."""
+    keras.utils.set_random_seed(0)
+    model = build_model(keras, {"architecture": "cifar10_small"}, (32, 32, 3), 10)
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.zeros((4, 32, 32, 3)), np.zeros((4, 10)), verbose=0)
+    first, again, weights_only = (tmp_path / f"{n}.keras" for n in ("a", "b", "c"))
+    model.save(first)
+    keras.saving.load_model(first).save(again)
+    keras.saving.load_model(first, compile=False).save(weights_only)
+    assert model_digest(first) == model_digest(again) == model_digest(weights_only)

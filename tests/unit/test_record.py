@@ -7,8 +7,7 @@ import pytest
 
 from bitdrift.atomic import atomic_output
 from bitdrift.record import Record, RecordError, write_record
-
-from ..conftest import BASE_ATTRS
+from tests.utils import BASE_ATTRS
 
 
 def test_round_trip_keeps_dtype_positions_and_fingerprint(tmp_path):

@@ -90,8 +90,10 @@ def tampered_copy(model, target):
     weights.write_bytes(members["model.weights.h5"])
     with h5py.File(weights, "r+") as handle:
         kernels = []
+        # a layer's kernel: the optimizer's state is not part of what the model computes
         handle.visititems(lambda name, obj: kernels.append(obj)
-                          if isinstance(obj, h5py.Dataset) and obj.ndim == 2 else None)
+                          if isinstance(obj, h5py.Dataset) and obj.ndim == 2
+                          and name.startswith("layers") else None)
         values = kernels[-1][()]
         values.flat[0] = np.nextafter(values.flat[0], np.float32(np.inf))
         kernels[-1][...] = values
@@ -215,3 +217,30 @@ def test_training_stats_command_reproduces_the_workflow_tables(run, tmp_path):
     workflow = workflow[workflow["plan"] == "noise"].set_index("arm")
     for column in ("sd_accuracy", "sd_loss", "churn", "weight_distance", "distinct_outputs"):
         pd.testing.assert_series_equal(ours[column].sort_index(), workflow[column].sort_index())
+
+
+def test_explanations_and_divergence_agree_with_the_classes(run):
+    workdir, _ = run
+    tables = workdir / "results/tables"
+    explain = pd.read_csv(tables / "explain.csv")
+    eqc = pd.read_csv(tables / "eqc.csv")
+    assert len(explain) == eqc[["model", "sample"]].drop_duplicates().shape[0]
+    assert explain["determined"].all() and explain["search"].eq("exact").all()
+    assert explain["attributes"].str.len().gt(0).all()
+    layers = pd.read_csv(tables / "eqc_layers.csv")
+    divergence = pd.read_csv(tables / "divergence.csv")
+    assert len(divergence) > 0
+    for row in divergence.itertuples():
+        rows = layers[(layers["model"] == row.model) & (layers["sample"] == row.sample)]
+        by_position = {position: part.set_index("device")["eqc"]
+                       for position, part in rows.groupby("position")}
+        apart = [p for p, classes in sorted(by_position.items())
+                 if classes[row.device_a] != classes[row.device_b]]
+        if pd.isna(row.first_position):
+            assert not apart
+        else:
+            assert apart[0] == row.first_position  # nothing apart before, apart at it
+    for name in ("eqc_table.pdf", "divergence.pdf"):
+        assert (workdir / "results/figures" / name).read_bytes().startswith(b"%PDF")
+    table = pd.read_csv(tables / "eqc_table.csv")
+    assert table["device_class"].is_monotonic_increasing

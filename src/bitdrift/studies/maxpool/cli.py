@@ -18,10 +18,13 @@ def _study(args) -> tuple[dict, str]:
     return study, args.dataset_file or paths.dataset_file(study["dataset"])
 
 
-def _concat_csv(files):
+def _concat_csv(files, columns, producer):
     import pandas as pd
 
-    return pd.concat([pd.read_csv(path) for path in files], ignore_index=True)
+    from bitdrift.atomic import read_table
+
+    return pd.concat([read_table(path, columns, producer) for path in files],
+                     ignore_index=True)
 
 
 def _write(table, out) -> None:
@@ -55,12 +58,13 @@ def cmd_volume(args) -> None:
 
 def cmd_volume_table(args) -> None:
     """Table 2: share of draws and mini-batches in the bifurcation zone, per setting."""
-    import pandas as pd
-
+    from bitdrift.atomic import read_table
     from bitdrift.studies.maxpool.experiments import volume_summary
 
     study, _ = _study(args)
-    _write(volume_summary(study, [pd.read_csv(path) for path in args.files]), args.out)
+    tables = [read_table(path, ("setting", "comparison", "precision", "draw", "batch",
+                                "variation"), "bitdrift maxpool-volume") for path in args.files]
+    _write(volume_summary(study, tables), args.out)
 
 
 def cmd_train(args) -> None:
@@ -75,21 +79,25 @@ def cmd_plot_backprop_variation(args) -> None:
     """Backprop variation figure (PDF) from `maxpool-variation` tables."""
     from bitdrift.studies.maxpool.figures import plot_backprop_variation
 
-    plot_backprop_variation(_concat_csv(args.files), args.out)
+    plot_backprop_variation(_concat_csv(args.files, ("comparison", "precision", "variation"),
+                                        "bitdrift maxpool-variation"), args.out)
 
 
 def cmd_plot_bifurcation_volume(args) -> None:
     """Bifurcation volume figure (PDF) from the `maxpool-volume-table` table."""
     from bitdrift.studies.maxpool.figures import plot_bifurcation_volume
 
-    plot_bifurcation_volume(_concat_csv([args.table]), args.out)
+    plot_bifurcation_volume(_concat_csv([args.table], ("setting", "share_theta",
+                                                       "share_batches"),
+                                        "bitdrift maxpool-volume-table"), args.out)
 
 
 def cmd_plot_maxpool_training(args) -> None:
     """Hybrid-beta training figure (PDF) from `maxpool-train` tables."""
     from bitdrift.studies.maxpool.figures import plot_maxpool_training
 
-    plot_maxpool_training(_concat_csv(args.files), args.out)
+    plot_maxpool_training(_concat_csv(args.files, ("beta", "seed", "epoch", "test_accuracy"),
+                                      "bitdrift maxpool-train"), args.out)
 
 
 def _parser(sub, name, handler, *, config=True, dataset=True):

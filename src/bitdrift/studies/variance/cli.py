@@ -44,6 +44,12 @@ def cmd_training_stats(args) -> None:
           f"{args.out_dir}", file=sys.stderr)
 
 
+# Columns a table must have to be the one a figure reads.
+TABLE_COLUMNS = {"training_variance.csv": ("plan", "arm", "scope", "study", "sd_accuracy",
+                                           "sd_loss", "churn", "disagreement"),
+                 "seed_ratio.csv": ("plan", "scope", "ratio_accuracy", "ratio_loss"),
+                 "determinism_cost.csv": ("plan", "device", "epoch_percent_of_default",
+                                          "step_percent_of_default")}
 FIGURES = {  # command: (plotting function, the tables it reads)
     "plot-training-variance": ("plot_training_variance", ("training_variance.csv",
                                                           "seed_ratio.csv")),
@@ -55,12 +61,13 @@ FIGURES = {  # command: (plotting function, the tables it reads)
 
 def cmd_plot(args) -> None:
     """A training-variance figure (PDF) from the tables of `bitdrift training-stats`."""
-    import pandas as pd
-
+    from bitdrift.atomic import read_table
     from bitdrift.studies.variance import figures
 
-    plot = getattr(figures, FIGURES[args.command][0])
-    plot(*[pd.read_csv(path) for path in args.tables], args.out)
+    function, names = FIGURES[args.command]
+    tables = [read_table(path, TABLE_COLUMNS[name], "bitdrift training-stats")
+              for path, name in zip(args.tables, names, strict=True)]
+    getattr(figures, function)(*tables, args.out)
 
 
 def add_commands(sub) -> None:

@@ -1,0 +1,106 @@
+"""Where devices part ways: for two classes of the final output, the first layer (by
+position) at which their representatives differ bitwise, what kind of layer it is, how
+much precision the two still share there, and the layer just before it. From the
+per-layer records only; a record without layers is said to have none, never guessed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from bitdrift.eqc import analyse, summarize_repeats
+from bitdrift.precision import MANTISSA_BITS, bit_length, integer_view
+from bitdrift.record import Record, group_by_model
+
+DIVERGENCE_COLUMNS = ["model", "sample", "class_a", "class_b", "device_a", "device_b",
+                      "first_layer", "first_position", "layer_class",
+                      "remaining_precision_at_first", "previous_layer", "note"]
+
+
+def _pair_precision(record_a: Record, record_b: Record, sample: int, label: str) -> float:
+    """Remaining precision of one layer between two devices' representatives."""
+    tensors = []
+    for record in (record_a, record_b):
+        info = next(i for i in record.layers(sample) if i.label == label)
+        tensor = record.tensor(sample, info)
+        _, representative = summarize_repeats(record.device, tensor.values, tensor.float_format)
+        tensors.append((representative, tensor.float_format))
+    (a, format_a), (b, format_b) = tensors
+    if format_a != format_b or a.shape != b.shape:
+        return float("nan")
+    difference = integer_view(a, format_a).ravel() ^ integer_view(b, format_b).ravel()
+    dropped = int(bit_length(difference).max()) if difference.size else 0
+    return float(max(MANTISSA_BITS[format_a] - dropped, 0))
+
+
+def divergence_table(records: list[Record]) -> pd.DataFrame:
+    """One row per pair of final-output classes (their first devices), and one per device
+    against the first device of class 1; ``first_layer`` empty where they never differ
+    or where the records hold no layers (``note`` says which)."""
+    rows = []
+    for model, group in group_by_model(records):
+        by_sample: dict[int, list] = {}
+        for result in analyse(group, layers=True, remaining_precision=False):
+            by_sample.setdefault(result.sample, []).append(result)
+        for sample, results in by_sample.items():
+            results.sort(key=lambda r: r.position)
+            final = next(r for r in results if r.final)
+            layered = len(results) > 1
+            representatives = {}
+            for index, eqc in enumerate(final.classes):
+                representatives.setdefault(eqc, index)
+            pairs = [(representatives[a], representatives[b])
+                     for a in sorted(representatives) for b in sorted(representatives) if a < b]
+            pairs += [(0, index) for index in range(1, len(group))
+                      if (0, index) not in pairs]
+            for i, j in pairs:
+                row = {"model": model, "sample": sample, "class_a": final.classes[i],
+                       "class_b": final.classes[j], "device_a": group[i].device,
+                       "device_b": group[j].device, "first_layer": "", "first_position": "",
+                       "layer_class": "", "remaining_precision_at_first": np.nan,
+                       "previous_layer": "", "note": ""}
+                apart = next((k for k, r in enumerate(results) if r.classes[i] != r.classes[j]),
+                             None)
+                if not layered:
+                    row["note"] = "no layers recorded"
+                if apart is None:
+                    row["note"] = row["note"] or "bitwise identical at every layer"
+                elif layered:
+                    result = results[apart]
+                    row.update({
+                        "first_layer": result.layer, "first_position": result.position,
+                        "layer_class": result.layer_class,
+                        "remaining_precision_at_first": _pair_precision(
+                            group[i], group[j], sample, result.layer),
+                        "previous_layer": results[apart - 1].layer if apart else ""})
+                    if np.isnan(row["remaining_precision_at_first"]):
+                        row["note"] = "different float formats or shapes: no precision shared"
+                rows.append(row)
+    table = pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS)
+    table["first_position"] = pd.array(
+        [None if p == "" else int(p) for p in table["first_position"]], dtype="Int64")
+    return table
+
+
+def pairs_apart(eqc_layers: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, sample, layer): the share of device pairs in different classes at that
+    layer, and the share apart at it or at any layer before (from ``eqc_layers.csv``)."""
+    rows = []
+    for (model, sample), part in eqc_layers.groupby(["model", "sample"], sort=False):
+        part = part.sort_values(["position", "device"], kind="stable")
+        devices = list(dict.fromkeys(part["device"]))
+        n_pairs = len(devices) * (len(devices) - 1) // 2
+        seen_apart = np.zeros((len(devices), len(devices)), dtype=bool)
+        for (position, layer), layer_rows in part.groupby(["position", "layer"], sort=True):
+            classes = layer_rows.set_index("device").loc[devices, "eqc"].to_numpy()
+            apart = classes[:, None] != classes[None, :]
+            seen_apart |= apart
+            upper = np.triu_indices(len(devices), 1)
+            rows.append({"model": model, "sample": sample, "layer": layer,
+                         "position": position,
+                         "share_apart": float(apart[upper].mean()) if n_pairs else 0.0,
+                         "share_apart_so_far": float(seen_apart[upper].mean())
+                         if n_pairs else 0.0})
+    return pd.DataFrame(rows, columns=["model", "sample", "layer", "position", "share_apart",
+                                       "share_apart_so_far"])

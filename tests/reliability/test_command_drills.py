@@ -1,0 +1,272 @@
+"""Drills a careless or careful user runs into with the commands and records: each case
+is refused with the file or key named (one line, a documented exit status), or analysed
+correctly, and nothing is overwritten or lost."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+
+from bitdrift.cli import main
+from bitdrift.config import ConfigError, validate_config
+from bitdrift.eqc import eqc_tables, precision_table
+from bitdrift.inference import TEMP_PREFIX, remove_stale_temporaries
+from bitdrift.record import open_records
+
+A = np.array([1.0, 2.0, 3.0], np.float32)
+B = np.array([1.0, 2.0, 3.0000002], np.float32)
+
+
+def repeats(*outputs):
+    return np.stack(outputs)
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bitdrift: error: ") and "\n" not in err, err
+    return err
+
+
+# -- 1. outputs are never inputs -------------------------------------------------------
+@pytest.mark.parametrize("command", ["eqc", "precision"])
+def test_out_naming_an_input_record_is_refused_and_the_record_kept(make_record, command,
+                                                                  capsys):
+    first, second = make_record("d1", {0: repeats(A)}), make_record("d2", {0: repeats(B)})
+    before = first.read_bytes()
+    assert main([command, str(first), str(second), "--out", str(first)]) == 2
+    assert "is also an input" in one_line_error(capsys)
+    assert first.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["eqc", "precision"])
+def test_a_record_the_shell_put_after_out_is_refused(make_record, command, capsys):
+    # `bitdrift eqc --out *.h5`: the first record becomes --out, not an input
+    first, second = make_record("d1", {0: repeats(A)}), make_record("d2", {0: repeats(B)})
+    before = first.read_bytes()
+    assert main([command, "--out", str(first), str(second)]) == 2
+    assert "is a record, model or dataset file" in one_line_error(capsys)
+    assert first.read_bytes() == before
+    renamed = first.with_name("looks_like_a_table")  # an HDF5 record under any name
+    shutil.copy(first, renamed)
+    assert main([command, str(second), "--out", str(renamed)]) == 2
+    assert renamed.read_bytes() == before
+
+
+def test_plot_eqc_never_writes_over_its_records(make_record, tmp_path, capsys):
+    first, second = make_record("d1", {0: repeats(A)}), make_record("d2", {0: repeats(B)})
+    table = tmp_path / "eqc.csv"
+    assert main(["eqc", str(first), str(second), "--out", str(table)]) == 0
+    capsys.readouterr()
+    before = second.read_bytes()
+    assert main(["plot-eqc", str(first), "--eqc", str(table), "--out", str(second)]) == 2
+    one_line_error(capsys)
+    assert second.read_bytes() == before
+
+
+# -- 4. a layer named `output` -----------------------------------------------------------
+def test_a_layer_named_output_neither_duplicates_rows_nor_takes_the_final_statistics(
+        make_record):
+    final_a, final_b = A, A.copy()  # final outputs identical: full precision
+    middle_a = np.array([1.0, 2.0, 3.0], np.float32)
+    middle_b = np.array([1.0, 2.0, np.nextafter(np.float32(3), np.float32(4))], np.float32)
+    files = [make_record(device, {0: repeats(final)},
+                         layers={0: [("conv", repeats(final)), ("output", repeats(middle))]})
+             for device, final, middle in (("d1", final_a, middle_a), ("d2", final_b, middle_b))]
+    records = open_records(files)
+    final, layers = eqc_tables(records)
+    assert len(final) == 2  # one row per device, not doubled by the layer
+    assert final["eqc"].tolist() == [1, 1]
+    table = precision_table(records).set_index("layer")
+    assert table.loc["output", "remaining_precision"] == 23  # the final output
+    assert table.loc["layers/output", "remaining_precision"] == 22  # the layer's own
+    assert table.loc["layers/output", "position"] < table.loc["output", "position"]
+    assert set(layers["layer"]) == {"conv", "layers/output", "output"}
+
+
+# -- 5. shapes are compared -------------------------------------------------------------
+def test_same_count_other_layout_is_refused_naming_both_files(make_record):
+    nhwc = make_record("d1", {0: np.zeros((1, 2, 3, 4), np.float32)})
+    nchw = make_record("d2", {0: np.zeros((1, 4, 2, 3), np.float32)})
+    with pytest.raises(Exception, match=r"d2\.h5: sample 0, output: shape .*net_d1\.h5"):
+        eqc_tables(open_records([nhwc, nchw]))
+    other_count = make_record("d3", {0: np.zeros((1, 5), np.float32)})
+    assert main(["precision", str(nhwc), str(other_count), "--out",
+                 str(nhwc.with_name("p.csv"))]) == 3
+
+
+# -- 10. one-line errors --------------------------------------------------------------
+def test_plot_precision_on_the_wrong_table_is_one_line(make_record, tmp_path, capsys):
+    first, second = make_record("d1", {0: repeats(A)}), make_record("d2", {0: repeats(B)})
+    table = tmp_path / "eqc.csv"
+    assert main(["eqc", str(first), str(second), "--out", str(table)]) == 0
+    capsys.readouterr()
+    assert main(["plot-precision", str(table), "--out", str(tmp_path / "p.pdf")]) == 3
+    assert "not a table from `bitdrift precision`" in one_line_error(capsys)
+
+
+def test_plot_eqc_with_hundreds_of_columns(make_record, tmp_path):
+    outputs = {sample: repeats(A) for sample in range(220)}
+    files = [make_record(device, outputs) for device in ("d1", "d2")]
+    table = tmp_path / "eqc.csv"
+    assert main(["eqc", *map(str, files), "--out", str(table)]) == 0
+    assert main(["plot-eqc", *map(str, files), "--eqc", str(table), "--out",
+                 str(tmp_path / "e.pdf")]) == 0
+    assert (tmp_path / "e.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_an_invalid_dendrogram_precision_is_refused(make_record, tmp_path):
+    with pytest.raises(SystemExit) as refused:
+        main(["plot-eqc", "x.h5", "--eqc", "e.csv", "--out", "e.pdf", "--precision", "f32"])
+    assert refused.value.code == 2
+
+
+def _config(**changes):
+    config = {"samples": [0], "datasets": {"d": {"source": "digits", "limit_test": 8}},
+              "models": {"m": {"architecture": "cifar10_small", "dataset": "d"}},
+              "devices": {"cpu": {"accelerator": "cpu", "backend": "torch", "threads": 2}}}
+    for key, value in changes.items():
+        config[key] = value
+    return config
+
+
+def test_floats_for_integers_are_refused_naming_the_key():
+    config = _config(devices={"cpu": {"accelerator": "cpu", "backend": "torch",
+                                      "threads": 2.0}})
+    with pytest.raises(ConfigError, match=r"devices\.cpu\.threads: 2\.0 is not of type"):
+        validate_config(config)
+
+
+def test_samples_beyond_the_test_set_are_refused_at_parse_time():
+    with pytest.raises(ConfigError, match=r"samples: \[9\] beyond the test set of dataset 'd'"):
+        validate_config(_config(samples=[0, 9]))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real dataset and model file (torch backend, untrained weights) for `infer`."""
+    folder = tmp_path_factory.mktemp("infer")
+    config = folder / "config.yaml"
+    import yaml
+
+    config.write_text(yaml.safe_dump(_config()))
+    dataset = folder / "d.h5"
+    assert main(["prepare-dataset", "--config", str(config), "--dataset", "d",
+                 "--out", str(dataset)]) == 0
+    code = ("import os; os.environ['KERAS_BACKEND'] = 'torch'; import keras; "
+            "from bitdrift.models import build_model; "
+            "build_model(keras, {'architecture': 'cifar10_small'}, (32, 32, 3), 10)"
+            f".save({str(folder / 'model.keras')!r})")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return folder, config, dataset, folder / "model.keras"
+
+
+def test_infer_problems_are_found_before_any_repeat(trained, tmp_path, capsys):
+    folder, config, dataset, model = trained
+    base = ["infer", "--config", str(config), "--model", "m", "--device", "cpu",
+            "--dataset-file", str(dataset)]
+    # one_line_error: nothing but the error, so no repeat (a fresh framework) was started
+    assert main([*base, "--model-file", str(tmp_path / "missing.keras"),
+                 "--out", str(tmp_path / "r.h5")]) == 4
+    assert "missing.keras: model file does not exist" in one_line_error(capsys)
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    assert main([*base, "--model-file", str(model), "--out", str(blocked / "r.h5")]) == 4
+    assert "cannot create its folder" in one_line_error(capsys)
+    with h5py.File(dataset) as handle:
+        n_test = handle["x_test"].shape[0]
+    beyond = tmp_path / "beyond.yaml"
+    import yaml
+
+    settings = _config(samples=[n_test + 3])
+    settings["datasets"]["d"].pop("limit_test")
+    beyond.write_text(yaml.safe_dump(settings))
+    assert main(["infer", "--config", str(beyond), "--model", "m", "--device", "cpu",
+                 "--dataset-file", str(dataset), "--model-file", str(model),
+                 "--out", str(tmp_path / "r.h5")]) == 4
+    assert f"samples [{n_test + 3}] are not in the test set" in one_line_error(capsys)
+
+
+# -- 11. interrupted jobs and flipped bits ------------------------------------------------
+def test_sigterm_leaves_no_temporary_folder(trained, tmp_path):
+    folder, config, dataset, model = trained
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-m", "bitdrift.cli", "infer", "--config", str(config),
+               "--model", "m", "--device", "cpu", "--dataset-file", str(dataset),
+               "--model-file", str(model), "--out", str(tmp_path / "r.h5")]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(f"{TEMP_PREFIX}*")) and time.time() < deadline:
+        time.sleep(0.1)
+    assert list(tmp_path.glob(f"{TEMP_PREFIX}*")), "infer never started its repeats"
+    process.terminate()
+    process.wait(timeout=60)
+    assert process.returncode != 0
+    assert not list(tmp_path.glob(f"{TEMP_PREFIX}*"))
+    assert not (tmp_path / "r.h5").exists()
+
+
+def test_folders_of_killed_jobs_are_removed_by_the_next_one(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{TEMP_PREFIX}{dead.pid}-abc"
+    stale.mkdir()
+    live = tmp_path / f"{TEMP_PREFIX}{os.getpid()}-xyz"
+    live.mkdir()
+    remove_stale_temporaries(tmp_path)
+    assert not stale.exists() and live.exists()
+
+
+def test_one_flipped_bit_in_a_record_is_refused(make_record, tmp_path, capsys):
+    first, second = make_record("d1", {0: repeats(A)}), make_record("d2", {0: repeats(A)})
+    with h5py.File(second) as handle:
+        offset = handle["samples/0/output"].id.get_chunk_info(0).byte_offset
+    data = bytearray(second.read_bytes())
+    data[offset] ^= 0x01  # the lowest bit of the first stored byte
+    second.write_bytes(bytes(data))
+    assert main(["eqc", str(first), str(second), "--out", str(tmp_path / "e.csv")]) == 3
+    assert "d2.h5" in one_line_error(capsys)
+    assert not (tmp_path / "e.csv").exists()
+
+
+def test_version_prints(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("bitdrift ")
+
+
+def test_readme_precision_example_needs_no_guessing(make_record, tmp_path, capsys):
+    """Records of two precisions: the error says to choose one with --precision."""
+    first = make_record("d1", {0: repeats(A)})
+    second = make_record("d2", {0: repeats(A.astype(np.float64))}, precision="float64")
+    assert main(["precision", str(first), str(second), "--out", str(tmp_path / "p.csv")]) == 3
+    assert "--precision" in one_line_error(capsys)
+    assert main(["precision", str(first), str(second), "--out", str(tmp_path / "p.csv"),
+                 "--precision", "float32"]) == 0
+    assert pd.read_csv(tmp_path / "p.csv")["n_devices"].eq(1).all()
+
+
+# -- 2. the provenance check cannot be bypassed ------------------------------------------
+def test_a_record_of_an_unexpected_model_or_in_another_device_place_is_refused(
+        make_record, tmp_path, capsys):
+    folder = tmp_path / "results/inference/cifar10_small"
+    folder.mkdir(parents=True)
+    good = make_record("tf", {0: repeats(A)}, model="cifar10_small")
+    shutil.move(good, folder / "tf.h5")
+    bogus = make_record("x", {0: repeats(B)}, model="c10s")
+    shutil.move(bogus, folder / "x.h5")
+    expect = ["--expect", "cifar10_small", "model.keras", "digits.h5"]
+    out = str(tmp_path / "e.csv")
+    assert main(["eqc", str(folder / "tf.h5"), str(folder / "x.h5"), "--out", out,
+                 *expect]) == 3
+    assert "model 'c10s' is not one of the expected models" in one_line_error(capsys)
+    renamed = folder / "torch.h5"  # device 'tf' under another device's name
+    shutil.copy(folder / "tf.h5", renamed)
+    assert main(["eqc", str(folder / "tf.h5"), str(renamed), "--out", out, *expect]) == 3
+    assert "holds device 'tf'" in one_line_error(capsys)
+    assert not (tmp_path / "e.csv").exists()

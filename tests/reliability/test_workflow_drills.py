@@ -1,0 +1,99 @@
+"""Drills on the workflow a user reaches after the first run: reordered devices, records
+that have not arrived or were deleted, presets, the conda environment."""
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.utils import ROOT, snakemake
+
+pytestmark = pytest.mark.workflow
+
+
+def jobs(dry_run: str) -> dict:
+    return {line.split()[0]: int(line.split()[1]) for line in dry_run.splitlines()
+            if len(line.split()) == 2 and line.split()[1].isdigit()}
+
+
+def test_reordering_devices_renumbers_the_classes(own_run):
+    workdir, config = own_run
+    settings = yaml.safe_load(config.read_text())
+    devices = list(settings["devices"])
+    settings["devices"] = dict(reversed(list(settings["devices"].items())))
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    planned = jobs(snakemake(workdir, "all", "-n", configfile=config))
+    assert planned.get("cluster_equivalence_classes") == 1 and "run_inference" not in planned
+    snakemake(workdir, "all", configfile=config)
+    eqc = pd.read_csv(workdir / "results/tables/eqc.csv")
+    first = eqc.groupby("sample")["device"].first()
+    assert (first == devices[-1]).all()  # the new first device holds class 1
+    assert (eqc[eqc["device"] == devices[-1]]["eqc"] == 1).all()
+
+
+def test_a_missing_external_record_is_an_error_naming_device_path_and_command(own_run):
+    workdir, config = own_run
+    settings = yaml.safe_load(config.read_text())
+    settings["devices"]["laptop"] = {"accelerator": "cpu", "backend": "torch",
+                                     "external": True}
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    result = snakemake(workdir, "all", configfile=config, check=False)
+    assert result.returncode != 0
+    message = result.stdout + result.stderr
+    assert "device 'laptop', model 'small': results/inference/small/laptop.h5" in message
+    assert ("bitdrift infer --config config.yaml --model small --device laptop --model-file "
+            "results/models/small/seed_3/model.keras --dataset-file "
+            "results/datasets/digits.h5 --out results/inference/small/laptop.h5") in message
+
+
+def test_a_deleted_record_is_made_again(own_run):
+    workdir, config = own_run
+    (workdir / "results/inference/small/tf_sse41.h5").unlink()
+    planned = jobs(snakemake(workdir, "all", "-n", configfile=config))
+    assert planned.get("run_inference") == 1 and planned.get("cluster_equivalence_classes") == 1
+
+
+PRESETS = sorted((ROOT / "config/presets").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("profile", [None, "local", "slurm-gpu"])
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda path: path.stem)
+def test_a_preset_stands_alone_under_every_profile(preset, profile, tmp_path):
+    settings = yaml.safe_load(preset.read_text())
+    arguments = ["all", "-n"] + (["--profile", str(ROOT / "profiles" / profile)]
+                                 if profile else [])
+    planned = jobs(snakemake(tmp_path, *arguments, configfile=preset))
+    # Its own devices and models only, none of config.yaml's.
+    assert planned.get("run_inference", 0) == len(settings["models"]) * len(
+        [d for d in settings["devices"].values() if not d.get("external")])
+    assert planned.get("train_model", 0) == sum(
+        len(model.get("train", {}).get("seeds", [1])) for model in settings["models"].values()
+        if "architecture" in model)
+    if "training_variance" not in settings:
+        assert "train_variance_run" not in planned
+    if "maxpool" not in settings:
+        assert "compute_backprop_variation" not in planned
+
+
+def test_the_conda_environment_installs_this_checkout_from_anywhere(tmp_path):
+    """Snakemake copies envs/*.yaml to .snakemake/conda/; the library's line must not be
+    relative to the file. pip expands ${BITDRIFT_SOURCE}, which the Snakefile sets."""
+    env = yaml.safe_load((ROOT / "envs/bitdrift.yaml").read_text())
+    pip = next(entry["pip"] for entry in env["dependencies"] if isinstance(entry, dict))
+    own = [line for line in pip if "bitdrift" in line.lower() or "BITDRIFT" in line]
+    assert own == ["-e ${BITDRIFT_SOURCE}"]
+    requirements = tmp_path / "elsewhere" / "condaenv.requirements.txt"
+    requirements.parent.mkdir()
+    requirements.write_text("\n".join(own) + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index",
+         "--no-build-isolation", "-r", str(requirements)], cwd=tmp_path,
+        env={**os.environ, "BITDRIFT_SOURCE": str(ROOT)}, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Would install bitdrift" in result.stdout
+    common = (ROOT / "rules/common.smk").read_text()
+    assert "os.environ.update(BITDRIFT_SOURCE=workflow.basedir)" in common

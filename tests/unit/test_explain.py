@@ -1,0 +1,197 @@
+"""Why and where devices part ways: attributes, flag groups, the smallest determining
+attribute set, first divergent layers, class tables and identification, on hand-made
+records and tables with known answers."""
+
+import json
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+
+from bitdrift.cli import main
+from bitdrift.divergence import divergence_table, pairs_apart
+from bitdrift.eqc import eqc_tables
+from bitdrift.explain import (
+    MISSING,
+    attribute_table,
+    class_table,
+    device_attributes,
+    explain_table,
+    flag_groups,
+    identify,
+    informative,
+    smallest_determining_set,
+)
+from bitdrift.record import open_records
+
+
+def test_flag_groups_common_and_identical_presence():
+    flags = [["avx", "sse", "fma", "avx512f"], ["avx", "sse", "fma"], ["sse", "avx512f"]]
+    table, attributes = flag_groups(flags)
+    groups = table.set_index("flag")["group"].to_dict()
+    assert groups["sse"] == "C"  # on every device
+    # avx and fma: present on devices 0 and 1 -> one group; avx512f: devices 0 and 2
+    assert groups["avx"] == groups["fma"] and groups["avx512f"] != groups["avx"]
+    assert groups["avx"] == "1" and groups["avx512f"] == "2"  # first appearance, sorted flags
+    assert attributes == {"cpu.flags[avx512f]": [True, False, True],
+                          "cpu.flags[avx+fma]": [True, True, False]}
+
+
+def table_of(rows):
+    return pd.DataFrame(rows, index=[f"d{i}" for i in range(len(rows))]).astype(str)
+
+
+def test_one_attribute_determines_the_classes():
+    table = table_of([{"threads": 1, "backend": "tf", "host": "a"},
+                      {"threads": 2, "backend": "tf", "host": "b"},
+                      {"threads": 1, "backend": "torch", "host": "c"},
+                      {"threads": 2, "backend": "torch", "host": "d"}])
+    explanation = smallest_determining_set(table, [1, 2, 1, 2])
+    assert explanation.attributes == ["threads"] and explanation.determined
+    assert explanation.search == "exact" and explanation.unexplained == []
+    assert "host" not in informative(table)  # different on every device: explains nothing
+
+
+def test_only_two_attributes_together_determine():
+    # class = threads XOR isa: neither alone separates the classes
+    table = table_of([{"threads": 1, "isa": "avx"}, {"threads": 2, "isa": "avx"},
+                      {"threads": 1, "isa": "sse"}, {"threads": 2, "isa": "sse"},
+                      {"threads": 1, "isa": "avx"}])
+    explanation = smallest_determining_set(table, [1, 2, 2, 1, 1])
+    assert explanation.attributes == ["threads", "isa"] or \
+        sorted(explanation.attributes) == ["isa", "threads"]
+    assert explanation.determined
+
+
+def test_among_equal_sizes_the_fewest_groups_wins():
+    # both `a` and `b` separate the classes; `b` splits class 1 further (3 groups vs 2)
+    table = table_of([{"a": "x", "b": "p"}, {"a": "x", "b": "q"}, {"a": "y", "b": "r"},
+                      {"a": "y", "b": "r"}, {"a": "x", "b": "p"}])
+    assert smallest_determining_set(table, [1, 1, 2, 2, 1]).attributes == ["a"]
+
+
+def test_undetermined_when_identical_devices_differ():
+    table = table_of([{"threads": 1}, {"threads": 1}, {"threads": 2}])
+    explanation = smallest_determining_set(table, [1, 2, 3])
+    assert not explanation.determined
+    assert explanation.unexplained == ["d0", "d1"]
+    assert explanation.attributes == ["threads"]  # still separates what it can
+
+
+def test_greedy_beyond_the_time_budget():
+    table = table_of([{"a": 1, "b": 1}, {"a": 2, "b": 1}, {"a": 1, "b": 2}])
+    explanation = smallest_determining_set(table, [1, 2, 3], time_budget=-1)
+    assert explanation.search == "greedy" and set(explanation.attributes) == {"a", "b"}
+
+
+A = np.array([1.0, 2.0, 3.0], np.float32)
+B = np.array([1.0, 2.0, 3.0000002], np.float32)
+
+
+def test_records_without_fingerprint_keys(make_record):
+    bare = make_record("bare", {0: A[None]}, fingerprint={})
+    attributes, flags = device_attributes(open_records([bare])[0])
+    assert attributes["cpu.count"] == MISSING and attributes["threads"] == MISSING
+    assert attributes["backend"] == "tensorflow" and flags == []
+
+
+def fingerprint(flags, count, threads, env=None):
+    return {"cpu": {"flags": flags, "count": count, "brand": "EPYC", "vendor": "AMD"},
+            "threads": threads, "environment": env or {}, "versions": {"keras": "3"}}
+
+
+def test_explain_names_the_attributes_of_hand_built_devices(make_record, tmp_path):
+    devices = [("t1", A, 1, None), ("t2", B, 2, None), ("t2b", B, 2, None),
+               ("sse", A, 2, {"ONEDNN_MAX_CPU_ISA": "SSE41"})]
+    files = [make_record(name, {0: output[None]},
+                         fingerprint=fingerprint(["sse", "avx"], 2, threads, env))
+             for name, output, threads, env in devices]
+    explain, flags, classes = explain_table(open_records(files))
+    row = explain.iloc[0]
+    assert row["n_eqc"] == 2 and row["determined"]
+    assert row["attributes"] in ("threads;env.ONEDNN_MAX_CPU_ISA", "threads")
+    assert set(flags["group"]) == {"C"}
+    assert classes.set_index("device").loc["t2", "device_class"] == \
+        classes.set_index("device").loc["t2b", "device_class"]
+    out = tmp_path / "explain.csv"
+    assert main(["explain", *map(str, files), "--out", str(out), "--flags-out",
+                 str(tmp_path / "f.csv"), "--classes-out", str(tmp_path / "c.csv")]) == 0
+    assert pd.read_csv(out)["determined"].all()
+
+
+def layered(values):
+    return [(name, np.asarray(value)[None]) for name, value in values]
+
+
+def test_first_divergent_layer_on_hand_built_records(make_record):
+    same = np.array([0.5, 0.25], np.float32)
+    other = np.array([0.5, np.nextafter(np.float32(0.25), np.float32(1))], np.float32)
+    files = [
+        make_record("a", {0: A[None]}, layers={0: layered([("conv", same), ("relu", same)])}),
+        make_record("b", {0: B[None]}, layers={0: layered([("conv", same), ("relu", other)])}),
+        make_record("c", {0: A[None]}, layers={0: layered([("conv", other), ("relu", same)])}),
+    ]
+    table = divergence_table(open_records(files))
+    classes = table[table["class_a"] != table["class_b"]].iloc[0]
+    assert (classes["device_a"], classes["device_b"]) == ("a", "b")
+    assert classes["first_layer"] == "relu" and classes["previous_layer"] == "conv"
+    assert classes["remaining_precision_at_first"] == 23 - 1  # last mantissa bit
+    against_first = table.set_index("device_b").loc["c"]  # same final class, other conv
+    assert against_first["first_layer"] == "conv" and against_first["first_position"] == 0
+    # agrees with the per-layer classes
+    _, layers = eqc_tables(open_records(files))
+    apart = pairs_apart(layers).set_index("layer")
+    assert apart.loc["conv", "share_apart"] == pytest.approx(2 / 3)
+    assert apart.loc["output", "share_apart_so_far"] == 1.0
+
+
+def test_a_record_without_layers_says_so(make_record):
+    files = [make_record("a", {0: A[None]}), make_record("b", {0: B[None]})]
+    row = divergence_table(open_records(files)).iloc[0]
+    assert row["first_layer"] == "" or pd.isna(row["first_layer"])
+    assert row["note"] == "no layers recorded"
+
+
+def test_identify_matched_and_unmatched(make_record, tmp_path):
+    four_ulps = np.array([1.0, 2.0, 3.0], np.float32)
+    four_ulps.view(np.uint32)[2] += 4
+    known = [make_record("t1", {0: A[None], 1: A[None]}, fingerprint=fingerprint([], 2, 1)),
+             make_record("t2", {0: four_ulps[None], 1: A[None]},
+                         fingerprint=fingerprint([], 2, 2)),
+             make_record("t3", {0: A[None], 1: A[None]}, fingerprint=fingerprint([], 2, 1))]
+    # t1's result, renamed and with its device attribute changed
+    sent = tmp_path / "sent.h5"
+    sent.write_bytes(known[0].read_bytes())
+    with h5py.File(sent, "r+") as handle:
+        handle.attrs["device"] = "unknown"
+    found = identify(*open_records([sent]), open_records(known))
+    assert found.matched and found.devices == ["t1", "t3"]
+    assert found.shared.get("threads") == "1"
+    assert main(["identify", str(sent), "--against", *map(str, known)]) == 0
+    close = B  # one ulp from t1 and t3 (RP 22), bits 001 vs 100 from t2 (RP 20)
+    stranger = make_record("x", {0: close[None], 1: A[None]}, fingerprint=fingerprint([], 8, 4))
+    found = identify(*open_records([stranger]), open_records(known))
+    assert not found.matched and found.nearest == ["t1", "t3"]
+    assert found.remaining_precision == 22
+    assert main(["identify", str(stranger), "--against", *map(str, known)]) == 1
+
+
+def test_class_table_sorts_by_device_class_and_marks_noise(make_record):
+    files = [make_record("t1", {0: A[None]}), make_record("t2", {0: np.stack([A, B])}),
+             make_record("t3", {0: A[None]})]
+    records = open_records(files)
+    eqc, _ = eqc_tables(records)
+    classes = pd.DataFrame({"model": "net", "device": ["t1", "t2", "t3"],
+                            "device_class": [2, 1, 2]})
+    table = class_table(records, eqc, classes)
+    assert table["device"].tolist() == ["t2", "t1", "t3"]
+    assert table.loc[0, "net#0"] == "1*"  # non-deterministic
+
+
+def test_attribute_table_reads_environment_and_versions(make_record):
+    record = make_record("e", {0: A[None]},
+                         fingerprint=fingerprint(["avx"], 4, 2, {"OMP": "1"}))
+    table, _ = attribute_table(open_records([record]))
+    assert table.loc["e", "env.OMP"] == "1" and table.loc["e", "versions.keras"] == "3"
+    assert json.loads(json.dumps(table.loc["e"].to_dict()))  # plain strings
