@@ -60,8 +60,9 @@ rule plot_equivalence_classes:
         eqc=rules.cluster_equivalence_classes.output.final,
         records=record_files,
     output:
-        report(
-            paths.figure_file("eqc"),
+        pdf=paths.figure_file("eqc"),
+        png=report(
+            paths.figure_png("eqc"),
             caption="../workflow/report/eqc_figure.rst",
             category="Equivalence classes",
         ),
@@ -81,8 +82,9 @@ rule plot_remaining_precision:
     input:
         rules.compute_remaining_precision.output.table,
     output:
-        report(
-            paths.figure_file("remaining_precision"),
+        pdf=paths.figure_file("remaining_precision"),
+        png=report(
+            paths.figure_png("remaining_precision"),
             caption="../workflow/report/precision_figure.rst",
             category="Remaining precision",
         ),
@@ -161,8 +163,9 @@ rule plot_eqc_table:
         eqc=rules.cluster_equivalence_classes.output.final,
         classes=rules.explain_equivalence_classes.output.classes,
     output:
-        figure=report(
-            paths.figure_file("eqc_table"),
+        pdf=paths.figure_file("eqc_table"),
+        png=report(
+            paths.figure_png("eqc_table"),
             caption="../workflow/report/eqc_table_figure.rst",
             category="Why devices differ",
         ),
@@ -181,8 +184,9 @@ rule plot_divergence:
         rules.cluster_equivalence_classes.output.layers,
         rules.compute_remaining_precision.output.table,
     output:
-        report(
-            paths.figure_file("divergence"),
+        pdf=paths.figure_file("divergence"),
+        png=report(
+            paths.figure_png("divergence"),
             caption="../workflow/report/divergence_figure.rst",
             category="Why devices differ",
         ),

@@ -97,8 +97,9 @@ rule plot_backprop_variation:
     input:
         maxpool_variation_files,
     output:
-        report(
-            paths.figure_file("backprop_variation"),
+        pdf=paths.figure_file("backprop_variation"),
+        png=report(
+            paths.figure_png("backprop_variation"),
             caption="../workflow/report/backprop_variation.rst",
             category="MaxPool study",
         ),
@@ -117,8 +118,9 @@ rule plot_bifurcation_volume:
     input:
         rules.tabulate_bifurcation_volume.output,
     output:
-        report(
-            paths.figure_file("bifurcation_volume"),
+        pdf=paths.figure_file("bifurcation_volume"),
+        png=report(
+            paths.figure_png("bifurcation_volume"),
             caption="../workflow/report/bifurcation_volume.rst",
             category="MaxPool study",
         ),
@@ -137,8 +139,9 @@ rule plot_maxpool_training:
     input:
         maxpool_training_files,
     output:
-        report(
-            paths.figure_file("maxpool_training"),
+        pdf=paths.figure_file("maxpool_training"),
+        png=report(
+            paths.figure_png("maxpool_training"),
             caption="../workflow/report/maxpool_training.rst",
             category="MaxPool study",
         ),

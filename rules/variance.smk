@@ -70,8 +70,9 @@ rule plot_training_variance:
         rules.compute_training_statistics.output.summary,
         rules.compute_training_statistics.output.seed_ratio,
     output:
-        report(
-            paths.figure_file("training_variance"),
+        pdf=paths.figure_file("training_variance"),
+        png=report(
+            paths.figure_png("training_variance"),
             caption="../workflow/report/training_variance_figure.rst",
             category="Training variance",
         ),
@@ -90,8 +91,9 @@ rule plot_churn:
     input:
         rules.compute_training_statistics.output.summary,
     output:
-        report(
-            paths.figure_file("churn"),
+        pdf=paths.figure_file("churn"),
+        png=report(
+            paths.figure_png("churn"),
             caption="../workflow/report/churn_figure.rst",
             category="Training variance",
         ),
@@ -110,8 +112,9 @@ rule plot_determinism_cost:
     input:
         rules.compute_training_statistics.output.determinism_cost,
     output:
-        report(
-            paths.figure_file("determinism_cost"),
+        pdf=paths.figure_file("determinism_cost"),
+        png=report(
+            paths.figure_png("determinism_cost"),
             caption="../workflow/report/determinism_cost_figure.rst",
             category="Training variance",
         ),
@@ -130,8 +133,9 @@ rule plot_ensemble_disagreement:
     input:
         rules.compute_training_statistics.output.summary,
     output:
-        report(
-            paths.figure_file("ensemble_disagreement"),
+        pdf=paths.figure_file("ensemble_disagreement"),
+        png=report(
+            paths.figure_png("ensemble_disagreement"),
             caption="../workflow/report/ensemble_disagreement_figure.rst",
             category="Training variance",
         ),

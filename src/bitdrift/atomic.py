@@ -50,6 +50,24 @@ def read_table(path: str | Path, columns, producer: str):
     return table
 
 
+def save_figure(figure, out: str | Path, **options) -> None:
+    """A matplotlib figure at ``out`` (its suffix picks the format, PDF by default) and,
+    beside it, as PNG: the HTML report embeds the PNG, which every browser shows inline
+    (a PDF in an iframe needs the browser's PDF viewer and shows blank in a headless one).
+    Both are written atomically; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    formats = [(out, out.suffix.lstrip(".").lower() or "pdf")]
+    if out.suffix.lower() != ".png":
+        formats.append((out.with_suffix(".png"), "png"))
+    for path, kind in formats:
+        with atomic_output(path) as tmp:
+            figure.savefig(tmp, format=kind, **({"dpi": 110} if kind == "png" else {}),
+                           **options)
+    plt.close(figure)
+
+
 def write_csv(table, path: str | Path) -> None:
     """A pandas table as CSV (no index), written atomically."""
     with atomic_output(path) as tmp:

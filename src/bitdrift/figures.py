@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bitdrift.atomic import atomic_output  # noqa: E402
+from bitdrift.atomic import save_figure  # noqa: E402
 from bitdrift.eqc import summarize_repeats  # noqa: E402
 from bitdrift.models import ACTIVATION_CLASSES  # noqa: E402
 from bitdrift.precision import MANTISSA_BITS, pairwise_dropped_bits  # noqa: E402
@@ -124,9 +124,7 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         axes.set_ylim(0, 10 * len(names))  # leaf i sits at 10 i + 5: one grid row each
         axes.set_xlabel("remaining precision (bits)", fontsize=8)
         axes.set_title(f"{model} ({precision})", fontsize=9)
-    with atomic_output(out) as tmp:
-        figure.savefig(tmp, format=Path(out).suffix.lstrip(".") or "pdf")
-    plt.close(figure)
+    save_figure(figure, out)
 
 
 def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
@@ -162,9 +160,7 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
         bottom.set_xlabel("layer")
         bottom.set_xticks(layers["position"], layers["layer"], rotation=90, fontsize=6)
     figure.tight_layout()
-    with atomic_output(out) as tmp:
-        figure.savefig(tmp, format=Path(out).suffix.lstrip(".") or "pdf")
-    plt.close(figure)
+    save_figure(figure, out)
 
 
 def plot_eqc_table(table: pd.DataFrame, out: str | Path) -> None:
@@ -197,9 +193,7 @@ def plot_eqc_table(table: pd.DataFrame, out: str | Path) -> None:
             previous = columns[k - 1]
             if previous in class_columns and cells[row, k] == cells[row, k - 1]:
                 cell.set_text_props(color="0.6")
-    with atomic_output(out) as tmp:
-        figure.savefig(tmp, format=Path(out).suffix.lstrip(".") or "pdf", bbox_inches="tight")
-    plt.close(figure)
+    save_figure(figure, out, bbox_inches="tight")
 
 
 LAYER_KINDS = {"convolution": ("Conv",), "activation": tuple(ACTIVATION_CLASSES),
@@ -249,6 +243,4 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
         ax.set_title(f"{model}: where devices part ways", fontsize=10)
         ax.legend(fontsize=6, loc="upper left")
     figure.tight_layout()
-    with atomic_output(out) as tmp:
-        figure.savefig(tmp, format=Path(out).suffix.lstrip(".") or "pdf")
-    plt.close(figure)
+    save_figure(figure, out)

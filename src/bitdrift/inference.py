@@ -26,6 +26,7 @@ from bitdrift.datasets import read_test_images
 from bitdrift.devices import device_environment
 from bitdrift.errors import InferenceError
 from bitdrift.models import model_digest
+from bitdrift.progress import progress
 from bitdrift.provenance import input_sha256
 from bitdrift.record import OUTPUT, write_record
 
@@ -165,7 +166,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     repeats = []
     with _terminate_cleanly(), tempfile.TemporaryDirectory(
             prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
-        for repeat in range(device["repeats"]):
+        for repeat in progress(range(device["repeats"]), f"{model_name} on {device_name}: "
+                               "repeats", file=log):
             job = {"device": device, "device_name": device_name, "model_path": str(model_path),
                    "dataset_path": str(dataset_path), "samples": list(samples),
                    "layers": layers, "out": str(Path(tmp) / f"repeat{repeat}.npz")}

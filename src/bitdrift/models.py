@@ -264,7 +264,10 @@ def layer_probe(keras, model):
             continue
         outputs.append(output)
         names.append((layer.name, layer.__class__.__name__))
-    return keras.Model(model.inputs, outputs), names
+    # A single input as a tensor, not a one-element list: called with a batch, a list
+    # structure would warn on every call ("structure of `inputs` doesn't match").
+    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+    return keras.Model(inputs, outputs), names
 
 
 # Parts of a saved model that do not change what it computes: Python object ids (present

@@ -58,6 +58,11 @@ def figure_file(name: str) -> str:
     return f"{FIGURES}/{name}.pdf"
 
 
+def figure_png(name: str) -> str:
+    """The same figure as PNG, written beside the PDF; the HTML report embeds it."""
+    return f"{FIGURES}/{name}.png"
+
+
 # -- MaxPool study ----------------------------------------------------------------------------
 def maxpool_variation_file(precision="{precision}") -> str:
     return f"{RESULTS}/maxpool/variation/{precision}.csv"

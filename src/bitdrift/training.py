@@ -32,6 +32,7 @@ import numpy as np
 
 from bitdrift.atomic import atomic_output
 from bitdrift.errors import BitdriftError
+from bitdrift.progress import progress
 
 SOURCES = ("init", "data_order", "augmentation", "dropout")
 # Separate NumPy streams, so that fixing one source never ties another.
@@ -219,7 +220,7 @@ def fit(keras, architecture: dict, recipe: dict, data: dict, classes: int, seeds
     augmentation = recipe["augmentation"] or {}
 
     rows, step_seconds = [], []
-    for epoch in range(recipe["epochs"]):
+    for epoch in progress(range(recipe["epochs"]), "epochs", file=log):
         if recipe["lr_decay_every"] and epoch and epoch % recipe["lr_decay_every"] == 0:
             rate = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
             model.optimizer.learning_rate.assign(rate * recipe["lr_decay_factor"])

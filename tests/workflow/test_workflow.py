@@ -44,15 +44,18 @@ def test_tables_follow_the_contract_and_agree(run):
 
 def test_figures_and_report_exist(run):
     workdir, _ = run
-    for name in ("eqc.pdf", "remaining_precision.pdf", "backprop_variation.pdf",
-                 "bifurcation_volume.pdf", "maxpool_training.pdf", "training_variance.pdf",
-                 "churn.pdf", "determinism_cost.pdf", "ensemble_disagreement.pdf"):
-        data = (workdir / "results/figures" / name).read_bytes()
-        assert data.startswith(b"%PDF") and len(data) > 5000
+    names = ("eqc", "remaining_precision", "backprop_variation", "bifurcation_volume",
+             "maxpool_training", "training_variance", "churn", "determinism_cost",
+             "ensemble_disagreement", "eqc_table", "divergence")
+    for name in names:
+        data = (workdir / "results/figures" / f"{name}.pdf").read_bytes()
+        assert data.startswith(b"%PDF") and len(data) > 5000, name
+        assert (workdir / "results/figures" / f"{name}.png").read_bytes().startswith(
+            b"\x89PNG"), name
+    # The report embeds the PNGs (shown inline by any browser), one per figure.
     report = (workdir / "results/report.html").read_text(errors="replace")
-    assert "eqc.pdf" in report and "remaining_precision.pdf" in report
-    assert "maxpool_training.pdf" in report
-    assert "training_variance.pdf" in report and "ensemble_disagreement.pdf" in report
+    for name in names:
+        assert f"{name}.png" in report, name
 
 
 def test_maxpool_tables(run):

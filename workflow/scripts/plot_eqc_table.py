@@ -7,7 +7,7 @@ from bitdrift.cli import main
 sys.exit(
     main(
         ["plot-eqc-table", *snakemake.input.records, "--eqc", snakemake.input.eqc]
-        + ["--classes", snakemake.input.classes, "--out", snakemake.output.figure]
+        + ["--classes", snakemake.input.classes, "--out", snakemake.output.pdf]
         + ["--table-out", snakemake.output.table]
     )
 )

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from bitdrift.datasets import read_dataset
 from bitdrift.errors import StudyError
+from bitdrift.progress import progress
 from bitdrift.studies.maxpool.jacobians import (
     MINIMAL,
     NATIVE,
@@ -93,7 +94,7 @@ def backprop_variation_table(spec: dict, dataset_path, *, precision: int,
     batch_size = spec["batch_size"]
     starts = list(range(0, len(images), batch_size))[: spec.get("batches") or None]
     rows = []
-    for draw in range(spec["draws"]):
+    for draw in progress(range(spec["draws"]), f"{spec['network']} {precision}-bit: draws"):
         kaiming_uniform_(network, spec.get("seed", 0) * 100003 + draw)
         for batch, start in enumerate(starts):
             x, y = images[start:start + batch_size], labels[start:start + batch_size]
@@ -182,7 +183,7 @@ def train_hybrid(spec: dict, dataset_path, *, beta: float, seed: int, learning_r
     optimizer = torch.optim.SGD(network.parameters(), lr=learning_rate, momentum=0.0)
     order = torch.Generator().manual_seed(seed)
     rows, batch_size = [], spec["batch_size"]
-    for epoch in range(1, spec["epochs"] + 1):
+    for epoch in progress(range(1, spec["epochs"] + 1), f"beta {beta:g} seed {seed}: epochs"):
         network.train()
         started, losses = time.perf_counter(), []
         for index in torch.randperm(len(train_x), generator=order).split(batch_size):

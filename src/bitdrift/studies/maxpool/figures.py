@@ -3,8 +3,6 @@ of the bifurcation zone (Table 2, Figure 4) and hybrid-beta training (Figure 5).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -12,14 +10,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bitdrift.atomic import atomic_output  # noqa: E402
+from bitdrift.atomic import save_figure  # noqa: E402
 
 
 def _save(figure, out) -> None:
     figure.tight_layout()
-    with atomic_output(out) as tmp:
-        figure.savefig(tmp, format=Path(out).suffix.lstrip(".") or "pdf")
-    plt.close(figure)
+    save_figure(figure, out)
 
 
 def plot_backprop_variation(table: pd.DataFrame, out) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bitdrift.atomic import atomic_output
+from bitdrift.atomic import save_figure
 from bitdrift.studies.variance.plans import ARM_LABELS
 
 
@@ -34,8 +34,7 @@ def _plans(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def _save(fig, out) -> None:
-    with atomic_output(out) as tmp:
-        fig.savefig(tmp, format="pdf")
+    save_figure(fig, out)
 
 
 def _bars(ax, rows: pd.DataFrame, column: str, title: str, scale: float = 1.0) -> None:
@@ -61,7 +60,6 @@ def _bar_panels(summary: pd.DataFrame, panels, title: str, out) -> None:
     axes[0].invert_yaxis()  # shared y: once for all panels, first row on top
     fig.suptitle(title, fontsize=8)
     _save(fig, out)
-    plt.close(fig)
 
 
 def plot_training_variance(summary: pd.DataFrame, ratios: pd.DataFrame, out) -> None:
@@ -110,7 +108,6 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
         axes[0].text(0.5, 0.5, "no pair of arms differing only in op determinism",
                      transform=axes[0].transAxes, ha="center")
     _save(fig, out)
-    plt.close(fig)
 
 
 def plot_ensemble_disagreement(summary: pd.DataFrame, out) -> None:
@@ -135,4 +132,3 @@ def plot_ensemble_disagreement(summary: pd.DataFrame, out) -> None:
     if not rows.empty:
         ax.legend(fontsize=7)
     _save(fig, out)
-    plt.close(fig)
