@@ -3,6 +3,8 @@ of the bifurcation zone (Table 2, Figure 4) and hybrid-beta training (Figure 5).
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -18,43 +20,82 @@ def _save(figure, out) -> None:
     save_figure(figure, out)
 
 
+COMPARISON_TITLES = {"copy": "P vs a copy of P (sanity)",
+                     "native_vs_minimal": "MaxPool: native vs minimal Jacobian",
+                     "relu0_vs_relu1": "ReLU'(0) = 0 vs 1"}
+
+
 def plot_backprop_variation(table: pd.DataFrame, out) -> None:
-    """Histogram of log10 D(P, Q) per comparison (columns) and precision (rows); the
-    number of exactly-zero variations is written in each panel."""
+    """Histogram of log10 D(P, Q) per comparison (columns) and precision (rows), one x axis
+    for all panels; a comparison whose D is exactly 0 everywhere is one line of text
+    instead of empty axes."""
     comparisons = list(dict.fromkeys(table["comparison"]))
     precisions = sorted(table["precision"].unique())
-    figure, axes = plt.subplots(len(precisions), len(comparisons), squeeze=False,
-                                figsize=(4 * len(comparisons), 2.6 * len(precisions)))
+    finite = table["variation"].to_numpy(dtype=float)
+    positive_all = finite[np.isfinite(finite) & (finite > 0)]
+    zero_only = [c for c in comparisons
+                 if not (table.loc[table["comparison"] == c, "variation"] != 0).any()]
+    shown = [c for c in comparisons if c not in zero_only]
+    figure, axes = plt.subplots(len(precisions), max(len(shown), 1), squeeze=False,
+                                sharex=True, figsize=(4.2 * max(len(shown), 1),
+                                                      2.4 * len(precisions) + 0.8))
+    edges = (np.linspace(np.log10(positive_all.min()) - 0.5, np.log10(positive_all.max()) + 0.5,
+                         31) if positive_all.size else np.linspace(-1, 1, 31))
     for i, precision in enumerate(precisions):
-        for j, comparison in enumerate(comparisons):
+        for j, comparison in enumerate(shown):
             ax = axes[i, j]
             values = table[(table["precision"] == precision)
                            & (table["comparison"] == comparison)]["variation"].to_numpy()
             positive = values[np.isfinite(values) & (values > 0)]
             if positive.size:
-                ax.hist(np.log10(positive), bins=30, color="C0")
-            ax.set_title(f"{comparison}, {precision} bits", fontsize=9)
-            ax.text(0.02, 0.9, f"D = 0: {int((values == 0).sum())}/{values.size}",
-                    transform=ax.transAxes, fontsize=8)
-            ax.set_xlabel("log10 D(P, Q)")
-    _save(figure, out)
+                ax.hist(np.log10(positive), bins=edges, color="C0")
+            ax.set_title(f"{COMPARISON_TITLES.get(comparison, comparison)}, {precision} bits",
+                         fontsize=8)
+            ax.text(0.02, 0.88, f"D = 0 in {int((values == 0).sum())} of {values.size}"
+                    + (f"; {int((~np.isfinite(values)).sum())} non-finite"
+                       if (~np.isfinite(values)).any() else ""),
+                    transform=ax.transAxes, fontsize=7)
+            if i == len(precisions) - 1:
+                ax.set_xlabel("log10 D(P, Q)")
+    if not shown:
+        axes[0, 0].axis("off")
+    note = ""
+    if zero_only:
+        note = textwrap.fill(
+            "No panel, D = 0 for every draw, mini-batch and precision: "
+            + "; ".join(COMPARISON_TITLES.get(c, c) for c in zero_only)
+            + ". For the copy this is expected of deterministic kernels (on a GPU with "
+            "non-deterministic kernels it gives tau1 > 0).", 60 * max(len(shown), 1))
+        figure.text(0.01, 0.005, note, fontsize=7, va="bottom")
+    figure.tight_layout(rect=(0, 0.03 * (note.count("\n") + 1) + 0.01 if note else 0, 1, 1))
+    save_figure(figure, out)
 
 
 def plot_bifurcation_volume(table: pd.DataFrame, out) -> None:
     """Share of parameter draws (Eq. 18) and of mini-batches (Eq. 19) in S, per setting,
-    with the Hoeffding and McDiarmid margins."""
-    labels = table["setting"].tolist()
+    with the Hoeffding and McDiarmid margins (clipped to [0, 1]) and the threshold used;
+    a threshold of 0 (tau^1 on deterministic kernels) is said to count every nonzero D."""
+    labels = [f"{setting}\nτ = {threshold:.0e}" if threshold else f"{setting}\nτ = 0 (!)"
+              for setting, threshold in zip(table["setting"], table["threshold"], strict=True)]
     x = np.arange(len(labels))
-    figure, ax = plt.subplots(figsize=(max(5, 1.2 * len(labels)), 4))
-    ax.bar(x - 0.2, table["share_theta"], 0.4, yerr=table["share_theta_margin"],
-           label="draws θ in S (Eq. 18, Hoeffding)", capsize=3)
-    ax.bar(x + 0.2, table["share_batches"], 0.4, yerr=table["share_batches_margin"],
-           label="mini-batches in S (Eq. 19, McDiarmid)", capsize=3)
-    ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("proportion")
-    ax.legend(fontsize=8)
-    _save(figure, out)
+    figure, ax = plt.subplots(figsize=(max(6, 1.4 * len(labels)), 4.6))
+    for offset, share, margin, label in (
+            (-0.2, "share_theta", "share_theta_margin", "draws θ in S (Eq. 18, Hoeffding)"),
+            (0.2, "share_batches", "share_batches_margin",
+             "mini-batches in S (Eq. 19, McDiarmid)")):
+        values, half = table[share].to_numpy(float), table[margin].to_numpy(float)
+        errors = [values - np.clip(values - half, 0, 1), np.clip(values + half, 0, 1) - values]
+        ax.bar(x + offset, values, 0.4, yerr=errors, label=label, capsize=3)
+    ax.set_xticks(x, labels, rotation=0, fontsize=7)
+    ax.set_ylim(0, 1.0)
+    ax.set_ylabel("proportion in the bifurcation zone S")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+    if (table["threshold"] == 0).any():
+        ax.set_title("τ = 0 (!): every nonzero D counts, compensation errors included; "
+                     "set maxpool.volume.thresholds (Table 4) to compare with Table 2",
+                     fontsize=8)
+    figure.tight_layout()
+    save_figure(figure, out)
 
 
 def plot_maxpool_training(table: pd.DataFrame, out) -> None:
