@@ -100,7 +100,7 @@ def _dropout(keras, x, rate: float, seed: int | None):
 
 
 def small_cnn(keras, input_shape, classes, batch_norm=False, dropout=0.0, dropout_seed=None,
-              **_):
+              batch_norm_momentum=0.99, **_):
     """Zhuang et al.'s three-layer small CNN (Appendix C): 3 x [conv 3x3, ReLU, max pool]
     with 16, 32, 32 filters, a dense layer of 32 and the output layer. ``batch_norm`` puts
     batch normalisation after each convolution (their Figure 3)."""
@@ -111,7 +111,7 @@ def small_cnn(keras, input_shape, classes, batch_norm=False, dropout=0.0, dropou
         x = layers.Conv2D(filters, 3, padding="same", use_bias=not batch_norm,
                           name=f"conv{index}")(x)
         if batch_norm:
-            x = layers.BatchNormalization(name=f"bn{index}")(x)
+            x = layers.BatchNormalization(momentum=batch_norm_momentum, name=f"bn{index}")(x)
         x = layers.Activation("relu", name=f"relu{index}")(x)
         x = layers.MaxPooling2D(2, padding="same", name=f"pool{index}")(x)
     x = layers.Flatten(name="flatten")(x)
@@ -122,7 +122,7 @@ def small_cnn(keras, input_shape, classes, batch_norm=False, dropout=0.0, dropou
 
 
 def medium_cnn(keras, input_shape, classes, kernel_size=3, width=1.0, dropout=0.0,
-               dropout_seed=None, **_):
+               dropout_seed=None, batch_norm_momentum=0.99, **_):
     """Zhuang et al.'s six-layer medium CNN (Appendix C): 6 x [conv XxX stride 1, BN, ReLU,
     max pool] with 16..512 filters (times ``width``), global average pooling, output layer.
     Pools use 'same' padding so that 32x32 inputs survive six halvings."""
@@ -132,7 +132,7 @@ def medium_cnn(keras, input_shape, classes, kernel_size=3, width=1.0, dropout=0.
     for index, filters in enumerate((16, 32, 64, 128, 256, 512), start=1):
         x = layers.Conv2D(max(1, int(round(filters * width))), kernel_size, padding="same",
                           use_bias=False, name=f"conv{index}")(x)
-        x = layers.BatchNormalization(name=f"bn{index}")(x)
+        x = layers.BatchNormalization(momentum=batch_norm_momentum, name=f"bn{index}")(x)
         x = layers.Activation("relu", name=f"relu{index}")(x)
         x = layers.MaxPooling2D(2, padding="same", name=f"pool{index}")(x)
     x = layers.GlobalAveragePooling2D(name="global_pool")(x)
@@ -199,7 +199,7 @@ ARCHITECTURES = {"cifar10_small": cifar10_small, "resnet18": resnet18, "resnet50
                  "resnet_v2": resnet_v2}
 # Options an architecture entry may carry (config keys passed on to the builder).
 ARCHITECTURE_OPTIONS = ("activation", "pooling", "batch_norm", "kernel_size", "width", "depth",
-                        "dropout")
+                        "dropout", "batch_norm_momentum")
 
 
 def build_model(keras, spec: dict, input_shape, classes: int, dropout_seed: int | None = None):

@@ -239,3 +239,15 @@ def test_fixed_dropout_across_backends_is_refused():
         validate_config(config)
     config["training_variance"]["plans"]["p"]["arms"] = {"algo": {}}  # dropout per run
     validate_config(config)
+
+
+def test_degenerate_groups_are_flagged_not_drawn_as_findings(tmp_path):
+    from bitdrift.studies.variance.stats import degenerate
+
+    assert degenerate(0.12, 0.01, classes=10) == "at chance"
+    assert degenerate(0.6, 0.33, classes=10) == "unstable"
+    assert degenerate(0.9, 0.02, classes=10) == ""
+    labels = np.arange(10) % 10
+    files = [write_run(tmp_path / f"r{run}.h5", run=run, predictions=np.zeros(10, int),
+                       labels=labels, weights=[1, run], accuracy=0.1) for run in (0, 1)]
+    assert training_tables(files)["summary"]["flag"].eq("at chance").all()

@@ -24,7 +24,10 @@ def _arm(arm: str) -> str:
 
 def _label(row) -> str:
     scope = "" if row["scope"] == "all" else f" @{row['scope']}"
-    return f"{row['plan']}: {_arm(row['arm'])}{scope}"
+    # A degenerate group (models at chance, diverged training) is named as such.
+    flag = row.get("flag", "")
+    flag = f" [{flag}: not a finding]" if isinstance(flag, str) and flag else ""
+    return f"{row['plan']}: {_arm(row['arm'])}{scope}{flag}"
 
 
 def _plans(summary: pd.DataFrame) -> pd.DataFrame:
@@ -89,7 +92,10 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
                              layout="constrained")
     positions = np.arange(len(cost))
     labels = [f"{r['plan']} @{r['device']} ({_arm(r['arm_deterministic'])} vs "
-              f"{_arm(r['arm_default'])})" for _, r in cost.iterrows()]
+              f"{_arm(r['arm_default'])}, n = {r.get('runs_deterministic', '?')} + "
+              f"{r.get('runs_default', '?')})"
+              + (f" [{r['flag']}]" if isinstance(r.get("flag"), str) and r["flag"] else "")
+              for _, r in cost.iterrows()]
     for ax, column, title in ((axes[0], "epoch_percent_of_default", "per epoch"),
                               (axes[1], "step_percent_of_default", "per step (median)")):
         # Zhuang et al.'s view: deterministic time as a percentage of the default time.
@@ -121,10 +127,17 @@ def plot_ensemble_disagreement(summary: pd.DataFrame, out) -> None:
         group = group.sort_values("learning_rate")
         deterministic = bool(group["deterministic"].iloc[0])
         name = arm.removesuffix("_deterministic").replace("_", " ")
-        ax.plot(group["learning_rate"], group["disagreement"], marker="o",
-                linestyle="--" if deterministic else "-",
-                label=f"{name}{' (deterministic ops)' if deterministic else ''}"
-                      f"{'' if scope == 'all' else ' @' + scope}")
+        line, = ax.plot(group["learning_rate"], group["disagreement"], marker="o",
+                        linestyle="--" if deterministic else "-",
+                        label=f"{name}{' (deterministic ops)' if deterministic else ''}"
+                              f"{'' if scope == 'all' else ' @' + scope}")
+        flagged = group[group.get("flag", pd.Series("", index=group.index)).fillna("") != ""]
+        # Diverged or untrained ensembles disagree for another reason: marked, not hidden.
+        ax.scatter(flagged["learning_rate"], flagged["disagreement"], s=90,
+                   facecolors="none", edgecolors="red", zorder=3)
+        for _, row in flagged.iterrows():
+            ax.annotate(row["flag"], (row["learning_rate"], row["disagreement"]), fontsize=6,
+                        color="red", xytext=(4, -8), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_xlabel("learning rate (plain SGD, no momentum, no augmentation)")
     ax.set_ylabel("fraction of test labels the members disagree on")

@@ -217,6 +217,7 @@ def summarise(runs: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
             "mean_step_seconds": float(np.nanmean(steps)) if steps.size else float("nan"),
             "median_step_seconds": float(np.nanmedian(steps)) if steps.size else float("nan"),
         })
+        rows[-1]["flag"] = degenerate(rows[-1]["mean_accuracy"], rows[-1]["sd_accuracy"], classes)
         if "attributes" in members[0] and classes == 2:
             subgroup_rows += _subgroups(plan, arm, scope, members, predictions, labels)
     per_run = pd.DataFrame([{
@@ -253,6 +254,21 @@ def _subgroups(plan, arm, scope, members, predictions, labels) -> list[dict]:
     return rows
 
 
+# A spread is a finding only between models that learned and trained stably.
+UNSTABLE_SD_ACCURACY = 0.1
+
+
+def degenerate(mean_accuracy: float, sd_accuracy: float, classes: int) -> str:
+    """Why a group's spread is not a finding: ``at chance`` (mean test accuracy below
+    1.5 / classes: the models did not learn), ``unstable`` (sd of test accuracy above 0.1:
+    training diverged for some runs), or empty."""
+    if mean_accuracy < 1.5 / classes:
+        return "at chance"
+    if sd_accuracy > UNSTABLE_SD_ACCURACY:
+        return "unstable"
+    return ""
+
+
 def seed_ratio(summary: pd.DataFrame) -> pd.DataFrame:
     """Morin & Willetts' Table 1 per plan and scope: sd with the same seed, with different
     seeds, and same/different (0.739 for accuracy and 0.872 for loss in the paper)."""
@@ -279,7 +295,8 @@ SWITCH_COLUMNS = ["init", "data_order", "augmentation", "dropout"]
 
 
 DETERMINISM_COST_COLUMNS = [
-    "plan", "device", "model", "arm_default", "arm_deterministic", "epoch_seconds_default",
+    "plan", "device", "model", "arm_default", "arm_deterministic", "runs_default",
+    "runs_deterministic", "flag", "epoch_seconds_default",
     "epoch_seconds_deterministic", "epoch_ratio", "epoch_percent_of_default", "epoch_overhead",
     "step_seconds_default", "step_seconds_deterministic", "step_ratio",
     "step_percent_of_default", "step_overhead"]
@@ -301,7 +318,10 @@ def determinism_cost(summary: pd.DataFrame) -> pd.DataFrame:
                 match = match[match[column] == fast[column]]
             for _, slow in match.iterrows():
                 row = {"plan": plan, "device": scope, "model": fast["model"],
-                       "arm_default": fast["arm"], "arm_deterministic": slow["arm"]}
+                       "arm_default": fast["arm"], "arm_deterministic": slow["arm"],
+                       "runs_default": int(fast["runs"]),
+                       "runs_deterministic": int(slow["runs"]),
+                       "flag": fast["flag"] or slow["flag"]}
                 for unit, column in (("epoch", "mean_epoch_seconds"),
                                      ("step", "median_step_seconds")):
                     ratio = slow[column] / fast[column]
