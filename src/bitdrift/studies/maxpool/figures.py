@@ -99,21 +99,25 @@ def plot_bifurcation_volume(table: pd.DataFrame, out) -> None:
 
 
 def plot_maxpool_training(table: pd.DataFrame, out) -> None:
-    """Final test accuracy per beta (one box per beta, a dot per seed) and the mean
-    learning curve per beta."""
+    """Final test accuracy per beta (a dot per seed, a bar at the mean; a box plot of a few
+    seeds would suggest a distribution that is not there) and the mean learning curve per
+    beta; each beta's learning rate is on its label, since it is chosen per beta."""
     final = table[table["epoch"] == table["epoch"].max()]
     betas = sorted(final["beta"].unique())
+    rates = table.groupby("beta")["learning_rate"].first()
+    names = {b: f"β={b:g}\n(lr {rates[b]:g})" for b in betas}
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.boxplot([final[final["beta"] == b]["test_accuracy"] for b in betas],
-                 tick_labels=[f"{b:g}" for b in betas])
-    for k, beta in enumerate(betas, start=1):
-        values = final[final["beta"] == beta]["test_accuracy"]
-        left.scatter(np.full(len(values), k), values, s=12, color="k")
-    left.set_xlabel("β (hybrid MaxPool)")
-    left.set_ylabel("test accuracy")
+    for k, beta in enumerate(betas):
+        values = final[final["beta"] == beta]["test_accuracy"].to_numpy(float)
+        left.scatter(np.full(len(values), k), values, s=18, color="k", zorder=3)
+        left.hlines(values.mean(), k - 0.3, k + 0.3, color="C0", lw=2)
+    left.set_xticks(range(len(betas)), [names[b] for b in betas], fontsize=8)
+    left.set_xlabel(f"β (hybrid MaxPool); {final['seed'].nunique()} seeds each, bar = mean")
+    left.set_ylabel("final test accuracy")
     for beta, rows in table.groupby("beta"):
         curve = rows.groupby("epoch")["test_accuracy"].agg(["mean", "std"]).fillna(0)
-        right.plot(curve.index, curve["mean"], marker="o", label=f"β={beta:g}")
+        right.plot(curve.index, curve["mean"], marker="o",
+                   label=names[beta].replace("\n", " "))
         right.fill_between(curve.index, curve["mean"] - curve["std"],
                            curve["mean"] + curve["std"], alpha=0.2)
     right.set_xlabel("epoch")
