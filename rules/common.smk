@@ -15,6 +15,7 @@ from snakemake.exceptions import WorkflowError
 
 from bitdrift import paths
 from bitdrift.config import ConfigError, validate_config
+from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.provenance import infer_command
 from bitdrift.studies.variance.plans import plan_runs, resolve_plans
 
@@ -71,6 +72,19 @@ def _check_external_records():
 
 
 _check_external_records()
+
+
+def _check_samples():
+    """Sample indices against every prepared dataset the devices read, before any job."""
+    for dataset in {config["models"][model]["dataset"] for model in MODELS}:
+        if os.path.exists(paths.dataset_file(dataset)):
+            try:
+                check_samples(paths.dataset_file(dataset), config["samples"])
+            except DatasetError as error:
+                raise WorkflowError(str(error)) from None
+
+
+_check_samples()
 
 # ---- validation and constants: studies ----------------------------------------------------
 MAXPOOL = config.get("maxpool")

@@ -175,6 +175,9 @@ def cmd_identify(args) -> int:
     unknown, *known = open_records([args.record, *args.against])
     found = identify(unknown, known)
     shared = ", ".join(f"{k}={v}" for k, v in found.shared.items()) or "none"
+    if found.differing:  # what the record's own fingerprint says otherwise
+        shared += "; the record itself has " + ", ".join(
+            f"{k}={own} (not {theirs})" for k, (own, theirs) in found.differing.items())
     if found.matched:
         print(f"{args.record}: matched, bitwise on every sample: class "
               f"{', '.join(f'{c} (sample {s})' for s, c in found.classes.items())}; devices "

@@ -422,3 +422,16 @@ def read_test_images(path: str | Path, indices: list[int]) -> np.ndarray:
         if bad:
             raise DatasetError(f"{path}: sample indices {bad} beyond the test set ({n_test})")
         return np.stack([handle["x_test"][i] for i in indices])
+
+
+def check_samples(path: str | Path, samples: list[int]) -> None:
+    """Refuse sample indices beyond the test set of a prepared dataset file."""
+    try:
+        with h5py.File(path, "r") as handle:
+            n_test = handle["x_test"].shape[0]
+    except (OSError, KeyError) as error:
+        raise DatasetError(f"{path}: cannot read the test set ({error})") from error
+    beyond = [sample for sample in samples if not 0 <= sample < n_test]
+    if beyond:
+        raise DatasetError(f"{path}: samples {beyond} beyond the test set (indices 0.."
+                           f"{n_test - 1}); config key samples")

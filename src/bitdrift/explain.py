@@ -302,6 +302,7 @@ class Identification:
     nearest: list[str]  # when not matched: devices of the nearest class
     remaining_precision: float  # of the record against the nearest class (matched: full)
     shared: dict[str, str]  # attributes the matched (or nearest) devices share
+    differing: dict[str, tuple[str, str]]  # shared ones the record itself has otherwise
 
 
 def identify(unknown: Record, known: list[Record]) -> Identification:
@@ -343,14 +344,22 @@ def identify(unknown: Record, known: list[Record]) -> Identification:
             difference = integer_view(output, tensor.float_format).ravel() ^ own
             dropped[i] = max(dropped[i], int(bit_length(difference).max()) if own.size else 0)
     table, _ = attribute_table(known)
+    own, _ = device_attributes(unknown)
+
+    def differing(shared):
+        return {name: (own.get(name, MISSING), value) for name, value in shared.items()
+                if not name.startswith(FLAG_PREFIX) and own.get(name, MISSING) != value}
+
     if same:
         devices = [known[i].device for i in sorted(same)]
-        return Identification(True, devices, classes, [], float(mantissa),
-                              _shared(table, devices))
+        shared = _shared(table, devices)
+        return Identification(True, devices, classes, [], float(mantissa), shared,
+                              differing(shared))
     best = float(np.min(dropped))
     nearest = [known[i].device for i in range(len(known)) if dropped[i] == best]
-    return Identification(False, [], {}, nearest, float(max(mantissa - best, 0)),
-                          _shared(table, nearest))
+    shared = _shared(table, nearest)
+    return Identification(False, [], {}, nearest, float(max(mantissa - best, 0)), shared,
+                          differing(shared))
 
 
 def _shared(table: pd.DataFrame, devices: list[str]) -> dict[str, str]:

@@ -97,3 +97,14 @@ def test_the_conda_environment_installs_this_checkout_from_anywhere(tmp_path):
     assert "Would install bitdrift" in result.stdout
     common = (ROOT / "rules/common.smk").read_text()
     assert "os.environ.update(BITDRIFT_SOURCE=workflow.basedir)" in common
+
+
+def test_samples_beyond_a_prepared_test_set_stop_before_any_job(own_run):
+    workdir, config = own_run
+    settings = yaml.safe_load(config.read_text())
+    settings["datasets"]["digits"].pop("limit_test")  # only the prepared file knows its size
+    settings["samples"] = [0, 16]  # the prepared file holds 16 test images: 0..15
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    result = snakemake(workdir, "all", "-n", configfile=config, check=False)
+    assert result.returncode != 0
+    assert "samples [16] beyond the test set (indices 0..15)" in result.stdout + result.stderr
