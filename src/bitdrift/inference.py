@@ -24,7 +24,7 @@ import numpy as np
 
 from bitdrift.datasets import read_test_images
 from bitdrift.devices import device_environment
-from bitdrift.errors import InferenceError
+from bitdrift.errors import AcceleratorMissing, BitdriftError, InferenceError
 from bitdrift.models import model_digest
 from bitdrift.progress import progress
 from bitdrift.provenance import input_sha256
@@ -176,6 +176,11 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             completed = subprocess.run(
                 [sys.executable, "-m", "bitdrift.inference", json.dumps(job)], env=env,
                 stdout=log, stderr=log)
+            if completed.returncode == AcceleratorMissing.exit_code:
+                raise AcceleratorMissing(f"device {device_name!r} asks for a "
+                                         f"{device['accelerator'].upper()} that the process "
+                                         "cannot see; refusing to fall back to the CPU "
+                                         "(details in the log)")
             if completed.returncode != 0:
                 raise InferenceError(f"device {device_name!r}, model {model_name!r}: repeat "
                                      f"{repeat + 1} failed (exit {completed.returncode}); see log")
@@ -209,4 +214,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
 
 
 if __name__ == "__main__":
-    run_repeat(json.loads(sys.argv[1]))
+    try:
+        run_repeat(json.loads(sys.argv[1]))
+    except BitdriftError as error:  # one line for the log; the status tells the parent
+        print(f"bitdrift: error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)

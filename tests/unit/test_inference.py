@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bitdrift.datasets import prepare_dataset
+from bitdrift.errors import AcceleratorMissing
 from bitdrift.inference import InferenceError, batch_indices, infer
 from bitdrift.models import model_digest
 from bitdrift.record import Record
@@ -89,7 +90,7 @@ def test_gpu_device_without_gpu_fails_loudly(assets, tmp_path, backend):
     out = tmp_path / "gpu.h5"
     device = {**CPU, "accelerator": "gpu", "backend": backend, "repeats": 1}
     log_path = tmp_path / "log"
-    with open(log_path, "w") as log, pytest.raises(InferenceError, match="repeat 1 failed"):
+    with open(log_path, "w") as log, pytest.raises(AcceleratorMissing, match="refusing to fall"):
         infer(model_name="small", device_name="my_gpu", device=device, model_path=model,
               dataset_path=dataset, samples=[0], out=out, log=log)
     text = log_path.read_text()

@@ -3,7 +3,7 @@
 import pytest
 
 from bitdrift.datasets import prepare_dataset
-from bitdrift.errors import TrainingRunError
+from bitdrift.errors import AcceleratorMissing, TrainingRunError
 from bitdrift.studies.variance.plans import ARMS
 from bitdrift.studies.variance.runs import train_run
 
@@ -17,7 +17,7 @@ def test_gpu_device_without_gpu_fails_and_writes_nothing(tmp_path):
                      "momentum": 0.0, "augmentation": {}},
             "arms": {"control": ARMS["control"]}}
     log = tmp_path / "train.log"
-    with open(log, "w") as handle, pytest.raises(TrainingRunError, match="training failed"):
+    with open(log, "w") as handle, pytest.raises(AcceleratorMissing, match="refusing to fall back"):
         train_run(plan_name="p", plan=plan, arm="control", device_name="gpu0",
                   device={"accelerator": "gpu", "backend": "tensorflow", "threads": 1},
                   run=0, dataset_path=dataset, out_dir=tmp_path / "run", log=handle)

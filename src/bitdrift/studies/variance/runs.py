@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 
 from bitdrift.atomic import atomic_output
-from bitdrift.errors import TrainingRunError
+from bitdrift.errors import AcceleratorMissing, BitdriftError, TrainingRunError
 from bitdrift.paths import RUN_FILES
 from bitdrift.training import cross_entropy, fit, run_seeds, save_model_and_history
 
@@ -102,10 +102,18 @@ def train_run(*, plan_name: str, plan: dict, arm: str, device_name: str, device:
     completed = subprocess.run([sys.executable, "-m", "bitdrift.studies.variance.runs",
                                 json.dumps(job)], env=device_environment(device),
                                stdout=log, stderr=log)
+    if completed.returncode == AcceleratorMissing.exit_code:
+        raise AcceleratorMissing(f"plan {plan_name!r}, device {device_name!r} asks for a "
+                                 f"{device['accelerator'].upper()} that the process cannot "
+                                 "see; refusing to fall back to the CPU (details in the log)")
     if completed.returncode != 0:
         raise TrainingRunError(f"plan {plan_name!r}, arm {arm!r}, device {device_name!r}, run "
                                f"{run}: training failed (exit {completed.returncode}); see log")
 
 
 if __name__ == "__main__":
-    run_worker(json.loads(sys.argv[1]))
+    try:
+        run_worker(json.loads(sys.argv[1]))
+    except BitdriftError as error:  # one line for the log; the status tells the parent
+        print(f"bitdrift: error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
