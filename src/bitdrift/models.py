@@ -81,9 +81,21 @@ def resnet18(keras, input_shape, classes, activation="relu", pooling="max", **_)
     return keras.Model(inputs, outputs, name="resnet18")
 
 
-def resnet50(keras, input_shape, classes, **_):
-    return keras.applications.ResNet50(weights=None, include_top=True, input_shape=input_shape,
-                                       classes=classes, classifier_activation=None)
+def _set_batch_norm_momentum(keras, model, momentum):
+    # keras.applications builds its BatchNormalization layers with Keras' default.
+    if momentum is not None:
+        for layer in model.layers:
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.momentum = momentum
+    return model
+
+
+def resnet50(keras, input_shape, classes, batch_norm_momentum=None, **_):
+    """keras.applications ResNet-50, untrained, logits (Morin & Willetts' model)."""
+    model = keras.applications.ResNet50(weights=None, include_top=True,
+                                        input_shape=input_shape, classes=classes,
+                                        classifier_activation=None)
+    return _set_batch_norm_momentum(keras, model, batch_norm_momentum)
 
 
 def resnet50v2(keras, input_shape, classes, **_):
