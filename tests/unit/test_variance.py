@@ -251,3 +251,15 @@ def test_degenerate_groups_are_flagged_not_drawn_as_findings(tmp_path):
     files = [write_run(tmp_path / f"r{run}.h5", run=run, predictions=np.zeros(10, int),
                        labels=labels, weights=[1, run], accuracy=0.1) for run in (0, 1)]
     assert training_tables(files)["summary"]["flag"].eq("at chance").all()
+
+
+def test_seed_ratio_interval_brackets_the_ratio():
+    from bitdrift.studies.variance.stats import ratio_interval
+
+    rng = np.random.default_rng(3)
+    same, different = rng.normal(0.8, 0.01, 12), rng.normal(0.8, 0.03, 12)
+    ratio = np.std(same, ddof=1) / np.std(different, ddof=1)
+    low, high = ratio_interval(same, different)
+    assert low <= ratio <= high and 0 < low < high
+    assert ratio_interval(np.full(4, 0.7), different[:4]) == (0.0, 0.0)  # no spread: 0
+    assert all(np.isnan(ratio_interval([0.5], different)))

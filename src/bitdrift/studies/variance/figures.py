@@ -67,8 +67,14 @@ def _bar_panels(summary: pd.DataFrame, panels, title: str, out) -> None:
 
 def plot_training_variance(summary: pd.DataFrame, ratios: pd.DataFrame, out) -> None:
     """sd of test accuracy and loss per arm; the same/different ratios in the title."""
+    def interval(row, measure):
+        low, high = row.get(f"ratio_{measure}_low"), row.get(f"ratio_{measure}_high")
+        return "" if low is None or pd.isna(low) else f" [{low:.2g}, {high:.2g}]"
+
     notes = [f"{r['plan']}{'' if r['scope'] == 'all' else ' @' + r['scope']}: same/different "
-             f"= {r['ratio_accuracy']:.3g} (accuracy), {r['ratio_loss']:.3g} (loss)"
+             f"= {r['ratio_accuracy']:.3g}{interval(r, 'accuracy')} (accuracy), "
+             f"{r['ratio_loss']:.3g}{interval(r, 'loss')} (loss), 95 % bootstrap, "
+             f"n = {r['runs_same']} + {r['runs_different']}"
              for _, r in ratios.iterrows()]
     _bar_panels(summary, [("sd_accuracy", "sd of test accuracy (%)", 100),
                           ("sd_loss", "sd of test loss", 1)],

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from pathlib import Path
 
 import h5py
@@ -269,9 +270,44 @@ def degenerate(mean_accuracy: float, sd_accuracy: float, classes: int) -> str:
     return ""
 
 
-def seed_ratio(summary: pd.DataFrame) -> pd.DataFrame:
+def ratio_interval(same, different, confidence: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of sd(same) / sd(different), resampling the runs of
+    each arm (scipy.stats.bootstrap, 2,000 resamples, fixed seed); NaN with fewer than
+    two runs in an arm or when every resample of `different` has no spread."""
+    from scipy.stats import DegenerateDataWarning, bootstrap
+
+    same, different = (np.asarray(v, dtype=np.float64) for v in (same, different))
+    if len(same) < 2 or len(different) < 2:
+        return float("nan"), float("nan")
+    if np.ptp(same) == 0 and np.ptp(different) > 0:
+        return 0.0, 0.0  # bit-identical same-seed runs: every resample's ratio is 0
+
+    def statistic(a, b, axis=-1):
+        sd_a = np.std(a - a[..., :1], ddof=1, axis=axis)
+        sd_b = np.std(b - b[..., :1], ddof=1, axis=axis)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(sd_b > 0, sd_a / sd_b, np.nan)
+
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        # With a few runs many resamples repeat one run; scipy then says the interval is
+        # degenerate (and returns NaN), which the table shows as it is.
+        warnings.simplefilter("ignore", DegenerateDataWarning)
+        result = bootstrap((same, different), statistic, n_resamples=2000,
+                           confidence_level=confidence, method="percentile",
+                           random_state=np.random.default_rng(0))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+SEED_RATIO_COLUMNS = ["plan", "scope", "runs_same", "runs_different", "sd_accuracy_same",
+                      "sd_accuracy_different", "ratio_accuracy", "ratio_accuracy_low",
+                      "ratio_accuracy_high", "sd_loss_same", "sd_loss_different", "ratio_loss",
+                      "ratio_loss_low", "ratio_loss_high"]
+
+
+def seed_ratio(summary: pd.DataFrame, per_run: pd.DataFrame | None = None) -> pd.DataFrame:
     """Morin & Willetts' Table 1 per plan and scope: sd with the same seed, with different
-    seeds, and same/different (0.739 for accuracy and 0.872 for loss in the paper)."""
+    seeds, and same/different (0.739 for accuracy and 0.872 for loss in the paper), with a
+    95 % bootstrap interval of the ratio when the per-run table is given."""
     rows = []
     for (plan, scope), group in summary.groupby(["plan", "scope"], sort=False):
         arms = group.set_index("arm")
@@ -284,11 +320,17 @@ def seed_ratio(summary: pd.DataFrame) -> pd.DataFrame:
             different = arms.loc["different", f"sd_{measure}"]
             row[f"sd_{measure}_same"], row[f"sd_{measure}_different"] = same, different
             row[f"ratio_{measure}"] = same / different if different > 0 else float("nan")
+            low = high = float("nan")
+            if per_run is not None:
+                runs = per_run[per_run["plan"] == plan]
+                if scope != "all":
+                    runs = runs[runs["device"] == scope]
+                values = [runs[runs["arm"] == arm][f"test_{measure}"].to_numpy()
+                          for arm in ("same", "different")]
+                low, high = ratio_interval(*values)
+            row[f"ratio_{measure}_low"], row[f"ratio_{measure}_high"] = low, high
         rows.append(row)
-    return pd.DataFrame(rows, columns=["plan", "scope", "runs_same", "runs_different",
-                                       "sd_accuracy_same", "sd_accuracy_different",
-                                       "ratio_accuracy", "sd_loss_same", "sd_loss_different",
-                                       "ratio_loss"])
+    return pd.DataFrame(rows, columns=SEED_RATIO_COLUMNS)
 
 
 SWITCH_COLUMNS = ["init", "data_order", "augmentation", "dropout"]
@@ -337,4 +379,5 @@ def training_tables(paths) -> dict[str, pd.DataFrame]:
     """Every table of the training-variance study from a set of run files."""
     summary, per_run, subgroups = summarise([read_run(path) for path in paths])
     return {"summary": summary, "runs": per_run, "subgroups": subgroups,
-            "seed_ratio": seed_ratio(summary), "determinism_cost": determinism_cost(summary)}
+            "seed_ratio": seed_ratio(summary, per_run),
+            "determinism_cost": determinism_cost(summary)}
