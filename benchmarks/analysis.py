@@ -1,6 +1,7 @@
 """Benchmark: EQC + remaining precision over synthetic records (run on demand).
 
     python benchmarks/analysis.py --devices 100 --layers 50 --elements 100000
+    python benchmarks/analysis.py --ratios --devices 64 --layers 16 --elements 65536
 
 Writes one record per device (float32, 1 sample, 1 repeat, every layer perturbed in its
 low bits for some devices), then times `eqc_tables` + `precision_table`, measures peak
@@ -12,11 +13,14 @@ pairwise-and-shift implementation on the first layers of the same data.
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
 
+import h5py
 import numpy as np
 
 from bitdrift.eqc import eqc_tables, precision_table
@@ -75,6 +79,44 @@ def timed_analysis(paths):
     return seconds, peak
 
 
+def read_floor(paths) -> float:
+    """Seconds to open every record and read every stored layer with h5py: the floor."""
+    def read(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            obj[()]  # visititems stops at the first callback that returns a value
+
+    start = time.perf_counter()
+    for path in paths:
+        with h5py.File(path, "r") as handle:
+            handle.visititems(read)
+    return time.perf_counter() - start
+
+
+def command_seconds(paths, out: Path) -> float:
+    """Seconds of `bitdrift precision` as a user runs it: a fresh process, start-up included."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "bitdrift.cli", "precision", *map(str, paths),
+                    "--out", str(out)], check=True)
+    return time.perf_counter() - start
+
+
+def ratios(paths, folder: Path, layers: int) -> None:
+    """The issue's measure, in one run: `bitdrift precision` vs the read floor and vs the
+    naive pairwise-and-shift loop over every layer (the same files, warm page cache)."""
+    read_floor(paths)  # warm the page cache once, so every timing reads from memory
+    floor = min(read_floor(paths) for _ in range(3))
+    ours = min(command_seconds(paths, folder / "precision.csv") for _ in range(3))
+    records = open_records(paths)
+    start = time.perf_counter()
+    for layer in range(layers):
+        naive_layer([r.tensor(0, f"layer{layer:02d}").values[0] for r in records])
+    naive = time.perf_counter() - start
+    print(f"read floor {floor:.2f} s; bitdrift precision {ours:.2f} s (start-up included); "
+          f"naive loop {naive:.2f} s")
+    print(f"bitdrift precision / read floor = {ours / floor:.2f}x (target <= 1.6); "
+          f"naive / bitdrift precision = {naive / ours:.1f}x (target >= 8)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=100)
@@ -82,7 +124,15 @@ def main() -> None:
     parser.add_argument("--elements", type=int, default=100_000)
     parser.add_argument("--naive-layers", type=int, default=2,
                         help="layers timed with the naive implementation")
+    parser.add_argument("--ratios", action="store_true",
+                        help="only the ratios to the read floor and the naive loop (the "
+                        "issue's set-up: --devices 64 --layers 16 --elements 65536)")
     args = parser.parse_args()
+    if args.ratios:
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = make_records(Path(tmp), args.devices, args.layers, args.elements)
+            ratios(paths, Path(tmp), args.layers - 1)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         half = Path(tmp) / "half"
         full = Path(tmp) / "full"

@@ -39,9 +39,10 @@ PRECISION_EXTRA_COLUMNS = ["precision", "n_devices", "layer_class"]
 
 def output_key(values: np.ndarray, float_format: str) -> bytes:
     """Identity of one output under bitwise equality."""
-    digest = hashlib.blake2b(digest_size=20)
-    digest.update(f"{float_format}{values.shape}".encode())
-    digest.update(np.ascontiguousarray(values).tobytes())
+    # SHA-256 runs on the CPU's SHA extensions where present (about twice blake2b's speed
+    # here), and the buffer is hashed in place, without a copy.
+    digest = hashlib.sha256(f"{float_format}{values.shape}".encode())
+    digest.update(memoryview(np.ascontiguousarray(values)).cast("B"))
     return digest.digest()
 
 

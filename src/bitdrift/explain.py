@@ -42,7 +42,7 @@ def _text(value) -> str:
 
 def _json(record: Record, key: str) -> dict:
     try:
-        return json.loads(record.attr(key)) if key in record._file.attrs else {}
+        return json.loads(record.attr(key)) if record.has_attr(key) else {}
     except (TypeError, ValueError):
         return {}
 
@@ -52,13 +52,11 @@ def device_attributes(record: Record) -> tuple[dict[str, str], list[str]]:
     `fingerprint` JSON; anything absent is ``missing``."""
     fingerprint = record.fingerprint if isinstance(record.fingerprint, dict) else {}
     config = _json(record, "device_config")
-    root = record._file.attrs
-
     def first(*values):
         return next((v for v in values if v is not None), None)
 
     def root_attr(key):
-        return record.attr(key) if key in root else None
+        return record.attr(key) if record.has_attr(key) else None
 
     accelerator = fingerprint.get("accelerator") or {}
     cpu = fingerprint.get("cpu") or {}

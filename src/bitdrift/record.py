@@ -121,6 +121,7 @@ class Record:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._layers: dict[int, list[LayerInfo]] = {}
+        self._datasets: dict[int, dict] = {}
         if not self.path.exists():
             raise RecordError(f"{self.path}: inference record does not exist")
         try:
@@ -137,7 +138,10 @@ class Record:
         return RecordError(f"{self.path}: {message}")
 
     def _validate(self) -> None:
-        attrs = self._file.attrs
+        # Root attributes read once: the analysis asks for model, device and precision
+        # per layer, and each HDF5 attribute read costs far more than a dict look-up.
+        attrs = {key: value for key, value in self._file.attrs.items()}
+        self._attrs = attrs
         missing = [key for key in REQUIRED_ATTRS if key not in attrs]
         if missing:
             raise self._fail(f"missing root attribute(s) {', '.join(missing)}")
@@ -162,7 +166,10 @@ class Record:
 
     # -- metadata -------------------------------------------------------------------------
     def attr(self, key: str) -> str:
-        return _text(self._file.attrs[key])
+        return _text(self._attrs[key])
+
+    def has_attr(self, key: str) -> bool:
+        return key in self._attrs
 
     @property
     def model(self) -> str:
@@ -186,12 +193,14 @@ class Record:
     def _read_layers(self, sample: int) -> list[LayerInfo]:
         group = self._file[f"samples/{sample}"]
         infos = []
+        self._datasets[sample] = {OUTPUT: group[OUTPUT]}
         if "layers" in group:
             for name, dataset in group["layers"].items():
                 if "position" not in dataset.attrs:
                     raise self._fail(f"samples/{sample}/layers/{name} has no attribute 'position'")
                 infos.append(LayerInfo(name, int(dataset.attrs["position"]),
                                        _text(dataset.attrs.get("class_name", ""))))
+                self._datasets[sample][("layer", name)] = dataset
         infos.sort(key=lambda info: info.position)
         last = infos[-1].position + 1 if infos else 0
         infos.append(LayerInfo(OUTPUT, last, final=True))
@@ -202,14 +211,11 @@ class Record:
         string `output` means the final output)."""
         if sample not in self.samples:
             raise self._fail(f"has no sample {sample} (it has {self.samples})")
-        group = self._file[f"samples/{sample}"]
         final = layer.final if isinstance(layer, LayerInfo) else layer == OUTPUT
         layer = layer.name if isinstance(layer, LayerInfo) else layer
-        if final:
-            dataset = group[OUTPUT]
-        elif "layers" in group and layer in group["layers"]:
-            dataset = group["layers"][layer]
-        else:
+        self.layers(sample)  # opens the sample's datasets once
+        dataset = self._datasets[sample].get(OUTPUT if final else ("layer", layer))
+        if dataset is None:
             raise self._fail(f"sample {sample} has no layer {layer!r}")
         is_bf16 = bool(dataset.attrs.get(BFLOAT16_ATTR, False))
         try:
