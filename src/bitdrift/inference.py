@@ -83,7 +83,11 @@ def run_repeat(job: dict) -> None:
         if stacked.dtype.name == "bfloat16":
             stacked = stacked.view(np.uint16)
         arrays[position] = stacked
-    meta = {"layers": layers, "fingerprint": fingerprint(device, accelerator),
+    # The record keeps the first repeat's fingerprint (one machine, one job); py-cpuinfo
+    # takes about a second per call, so the other repeats skip it.
+    meta = {"layers": layers,
+            "fingerprint": fingerprint(device, accelerator) if job.get("fingerprint", True)
+            else None,
             "bfloat16": device["precision"] == "bfloat16"}
     np.savez(job["out"], meta=json.dumps(meta), **arrays)
 
@@ -170,7 +174,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                                "repeats", file=log):
             job = {"device": device, "device_name": device_name, "model_path": str(model_path),
                    "dataset_path": str(dataset_path), "samples": list(samples),
-                   "layers": layers, "out": str(Path(tmp) / f"repeat{repeat}.npz")}
+                   "layers": layers, "out": str(Path(tmp) / f"repeat{repeat}.npz"),
+                   "fingerprint": repeat == 0}
             print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
                   f"{device['repeats']} in a fresh process", file=log, flush=True)
             completed = subprocess.run(
