@@ -15,6 +15,7 @@ import platform
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from bitdrift.errors import AcceleratorMissing
 
@@ -150,11 +151,38 @@ def _nvidia_driver() -> str | None:
         return None
 
 
-def fingerprint(device: dict, accelerator_info: dict) -> dict:
-    """Where and with what a result was computed (stored as JSON in every record)."""
+def cpu_info() -> dict:
+    """py-cpuinfo's description of this CPU. It takes about a second per call (it measures
+    the clock), and a study starts hundreds of processes on one machine: the result is kept
+    per host and boot (Linux's boot id) in the temporary folder, so a machine rebooted onto
+    other hardware, or another host, is described afresh."""
+    import tempfile
+
     import cpuinfo
 
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return cpuinfo.get_cpu_info()
+    cache = Path(tempfile.gettempdir()) / f"bitdrift-cpuinfo-{socket.gethostname()}-{boot}.json"
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        pass
     info = cpuinfo.get_cpu_info()
+    try:
+        from bitdrift.atomic import atomic_output
+
+        with atomic_output(cache) as tmp:
+            tmp.write_text(json.dumps(info))
+    except OSError:
+        pass  # a read-only temporary folder: describe the CPU again next time
+    return info
+
+
+def fingerprint(device: dict, accelerator_info: dict) -> dict:
+    """Where and with what a result was computed (stored as JSON in every record)."""
+    info = cpu_info()
     versions = {"python": platform.python_version()}
     for module in ("keras", "numpy", "tensorflow", "torch", "h5py"):
         if module in sys.modules:

@@ -111,3 +111,15 @@ def test_infer_command_line(assets, tmp_path):
                     "--dataset-file", str(dataset), "--out", str(out)], check=True)
     with Record(out) as record:
         assert record.device == "laptop" and record.samples == [1]
+
+
+def test_cpu_description_is_kept_per_host_and_boot(tmp_path, monkeypatch):
+    import tempfile
+
+    from bitdrift.devices import cpu_info
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = cpu_info()
+    cached = list(tmp_path.glob("bitdrift-cpuinfo-*.json"))
+    assert len(cached) == 1 and first["count"] >= 1 and isinstance(first["flags"], list)
+    assert cpu_info() == first  # read back, not measured again
