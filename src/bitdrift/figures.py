@@ -101,7 +101,7 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         grid_axes.text(j, i, text, ha="center", va="center", fontsize=8)
     grid_axes.set_yticks(range(len(devices)), labels, fontsize=8)
     grid_axes.set_xticks(range(len(columns)), [f"{m}\n#{s}" for m, s in columns], fontsize=7)
-    grid_axes.set_title("Equivalence classes of the final output (* = non-deterministic)",
+    grid_axes.set_title("Classes of the final output (* = non-deterministic)",
                         fontsize=9)
     for k, model in enumerate(trees):
         names, matrix, mantissa, tree = trees[model]
