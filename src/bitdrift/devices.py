@@ -214,3 +214,29 @@ def fingerprint(device: dict, accelerator_info: dict) -> dict:
 
 def describe(device: dict) -> str:
     return json.dumps(device, sort_keys=True)
+
+
+# -- one job per fresh process: inference repeats and training runs ------------------------
+def run_in_fresh_process(module: str, job: dict, device: dict, what: str, log) -> int:
+    """``python -m MODULE JOB_JSON`` with ``device``'s environment; its output goes to
+    ``log``. A worker that could not see its accelerator (exit status of AcceleratorMissing)
+    is raised here as AcceleratorMissing, naming ``what``; any other status is returned."""
+    completed = subprocess.run([sys.executable, "-m", module, json.dumps(job)],
+                               env=device_environment(device), stdout=log, stderr=log)
+    if completed.returncode == AcceleratorMissing.exit_code:
+        raise AcceleratorMissing(f"{what} asks for a {device['accelerator'].upper()} that the "
+                                 "process cannot see; refusing to fall back to the CPU "
+                                 "(details in the log)")
+    return completed.returncode
+
+
+def worker_main(function) -> None:
+    """The entry point of a worker process: ``function(job)`` with the job from argv; a
+    bitdrift error becomes one line in the log and the error's exit status for the parent."""
+    from bitdrift.errors import BitdriftError
+
+    try:
+        function(json.loads(sys.argv[1]))
+    except BitdriftError as error:
+        print(f"bitdrift: error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)

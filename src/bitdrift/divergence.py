@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from bitdrift.eqc import analyse, summarize_repeats
-from bitdrift.precision import MANTISSA_BITS, bit_length, integer_view
+from bitdrift.precision import MANTISSA_BITS, dropped_bits
 from bitdrift.record import Record, group_by_model
 
 DIVERGENCE_COLUMNS = ["model", "sample", "class_a", "class_b", "device_a", "device_b",
@@ -29,9 +29,7 @@ def _pair_precision(record_a: Record, record_b: Record, sample: int, label: str)
     (a, format_a), (b, format_b) = tensors
     if format_a != format_b or a.shape != b.shape:
         return float("nan")
-    difference = integer_view(a, format_a).ravel() ^ integer_view(b, format_b).ravel()
-    dropped = int(bit_length(difference).max()) if difference.size else 0
-    return float(max(MANTISSA_BITS[format_a] - dropped, 0))
+    return float(max(MANTISSA_BITS[format_a] - dropped_bits(a, b, format_a), 0))
 
 
 def divergence_table(records: list[Record]) -> pd.DataFrame:

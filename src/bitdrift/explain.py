@@ -307,7 +307,7 @@ def identify(unknown: Record, known: list[Record]) -> Identification:
     """Name the known class a record falls in, bitwise, on every sample it shares with the
     known records of its model; else the nearest class by remaining precision."""
     from bitdrift.eqc import number_classes, summarize_repeats
-    from bitdrift.precision import MANTISSA_BITS, bit_length, integer_view
+    from bitdrift.precision import MANTISSA_BITS, dropped_bits
 
     known = [record for record in known if record.model == unknown.model]
     if not known:
@@ -334,13 +334,11 @@ def identify(unknown: Record, known: list[Record]) -> Identification:
         ids = number_classes(keys)
         same &= {i for i in range(len(known)) if keys[i] == keys[-1]}
         classes[sample] = ids[-1]
-        own = integer_view(outputs[-1], tensor.float_format).ravel()
         for i, output in enumerate(outputs[:-1]):
             if output.shape != outputs[-1].shape or output.dtype != outputs[-1].dtype:
                 dropped[i] = np.inf  # not the same tensor: no precision in common
                 continue
-            difference = integer_view(output, tensor.float_format).ravel() ^ own
-            dropped[i] = max(dropped[i], int(bit_length(difference).max()) if own.size else 0)
+            dropped[i] = max(dropped[i], dropped_bits(output, outputs[-1], tensor.float_format))
     table, _ = attribute_table(known)
     own, _ = device_attributes(unknown)
 

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -23,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from bitdrift.datasets import read_test_images
-from bitdrift.devices import device_environment
-from bitdrift.errors import AcceleratorMissing, BitdriftError, InferenceError
+from bitdrift.devices import run_in_fresh_process, worker_main
+from bitdrift.errors import InferenceError
 from bitdrift.models import model_digest
 from bitdrift.progress import progress
 from bitdrift.provenance import input_sha256
@@ -166,7 +165,6 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     """Run all repeats of one (model, device) in fresh processes and write the record."""
     check_before_repeats(model_path, dataset_path, samples, out)
     remove_stale_temporaries()
-    env = device_environment(device)
     repeats = []
     with _terminate_cleanly(), tempfile.TemporaryDirectory(
             prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
@@ -178,17 +176,11 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                    "fingerprint": repeat == 0}
             print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
                   f"{device['repeats']} in a fresh process", file=log, flush=True)
-            completed = subprocess.run(
-                [sys.executable, "-m", "bitdrift.inference", json.dumps(job)], env=env,
-                stdout=log, stderr=log)
-            if completed.returncode == AcceleratorMissing.exit_code:
-                raise AcceleratorMissing(f"device {device_name!r} asks for a "
-                                         f"{device['accelerator'].upper()} that the process "
-                                         "cannot see; refusing to fall back to the CPU "
-                                         "(details in the log)")
-            if completed.returncode != 0:
+            status = run_in_fresh_process("bitdrift.inference", job, device,
+                                          f"device {device_name!r}", log)
+            if status != 0:
                 raise InferenceError(f"device {device_name!r}, model {model_name!r}: repeat "
-                                     f"{repeat + 1} failed (exit {completed.returncode}); see log")
+                                     f"{repeat + 1} failed (exit {status}); see log")
             with np.load(job["out"]) as data:
                 meta = json.loads(str(data["meta"]))
                 repeats.append((meta, {k: data[k] for k in data.files if k != "meta"}))
@@ -219,8 +211,4 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
 
 
 if __name__ == "__main__":
-    try:
-        run_repeat(json.loads(sys.argv[1]))
-    except BitdriftError as error:  # one line for the log; the status tells the parent
-        print(f"bitdrift: error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
+    worker_main(run_repeat)

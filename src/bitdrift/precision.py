@@ -101,11 +101,16 @@ def pairwise_dropped_bits(outputs: list[np.ndarray], float_format: str) -> np.nd
     The i* of a set equals the largest pairwise i* in it, so complete linkage on this
     matrix merges devices exactly at the remaining precision of the merged set.
     """
-    bits = [integer_view(np.asarray(o), float_format).ravel() for o in outputs]
-    n = len(bits)
+    n = len(outputs)
     matrix = np.zeros((n, n), dtype=np.int64)
     for a in range(n):
         for b in range(a + 1, n):
-            diff = bits[a] ^ bits[b]
-            matrix[a, b] = matrix[b, a] = int(bit_length(diff).max()) if diff.size else 0
+            matrix[a, b] = matrix[b, a] = dropped_bits(outputs[a], outputs[b], float_format)
     return matrix
+
+
+def dropped_bits(a: np.ndarray, b: np.ndarray, float_format: str) -> int:
+    """i* of two outputs of one format and shape: the low bits to drop until they agree."""
+    difference = (integer_view(np.asarray(a), float_format).ravel()
+                  ^ integer_view(np.asarray(b), float_format).ravel())
+    return int(bit_length(difference).max()) if difference.size else 0

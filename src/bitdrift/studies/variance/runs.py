@@ -16,7 +16,6 @@ dataset has them). The test metrics are those of the final weights.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +23,8 @@ import h5py
 import numpy as np
 
 from bitdrift.atomic import atomic_output
-from bitdrift.errors import AcceleratorMissing, BitdriftError, TrainingRunError
+from bitdrift.devices import run_in_fresh_process, worker_main
+from bitdrift.errors import TrainingRunError
 from bitdrift.paths import RUN_FILES
 from bitdrift.training import cross_entropy, fit, run_seeds, save_model_and_history
 
@@ -87,8 +87,6 @@ def run_worker(job: dict) -> None:
 def train_run(*, plan_name: str, plan: dict, arm: str, device_name: str, device: dict,
               run: int, dataset_path: str | Path, out_dir: str | Path, log=sys.stderr) -> None:
     """Train run ``run`` of ``arm`` of a resolved plan on ``device`` in a fresh process."""
-    from bitdrift.devices import device_environment
-
     if arm not in plan["arms"]:
         raise TrainingRunError(f"plan {plan_name!r} has no arm {arm!r} ({sorted(plan['arms'])})")
     if not 0 <= run < plan.get("runs", run + 1):
@@ -99,21 +97,12 @@ def train_run(*, plan_name: str, plan: dict, arm: str, device_name: str, device:
            "dataset_path": str(dataset_path), "out_dir": str(out_dir)}
     print(f"bitdrift: {plan_name}/{arm} run {run} on {device_name} in a fresh process",
           file=log, flush=True)
-    completed = subprocess.run([sys.executable, "-m", "bitdrift.studies.variance.runs",
-                                json.dumps(job)], env=device_environment(device),
-                               stdout=log, stderr=log)
-    if completed.returncode == AcceleratorMissing.exit_code:
-        raise AcceleratorMissing(f"plan {plan_name!r}, device {device_name!r} asks for a "
-                                 f"{device['accelerator'].upper()} that the process cannot "
-                                 "see; refusing to fall back to the CPU (details in the log)")
-    if completed.returncode != 0:
+    status = run_in_fresh_process("bitdrift.studies.variance.runs", job, device,
+                                  f"plan {plan_name!r}, device {device_name!r}", log)
+    if status != 0:
         raise TrainingRunError(f"plan {plan_name!r}, arm {arm!r}, device {device_name!r}, run "
-                               f"{run}: training failed (exit {completed.returncode}); see log")
+                               f"{run}: training failed (exit {status}); see log")
 
 
 if __name__ == "__main__":
-    try:
-        run_worker(json.loads(sys.argv[1]))
-    except BitdriftError as error:  # one line for the log; the status tells the parent
-        print(f"bitdrift: error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
+    worker_main(run_worker)
