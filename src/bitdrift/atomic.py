@@ -68,10 +68,24 @@ def save_figure(figure, out: str | Path, **options) -> None:
     plt.close(figure)
 
 
-def write_csv(table, path: str | Path) -> None:
-    """A pandas table as CSV (no index), written atomically."""
+def write_csv(table, path: str | Path, columns: list[str] | None = None) -> None:
+    """A pandas table as CSV (no index), written atomically. With ``columns``, ``table`` is
+    a list of dicts written with the csv module, as pandas would write it (NaN and None as
+    empty fields), for commands that need not pay pandas' import (~0.2 s)."""
     with atomic_output(path) as tmp:
-        table.to_csv(tmp, index=False)
+        if columns is None:
+            table.to_csv(tmp, index=False)
+            return
+        import csv
+        import math
+
+        with open(tmp, "w", newline="") as handle:
+            writer = csv.writer(handle, lineterminator="\n")
+            writer.writerow(columns)
+            for row in table:
+                writer.writerow(["" if value is None or (isinstance(value, float)
+                                                         and math.isnan(value)) else value
+                                 for value in (row[column] for column in columns)])
 
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"

@@ -68,13 +68,16 @@ def cmd_infer(args) -> None:
 
 def _open_checked(args):
     """Open the records; with --expect, check them against the workflow's files."""
-    from bitdrift.provenance import check_layout, check_provenance
     from bitdrift.record import RecordError, open_records
 
     records = open_records(args.files)
-    if args.expect:
-        check_layout(records, [model for model, _, _ in args.expect])
-    for model, model_path, dataset_path in args.expect or []:
+    if not args.expect:
+        return records
+    # Only here: provenance reads models and datasets (~20 ms of imports).
+    from bitdrift.provenance import check_layout, check_provenance
+
+    check_layout(records, [model for model, _, _ in args.expect])
+    for model, model_path, dataset_path in args.expect:
         if not check_provenance(records, model, model_path, dataset_path):
             raise RecordError(f"--expect {model}: no record of that model among the files")
     return records
@@ -95,10 +98,10 @@ def cmd_eqc(args) -> None:
 
 def cmd_precision(args) -> None:
     from bitdrift.atomic import write_csv
-    from bitdrift.eqc import precision_table
+    from bitdrift.eqc import PRECISION_COLUMNS, PRECISION_EXTRA_COLUMNS, precision_rows
 
-    table = precision_table(_open_checked(args), precision=args.precision)
-    write_csv(table, args.out)
+    rows = precision_rows(_open_checked(args), precision=args.precision)
+    write_csv(rows, args.out, columns=PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)
 
 
 def cmd_plot_eqc(args) -> None:
@@ -211,11 +214,20 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """--version, looked up only when asked (importlib.metadata costs ~20 ms per command)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog} {_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bitdrift", description=DESCRIPTION,
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="show the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("prepare-dataset", help="load a dataset source into HDF5")

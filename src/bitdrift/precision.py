@@ -54,6 +54,7 @@ class RemainingPrecisionAccumulator:
         self.mantissa_bits = MANTISSA_BITS[float_format]
         self.reference: np.ndarray | None = None
         self.differing_bits: np.ndarray | None = None
+        self._scratch: np.ndarray | None = None  # reused: no allocation per output
         self.count = 0
 
     def add(self, values: np.ndarray) -> None:
@@ -61,10 +62,12 @@ class RemainingPrecisionAccumulator:
         if self.reference is None:
             self.reference = bits.copy()
             self.differing_bits = np.zeros_like(bits)
+            self._scratch = np.empty_like(bits)
         elif bits.shape != self.reference.shape:
             raise ValueError(f"shape mismatch: {bits.size} elements vs {self.reference.size}")
         else:
-            self.differing_bits |= bits ^ self.reference
+            np.bitwise_xor(bits, self.reference, out=self._scratch)
+            np.bitwise_or(self.differing_bits, self._scratch, out=self.differing_bits)
         self.count += 1
 
     def result(self) -> dict:
