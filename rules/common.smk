@@ -17,7 +17,7 @@ from bitdrift import paths
 from bitdrift.config import ConfigError, validate_config
 from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.provenance import infer_command
-from bitdrift.studies.variance.plans import plan_runs, resolve_plans
+from bitdrift.studies.variance.plans import gallery_plan, plan_runs, resolve_plans
 
 # ---- validation and constants: core -------------------------------------------------------
 try:
@@ -89,6 +89,7 @@ _check_samples()
 # ---- validation and constants: studies ----------------------------------------------------
 MAXPOOL = config.get("maxpool")
 PLANS = resolve_plans(config)
+GALLERY_PLAN, GALLERY_ARM, GALLERY_TOP_K = gallery_plan(config, PLANS)
 VARIANCE_DEVICES = sorted({d for plan in PLANS.values() for d in plan["devices"]})
 
 
@@ -160,15 +161,10 @@ def maxpool_targets():
 def variance_targets():
     if not PLANS:
         return []
-    return variance_run_files() + [
-        paths.figure_file(name)
-        for name in (
-            "training_variance",
-            "churn",
-            "determinism_cost",
-            "ensemble_disagreement",
-        )
-    ]
+    figures = ["training_variance", "churn", "determinism_cost", "ensemble_disagreement"]
+    if GALLERY_PLAN:
+        figures.append("divergent_examples")
+    return variance_run_files() + [paths.figure_file(name) for name in figures]
 
 
 def all_targets():
@@ -267,6 +263,11 @@ def variance_run_plan(wildcards):
 
 def variance_dataset_file(wildcards):
     return paths.dataset_file(PLANS[wildcards.plan]["spec"]["dataset"])
+
+
+def gallery_dataset_file(wildcards):
+    """The dataset of the gallery's plan: its images are the test images shown."""
+    return paths.dataset_file(PLANS[GALLERY_PLAN]["spec"]["dataset"])
 
 
 # ---- resources ----------------------------------------------------------------------------

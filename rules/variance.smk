@@ -148,3 +148,65 @@ rule plot_ensemble_disagreement:
         command="plot-ensemble-disagreement",
     script:
         "../workflow/scripts/plot_with_cli.py"
+
+
+rule compute_example_divergence:
+    input:
+        variance_run_files,
+    output:
+        examples=report(
+            paths.table_file("example_divergence"),
+            caption="../workflow/report/example_divergence_table.rst",
+            category="Training variance",
+        ),
+        overlap=report(
+            paths.table_file("divergence_overlap"),
+            caption="../workflow/report/divergence_overlap_table.rst",
+            category="Training variance",
+        ),
+        groups=report(
+            paths.table_file("divergence_groups"),
+            caption="../workflow/report/divergence_groups_table.rst",
+            category="Training variance",
+        ),
+        subset=report(
+            paths.table_file("divergent_subset_accuracy"),
+            caption="../workflow/report/divergent_subset_accuracy_table.rst",
+            category="Training variance",
+        ),
+    log:
+        "logs/compute_example_divergence/all.log",
+    benchmark:
+        "results/benchmarks/compute_example_divergence/all.tsv"
+    conda:
+        "../envs/bitdrift.yaml"
+    resources:
+        **ANALYSIS_RESOURCES,
+    params:
+        top_k=GALLERY_TOP_K,
+    script:
+        "../workflow/scripts/compute_example_divergence.py"
+
+
+rule plot_divergent_examples:
+    input:
+        table=rules.compute_example_divergence.output.examples,
+        dataset=gallery_dataset_file,
+    output:
+        pdf=paths.figure_file("divergent_examples"),
+        png=report(
+            paths.figure_png("divergent_examples"),
+            caption="../workflow/report/divergent_examples_figure.rst",
+            category="Training variance",
+        ),
+    log:
+        "logs/plot_divergent_examples/all.log",
+    localrule: True
+    conda:
+        "../envs/bitdrift.yaml"
+    params:
+        plan=GALLERY_PLAN,
+        arm=GALLERY_ARM,
+        top_k=GALLERY_TOP_K,
+    script:
+        "../workflow/scripts/plot_divergent_examples.py"

@@ -94,3 +94,6 @@ def run_file(kind: str, plan="{plan}", arm="{arm}", device="{device}", run="{run
 TRAINING_TABLES = {"summary": "training_variance", "runs": "training_runs",
                    "subgroups": "training_subgroups", "seed_ratio": "seed_ratio",
                    "determinism_cost": "determinism_cost"}
+# Tables of `bitdrift example-divergence`: which test examples the noise hits.
+EXAMPLE_TABLES = {"examples": "example_divergence", "overlap": "divergence_overlap",
+                  "groups": "divergence_groups", "subset": "divergent_subset_accuracy"}

@@ -99,8 +99,8 @@ def test_plans_from_config_one_run_per_job():
                          "arms": {"algo_impl": None, "control": {}}}},
         ensemble={"model": "small", "learning_rates": [0.01, 0.1], "devices": ["cpu"]}))
     plans = resolve_plans(config)
-    assert set(plans) == {"noise", "ensemble_lr_0.01", "ensemble_lr_0.1"}
-    ensemble = plans["ensemble_lr_0.1"]
+    assert set(plans) == {"noise", "ensemble_lr_0.01_momentum_0", "ensemble_lr_0.1_momentum_0"}
+    ensemble = plans["ensemble_lr_0.1_momentum_0"]
     assert ensemble["spec"]["optimizer"] == "sgd" and ensemble["spec"]["momentum"] == 0.0
     assert ensemble["spec"]["learning_rate"] == 0.1 and ensemble["runs"] == 3
     assert len(ensemble["arms"]) == 8  # {fixed, random} init x batches x {default, det} ops

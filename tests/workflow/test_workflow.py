@@ -46,7 +46,7 @@ def test_figures_and_report_exist(run):
     workdir, _ = run
     names = ("eqc", "remaining_precision", "backprop_variation", "bifurcation_volume",
              "maxpool_training", "training_variance", "churn", "determinism_cost",
-             "ensemble_disagreement", "eqc_table", "divergence")
+             "ensemble_disagreement", "eqc_table", "divergence", "divergent_examples")
     for name in names:
         data = (workdir / "results/figures" / f"{name}.pdf").read_bytes()
         assert data.startswith(b"%PDF") and len(data) > 5000, name
@@ -175,8 +175,10 @@ def test_training_variance_arms_behave_as_their_switches_say(run):
     assert len(digests) == 1
     # unrelated initial weights gave ~1.41 (orthogonal unit vectors); one init, far less
     assert devices.loc["all", "weight_distance"] < 0.5
-    ensemble = summary[summary["study"] == "ensemble"].set_index("arm")
-    assert len(ensemble) == 4 and ensemble["learning_rate"].eq(0.05).all()
+    ensemble = summary[summary["study"] == "ensemble"].set_index(["momentum", "arm"])
+    assert len(ensemble) == 8 and ensemble["learning_rate"].eq(0.05).all()
+    assert set(ensemble.index.get_level_values("momentum")) == {0.0, 0.9}
+    ensemble = ensemble.loc[0.9]
     assert ensemble.loc["fixed_init_fixed_batches_deterministic", "disagreement"] == 0
     assert ensemble.loc["random_init_random_batches_deterministic", "distinct_outputs"] == 2
     cost = pd.read_csv(tables / "determinism_cost.csv")
@@ -184,7 +186,30 @@ def test_training_variance_arms_behave_as_their_switches_say(run):
     assert {("algo_impl", "algo"), ("impl", "control")} <= pairs
     assert cost["epoch_seconds_default"].gt(0).all()
     runs = pd.read_csv(tables / "training_runs.csv")
-    assert len(runs) == 12 + 2 + 2 + 4 * 2 and runs["total_seconds"].gt(0).all()
+    assert len(runs) == 12 + 2 + 2 + 2 * 4 * 2 and runs["total_seconds"].gt(0).all()
+
+
+def test_example_divergence_tables(run):
+    workdir, _ = run
+    tables = workdir / "results/tables"
+    examples = pd.read_csv(tables / "example_divergence.csv")
+    assert list(examples.columns[:9]) == ["plan", "arm", "scope", "example", "label",
+                                          "divergence", "label_entropy",
+                                          "sd_true_probability", "majority_correct"]
+    with h5py.File(workdir / "results/datasets/digits.h5") as handle:
+        labels = handle["y_test"][()]
+    noise = examples[examples["plan"] == "noise"]
+    for arm, rows in noise.groupby("arm"):
+        assert rows["label"].tolist() == labels.tolist(), arm  # the runs' own test set
+    # Same seed and deterministic ops on one CPU: every run agrees on every example
+    assert (noise[noise["arm"] == "control"]["divergence"] == 0).all()
+    # Different seeds: some examples flip
+    assert (noise[noise["arm"] == "algo"]["divergence"] > 0).any()
+    overlap = pd.read_csv(tables / "divergence_overlap.csv")
+    assert {"arms", "plans"} <= set(overlap["comparison"])
+    subset = pd.read_csv(tables / "divergent_subset_accuracy.csv").set_index(["plan", "arm"])
+    algo = subset.loc[("noise", "algo")]
+    assert algo["subset_examples"] > 0 and algo["accuracy_top_k"] < algo["accuracy_rest"]
 
 
 def test_subgroup_spread_on_the_celeba_style_dataset(run):

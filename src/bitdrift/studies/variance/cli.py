@@ -44,6 +44,36 @@ def cmd_training_stats(args) -> None:
           f"{args.out_dir}", file=sys.stderr)
 
 
+def cmd_example_divergence(args) -> None:
+    """Per-example divergence, its overlap between arms/devices/plans, its share per class
+    and sub-group, and the runs' accuracy on the most divergent examples, from run files."""
+    from pathlib import Path
+
+    from bitdrift.atomic import write_csv
+    from bitdrift.paths import EXAMPLE_TABLES
+    from bitdrift.studies.variance.examples import example_tables
+
+    tables = example_tables(args.files, args.top_k)
+    for key, name in EXAMPLE_TABLES.items():
+        write_csv(tables[key], Path(args.out_dir) / f"{name}.csv")
+    divergent = tables["examples"][tables["examples"]["divergence"] > 0]
+    print(f"bitdrift: {len(divergent)} divergent (group, example) pairs in "
+          f"{len(tables['subset'])} groups -> {args.out_dir}", file=sys.stderr)
+
+
+def cmd_plot_divergent_examples(args) -> None:
+    """The gallery of the most divergent test images of a plan, with the labels the runs
+    predicted, and divergence against the majority's confidence."""
+    from bitdrift.atomic import read_table
+    from bitdrift.studies.variance.examples import EXAMPLE_COLUMNS, EXAMPLE_EXTRA_COLUMNS
+    from bitdrift.studies.variance.figures import plot_divergent_examples
+
+    table = read_table(args.table, EXAMPLE_COLUMNS + EXAMPLE_EXTRA_COLUMNS,
+                       "bitdrift example-divergence")
+    plot_divergent_examples(table, args.dataset_file, args.out, args.plan, args.arm,
+                            args.top_k)
+
+
 # Columns a table must have to be the one a figure reads.
 TABLE_COLUMNS = {"training_variance.csv": ("plan", "arm", "scope", "study", "sd_accuracy",
                                            "sd_loss", "churn", "disagreement"),
@@ -78,7 +108,7 @@ def add_commands(sub) -> None:
                        description=cmd_train_run.__doc__)
     p.add_argument("--config", required=True, help="config file with `training_variance`")
     p.add_argument("--plan", required=True, help="a plan of training_variance.plans (or an "
-                   "ensemble plan ensemble_lr_RATE)")
+                   "ensemble plan ensemble_lr_RATE_momentum_MOMENTUM)")
     p.add_argument("--arm", required=True, help="an arm of the plan")
     p.add_argument("--device", required=True, help="a key of devices")
     p.add_argument("--run", type=int, required=True, help="run index, 0..runs-1")
@@ -93,6 +123,30 @@ def add_commands(sub) -> None:
     p.add_argument("--out-dir", required=True, help="folder for " + ", ".join(
         f"{name}.csv" for name in TRAINING_TABLES.values()))
     p.set_defaults(func=cmd_training_stats)
+
+    from bitdrift.paths import EXAMPLE_TABLES
+
+    p = sub.add_parser("example-divergence", help="which test examples the runs disagree on: "
+                       "per-example divergence, overlap, per-class share, subset accuracy",
+                       description=cmd_example_divergence.__doc__)
+    p.add_argument("files", nargs="+", help="run.h5 files, from this workflow or elsewhere")
+    p.add_argument("--out-dir", required=True, help="folder for " + ", ".join(
+        f"{name}.csv" for name in EXAMPLE_TABLES.values()))
+    p.add_argument("--top-k", type=int, default=16,
+                   help="how many of the most divergent examples form the affected subset")
+    p.set_defaults(func=cmd_example_divergence)
+
+    p = sub.add_parser("plot-divergent-examples", help="gallery of the most divergent test "
+                       "images of a plan (PDF) from example_divergence.csv",
+                       description=cmd_plot_divergent_examples.__doc__)
+    p.add_argument("table", help="example_divergence.csv")
+    p.add_argument("--dataset-file", required=True, help="the plan's dataset HDF5 (the "
+                   "images are its test images at the recorded indices)")
+    p.add_argument("--plan", required=True, help="the plan to show")
+    p.add_argument("--arm", help="the arm (default: the one with the most divergent examples)")
+    p.add_argument("--top-k", type=int, default=16, help="how many images")
+    p.add_argument("--out", required=True, help="figure file (PDF)")
+    p.set_defaults(func=cmd_plot_divergent_examples)
 
     for name, (_, tables) in FIGURES.items():
         p = sub.add_parser(name, help=f"{name[5:].replace('-', ' ')} figure (PDF) from "

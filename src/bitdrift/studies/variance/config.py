@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bitdrift.errors import ConfigError, PlanError
-from bitdrift.studies.variance.plans import arm_switches
+from bitdrift.studies.variance.plans import arm_switches, ensemble_plan_name
 
 
 def check(config: dict) -> None:
@@ -40,9 +40,13 @@ def check(config: dict) -> None:
                                   f"{error}") from None
         _check_dropout_backends(config, key, entry, section["models"][entry["model"]])
         for rate in entry.get("learning_rates", []):
-            if f"ensemble_lr_{rate:g}" in section["plans"]:
-                raise ConfigError(f"config key training_variance.plans.ensemble_lr_{rate:g}: "
-                                  "the name is taken by the ensemble's plan of that rate")
+            for momentum in entry.get("momentum", []):
+                name = ensemble_plan_name(rate, momentum)
+                if name in section["plans"]:
+                    raise ConfigError(f"config key training_variance.plans.{name}: the name "
+                                      "is taken by the ensemble's plan of that learning rate "
+                                      "and momentum")
+    _check_gallery(config)
 
 
 def _check_dropout_backends(config: dict, key: str, entry: dict, model: dict) -> None:
@@ -62,3 +66,20 @@ def _check_dropout_backends(config: dict, key: str, entry: dict, model: dict) ->
                 f"dropout and arm {arm!r} fixes its seed, but the devices use the backends "
                 f"{sorted(backends)}, whose dropout masks differ for one seed; use devices of "
                 "one backend or `dropout: per_run`")
+
+
+def _check_gallery(config: dict) -> None:
+    from bitdrift.studies.variance.plans import resolve_plans
+
+    choice = config["training_variance"].get("divergence") or {}
+    if "plan" not in choice:
+        return
+    plans = resolve_plans(config)
+    plan = plans.get(choice["plan"])
+    if plan is None:
+        raise ConfigError(f"config key training_variance.divergence.plan: unknown plan "
+                          f"{choice['plan']!r} (plans: {sorted(plans)})")
+    if "arm" in choice and choice["arm"] not in plan["arms"]:
+        raise ConfigError(f"config key training_variance.divergence.arm: plan "
+                          f"{choice['plan']!r} has no arm {choice['arm']!r} "
+                          f"(arms: {sorted(plan['arms'])})")

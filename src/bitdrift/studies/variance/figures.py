@@ -123,31 +123,91 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
 
 
 def plot_ensemble_disagreement(summary: pd.DataFrame, out) -> None:
-    """Fraction of test labels on which the ensemble's members disagree vs learning rate,
-    per arm (fixed/random init x fixed/random batches), solid default ops, dashed
-    deterministic ops."""
+    """Fraction of test labels on which the ensemble's members disagree, one panel per SGD
+    momentum side by side (the proposal reproduces Figure S4 with and without momentum),
+    one bar per arm (fixed/random init x fixed/random batches, default or deterministic
+    ops) and learning rate."""
     plt = _pyplot()
-    rows = summary[summary["study"] == "ensemble"]
-    fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
-    for (arm, scope), group in rows.groupby(["arm", "scope"], sort=True):
-        group = group.sort_values("learning_rate")
-        deterministic = bool(group["deterministic"].iloc[0])
-        name = arm.removesuffix("_deterministic").replace("_", " ")
-        line, = ax.plot(group["learning_rate"], group["disagreement"], marker="o",
-                        linestyle="--" if deterministic else "-",
-                        label=f"{name}{' (deterministic ops)' if deterministic else ''}"
-                              f"{'' if scope == 'all' else ' @' + scope}")
-        flagged = group[group.get("flag", pd.Series("", index=group.index)).fillna("") != ""]
-        # Diverged or untrained ensembles disagree for another reason: marked, not hidden.
-        ax.scatter(flagged["learning_rate"], flagged["disagreement"], s=90,
-                   facecolors="none", edgecolors="red", zorder=3)
-        for _, row in flagged.iterrows():
-            ax.annotate(row["flag"], (row["learning_rate"], row["disagreement"]), fontsize=6,
-                        color="red", xytext=(4, -8), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_xlabel("learning rate (plain SGD, no momentum, no augmentation)")
-    ax.set_ylabel("fraction of test labels the members disagree on")
-    ax.set_title("Ensemble disagreement (hardware proposal, Figure S4)", fontsize=9)
-    if not rows.empty:
-        ax.legend(fontsize=7)
+    rows = summary[summary["study"] == "ensemble"].copy()
+    if "momentum" not in rows:  # tables from before momentum was recorded
+        rows["momentum"] = 0.0
+    momenta = sorted(rows["momentum"].unique()) or [0.0]
+    bars = rows.drop_duplicates(["arm", "scope", "learning_rate"])
+    fig, axes = plt.subplots(1, len(momenta), figsize=(4.6 * len(momenta) + 1.8,
+                                                      1.4 + 0.3 * max(len(bars), 2)),
+                             sharex=True, sharey=True, layout="constrained", squeeze=False)
+    order = bars.sort_values(["learning_rate", "arm", "scope"])[["arm", "scope",
+                                                                 "learning_rate"]]
+    labels = [f"{arm.removesuffix('_deterministic').replace('_', ' ')}"
+              f"{' (det. ops)' if arm.endswith('_deterministic') else ''}"
+              f"{'' if scope == 'all' else ' @' + scope}, lr {rate:g}"
+              for arm, scope, rate in order.itertuples(index=False)]
+    for ax, momentum in zip(axes[0], momenta, strict=True):
+        panel = rows[rows["momentum"] == momentum].set_index(["arm", "scope", "learning_rate"])
+        for position, key in enumerate(order.itertuples(index=False)):
+            if tuple(key) not in panel.index:
+                continue
+            row = panel.loc[tuple(key)]
+            flag = row.get("flag", "")
+            flag = flag if isinstance(flag, str) else ""
+            ax.barh(position, row["disagreement"], color="tab:red" if flag else "tab:blue")
+            note = f" {row['disagreement']:.3f} (n={int(row['runs'])}, acc "
+            note += f"{row['mean_accuracy']:.2f})" + (f" {flag}: not a finding" if flag else "")
+            ax.text(row["disagreement"], position, note, va="center", fontsize=6,
+                    color="tab:red" if flag else "black")
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("fraction of test labels the members disagree on", fontsize=8)
+        ax.set_title(f"SGD momentum {momentum:g}", fontsize=9)
+    if rows.empty:
+        axes[0][0].text(0.5, 0.5, "no ensemble in the config", ha="center",
+                        transform=axes[0][0].transAxes)
+    fig.suptitle("Ensemble disagreement with and without momentum (hardware proposal, "
+                 "Figure S4); n = members, acc = their mean test accuracy", fontsize=9)
+    _save(fig, out)
+
+
+def plot_divergent_examples(examples: pd.DataFrame, dataset_path, out, plan: str,
+                            arm: str | None = None, k: int = 16) -> None:
+    """The k most divergent test images of one group of ``plan``, each with its true label,
+    the labels its runs predicted (label x count) and its divergence; beside them,
+    divergence against the majority's confidence for every test example of the group."""
+    from bitdrift.studies.variance.examples import gallery
+
+    plt = _pyplot()
+    group, picked, images, title = gallery(examples, dataset_path, plan, arm, k)
+    columns = 4
+    grid_rows = max(1, -(-len(picked) // columns))
+    fig = plt.figure(figsize=(11, 1.9 * grid_rows + 1.2), layout="constrained")
+    left, right = fig.subfigures(1, 2, width_ratios=[1.5, 1])
+    if picked.empty:
+        left.text(0.5, 0.5, f"{title}\nevery run predicts the same label on every test "
+                  "example:\nno divergent example to show", ha="center", va="center",
+                  fontsize=10)
+    else:
+        axes = left.subplots(grid_rows, columns, squeeze=False)
+        for ax in axes.ravel():
+            ax.axis("off")
+        for ax, (_, row), image in zip(axes.ravel(), picked.iterrows(), images, strict=False):
+            image = np.asarray(image, dtype=np.float64)
+            span = np.ptp(image)
+            image = (image - image.min()) / span if span else np.zeros_like(image)
+            ax.imshow(image.squeeze(), cmap="gray" if image.squeeze().ndim == 2 else None)
+            ax.set_title(f"test #{int(row['example'])}, true {int(row['label'])}, "
+                         f"d={row['divergence']:.2f}\npredicted {row['predicted_labels']}",
+                         fontsize=6.5,
+                         color="black" if row["majority_correct"] else "tab:red")
+        left.suptitle(f"{len(picked)} most divergent test examples of {title} "
+                      "(red: the majority is wrong)", fontsize=8)
+    ax = right.subplots()
+    chosen = group["example"].isin(picked["example"])
+    ax.scatter(group["majority_confidence"], group["divergence"], s=8, alpha=0.5,
+               color="tab:blue", label="test examples")
+    ax.scatter(group.loc[chosen, "majority_confidence"], group.loc[chosen, "divergence"],
+               s=22, facecolors="none", edgecolors="tab:red", label="shown at left")
+    ax.set_xlabel("majority's confidence (mean softmax of the majority label)", fontsize=8)
+    ax.set_ylabel("divergence (share of runs off the majority)", fontsize=8)
+    divergent = int((group["divergence"] > 0).sum())
+    ax.set_title(f"{divergent} of {len(group)} examples diverge", fontsize=8)
+    ax.legend(fontsize=7)
     _save(fig, out)

@@ -55,29 +55,35 @@ def ensemble_arm(init: str, batches: str, deterministic: bool) -> str:
     return f"{init}_init_{batches}_batches" + ("_deterministic" if deterministic else "")
 
 
+def ensemble_plan_name(rate: float, momentum: float) -> str:
+    return f"ensemble_lr_{rate:g}_momentum_{momentum:g}"
+
+
 def _ensemble_plans(ensemble: dict, models: dict) -> dict:
     model = models[ensemble["model"]]
     plans = {}
-    for rate in ensemble["learning_rates"]:
-        arms = {}
-        for deterministic in ensemble["deterministic"]:
-            for init in ("fixed", "random"):
-                for batches in ("fixed", "random"):
-                    arms[ensemble_arm(init, batches, deterministic)] = {
-                        "init": "fixed" if init == "fixed" else "per_run",
-                        "data_order": "fixed" if batches == "fixed" else "per_run",
-                        "augmentation": "fixed", "dropout": "fixed",
-                        "deterministic": deterministic,
-                    }
-        # Plain SGD without momentum and no augmentation, as the proposal asks.
-        spec = copy.deepcopy(model) | {"optimizer": "sgd", "momentum": 0.0,
-                                       "learning_rate": rate, "augmentation": {}}
-        plans[f"ensemble_lr_{rate:g}"] = {
-            "study": "ensemble", "model": ensemble["model"], "spec": spec,
-            "runs": ensemble["members"], "seed": ensemble["seed"],
-            "devices": list(ensemble["devices"]), "arms": arms,
-            "resources": ensemble.get("resources", {}),
-        }
+    for momentum in ensemble["momentum"]:
+        for rate in ensemble["learning_rates"]:
+            arms = {}
+            for deterministic in ensemble["deterministic"]:
+                for init in ("fixed", "random"):
+                    for batches in ("fixed", "random"):
+                        arms[ensemble_arm(init, batches, deterministic)] = {
+                            "init": "fixed" if init == "fixed" else "per_run",
+                            "data_order": "fixed" if batches == "fixed" else "per_run",
+                            "augmentation": "fixed", "dropout": "fixed",
+                            "deterministic": deterministic,
+                        }
+            # Plain SGD, with or without momentum (the proposal reproduces Figure S4 with
+            # both because they disagreed), and no augmentation, as the proposal asks.
+            spec = copy.deepcopy(model) | {"optimizer": "sgd", "momentum": momentum,
+                                           "learning_rate": rate, "augmentation": {}}
+            plans[ensemble_plan_name(rate, momentum)] = {
+                "study": "ensemble", "model": ensemble["model"], "spec": spec,
+                "runs": ensemble["members"], "seed": ensemble["seed"],
+                "devices": list(ensemble["devices"]), "arms": arms,
+                "resources": ensemble.get("resources", {}),
+            }
     return plans
 
 
@@ -107,3 +113,13 @@ def plan_runs(plans: dict) -> list[tuple[str, str, str, int]]:
             for device in plan["devices"] for run in range(plan["runs"])]
 
 
+
+
+def gallery_plan(config: dict, plans: dict) -> tuple[str | None, str | None, int]:
+    """(plan, arm, k) of the divergent-examples gallery: the config's choice, else the
+    first plan with two runs or more (None when there is none)."""
+    choice = (config.get("training_variance") or {}).get("divergence", {})
+    plan = choice.get("plan") or next(
+        (name for name, entry in plans.items() if entry["runs"] >= 2
+         or len(entry["devices"]) >= 2), None)
+    return plan, choice.get("arm"), choice.get("top_k", 16)

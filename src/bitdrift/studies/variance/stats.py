@@ -126,6 +126,8 @@ def read_run(path: str | Path) -> dict:
                 raise StudyError(f"{path}: not a bitdrift run file (missing {missing})")
             run = {key: handle[key][()] for key in RUN_KEYS}
             run.update({key: handle.attrs[key] for key in RUN_ATTRS})
+            # The recipe (optimizer, momentum, ...) of the run; older files lack it.
+            run["spec"] = json.loads(handle.attrs["spec"]) if "spec" in handle.attrs else {}
             if "attributes" in handle:
                 run["attributes"] = handle["attributes"][()]
                 run["attribute_names"] = json.loads(handle.attrs["attribute_names"])
@@ -200,6 +202,7 @@ def summarise(runs: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
         rows.append({
             "plan": plan, "arm": arm, "scope": scope, "study": members[0]["study"],
             "model": members[0]["model"], "learning_rate": float(members[0]["learning_rate"]),
+            "momentum": float(members[0]["spec"].get("momentum", 0.0)),
             **{source: switches[source] for source in
                ("init", "data_order", "augmentation", "dropout")},
             "deterministic": bool(switches["deterministic"]), "runs": len(members),
