@@ -161,7 +161,12 @@ def maxpool_targets():
 def variance_targets():
     if not PLANS:
         return []
-    figures = ["training_variance", "churn", "determinism_cost", "ensemble_disagreement"]
+    figures = [
+        "training_variance",
+        "churn",
+        "determinism_cost",
+        "ensemble_disagreement",
+    ]
     if GALLERY_PLAN:
         figures.append("divergent_examples")
     return variance_run_files() + [paths.figure_file(name) for name in figures]
