@@ -33,7 +33,12 @@ def _pool(keras, pooling: str, name: str, pool_size=2, strides=None):
 
 
 def cifar10_small(keras, input_shape, classes, activation="relu", pooling="max", **_):
-    """Cifar10-small exactly as Table SUP-6 of Schlögl et al. (59,354 parameters)."""
+    """Cifar10-small exactly as Table SUP-6 of Schlögl et al. (59,354 parameters).
+
+    Every activation is a layer of its own (the dense layers' too), so the per-layer
+    records see the values before and after each one; with the input layer at index 0
+    the activations sit at layer indices 2, 5, 9 and 11, Table SUP-8's positions.
+    """
     layers = keras.layers
     init = _initializer(activation)
     inputs = keras.Input(input_shape, name="input")
@@ -44,39 +49,54 @@ def cifar10_small(keras, input_shape, classes, activation="relu", pooling="max",
     x = layers.Activation(activation, name="activation_1")(x)
     x = _pool(keras, pooling, "pooling2d_1")(x)
     x = layers.Flatten(name="flatten_1")(x)
-    x = layers.Dense(128, activation=activation, kernel_initializer=init, name="dense_1")(x)
-    x = layers.Dense(128, activation=activation, kernel_initializer=init, name="dense_2")(x)
+    x = layers.Dense(128, kernel_initializer=init, name="dense_1")(x)
+    x = layers.Activation(activation, name="activation_2")(x)
+    x = layers.Dense(128, kernel_initializer=init, name="dense_2")(x)
+    x = layers.Activation(activation, name="activation_3")(x)
     outputs = layers.Dense(classes, name="dense_3")(x)
     return keras.Model(inputs, outputs, name="cifar10_small")
 
 
 def resnet18(keras, input_shape, classes, activation="relu", pooling="max", **_):
-    """CIFAR ResNet-18: 3x3 stem, one pooling layer after it, 4 stages of 2 basic blocks."""
+    """Cifar10-R18 as far as the reference study pins it down (Tables SUP-5 and SUP-8).
+
+    Table SUP-5: 11,191,306 parameters, 11,170,816 of them in convolutions; Table SUP-8:
+    12 activation layers, at layer indices 5, 9, 12, 18, 23, 26, 32, 37, 40, 46, 51, 54
+    (input at 0). One architecture gives all of these: a 7x7 stride-2 stem convolution
+    with bias and no BatchNorm or activation, one pooling layer, 4 stages of 2 basic
+    blocks whose 3x3 convolutions carry a bias and a BatchNorm, 1x1 projection shortcuts
+    without bias or BatchNorm, an activation after the first block's addition of each
+    stage but none after the second's, then flatten and the dense output (1x1x512 on
+    32x32 inputs). The 2x2 pooling window is an assumption: it changes no count.
+    """
     layers = keras.layers
     init = _initializer(activation)
 
-    def conv_bn(x, filters, kernel, stride, name):
-        x = layers.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False,
+    def conv_bn(x, filters, stride, name):
+        x = layers.Conv2D(filters, 3, strides=stride, padding="same",
                           kernel_initializer=init, name=f"{name}_conv")(x)
         return layers.BatchNormalization(name=f"{name}_bn")(x)
 
     inputs = keras.Input(input_shape, name="input")
-    x = conv_bn(inputs, 64, 3, 1, "stem")
-    x = layers.Activation(activation, name="stem_act")(x)
+    x = layers.Conv2D(64, 7, strides=2, padding="same", kernel_initializer=init,
+                      name="stem_conv")(inputs)
     x = _pool(keras, pooling, "stem_pool")(x)
     for stage, filters in enumerate((64, 128, 256, 512), start=1):
         for block in (1, 2):
             stride = 2 if stage > 1 and block == 1 else 1
             name = f"stage{stage}_block{block}"
-            shortcut = x
-            y = conv_bn(x, filters, 3, stride, f"{name}_1")
+            y = conv_bn(x, filters, stride, f"{name}_1")
             y = layers.Activation(activation, name=f"{name}_act1")(y)
-            y = conv_bn(y, filters, 3, 1, f"{name}_2")
-            if stride != 1 or x.shape[-1] != filters:
-                shortcut = conv_bn(x, filters, 1, stride, f"{name}_shortcut")
+            y = conv_bn(y, filters, 1, f"{name}_2")
+            shortcut = x
+            if stride != 1 or x.shape[-1] != filters:  # built after the block's convs:
+                shortcut = layers.Conv2D(filters, 1, strides=stride, use_bias=False,
+                                         kernel_initializer=init,  # the layer order
+                                         name=f"{name}_shortcut")(x)  # of Table SUP-8
             x = layers.Add(name=f"{name}_add")([y, shortcut])
-            x = layers.Activation(activation, name=f"{name}_act2")(x)
-    x = layers.GlobalAveragePooling2D(name="global_pool")(x)
+            if block == 1:
+                x = layers.Activation(activation, name=f"{name}_act2")(x)
+    x = layers.Flatten(name="flatten")(x)
     outputs = layers.Dense(classes, name="logits")(x)
     return keras.Model(inputs, outputs, name="resnet18")
 

@@ -10,7 +10,13 @@ import pytest  # noqa: E402
 
 from bitdrift.datasets import file_digest  # noqa: E402
 from bitdrift.devices import import_keras  # noqa: E402
-from bitdrift.models import build_model, cast_model, layer_probe, model_digest  # noqa: E402
+from bitdrift.models import (  # noqa: E402
+    ACTIVATION_CLASSES,
+    build_model,
+    cast_model,
+    layer_probe,
+    model_digest,
+)
 
 keras = import_keras(os.environ["KERAS_BACKEND"])
 
@@ -25,6 +31,35 @@ def test_cifar10_small_is_table_sup6():
     params = {layer.name: layer.count_params() for layer in model.layers}
     assert (params["conv2d"], params["conv2d_1"], params["dense_1"], params["dense_2"],
             params["dense_3"]) == (84, 380, 41088, 16512, 1290)
+
+
+def _activation_indices(model):
+    """Layer indices of the activation layers, the input layer at 0 (Table SUP-8)."""
+    return [index for index, layer in enumerate(model.layers)
+            if layer.__class__.__name__ in ACTIVATION_CLASSES]
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid"])
+def test_cifar10_small_activations_are_layers_at_the_papers_positions(activation):
+    model = build_model(keras, {"architecture": "cifar10_small", "activation": activation},
+                        (32, 32, 3), 10)
+    assert model.count_params() == 59354
+    assert _activation_indices(model) == [2, 5, 9, 11]  # Table SUP-8, Cifar10-small
+    assert model.get_layer("dense_1").get_config()["activation"] == "linear"
+
+
+@pytest.mark.parametrize(("activation", "pooling"), [("relu", "max"), ("sigmoid", "avg")])
+def test_resnet18_matches_tables_sup5_and_sup8(activation, pooling):
+    model = build_model(keras, {"architecture": "resnet18", "activation": activation,
+                                "pooling": pooling}, (32, 32, 3), 10)
+    convolutions = sum(layer.count_params() for layer in model.layers
+                       if layer.__class__.__name__ == "Conv2D")
+    assert (model.count_params(), convolutions) == (11_191_306, 11_170_816)  # Table SUP-5
+    assert _activation_indices(model) == [5, 9, 12, 18, 23, 26, 32, 37, 40, 46, 51, 54]
+    pools = [i for i, layer in enumerate(model.layers) if "Pooling" in layer.__class__.__name__]
+    assert pools == [2]  # the single pooling layer after the first convolution
+    expected = "MaxPooling2D" if pooling == "max" else "AveragePooling2D"
+    assert model.layers[2].__class__.__name__ == expected
 
 
 def test_sigmoid_avg_variant_uses_xavier_and_avg_pooling():
