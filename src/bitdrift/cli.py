@@ -100,7 +100,8 @@ def cmd_precision(args) -> None:
     from bitdrift.atomic import write_csv
     from bitdrift.eqc import PRECISION_COLUMNS, PRECISION_EXTRA_COLUMNS, precision_rows
 
-    rows = precision_rows(_open_checked(args), precision=args.precision)
+    rows = precision_rows(_open_checked(args), precision=args.precision,
+                          significant=args.significant_bits)
     write_csv(rows, args.out, columns=PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)
 
 
@@ -270,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     _expect_option(p)
     p.add_argument("--precision", choices=list(PRECISIONS),
                    help="devices of this precision enter (default: the one all records share)")
+    p.add_argument("--significant-bits", action="store_true",
+                   help="add the statistical significant bits the devices share per layer "
+                   "(significantdigits: CNH, relative error, base 2) against the model's "
+                   "float64 device where there is one, else the devices' mean")
     p.set_defaults(func=cmd_precision)
 
     p = sub.add_parser("plot-eqc", help="EQC grid and dendrogram (PDF)")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bitdrift.precision import RemainingPrecisionAccumulator
+from bitdrift.precision import RemainingPrecisionAccumulator, as_float64, significant_bits
 from bitdrift.record import Record, RecordError, group_by_model
 
 EQC_COLUMNS = ["model", "sample", "device", "eqc", "deterministic", "distinct_outputs",
@@ -31,8 +31,10 @@ EQC_LAYER_COLUMNS = ["model", "sample", "layer", "position", "device", "eqc", "d
 PRECISION_COLUMNS = ["model", "sample", "layer", "position", "n_eqc", "remaining_precision",
                      "remaining_precision_uncapped", "median_remaining_precision",
                      "deviating_fraction"]
-# Appended after the contract's columns: which devices entered, and the layer's class.
-PRECISION_EXTRA_COLUMNS = ["precision", "n_devices", "layer_class"]
+# Appended after the contract's columns: which devices entered, the layer's class, and
+# the statistical significant bits (empty unless asked for: `--significant-bits`).
+PRECISION_EXTRA_COLUMNS = ["precision", "n_devices", "layer_class", "significant_bits_mean",
+                           "significant_bits_min", "significant_bits_reference"]
 
 
 class OutputKey:
@@ -135,13 +137,16 @@ def _common_layers(records: list[Record], sample: int):
 
 
 def analyse(records: list[Record], precision: str | None = None, layers: bool = True,
-            remaining_precision: bool = True) -> Iterator[LayerResult]:
+            remaining_precision: bool = True,
+            significant: bool = False) -> Iterator[LayerResult]:
     """One pass over all (model, sample, layer) of the records, streaming.
 
     ``precision`` selects the devices whose remaining precision is computed (records with
     that ``precision`` attribute); None means the precision shared by all records of a
     model, and an error if they differ. With ``remaining_precision=False`` only the classes
-    are computed, so records of mixed precisions need no choice.
+    are computed, so records of mixed precisions need no choice. ``significant`` adds the
+    statistical significant bits of the analysed devices (:func:`precision.significant_bits`)
+    against the model's first float64 device where it has one, else their mean.
     """
     for model, group in group_by_model(records):
         analysed_precision = precision
@@ -157,14 +162,17 @@ def analyse(records: list[Record], precision: str | None = None, layers: bool = 
             infos = _common_layers(group, sample) if layers else [
                 info for info in group[0].layers(sample) if info.final]
             for info in infos:
-                yield _analyse_layer(model, group, sample, info, analysed_precision)
+                yield _analyse_layer(model, group, sample, info, analysed_precision,
+                                     significant)
 
 
-def _analyse_layer(model, group, sample, info, analysed_precision) -> LayerResult:
+def _analyse_layer(model, group, sample, info, analysed_precision,
+                   significant=False) -> LayerResult:
     summaries = []
     accumulator = None
     formats = set()
     shape = None
+    analysed_values, reference, reference_name = [], None, "mean of the devices"
     for record in group:
         own = next(i for i in record.layers(sample) if i.label == info.label)
         tensor = record.tensor(sample, own)
@@ -179,7 +187,14 @@ def _analyse_layer(model, group, sample, info, analysed_precision) -> LayerResul
         summary, representative = summarize_repeats(record.device, tensor.values,
                                                      tensor.float_format)
         summaries.append(summary)
+        if significant and record.precision == "float64" and reference is None \
+                and analysed_precision != "float64":
+            reference = representative.reshape(-1).astype(np.float64)
+            reference_name = f"float64 device {record.device}"
         if record.precision == analysed_precision:
+            if significant:
+                analysed_values.append(as_float64(representative, tensor.float_format)
+                                       .reshape(-1))
             formats.add(tensor.float_format)
             if len(formats) == 1:
                 if accumulator is None:
@@ -198,6 +213,10 @@ def _analyse_layer(model, group, sample, info, analysed_precision) -> LayerResul
     if stats is not None:
         stats = {"n_eqc": len(set(selected)), **stats, "precision": analysed_precision,
                  "n_devices": len(selected)}
+        if significant and len(formats) == 1:
+            stats.update(significant_bits(np.stack(analysed_values), formats.pop(),
+                                          reference),
+                         significant_bits_reference=reference_name)
     return LayerResult(model, sample, info.label, info.position, summaries,
                        number_classes([s.key for s in summaries]), stats, info.class_name,
                        final=info.final)
@@ -224,13 +243,16 @@ def eqc_tables(records: list[Record], layers: bool = True):
             pd.DataFrame(layer_rows, columns=EQC_LAYER_COLUMNS))
 
 
-def precision_rows(records: list[Record], precision: str | None = None) -> list[dict]:
+def precision_rows(records: list[Record], precision: str | None = None,
+                   significant: bool = False) -> list[dict]:
     """Rows of the remaining-precision table (PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)."""
     rows = []
-    for result in analyse(records, precision=precision):
+    for result in analyse(records, precision=precision, significant=significant):
         if result.precision is None:
             continue
-        rows.append({"model": result.model, "sample": result.sample, "layer": result.layer,
+        rows.append({"significant_bits_mean": None, "significant_bits_min": None,
+                     "significant_bits_reference": None,
+                     "model": result.model, "sample": result.sample, "layer": result.layer,
                      "position": result.position, **result.precision,
                      "layer_class": result.layer_class})
     if not rows and precision is not None:
@@ -238,9 +260,10 @@ def precision_rows(records: list[Record], precision: str | None = None) -> list[
     return rows
 
 
-def precision_table(records: list[Record], precision: str | None = None):
+def precision_table(records: list[Record], precision: str | None = None,
+                    significant: bool = False):
     """The remaining-precision table as a DataFrame."""
     import pandas as pd
 
-    return pd.DataFrame(precision_rows(records, precision),
+    return pd.DataFrame(precision_rows(records, precision, significant),
                         columns=PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)

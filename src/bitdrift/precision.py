@@ -11,6 +11,8 @@ is negative (down to m - total_bits, a sign difference).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 MANTISSA_BITS = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}
@@ -117,3 +119,48 @@ def dropped_bits(a: np.ndarray, b: np.ndarray, float_format: str) -> int:
     difference = (integer_view(np.asarray(a), float_format).ravel()
                   ^ integer_view(np.asarray(b), float_format).ravel())
     return int(bit_length(difference).max()) if difference.size else 0
+
+
+def as_float64(values: np.ndarray, float_format: str) -> np.ndarray:
+    """Values of any recorded format as float64 (bfloat16 arrives as its raw uint16 bits)."""
+    values = np.asarray(values)
+    if float_format == "bfloat16" and values.dtype == np.uint16:
+        return (values.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+    return values.astype(np.float64)
+
+
+def significant_bits(outputs: np.ndarray, float_format: str,
+                     reference: np.ndarray | None = None) -> dict:
+    """Statistical significant bits the devices' outputs share, per element, with
+    Verificarlo's `significantdigits` (CNH method, relative error, base 2).
+
+    ``outputs`` is (devices, elements) in float64; ``reference`` (elements,) is the
+    reference each output is compared with (a float64 device), or None for the mean over
+    the devices. CNH estimates from the spread of the relative errors; where every device
+    gives the same bits there is no spread, and the element keeps the format's full
+    mantissa (as remaining precision does); the estimate is capped to [0, mantissa bits].
+    Elements whose relative error is undefined (a zero reference with differing devices)
+    are left out of the mean and minimum. Mean and minimum are NaN for one device.
+    """
+    import significantdigits
+
+    mantissa = MANTISSA_BITS[float_format]
+    outputs = np.asarray(outputs, dtype=np.float64)
+    devices = outputs.shape[0]
+    if devices < 2:
+        return {"significant_bits_mean": float("nan"), "significant_bits_min": float("nan")}
+    agree = np.all(outputs.view(np.uint64) == outputs[:1].view(np.uint64), axis=0)
+    bits = np.full(outputs.shape[1:], float(mantissa))
+    if not agree.all():
+        chosen = outputs[:, ~agree]
+        base = chosen.mean(axis=0) if reference is None else \
+            np.asarray(reference, dtype=np.float64)[~agree]
+        with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            estimate = np.asarray(significantdigits.significant_digits(
+                chosen, reference=base, axis=0, basis=2, error="relative", method="CNH"),
+                dtype=np.float64)
+        bits[~agree] = np.where(np.isfinite(estimate), np.clip(estimate, 0, mantissa), np.nan)
+    finite = bits[np.isfinite(bits)]
+    return {"significant_bits_mean": float(finite.mean()) if finite.size else float("nan"),
+            "significant_bits_min": float(finite.min()) if finite.size else float("nan")}

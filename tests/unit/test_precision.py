@@ -113,3 +113,69 @@ def test_pairwise_matrix_max_equals_set_value():
     matrix = pairwise_dropped_bits(outputs, "float32")
     assert matrix[0, 1] == 3 and matrix[0, 2] == 1 and matrix[1, 2] == 3
     assert 23 - matrix.max() == remaining_precision(outputs)["remaining_precision"]
+
+
+# -- statistical significant bits (significantdigits, CNH) -------------------------------
+def _cnh_by_hand(values, reference):
+    """Sohier et al.'s CNH bound for relative errors Z = X / Y - 1 over n samples:
+    s = -log2(sd(Z)) - [1/2 log2((n-1) / chi2_{alpha/2, n-1}) + log2(Phi^-1((p+1)/2))],
+    sd with ddof 0, p = confidence = 0.95 (the package's defaults)."""
+    from scipy import stats
+
+    z = np.asarray(values, dtype=np.float64) / reference - 1
+    n = len(z)
+    chi2 = stats.chi2.ppf(0.025, n - 1)
+    delta = 0.5 * np.log2((n - 1) / chi2) + np.log2(stats.norm.ppf(0.975))
+    return -np.log2(np.std(z)) - delta
+
+
+def test_significant_bits_match_a_hand_computed_cnh_example():
+    from bitdrift.precision import significant_bits
+
+    column = np.array([1.0, 1.0 + 2.0**-20, 1.0 - 2.0**-21, 1.0 + 2.0**-22])
+    outputs = column[:, None]
+    expected = _cnh_by_hand(column, 1.0)
+    assert 10 < expected < 23  # a meaningful, uncapped case
+    result = significant_bits(outputs, "float32", reference=np.array([1.0]))
+    assert result["significant_bits_mean"] == pytest.approx(expected, abs=1e-9)
+    assert result["significant_bits_min"] == pytest.approx(expected, abs=1e-9)
+    # Against the devices' mean instead of a reference
+    mean = significant_bits(outputs, "float32")
+    assert mean["significant_bits_mean"] == pytest.approx(_cnh_by_hand(column, column.mean()),
+                                                          abs=1e-9)
+
+
+@pytest.mark.parametrize("float_format", ["float16", "float32", "float64"])
+def test_significant_bits_of_agreeing_devices_are_the_full_mantissa(float_format):
+    from bitdrift.precision import significant_bits
+
+    x = np.linspace(-3, 3, 20).astype(float_format).astype(np.float64)
+    outputs = np.stack([x, x.copy(), x.copy()])
+    result = significant_bits(outputs, float_format)
+    assert result == {"significant_bits_mean": MANTISSA_BITS[float_format],
+                      "significant_bits_min": MANTISSA_BITS[float_format]}
+    # One element apart: the minimum drops, the other 19 keep the full mantissa
+    outputs[1, 3] = x[3] * (1 + 2.0 ** -(MANTISSA_BITS[float_format] - 3))
+    apart = significant_bits(outputs, float_format)
+    assert apart["significant_bits_min"] < MANTISSA_BITS[float_format]
+    assert apart["significant_bits_mean"] > apart["significant_bits_min"]
+
+
+def test_precision_table_reports_significant_bits_against_the_float64_device(make_record):
+    from bitdrift.eqc import precision_table
+    from bitdrift.record import open_records
+
+    base = np.linspace(0.5, 2.0, 8)
+    reference = make_record("d64", {0: base[None, None, :]}, precision="float64")
+    first = make_record("a", {0: base.astype(np.float32)[None, None, :]})
+    nudged = base.astype(np.float32)
+    nudged[2] = next_up(nudged[2], np.float32, 3)[0]
+    second = make_record("b", {0: nudged[None, None, :]})
+    records = open_records([first, second, reference])
+    table = precision_table(records, precision="float32", significant=True)
+    row = table.iloc[0]
+    assert row["significant_bits_reference"] == "float64 device d64"
+    assert row["significant_bits_min"] < 23 and row["remaining_precision"] < 23
+    assert row["significant_bits_mean"] > row["significant_bits_min"]  # 7 of 8 agree
+    plain = precision_table(records, precision="float32")
+    assert plain["significant_bits_mean"].isna().all()

@@ -7,7 +7,7 @@ from bitdrift.cli import main
 sys.exit(
     main(
         ["precision", *snakemake.input.records, "--out", snakemake.output[0]]
-        + ["--precision", snakemake.params.precision]
+        + ["--precision", snakemake.params.precision, "--significant-bits"]
         + snakemake.params.expect
     )
 )
