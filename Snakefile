@@ -25,6 +25,7 @@ include: "rules/inference.smk"
 include: "rules/analysis.smk"
 include: "rules/maxpool.smk"
 include: "rules/variance.smk"
+include: "rules/ablation.smk"
 
 
 rule all:

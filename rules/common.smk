@@ -17,6 +17,8 @@ from bitdrift import paths
 from bitdrift.config import ConfigError, validate_config
 from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.provenance import infer_command
+from bitdrift.studies.ablation.cli import ABLATION_TABLES, ablation_inputs, study_config
+from bitdrift.studies.ablation.config import variant_models
 from bitdrift.studies.variance.plans import gallery_plan, plan_runs, resolve_plans
 
 # ---- validation and constants: core -------------------------------------------------------
@@ -87,6 +89,13 @@ def _check_samples():
 _check_samples()
 
 # ---- validation and constants: studies ----------------------------------------------------
+# The ablation's model variants join config["models"] after the spine's MODELS are taken:
+# the spine's train and inference rules make them, and the spine's tables stay the
+# config's own models.
+ABLATION = config.get("ablation")
+ABLATION_MODELS = variant_models(config)
+config["models"].update(ABLATION_MODELS)
+ALL_MODELS = MODELS + list(ABLATION_MODELS)
 MAXPOOL = config.get("maxpool")
 PLANS = resolve_plans(config)
 GALLERY_PLAN, GALLERY_ARM, GALLERY_TOP_K = gallery_plan(config, PLANS)
@@ -104,7 +113,7 @@ wildcard_constraints:
     plan=_choice(PLANS),
     arm=_choice(sorted({arm for plan in PLANS.values() for arm in plan["arms"]})),
     run=r"\d+",
-    model=_choice(MODELS),
+    model=_choice(ALL_MODELS),
     seed=r"\d+",
 
 
@@ -172,8 +181,27 @@ def variance_targets():
     return variance_run_files() + [paths.figure_file(name) for name in figures]
 
 
+def ablation_targets():
+    if not ABLATION:
+        return []
+    inputs = ablation_inputs(config)
+    # Records and trained models as targets too (see core_targets).
+    return (
+        [file for files in inputs["records"].values() for file in files]
+        + list(inputs["logits"].values())
+        + [paths.table_file(name) for name in ABLATION_TABLES.values()]
+        + [paths.figure_file("ablation_layers"), paths.figure_file("precision_casting")]
+    )
+
+
 def all_targets():
-    return maxpool_targets() + variance_targets() + training_targets() + core_targets()
+    return (
+        maxpool_targets()
+        + variance_targets()
+        + ablation_targets()
+        + training_targets()
+        + core_targets()
+    )
 
 
 # ---- input and params functions: core -----------------------------------------------------
@@ -214,6 +242,21 @@ def inference_model_file(wildcards):
 
 def device_threads(wildcards):
     return config["devices"][wildcards.device]["threads"] or 1
+
+
+# ---- input and params functions: ablation study -------------------------------------------
+def ablation_files(wildcards=None):
+    """Every record and test-logits file the ablation tables read."""
+    inputs = ablation_inputs(config)
+    return sorted(
+        {file for files in inputs["records"].values() for file in files}
+        | {file for files in inputs["casting"].values() for file in files}
+        | set(inputs["logits"].values())
+    )
+
+
+def ablation_config(wildcards):
+    return canonical(study_config(config))
 
 
 # ---- input and params functions: MaxPool study --------------------------------------------
@@ -330,7 +373,10 @@ INFERENCE_RESOURCES = scheduling_resources(
     lambda wildcards: device_resources(wildcards.device),
 )
 TRAINING_RESOURCES = scheduling_resources(
-    [config["models"][model]["train"].get("resources", {}) for model in TRAINED_MODELS],
+    [
+        config["models"][model]["train"].get("resources", {})
+        for model in TRAINED_MODELS + list(ABLATION_MODELS)
+    ],
     lambda wildcards: config["models"][wildcards.model]["train"].get("resources", {}),
 )
 ANALYSIS_RESOURCES = config["analysis"].get("resources", {})

@@ -51,6 +51,7 @@ def validate_config(config: dict) -> dict:
     Raises ConfigError naming the key, e.g. ``config key devices.cpu_t1.threads: 'two' is
     not of type 'integer', 'null'``.
     """
+    expand_device_matrices(config)
     models = config.get("models") if isinstance(config, dict) else None
     trained_files = [name for name, model in (models or {}).items()
                      if isinstance(model, dict) and "file" in model and "train" in model]
@@ -67,6 +68,65 @@ def validate_config(config: dict) -> dict:
         raise ConfigError(f"config key {_key_path(best)}: {message}")
     _check_references(config, trained_files)
     return config
+
+
+MATRIX_AXES = ("precision", "threads")  # the settings a device matrix varies
+
+
+def matrix_device_name(base: str, setting: dict) -> str:
+    """`tf_2threads` x {precision: float16} -> `tf_2threads_float16`; threads -> `_4t`."""
+    parts = [base]
+    if "precision" in setting:
+        parts.append(setting["precision"])
+    if "threads" in setting:
+        parts.append(f"{setting['threads']}t")
+    return "_".join(parts)
+
+
+def expand_device_matrices(config: dict) -> None:
+    """Replace each `devices` entry of the form ``{matrix: {devices: [...], precision:
+    [...], threads: [...]}}`` by one device per base device and setting (the product of
+    the axes given), in place and in the entry's position (config order numbers the
+    classes). A base is an explicit device; its copies differ only in the axes varied.
+    Errors name the key."""
+    devices = config.get("devices") if isinstance(config, dict) else None
+    if not isinstance(devices, dict) or not any(
+            isinstance(entry, dict) and "matrix" in entry for entry in devices.values()):
+        return
+    import itertools
+
+    expanded = {}
+    for name, entry in devices.items():
+        if not (isinstance(entry, dict) and "matrix" in entry):
+            expanded[name] = entry
+            continue
+        key = f"config key devices.{name}"
+        matrix = entry["matrix"]
+        if set(entry) != {"matrix"} or not isinstance(matrix, dict):
+            raise ConfigError(f"{key}: a device matrix has only `matrix: {{devices: [...], "
+                              f"{' / '.join(MATRIX_AXES)}: [...]}}`")
+        unknown = set(matrix) - {"devices", *MATRIX_AXES}
+        if unknown:
+            raise ConfigError(f"{key}.matrix: unknown key(s) {sorted(unknown)} (a matrix "
+                              f"varies {', '.join(MATRIX_AXES)})")
+        bases = matrix.get("devices")
+        axes = {axis: matrix[axis] for axis in MATRIX_AXES if axis in matrix}
+        if not isinstance(bases, list) or not bases or not axes or not all(
+                isinstance(values, list) and values for values in axes.values()):
+            raise ConfigError(f"{key}.matrix: needs a non-empty `devices` list and at least "
+                              f"one non-empty list of {' or '.join(MATRIX_AXES)}")
+        for base in bases:
+            if not isinstance(devices.get(base), dict) or "matrix" in devices[base]:
+                raise ConfigError(f"{key}.matrix.devices: {base!r} is not a device entry "
+                                  "of its own (a matrix expands explicit devices)")
+            for values in itertools.product(*axes.values()):
+                setting = dict(zip(axes, values, strict=True))
+                device = matrix_device_name(base, setting)
+                if device in devices or device in expanded:
+                    raise ConfigError(f"{key}: device {device!r} (from {base!r}) is already "
+                                      "defined")
+                expanded[device] = copy.deepcopy(devices[base]) | setting
+    config["devices"] = expanded
 
 
 def _check_references(config: dict, trained_files: list[str]) -> None:

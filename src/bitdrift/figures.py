@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 
 from bitdrift.atomic import save_figure  # noqa: E402
 from bitdrift.eqc import summarize_repeats  # noqa: E402
-from bitdrift.models import ACTIVATION_CLASSES  # noqa: E402
+from bitdrift.models import ACTIVATION_CLASSES, layer_kind  # noqa: E402
 from bitdrift.precision import MANTISSA_BITS, pairwise_dropped_bits  # noqa: E402
 from bitdrift.record import OUTPUT, Record, group_by_model  # noqa: E402
 
@@ -196,18 +196,8 @@ def plot_eqc_table(table: pd.DataFrame, out: str | Path) -> None:
     save_figure(figure, out, bbox_inches="tight")
 
 
-LAYER_KINDS = {"convolution": ("Conv",), "activation": tuple(ACTIVATION_CLASSES),
-               "pooling": ("Pooling",), "dense": ("Dense",)}
 KIND_STYLE = {"convolution": ("s", "tab:green"), "activation": ("^", "tab:red"),
               "pooling": ("v", "tab:blue"), "dense": ("D", "tab:purple")}
-
-
-def layer_kind(layer_class: str) -> str:
-    """convolution, activation, pooling, dense, or '' (any other layer)."""
-    for kind, markers in LAYER_KINDS.items():
-        if any(marker in str(layer_class) for marker in markers):
-            return kind
-    return ""
 
 
 def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str | Path) -> None:

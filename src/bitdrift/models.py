@@ -20,6 +20,17 @@ import numpy as np
 from bitdrift.datasets import file_digest
 
 ACTIVATION_CLASSES = {"Activation", "ReLU", "LeakyReLU", "ELU", "PReLU", "Softmax"}
+LAYER_KINDS = {"convolution": ("Conv",), "activation": tuple(ACTIVATION_CLASSES),
+               "pooling": ("Pooling",), "dense": ("Dense",)}
+
+
+def layer_kind(layer_class: str) -> str:
+    """convolution, activation, pooling, dense, or '' (any other layer), from the layer's
+    Keras class name as the records keep it."""
+    for kind, markers in LAYER_KINDS.items():
+        if any(marker in str(layer_class) for marker in markers):
+            return kind
+    return ""
 
 
 def _initializer(activation: str) -> str:

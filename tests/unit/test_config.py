@@ -15,7 +15,8 @@ MINIMAL = {"datasets": {"digits": {"source": "digits"}},
 @pytest.mark.parametrize("path", ["config.yaml", "tests/config/config.yaml",
                                   "config/presets/cifar10_paper.yaml",
                                   "config/presets/maxpool_paper.yaml",
-                                  "config/presets/training_variance_paper.yaml"])
+                                  "config/presets/training_variance_paper.yaml",
+                                  "config/presets/ablation_paper.yaml"])
 def test_shipped_configs_are_valid(path):
     load_config(ROOT / path)
 

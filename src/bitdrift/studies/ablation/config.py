@@ -1,0 +1,87 @@
+"""The `ablation` config section: its checks, and the model variants it stands for."""
+
+from __future__ import annotations
+
+import copy
+
+from bitdrift.errors import ConfigError
+
+# Architectures whose builders take `activation` and `pooling` (Table SUP-7's variants).
+VARIANT_ARCHITECTURES = ("cifar10_small", "resnet18")
+
+
+def variant_name(base: str, variant: str) -> str:
+    return f"{base}_{variant}"
+
+
+def variant_models(config: dict) -> dict[str, dict]:
+    """{model name: spec} of every variant: the base model's spec with the variant's
+    activation and pooling; an untrained variant keeps the training seeds (so the same
+    initial weights) and trains 0 epochs."""
+    section = config.get("ablation")
+    if not section:
+        return {}
+    models = {}
+    for base in section["models"]:
+        for variant, change in section["variants"].items():
+            spec = copy.deepcopy(config["models"][base])
+            spec.update({key: change[key] for key in ("activation", "pooling") if key in change})
+            if not change.get("trained", True):
+                spec["train"]["epochs"] = 0
+            models[variant_name(base, variant)] = spec
+    return models
+
+
+def variants_of(config: dict) -> list[dict]:
+    """One entry per (base, variant), the base itself first as variant `base`: model name,
+    activation, pooling, trained."""
+    section = config["ablation"]
+    entries = []
+    for base in section["models"]:
+        spec = config["models"][base]
+        entries.append({"base": base, "variant": "base", "model": base,
+                        "activation": spec.get("activation", "relu"),
+                        "pooling": spec.get("pooling", "max"),
+                        "trained": spec["train"]["epochs"] > 0})
+        for variant, change in section["variants"].items():
+            entries.append({"base": base, "variant": variant,
+                            "model": variant_name(base, variant),
+                            "activation": change.get("activation",
+                                                     spec.get("activation", "relu")),
+                            "pooling": change.get("pooling", spec.get("pooling", "max")),
+                            "trained": change.get("trained", True)
+                            and spec["train"]["epochs"] > 0})
+    return entries
+
+
+def check(config: dict) -> None:
+    """Base models with an architecture that has the variants' options, devices that exist
+    and are run by the workflow, and variant names that take no other model's name."""
+    section = config.get("ablation")
+    if not section:
+        return
+    for base in section["models"]:
+        spec = config["models"].get(base)
+        if spec is None:
+            raise ConfigError(f"config key ablation.models: unknown model {base!r} "
+                              f"(models: {sorted(config['models'])})")
+        if spec.get("architecture") not in VARIANT_ARCHITECTURES:
+            raise ConfigError(f"config key ablation.models: {base!r} must be built from one of "
+                              f"{', '.join(VARIANT_ARCHITECTURES)} (the architectures with "
+                              "activation and pooling options)")
+        for variant in section["variants"]:
+            if variant_name(base, variant) in config["models"]:
+                raise ConfigError(f"config key ablation.variants.{variant}: its model name "
+                                  f"{variant_name(base, variant)!r} is taken by a model")
+    for device in section["devices"]:
+        entry = config["devices"].get(device)
+        if entry is None:
+            raise ConfigError(f"config key ablation.devices: unknown device {device!r} "
+                              f"(devices: {sorted(config['devices'])})")
+        if entry["external"]:
+            raise ConfigError(f"config key ablation.devices: {device!r} is external; the "
+                              "workflow cannot run the variants on it")
+        if entry["precision"] != config["analysis"]["precision"]:
+            raise ConfigError(f"config key ablation.devices: {device!r} computes in "
+                              f"{entry['precision']}; the variants are compared at the "
+                              f"analysis precision {config['analysis']['precision']}")
