@@ -138,8 +138,13 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
         top, bottom = axes[0, k], axes[1, k]
         for sample, rows in part.groupby("sample"):
             rows = rows.sort_values("position")
-            top.plot(rows["position"], rows["remaining_precision"], marker="o", ms=3,
-                     label=f"sample {sample}")
+            line, = top.plot(rows["position"], rows["remaining_precision"], marker="o", ms=3,
+                             label=f"sample {sample}")
+            significant = pd.to_numeric(rows.get("significant_bits_mean"), errors="coerce")
+            if significant is not None and significant.notna().any():
+                # The statistical view beside the worst case, same axis and colour.
+                top.plot(rows["position"], significant, ls=":", color=line.get_color(),
+                         label=f"sample {sample}: significant bits (CNH, mean)")
             bottom.plot(rows["position"], rows["n_eqc"], marker="o", ms=3)
         layers = part.drop_duplicates("position").sort_values("position")
         classes = layers.get("layer_class", pd.Series([""] * len(layers))).fillna("")
