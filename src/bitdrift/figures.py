@@ -136,6 +136,7 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
     for k, model in enumerate(models):
         part = table[table["model"] == model]
         top, bottom = axes[0, k], axes[1, k]
+        dotted = False
         for sample, rows in part.groupby("sample"):
             rows = rows.sort_values("position")
             line, = top.plot(rows["position"], rows["remaining_precision"], marker="o", ms=3,
@@ -143,8 +144,8 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
             significant = pd.to_numeric(rows.get("significant_bits_mean"), errors="coerce")
             if significant is not None and significant.notna().any():
                 # The statistical view beside the worst case, same axis and colour.
-                top.plot(rows["position"], significant, ls=":", color=line.get_color(),
-                         label=f"sample {sample}: significant bits (CNH, mean)")
+                top.plot(rows["position"], significant, ls=":", color=line.get_color())
+                dotted = True
             bottom.plot(rows["position"], rows["n_eqc"], marker="o", ms=3)
         layers = part.drop_duplicates("position").sort_values("position")
         classes = layers.get("layer_class", pd.Series([""] * len(layers))).fillna("")
@@ -160,7 +161,9 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
         top.set_ylim(-0.5, mantissa + 0.5)
         top.set_ylabel("remaining precision (bits)")
         top.set_title(f"{model}")
-        top.legend(fontsize=7)
+        if dotted:
+            top.plot([], [], ls=":", color="black", label="significant bits (CNH, mean)")
+        top.legend(fontsize=7, loc="lower right", ncol=2)
         bottom.set_ylabel("number of EQCs")
         bottom.set_xlabel("layer")
         bottom.set_xticks(layers["position"], layers["layer"], rotation=90, fontsize=6)

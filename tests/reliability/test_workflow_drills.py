@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from bitdrift.config import load_config
+from bitdrift.studies.ablation.config import variant_models
 from tests.utils import ROOT, snakemake
 
 pytestmark = pytest.mark.workflow
@@ -62,15 +64,20 @@ PRESETS = sorted((ROOT / "config/presets").glob("*.yaml"))
 @pytest.mark.parametrize("profile", [None, "local", "slurm-gpu"])
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda path: path.stem)
 def test_a_preset_stands_alone_under_every_profile(preset, profile, tmp_path):
-    settings = yaml.safe_load(preset.read_text())
+    settings = load_config(preset)  # device matrices expanded, defaults filled
     arguments = ["all", "-n"] + (["--profile", str(ROOT / "profiles" / profile)]
                                  if profile else [])
     planned = jobs(snakemake(tmp_path, *arguments, configfile=preset))
-    # Its own devices and models only, none of config.yaml's.
+    # Its own devices and models only, none of config.yaml's; the ablation's variants run
+    # on the ablation's devices only.
+    variants = variant_models(settings)
+    ablation_devices = len(settings.get("ablation", {}).get("devices", []))
     assert planned.get("run_inference", 0) == len(settings["models"]) * len(
-        [d for d in settings["devices"].values() if not d.get("external")])
+        [d for d in settings["devices"].values() if not d["external"]]
+    ) + len(variants) * ablation_devices
     assert planned.get("train_model", 0) == sum(
-        len(model.get("train", {}).get("seeds", [1])) for model in settings["models"].values()
+        len(model["train"]["seeds"]) for model in [*settings["models"].values(),
+                                                   *variants.values()]
         if "architecture" in model)
     if "training_variance" not in settings:
         assert "train_variance_run" not in planned

@@ -18,19 +18,19 @@ def _pyplot():
     return plt
 
 
-def _mark_layers(ax, layers: pd.DataFrame, low: float, span: float) -> None:
-    """Activation layers: red upward arrows; pooling layers: blue downward arrows, below
-    the x-axis (the paper's Figures SUP-4..7)."""
+def _mark_layers(ax, layers: pd.DataFrame) -> None:
+    """Activation layers: red upward arrows; pooling layers: blue downward arrows, at the
+    foot of the panel (the paper's Figures SUP-4..7 put them on the x-axis)."""
+    coordinates = ("data", "axes fraction")
     for position, layer_class in zip(layers["position"], layers["layer_class"].fillna(""),
                                      strict=True):
         kind = layer_kind(layer_class)
-        if kind == "activation":
-            ax.annotate("", (position, low), (position, low - 0.12 * span),
-                        annotation_clip=False, arrowprops={"arrowstyle": "-|>", "color": "red"})
-        elif kind == "pooling":
-            ax.annotate("", (position, low - 0.12 * span), (position, low),
-                        annotation_clip=False,
-                        arrowprops={"arrowstyle": "-|>", "color": "blue"})
+        if kind in ("activation", "pooling"):
+            low, high = (0.0, 0.09) if kind == "activation" else (0.09, 0.0)
+            ax.annotate("", (position, high), (position, low), xycoords=coordinates,
+                        textcoords=coordinates,
+                        arrowprops={"arrowstyle": "-|>", "lw": 1.5,
+                                    "color": "red" if kind == "activation" else "blue"})
 
 
 def _variant_label(row) -> str:
@@ -53,28 +53,30 @@ def plot_ablation_layers(layers: pd.DataFrame, out) -> None:
         for _, rows in part.groupby("variant", sort=False):
             mean = rows.groupby(["position", "layer"], sort=True)[
                 ["remaining_precision", "n_eqc", "significant_bits_mean"]].mean().reset_index()
-            line, = top.plot(mean["position"], mean["remaining_precision"], marker="o", ms=3,
-                             label=_variant_label(rows.iloc[0]))
+            line, = top.plot(mean["position"], mean["remaining_precision"], marker="o", ms=3)
             top.plot(mean["position"], mean["significant_bits_mean"], ls=":",
                      color=line.get_color())
             bottom.plot(mean["position"], mean["n_eqc"], marker="o", ms=3,
-                        color=line.get_color())
+                        color=line.get_color(), label=_variant_label(rows.iloc[0]))
         if part.empty:
             top.text(0.5, 0.5, "no ablation records", ha="center", transform=top.transAxes)
             continue
         sequence = part.drop_duplicates("position").sort_values("position")
-        top.set_ylim(-0.5, 23.5)
-        _mark_layers(top, sequence, -0.5, 24)
+        top.set_ylim(-3.5, 23.5)  # room for the layer arrows at the foot
+        _mark_layers(top, sequence)
         devices = int(part["n_devices"].max())
         top.set_title(f"{base}: {devices} devices, mean over {part['sample'].nunique()} "
-                      "samples; dotted: significant bits (CNH)", fontsize=9)
+                      "samples\nsolid: remaining precision; dotted: significant bits (CNH)",
+                      fontsize=9)
         top.set_ylabel("remaining precision (bits)")
-        top.legend(fontsize=7, loc="lower left")
+        bottom.legend(fontsize=7, loc="lower right")
         bottom.set_ylabel("number of classes")
         bottom.set_ylim(0.5, devices + 0.5)
+        bottom.set_yticks(range(1, devices + 1))
         bottom.set_xticks(sequence["position"], sequence["layer"], rotation=90, fontsize=6)
-    fig.suptitle("Activation and pooling ablation (Schlögl et al., Figures SUP-4..7): "
-                 "red up arrows activations, blue down arrows pooling", fontsize=10)
+    fig.suptitle("Activation and pooling ablation (Schlögl et al., Figures SUP-4..7)\n"
+                 "red up arrows: activation layers; blue down arrows: pooling layers",
+                 fontsize=10)
     save_figure(fig, out)
 
 
@@ -100,23 +102,25 @@ def plot_precision_casting(casting: pd.DataFrame, out) -> None:
             bits.plot(mean["position"], mean["remaining_precision"], label=label, **style)
             shares.plot(mean["position"], mean["remaining_share"], label=label, **style)
             output = rows[rows["layer"] == OUTPUT]
-            notes.append(f"{precision}: {output['n_eqc'].max()} classes at the output"
-                         + (" (one device: nothing to compare)" if devices < 2 else ""))
+            notes.append(f"{precision}: {output['n_eqc'].min()}-{output['n_eqc'].max()} "
+                         "output classes" + (" (one device)" if devices < 2 else ""))
         if part.empty:
             counts.text(0.5, 0.5, "no precision-casting records", ha="center",
                         transform=counts.transAxes)
             continue
         sequence = part.drop_duplicates("position").sort_values("position")
-        counts.set_title(f"{base} cast to each precision: " + "; ".join(notes), fontsize=8)
+        counts.set_title(f"{base} cast to each precision, the same devices, mean over "
+                         f"{part['sample'].nunique()} samples\n" + "; ".join(notes),
+                         fontsize=8)
         counts.set_ylabel("number of classes")
         bits.set_ylabel("remaining precision (mantissa bits)")
         shares.set_ylabel("remaining precision / mantissa bits")
-        shares.set_ylim(-0.05, 1.05)
+        shares.set_ylim(-0.15, 1.05)  # room for the layer arrows at the foot
         counts.legend(fontsize=7)
         shares.set_xticks(sequence["position"], sequence["layer"], rotation=90, fontsize=6)
-        _mark_layers(shares, sequence, -0.05, 1.1)
-    fig.suptitle("Precision casting (Schlögl et al., Figure 6 and SUP-2): dotted lines have "
-                 "one device", fontsize=10)
+        _mark_layers(shares, sequence)
+    fig.suptitle("Precision casting (Schlögl et al., Figure 6 and SUP-2)\ndotted lines: "
+                 "one device, nothing to compare", fontsize=10)
     save_figure(fig, out)
 
 
