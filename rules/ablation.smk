@@ -2,28 +2,33 @@ rule tabulate_ablation:
     input:
         ablation_files,
     output:
-        layers=report(
-            paths.table_file("ablation_layers"),
+        layers=paths.table_file("ablation_layers"),
+        layers_html=report(
+            paths.table_html("ablation_layers"),
             caption="../workflow/report/ablation_layers_table.rst",
             category="Ablation",
         ),
-        activation=report(
-            paths.table_file("activation_deviations"),
+        activation=paths.table_file("activation_deviations"),
+        activation_html=report(
+            paths.table_html("activation_deviations"),
             caption="../workflow/report/activation_deviations_table.rst",
             category="Ablation",
         ),
-        effects=report(
-            paths.table_file("layer_effects"),
+        effects=paths.table_file("layer_effects"),
+        effects_html=report(
+            paths.table_html("layer_effects"),
             caption="../workflow/report/layer_effects_table.rst",
             category="Ablation",
         ),
-        accuracy=report(
-            paths.table_file("validation_accuracy"),
+        accuracy=paths.table_file("validation_accuracy"),
+        accuracy_html=report(
+            paths.table_html("validation_accuracy"),
             caption="../workflow/report/validation_accuracy_table.rst",
             category="Ablation",
         ),
-        casting=report(
-            paths.table_file("precision_casting"),
+        casting=paths.table_file("precision_casting"),
+        casting_html=report(
+            paths.table_html("precision_casting"),
             caption="../workflow/report/precision_casting_table.rst",
             category="Ablation",
         ),

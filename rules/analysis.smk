@@ -3,13 +3,15 @@ rule cluster_equivalence_classes:
         records=record_files,
         provenance=PROVENANCE_FILES,
     output:
-        final=report(
-            paths.table_file("eqc"),
+        final=paths.table_file("eqc"),
+        final_html=report(
+            paths.table_html("eqc"),
             caption="../workflow/report/eqc_table.rst",
             category="Equivalence classes",
         ),
-        layers=report(
-            paths.table_file("eqc_layers"),
+        layers=paths.table_file("eqc_layers"),
+        layers_html=report(
+            paths.table_html("eqc_layers"),
             caption="../workflow/report/eqc_layers_table.rst",
             category="Equivalence classes",
         ),
@@ -34,8 +36,9 @@ rule compute_remaining_precision:
         records=record_files,
         provenance=PROVENANCE_FILES,
     output:
-        table=report(
-            paths.table_file("precision"),
+        table=paths.table_file("precision"),
+        table_html=report(
+            paths.table_html("precision"),
             caption="../workflow/report/precision_table.rst",
             category="Remaining precision",
         ),
@@ -102,18 +105,21 @@ rule explain_equivalence_classes:
         records=record_files,
         provenance=PROVENANCE_FILES,
     output:
-        explain=report(
-            paths.table_file("explain"),
+        explain=paths.table_file("explain"),
+        explain_html=report(
+            paths.table_html("explain"),
             caption="../workflow/report/explain_table.rst",
             category="Why devices differ",
         ),
-        flags=report(
-            paths.table_file("flag_groups"),
+        flags=paths.table_file("flag_groups"),
+        flags_html=report(
+            paths.table_html("flag_groups"),
             caption="../workflow/report/flag_groups_table.rst",
             category="Why devices differ",
         ),
-        classes=report(
-            paths.table_file("device_classes"),
+        classes=paths.table_file("device_classes"),
+        classes_html=report(
+            paths.table_html("device_classes"),
             caption="../workflow/report/device_classes_table.rst",
             category="Why devices differ",
         ),
@@ -137,8 +143,9 @@ rule locate_divergence:
         records=record_files,
         provenance=PROVENANCE_FILES,
     output:
-        report(
-            paths.table_file("divergence"),
+        table=paths.table_file("divergence"),
+        html=report(
+            paths.table_html("divergence"),
             caption="../workflow/report/divergence_table.rst",
             category="Why devices differ",
         ),
@@ -170,6 +177,11 @@ rule plot_eqc_table:
             category="Why devices differ",
         ),
         table=paths.table_file("eqc_table"),
+        table_html=report(
+            paths.table_html("eqc_table"),
+            caption="../workflow/report/eqc_table_csv.rst",
+            category="Why devices differ",
+        ),
     log:
         "logs/plot_eqc_table/all.log",
     localrule: True

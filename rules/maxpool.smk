@@ -1,7 +1,8 @@
 rule compute_zero_programs:
     output:
-        report(
-            paths.table_file("maxpool_zero_program"),
+        table=paths.table_file("maxpool_zero_program"),
+        html=report(
+            paths.table_html("maxpool_zero_program"),
             caption="../workflow/report/maxpool_zero_program.rst",
             category="MaxPool study",
         ),
@@ -77,8 +78,9 @@ rule tabulate_bifurcation_volume:
     input:
         maxpool_volume_files,
     output:
-        report(
-            paths.table_file("bifurcation_volume"),
+        table=paths.table_file("bifurcation_volume"),
+        html=report(
+            paths.table_html("bifurcation_volume"),
             caption="../workflow/report/bifurcation_volume_table.rst",
             category="MaxPool study",
         ),
@@ -116,7 +118,7 @@ rule plot_backprop_variation:
 
 rule plot_bifurcation_volume:
     input:
-        rules.tabulate_bifurcation_volume.output,
+        rules.tabulate_bifurcation_volume.output.table,
     output:
         pdf=paths.figure_file("bifurcation_volume"),
         png=report(

@@ -28,28 +28,33 @@ rule compute_training_statistics:
     input:
         variance_run_files,
     output:
-        summary=report(
-            paths.table_file("training_variance"),
+        summary=paths.table_file("training_variance"),
+        summary_html=report(
+            paths.table_html("training_variance"),
             caption="../workflow/report/training_variance_table.rst",
             category="Training variance",
         ),
-        runs=report(
-            paths.table_file("training_runs"),
+        runs=paths.table_file("training_runs"),
+        runs_html=report(
+            paths.table_html("training_runs"),
             caption="../workflow/report/training_runs_table.rst",
             category="Training variance",
         ),
-        subgroups=report(
-            paths.table_file("training_subgroups"),
+        subgroups=paths.table_file("training_subgroups"),
+        subgroups_html=report(
+            paths.table_html("training_subgroups"),
             caption="../workflow/report/training_subgroups_table.rst",
             category="Training variance",
         ),
-        seed_ratio=report(
-            paths.table_file("seed_ratio"),
+        seed_ratio=paths.table_file("seed_ratio"),
+        seed_ratio_html=report(
+            paths.table_html("seed_ratio"),
             caption="../workflow/report/seed_ratio_table.rst",
             category="Training variance",
         ),
-        determinism_cost=report(
-            paths.table_file("determinism_cost"),
+        determinism_cost=paths.table_file("determinism_cost"),
+        determinism_cost_html=report(
+            paths.table_html("determinism_cost"),
             caption="../workflow/report/determinism_cost_table.rst",
             category="Training variance",
         ),
@@ -154,23 +159,27 @@ rule compute_example_divergence:
     input:
         variance_run_files,
     output:
-        examples=report(
-            paths.table_file("example_divergence"),
+        examples=paths.table_file("example_divergence"),
+        examples_html=report(
+            paths.table_html("example_divergence"),
             caption="../workflow/report/example_divergence_table.rst",
             category="Training variance",
         ),
-        overlap=report(
-            paths.table_file("divergence_overlap"),
+        overlap=paths.table_file("divergence_overlap"),
+        overlap_html=report(
+            paths.table_html("divergence_overlap"),
             caption="../workflow/report/divergence_overlap_table.rst",
             category="Training variance",
         ),
-        groups=report(
-            paths.table_file("divergence_groups"),
+        groups=paths.table_file("divergence_groups"),
+        groups_html=report(
+            paths.table_html("divergence_groups"),
             caption="../workflow/report/divergence_groups_table.rst",
             category="Training variance",
         ),
-        subset=report(
-            paths.table_file("divergent_subset_accuracy"),
+        subset=paths.table_file("divergent_subset_accuracy"),
+        subset_html=report(
+            paths.table_html("divergent_subset_accuracy"),
             caption="../workflow/report/divergent_subset_accuracy_table.rst",
             category="Training variance",
         ),

@@ -69,23 +69,67 @@ def save_figure(figure, out: str | Path, **options) -> None:
 
 
 def write_csv(table, path: str | Path, columns: list[str] | None = None) -> None:
-    """A pandas table as CSV (no index), written atomically. With ``columns``, ``table`` is
-    a list of dicts written with the csv module, as pandas would write it (NaN and None as
-    empty fields), for commands that need not pay pandas' import (~0.2 s)."""
+    """A table as CSV (no index) and, beside it, as HTML (the report shows HTML inline; a
+    CSV there is download-only), both written atomically. ``table`` is a pandas table, or
+    with ``columns`` a list of dicts written with the csv module as pandas would write it
+    (NaN and None as empty fields), for commands that need not pay pandas' import."""
+    path = Path(path)
+    if columns is None:
+        columns = [str(column) for column in table.columns]
+        rows = table.itertuples(index=False, name=None)
+    else:
+        rows = ([row[column] for column in columns] for row in table)
+    rows = [[_cell(value) for value in row] for row in rows]
     with atomic_output(path) as tmp:
-        if columns is None:
-            table.to_csv(tmp, index=False)
-            return
         import csv
-        import math
 
         with open(tmp, "w", newline="") as handle:
             writer = csv.writer(handle, lineterminator="\n")
             writer.writerow(columns)
-            for row in table:
-                writer.writerow(["" if value is None or (isinstance(value, float)
-                                                         and math.isnan(value)) else value
-                                 for value in (row[column] for column in columns)])
+            writer.writerows(rows)
+    if path.suffix.lower() != ".html":
+        write_table_html(columns, rows, path.with_suffix(".html"), path.name)
+
+
+def _cell(value):
+    """A CSV field as pandas writes it: NaN and None empty, everything else as is."""
+    import math
+
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return value
+
+
+HTML_ROW_LIMIT = 1000  # a report page stays light; the CSV beside holds every row
+
+
+def write_table_html(columns, rows, path: str | Path, source: str) -> None:
+    """A plain, self-contained HTML table (the first HTML_ROW_LIMIT rows), atomically."""
+    import html
+
+    def text(value):
+        if isinstance(value, float):
+            return f"{value:.6g}"
+        return html.escape(str(value))
+
+    shown = rows[:HTML_ROW_LIMIT]
+    note = (f"{len(rows)} rows" if len(rows) <= HTML_ROW_LIMIT
+            else f"the first {HTML_ROW_LIMIT} of {len(rows)} rows")
+    head = "".join(f"<th>{html.escape(str(column))}</th>" for column in columns)
+    body = "\n".join("<tr>" + "".join(f"<td>{text(value)}</td>" for value in row) + "</tr>"
+                     for row in shown)
+    page = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(source)}</title><style>"
+        "body{font:13px sans-serif;margin:8px}table{border-collapse:collapse}"
+        "th,td{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}"
+        "th{background:#eee;position:sticky;top:0}tr:nth-child(even){background:#f8f8f8}"
+        f"</style></head><body><p>{html.escape(source)}: {note}, {len(columns)} columns "
+        "(the CSV holds every row at full precision)</p>"
+        f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>"
+        "</body></html>\n")
+    with atomic_output(path) as tmp:
+        Path(tmp).write_text(page)
 
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"

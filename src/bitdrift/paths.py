@@ -53,6 +53,11 @@ def table_file(name: str) -> str:
     return f"{TABLES}/{name}.csv"
 
 
+def table_html(name: str) -> str:
+    """The same table as HTML, written beside the CSV; the HTML report shows it inline."""
+    return f"{TABLES}/{name}.html"
+
+
 def figure_file(name: str) -> str:
     """A figure of the results (PDF), by its name without extension."""
     return f"{FIGURES}/{name}.pdf"

@@ -56,6 +56,15 @@ def test_figures_and_report_exist(run):
     report = (workdir / "results/report.html").read_text(errors="replace")
     for name in names:
         assert f"{name}.png" in report, name
+    # Tables too, as HTML beside each CSV: the report shows HTML inline (a CSV there is
+    # download-only).
+    for name in ("eqc", "precision", "explain", "training_variance", "example_divergence",
+                 "bifurcation_volume", "eqc_table"):
+        page = (workdir / "results/tables" / f"{name}.html").read_text()
+        header = (workdir / "results/tables" / f"{name}.csv").read_text().splitlines()[0]
+        assert "<table>" in page and all(f"<th>{column}</th>" in page
+                                         for column in header.split(",")), name
+        assert f"{name}.html" in report, name
 
 
 def test_maxpool_tables(run):
