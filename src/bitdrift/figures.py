@@ -178,7 +178,7 @@ def plot_eqc_table(table: pd.DataFrame, out: str | Path) -> None:
     class_columns = [c for c in table.columns if "#" in c]
     columns = [c for c in table.columns if c not in class_columns] + class_columns
     cells = table[columns].astype(str).to_numpy()
-    width = 1.2 + 0.11 * sum(max(len(str(c)), table[c].astype(str).str.len().max())
+    width = 1.2 + 0.07 * sum(max(len(str(c)), table[c].astype(str).str.len().max())
                              for c in columns)
     figure = plt.figure(figsize=(max(width, 6), 0.8 + 0.28 * (len(table) + 1)))
     axes = figure.add_axes([0.01, 0.01, 0.98, 0.98])
@@ -239,6 +239,6 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
         ax.set_ylim(-0.03, 1.03)
         ax.set_ylabel("share of device pairs in different classes")
         ax.set_title(f"{model}: where devices part ways", fontsize=10)
-        ax.legend(fontsize=6, loc="upper left")
+        ax.legend(fontsize=6, loc="lower right")
     figure.tight_layout()
     save_figure(figure, out)
