@@ -101,7 +101,7 @@ def cmd_precision(args) -> None:
     from bitdrift.eqc import PRECISION_COLUMNS, PRECISION_EXTRA_COLUMNS, precision_rows
 
     rows = precision_rows(_open_checked(args), precision=args.precision,
-                          significant=args.significant_bits)
+                          significant=args.significant_bits, workers=args.workers)
     write_csv(rows, args.out, columns=PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)
 
 
@@ -215,6 +215,13 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _default_workers() -> int:
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cpus or 1, 4))
+
+
 class _VersionAction(argparse.Action):
     """--version, looked up only when asked (importlib.metadata costs ~20 ms per command)."""
 
@@ -275,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add the statistical significant bits the devices share per layer "
                    "(significantdigits: CNH, relative error, base 2) against the model's "
                    "float64 device where there is one, else the devices' mean")
+    p.add_argument("--workers", type=int, default=_default_workers(),
+                   help="processes analysing layers in parallel, each holding one layer over "
+                   "all devices (default: the CPUs available, at most 4)")
     p.set_defaults(func=cmd_precision)
 
     p = sub.add_parser("plot-eqc", help="EQC grid and dendrogram (PDF)")

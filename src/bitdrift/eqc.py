@@ -14,6 +14,7 @@ layer over all devices and does not grow with the number of layers.
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -148,6 +149,13 @@ def analyse(records: list[Record], precision: str | None = None, layers: bool = 
     statistical significant bits of the analysed devices (:func:`precision.significant_bits`)
     against the model's first float64 device where it has one, else their mean.
     """
+    for model, group, sample, info, analysed_precision in _layer_tasks(
+            records, precision, layers, remaining_precision):
+        yield _analyse_layer(model, group, sample, info, analysed_precision, significant)
+
+
+def _layer_tasks(records: list[Record], precision, layers: bool, remaining_precision: bool):
+    """(model, its records, sample, layer, analysed precision) in analysis order."""
     for model, group in group_by_model(records):
         analysed_precision = precision
         if remaining_precision and analysed_precision is None:
@@ -162,8 +170,7 @@ def analyse(records: list[Record], precision: str | None = None, layers: bool = 
             infos = _common_layers(group, sample) if layers else [
                 info for info in group[0].layers(sample) if info.final]
             for info in infos:
-                yield _analyse_layer(model, group, sample, info, analysed_precision,
-                                     significant)
+                yield model, group, sample, info, analysed_precision
 
 
 def _analyse_layer(model, group, sample, info, analysed_precision,
@@ -174,8 +181,8 @@ def _analyse_layer(model, group, sample, info, analysed_precision,
     shape = None
     analysed_values, reference, reference_name = [], None, "mean of the devices"
     for record in group:
-        own = next(i for i in record.layers(sample) if i.label == info.label)
-        tensor = record.tensor(sample, own)
+        # One label is one dataset name in every record (the final output apart).
+        tensor = record.tensor(sample, info)
         # Equal element counts in another layout (NCHW vs NHWC) are not comparable values.
         if shape is None:
             shape, shape_path = tensor.values.shape[1:], record.path
@@ -244,20 +251,64 @@ def eqc_tables(records: list[Record], layers: bool = True):
 
 
 def precision_rows(records: list[Record], precision: str | None = None,
-                   significant: bool = False) -> list[dict]:
-    """Rows of the remaining-precision table (PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)."""
-    rows = []
-    for result in analyse(records, precision=precision, significant=significant):
-        if result.precision is None:
-            continue
-        rows.append({"significant_bits_mean": None, "significant_bits_min": None,
-                     "significant_bits_reference": None,
-                     "model": result.model, "sample": result.sample, "layer": result.layer,
-                     "position": result.position, **result.precision,
-                     "layer_class": result.layer_class})
+                   significant: bool = False, workers: int = 1) -> list[dict]:
+    """Rows of the remaining-precision table (PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS).
+
+    ``workers`` > 1 analyses the layers in that many forked processes (each opens the
+    records itself and holds one layer over all devices at a time); the rows and their
+    order are those of one process.
+    """
+    tasks = _layer_tasks(records, precision, True, True)
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        tasks = list(tasks)
+        if len(tasks) >= 2 * workers:
+            rows = _parallel_rows(records, tasks, workers, significant)
+            return _checked_rows(rows, precision)
+    rows = [_precision_row(_analyse_layer(*task, significant)) for task in tasks]
+    return _checked_rows(rows, precision)
+
+
+def _precision_row(result: LayerResult) -> dict | None:
+    if result.precision is None:
+        return None
+    return {"significant_bits_mean": None, "significant_bits_min": None,
+            "significant_bits_reference": None,
+            "model": result.model, "sample": result.sample, "layer": result.layer,
+            "position": result.position, **result.precision,
+            "layer_class": result.layer_class}
+
+
+def _checked_rows(rows: list, precision) -> list[dict]:
+    rows = [row for row in rows if row is not None]
     if not rows and precision is not None:
         raise RecordError(f"no record has precision {precision!r}")
     return rows
+
+
+_WORKER_RECORDS: dict[str, Record] = {}
+
+
+def _open_in_worker(paths: list[str]) -> None:
+    # Each forked worker opens its own HDF5 handles: the parent's are not shared.
+    from bitdrift.record import open_records
+
+    _WORKER_RECORDS.update(zip(paths, open_records(paths), strict=True))
+
+
+def _worker_row(task) -> dict | None:
+    model, paths, sample, info, analysed_precision, significant = task
+    group = [_WORKER_RECORDS[path] for path in paths]
+    return _precision_row(_analyse_layer(model, group, sample, info, analysed_precision,
+                                         significant))
+
+
+def _parallel_rows(records, tasks, workers: int, significant: bool) -> list:
+    paths = [str(record.path) for record in records]
+    jobs = [(model, [str(record.path) for record in group], sample, info, analysed,
+             significant) for model, group, sample, info, analysed in tasks]
+    context = multiprocessing.get_context("fork")
+    with context.Pool(workers, initializer=_open_in_worker, initargs=(paths,)) as pool:
+        return pool.map(_worker_row, jobs, chunksize=max(1, len(jobs) // (4 * workers)))
 
 
 def precision_table(records: list[Record], precision: str | None = None,

@@ -217,11 +217,17 @@ class Record:
             raise self._fail(f"has no sample {sample} (it has {self.samples})")
         final = layer.final if isinstance(layer, LayerInfo) else layer == OUTPUT
         layer = layer.name if isinstance(layer, LayerInfo) else layer
-        self.layers(sample)  # opens the sample's datasets once
-        dataset, is_bf16 = self._datasets[sample].get(OUTPUT if final else ("layer", layer),
-                                                      (None, False))
-        if dataset is None:
-            raise self._fail(f"sample {sample} has no layer {layer!r}")
+        key = OUTPUT if final else ("layer", layer)
+        if key in self._datasets.get(sample, {}):
+            dataset, is_bf16 = self._datasets[sample][key]
+        else:
+            # Opened by path: a worker analysing a few layers need not list every layer's
+            # attributes first (:meth:`layers` does that, and caches what it opens).
+            where = f"samples/{sample}/{OUTPUT}" if final else f"samples/{sample}/layers/{layer}"
+            dataset = self._file.get(where)
+            if not isinstance(dataset, h5py.Dataset):
+                raise self._fail(f"sample {sample} has no layer {layer!r}")
+            is_bf16 = _is_bfloat16(dataset)
         try:
             values = dataset[()]
         except OSError as error:  # Fletcher-32 mismatch, or a truncated file

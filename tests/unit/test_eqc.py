@@ -126,3 +126,22 @@ def test_analysis_commands_do_not_import_frameworks(make_record, tmp_path):
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     assert (tmp_path / "e.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_parallel_workers_give_the_rows_of_one_process(make_record):
+    from bitdrift.eqc import precision_rows
+
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(1, 1, 64)).astype(np.float32)
+    paths = []
+    for device in range(5):
+        values = base.copy()
+        values.view(np.uint32)[..., device * 3:device * 3 + 2] ^= np.uint32(device)
+        layers = {s: [(f"layer{i}", values * (i + 1)) for i in range(6)] for s in (0, 1)}
+        paths.append(make_record(f"d{device}", {0: values, 1: values}, layers=layers))
+    records = open_records(paths)
+    serial = precision_rows(records, "float32", significant=True, workers=1)
+    parallel = precision_rows(records, "float32", significant=True, workers=2)
+    assert len(serial) == 2 * 7 and parallel == serial
+    with pytest.raises(RecordError, match="no record has precision 'float64'"):
+        precision_rows(records, "float64", workers=2)

@@ -8,6 +8,7 @@ sys.exit(
     main(
         ["precision", *snakemake.input.records, "--out", snakemake.output[0]]
         + ["--precision", snakemake.params.precision, "--significant-bits"]
+        + ["--workers", str(snakemake.threads)]
         + snakemake.params.expect
     )
 )
