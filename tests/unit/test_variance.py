@@ -163,7 +163,20 @@ def test_tables_from_run_files(tmp_path):
     # Zhuang et al. report deterministic time as a percentage of the default time
     assert cost["epoch_ratio"] == pytest.approx(1.5)
     assert cost["epoch_percent_of_default"] == pytest.approx(150.0)
+    # every epoch and step took the same time: the bootstrap interval is the ratio itself
+    assert (cost["epoch_ratio_low"], cost["epoch_ratio_high"]) == pytest.approx((1.5, 1.5))
+    assert (cost["step_ratio_low"], cost["step_ratio_high"]) == pytest.approx((1.5, 1.5))
     assert len(tables["runs"]) == 4 and tables["subgroups"].empty
+
+
+def test_determinism_cost_interval_brackets_the_ratio():
+    from bitdrift.studies.variance.stats import ratio_of_statistic_interval
+
+    slow, fast = [2.0, 2.4, 1.8, 2.2, 2.1], [1.0, 1.1, 0.9, 1.05, 1.0]
+    low, high = ratio_of_statistic_interval(slow, fast, np.mean)
+    assert low < np.mean(slow) / np.mean(fast) < high
+    assert 1.5 < low and high < 2.8
+    assert all(np.isnan(ratio_of_statistic_interval([2.0], fast, np.mean)))
 
 
 def test_subgroup_rates_and_cross_device_scope(tmp_path):

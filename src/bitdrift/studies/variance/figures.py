@@ -108,14 +108,27 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
         values = cost[column].to_numpy(dtype=float)
         ax.barh(positions, values - 100, left=100,
                 color=np.where(values > 100, "tab:red", "tab:green"))
-        for position, value in zip(positions, values, strict=True):
-            ax.text(100, position, f" {value:.0f} % ({value / 100:.2f}x)", va="center",
+        unit = column.split("_")[0]
+        ends = np.maximum(values, 100)
+        if f"{unit}_ratio_low" in cost:  # bootstrap over the arms' epochs / steps
+            low = 100 * cost[f"{unit}_ratio_low"].to_numpy(dtype=float)
+            high = 100 * cost[f"{unit}_ratio_high"].to_numpy(dtype=float)
+            shown = np.isfinite(low) & np.isfinite(high)
+            ax.errorbar(values[shown], positions[shown],
+                        xerr=[values[shown] - low[shown], high[shown] - values[shown]],
+                        fmt="none", ecolor="black", elinewidth=1, capsize=3)
+            ends = np.where(shown, np.maximum(ends, high), ends)
+        for position, value, end in zip(positions, values, ends, strict=True):
+            ax.text(end, position, f"  {value:.0f} % ({value / 100:.2f}x)", va="center",
                     fontsize=7)
         ax.axvline(100, color="black", linewidth=0.5)
         ax.set_yticks(positions, labels, fontsize=7)
         ax.set_xlabel("deterministic wall time, % of default (100 % = no cost)", fontsize=8)
+        ax.margins(x=0.25)
         ax.set_title(f"time of deterministic ops, {title}", fontsize=9)
     axes[0].invert_yaxis()
+    fig.suptitle("Cost of deterministic ops (wall clock); error bars: 95 % bootstrap over the "
+                 "arms' epochs / steps, the timing noise of these runs", fontsize=9)
     if cost.empty:
         axes[0].text(0.5, 0.5, "no pair of arms differing only in op determinism",
                      transform=axes[0].transAxes, ha="center")

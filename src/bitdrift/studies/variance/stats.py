@@ -344,17 +344,55 @@ DETERMINISM_COST_COLUMNS = [
     "runs_deterministic", "flag", "epoch_seconds_default",
     "epoch_seconds_deterministic", "epoch_ratio", "epoch_percent_of_default", "epoch_overhead",
     "step_seconds_default", "step_seconds_deterministic", "step_ratio",
-    "step_percent_of_default", "step_overhead"]
+    "step_percent_of_default", "step_overhead",
+    # 95 % percentile bootstrap of the ratio over the arms' epochs / steps: timing noise
+    # of these runs (NaN with fewer than two epochs or steps in an arm).
+    "epoch_ratio_low", "epoch_ratio_high", "step_ratio_low", "step_ratio_high"]
 
 
-def determinism_cost(summary: pd.DataFrame) -> pd.DataFrame:
+def ratio_of_statistic_interval(slow, fast, statistic, confidence: float = 0.95):
+    """Percentile bootstrap interval of statistic(slow) / statistic(fast), resampling each
+    sample on its own (scipy.stats.bootstrap, 2,000 resamples, fixed seed)."""
+    from scipy.stats import bootstrap
+
+    slow, fast = (np.asarray(v, dtype=np.float64) for v in (slow, fast))
+    slow, fast = slow[np.isfinite(slow)], fast[np.isfinite(fast)]
+    if len(slow) < 2 or len(fast) < 2:
+        return float("nan"), float("nan")
+    if np.ptp(slow) == 0 and np.ptp(fast) == 0:  # every resample gives the same ratio
+        value = float(statistic(slow) / statistic(fast))
+        return value, value
+
+    def ratio(a, b, axis=-1):
+        return statistic(a, axis=axis) / statistic(b, axis=axis)
+
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate resamples give NaN, shown as such
+        result = bootstrap((slow, fast), ratio, n_resamples=2000, method="percentile",
+                           confidence_level=confidence, random_state=np.random.default_rng(0))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def _timings(runs) -> dict:
+    """(plan, device, arm) -> (steady epoch times, step times) over the group's runs."""
+    timings: dict[tuple, tuple[list, list]] = {}
+    for run in runs or []:
+        epochs, steps = timings.setdefault((run["plan"], run["device"], run["arm"]), ([], []))
+        epochs.extend(steady_epochs(run["epoch_seconds"]).tolist())
+        steps.extend(np.asarray(run["step_seconds"]).ravel().tolist())
+    return timings
+
+
+def determinism_cost(summary: pd.DataFrame, runs: list[dict] | None = None) -> pd.DataFrame:
     """Cost of deterministic training: for two arms of one plan on one device whose
     switches are equal except op determinism, the wall-clock time of the deterministic arm
     relative to the default one, per epoch (mean, first epoch left out) and per step
     (median). Three views of one number: ``ratio`` = deterministic / default;
     ``percent_of_default`` = 100 x ratio, as Zhuang et al. report it (101 % = no overhead,
-    746 % = 7.46x); ``overhead`` = ratio - 1. Wall clock, not GPU kernel time."""
+    746 % = 7.46x); ``overhead`` = ratio - 1. Wall clock, not GPU kernel time. With the
+    ``runs`` (read_run dicts), each ratio gets a bootstrap interval over epochs / steps."""
     rows = []
+    timings = _timings(runs)
     devices = summary[summary["scope"] != "all"]
     for (plan, scope), group in devices.groupby(["plan", "scope"], sort=False):
         for _, fast in group[~group["deterministic"]].iterrows():
@@ -374,13 +412,21 @@ def determinism_cost(summary: pd.DataFrame) -> pd.DataFrame:
                                 f"{unit}_seconds_deterministic": slow[column],
                                 f"{unit}_ratio": ratio, f"{unit}_percent_of_default": 100 * ratio,
                                 f"{unit}_overhead": ratio - 1})
+                slow_times = timings.get((plan, scope, slow["arm"]), ([], []))
+                fast_times = timings.get((plan, scope, fast["arm"]), ([], []))
+                for index, (unit, statistic) in enumerate((("epoch", np.mean),
+                                                           ("step", np.median))):
+                    low, high = ratio_of_statistic_interval(slow_times[index],
+                                                            fast_times[index], statistic)
+                    row.update({f"{unit}_ratio_low": low, f"{unit}_ratio_high": high})
                 rows.append(row)
     return pd.DataFrame(rows, columns=DETERMINISM_COST_COLUMNS)
 
 
 def training_tables(paths) -> dict[str, pd.DataFrame]:
     """Every table of the training-variance study from a set of run files."""
-    summary, per_run, subgroups = summarise([read_run(path) for path in paths])
+    runs = [read_run(path) for path in paths]
+    summary, per_run, subgroups = summarise(runs)
     return {"summary": summary, "runs": per_run, "subgroups": subgroups,
             "seed_ratio": seed_ratio(summary, per_run),
-            "determinism_cost": determinism_cost(summary)}
+            "determinism_cost": determinism_cost(summary, runs)}
