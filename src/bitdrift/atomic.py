@@ -91,6 +91,12 @@ def write_csv(table, path: str | Path, columns: list[str] | None = None) -> None
         write_table_html(columns, rows, path.with_suffix(".html"), path.name)
 
 
+def write_tables(tables: dict, names: dict[str, str], out_dir: str | Path) -> None:
+    """Each ``tables[key]`` as ``out_dir/NAME.csv`` (and .html) for ``names`` {key: NAME}."""
+    for key, name in names.items():
+        write_csv(tables[key], Path(out_dir) / f"{name}.csv")
+
+
 def _cell(value):
     """A CSV field as pandas writes it: NaN and None empty, everything else as is."""
     import math

@@ -91,13 +91,10 @@ def study_config(config: dict) -> dict:
 
 def write_ablation_tables(config: dict, out_dir) -> None:
     """Compute and write every ablation table into ``out_dir`` (names: ABLATION_TABLES)."""
-    from pathlib import Path
-
-    from bitdrift.atomic import write_csv
+    from bitdrift.atomic import write_tables
 
     tables = ablation_tables(config)
-    for key, name in ABLATION_TABLES.items():
-        write_csv(tables[key], Path(out_dir) / f"{name}.csv")
+    write_tables(tables, ABLATION_TABLES, out_dir)
     print(f"bitdrift: {tables['layers']['model'].nunique()} models, "
           f"{len(tables['activation'])} activation layers -> {out_dir}", file=sys.stderr)
 

@@ -31,15 +31,12 @@ def cmd_train_run(args) -> None:
 
 def cmd_training_stats(args) -> None:
     """Spread, churn, weight distance, sub-groups and determinism cost from run files."""
-    from pathlib import Path
-
-    from bitdrift.atomic import write_csv
+    from bitdrift.atomic import write_tables
     from bitdrift.paths import TRAINING_TABLES
     from bitdrift.studies.variance.stats import training_tables
 
     tables = training_tables(args.files)
-    for key, name in TRAINING_TABLES.items():
-        write_csv(tables[key], Path(args.out_dir) / f"{name}.csv")
+    write_tables(tables, TRAINING_TABLES, args.out_dir)
     print(f"bitdrift: {len(tables['runs'])} runs in {len(tables['summary'])} groups -> "
           f"{args.out_dir}", file=sys.stderr)
 
@@ -47,15 +44,12 @@ def cmd_training_stats(args) -> None:
 def cmd_example_divergence(args) -> None:
     """Per-example divergence, its overlap between arms/devices/plans, its share per class
     and sub-group, and the runs' accuracy on the most divergent examples, from run files."""
-    from pathlib import Path
-
-    from bitdrift.atomic import write_csv
+    from bitdrift.atomic import write_tables
     from bitdrift.paths import EXAMPLE_TABLES
     from bitdrift.studies.variance.examples import example_tables
 
     tables = example_tables(args.files, args.top_k)
-    for key, name in EXAMPLE_TABLES.items():
-        write_csv(tables[key], Path(args.out_dir) / f"{name}.csv")
+    write_tables(tables, EXAMPLE_TABLES, args.out_dir)
     divergent = tables["examples"][tables["examples"]["divergence"] > 0]
     print(f"bitdrift: {len(divergent)} divergent (group, example) pairs in "
           f"{len(tables['subset'])} groups -> {args.out_dir}", file=sys.stderr)

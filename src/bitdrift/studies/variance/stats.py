@@ -273,32 +273,47 @@ def degenerate(mean_accuracy: float, sd_accuracy: float, classes: int) -> str:
     return ""
 
 
+def ratio_of_statistic_interval(slow, fast, statistic, confidence: float = 0.95):
+    """Percentile bootstrap interval of statistic(slow) / statistic(fast), resampling each
+    sample on its own (scipy.stats.bootstrap, 2,000 resamples, fixed seed). A resample
+    whose denominator is 0 gives NaN; NaN with fewer than two values in a sample."""
+    from scipy.stats import bootstrap
+
+    slow, fast = (np.asarray(v, dtype=np.float64) for v in (slow, fast))
+    slow, fast = slow[np.isfinite(slow)], fast[np.isfinite(fast)]
+    if len(slow) < 2 or len(fast) < 2:
+        return float("nan"), float("nan")
+    if np.ptp(slow) == 0 and np.ptp(fast) == 0 and statistic(fast) != 0:
+        value = float(statistic(slow) / statistic(fast))  # every resample gives it
+        return value, value
+
+    def ratio(a, b, axis=-1):
+        numerator, denominator = statistic(a, axis=axis), statistic(b, axis=axis)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(denominator != 0, numerator / denominator, np.nan)
+
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        # With few values many resamples repeat one; scipy then says the interval is
+        # degenerate (and returns NaN), which the table shows as it is.
+        warnings.simplefilter("ignore")
+        result = bootstrap((slow, fast), ratio, n_resamples=2000, method="percentile",
+                           confidence_level=confidence, random_state=np.random.default_rng(0))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
 def ratio_interval(same, different, confidence: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval of sd(same) / sd(different), resampling the runs of
-    each arm (scipy.stats.bootstrap, 2,000 resamples, fixed seed); NaN with fewer than
-    two runs in an arm or when every resample of `different` has no spread."""
-    from scipy.stats import DegenerateDataWarning, bootstrap
-
+    each arm (:func:`ratio_of_statistic_interval`); NaN with fewer than two runs in an arm
+    or when every resample of `different` has no spread."""
     same, different = (np.asarray(v, dtype=np.float64) for v in (same, different))
-    if len(same) < 2 or len(different) < 2:
-        return float("nan"), float("nan")
-    if np.ptp(same) == 0 and np.ptp(different) > 0:
+    if len(same) >= 2 and np.ptp(same) == 0 and np.ptp(different) > 0:
         return 0.0, 0.0  # bit-identical same-seed runs: every resample's ratio is 0
+    return ratio_of_statistic_interval(same, different, _sample_sd, confidence)
 
-    def statistic(a, b, axis=-1):
-        sd_a = np.std(a - a[..., :1], ddof=1, axis=axis)
-        sd_b = np.std(b - b[..., :1], ddof=1, axis=axis)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(sd_b > 0, sd_a / sd_b, np.nan)
 
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        # With a few runs many resamples repeat one run; scipy then says the interval is
-        # degenerate (and returns NaN), which the table shows as it is.
-        warnings.simplefilter("ignore", DegenerateDataWarning)
-        result = bootstrap((same, different), statistic, n_resamples=2000,
-                           confidence_level=confidence, method="percentile",
-                           random_state=np.random.default_rng(0))
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+def _sample_sd(values, axis=-1):
+    # Centred on the first value first: the spread of nearly equal accuracies is tiny.
+    return np.std(values - np.take(values, [0], axis=axis), ddof=1, axis=axis)
 
 
 SEED_RATIO_COLUMNS = ["plan", "scope", "runs_same", "runs_different", "sd_accuracy_same",
@@ -348,29 +363,6 @@ DETERMINISM_COST_COLUMNS = [
     # 95 % percentile bootstrap of the ratio over the arms' epochs / steps: timing noise
     # of these runs (NaN with fewer than two epochs or steps in an arm).
     "epoch_ratio_low", "epoch_ratio_high", "step_ratio_low", "step_ratio_high"]
-
-
-def ratio_of_statistic_interval(slow, fast, statistic, confidence: float = 0.95):
-    """Percentile bootstrap interval of statistic(slow) / statistic(fast), resampling each
-    sample on its own (scipy.stats.bootstrap, 2,000 resamples, fixed seed)."""
-    from scipy.stats import bootstrap
-
-    slow, fast = (np.asarray(v, dtype=np.float64) for v in (slow, fast))
-    slow, fast = slow[np.isfinite(slow)], fast[np.isfinite(fast)]
-    if len(slow) < 2 or len(fast) < 2:
-        return float("nan"), float("nan")
-    if np.ptp(slow) == 0 and np.ptp(fast) == 0:  # every resample gives the same ratio
-        value = float(statistic(slow) / statistic(fast))
-        return value, value
-
-    def ratio(a, b, axis=-1):
-        return statistic(a, axis=axis) / statistic(b, axis=axis)
-
-    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # degenerate resamples give NaN, shown as such
-        result = bootstrap((slow, fast), ratio, n_resamples=2000, method="percentile",
-                           confidence_level=confidence, random_state=np.random.default_rng(0))
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def _timings(runs) -> dict:
