@@ -184,11 +184,9 @@ def variance_targets():
 def ablation_targets():
     if not ABLATION:
         return []
-    inputs = ablation_inputs(config)
     # Records and trained models as targets too (see core_targets).
     return (
-        [file for files in inputs["records"].values() for file in files]
-        + list(inputs["logits"].values())
+        ablation_files()
         + [paths.table_file(name) for name in ABLATION_TABLES.values()]
         + [paths.figure_file("ablation_layers"), paths.figure_file("precision_casting")]
     )

@@ -34,23 +34,18 @@ def variant_models(config: dict) -> dict[str, dict]:
 
 def variants_of(config: dict) -> list[dict]:
     """One entry per (base, variant), the base itself first as variant `base`: model name,
-    activation, pooling, trained."""
-    section = config["ablation"]
+    and the activation, pooling and training its spec (:func:`variant_models`) has."""
+    models = variant_models(config)
     entries = []
-    for base in section["models"]:
-        spec = config["models"][base]
-        entries.append({"base": base, "variant": "base", "model": base,
-                        "activation": spec.get("activation", "relu"),
-                        "pooling": spec.get("pooling", "max"),
-                        "trained": spec["train"]["epochs"] > 0})
-        for variant, change in section["variants"].items():
-            entries.append({"base": base, "variant": variant,
-                            "model": variant_name(base, variant),
-                            "activation": change.get("activation",
-                                                     spec.get("activation", "relu")),
-                            "pooling": change.get("pooling", spec.get("pooling", "max")),
-                            "trained": change.get("trained", True)
-                            and spec["train"]["epochs"] > 0})
+    for base in config["ablation"]["models"]:
+        named = [("base", base, config["models"][base])] + [
+            (variant, variant_name(base, variant), models[variant_name(base, variant)])
+            for variant in config["ablation"]["variants"]]
+        entries += [{"base": base, "variant": variant, "model": model,
+                     "activation": spec.get("activation", "relu"),
+                     "pooling": spec.get("pooling", "max"),
+                     "trained": spec["train"]["epochs"] > 0}
+                    for variant, model, spec in named]
     return entries
 
 
