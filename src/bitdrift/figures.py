@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 
 from bitdrift.atomic import save_figure  # noqa: E402
 from bitdrift.eqc import summarize_repeats  # noqa: E402
-from bitdrift.models import ACTIVATION_CLASSES, layer_kind  # noqa: E402
+from bitdrift.models import layer_kind  # noqa: E402
 from bitdrift.precision import MANTISSA_BITS, pairwise_dropped_bits  # noqa: E402
 from bitdrift.record import OUTPUT, Record, group_by_model  # noqa: E402
 
@@ -127,6 +127,21 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
     save_figure(figure, out)
 
 
+def mark_layer_kinds(ax, layers: pd.DataFrame) -> None:
+    """Activation layers: red upward arrows; pooling layers: blue downward arrows, at the
+    foot of the panel (the paper's Figures SUP-4..7 put them on the x-axis)."""
+    coordinates = ("data", "axes fraction")
+    for position, layer_class in zip(layers["position"], layers["layer_class"].fillna(""),
+                                     strict=True):
+        kind = layer_kind(layer_class)
+        if kind in ("activation", "pooling"):
+            low, high = (0.0, 0.09) if kind == "activation" else (0.09, 0.0)
+            ax.annotate("", (position, high), (position, low), xycoords=coordinates,
+                        textcoords=coordinates,
+                        arrowprops={"arrowstyle": "-|>", "lw": 1.5,
+                                    "color": "red" if kind == "activation" else "blue"})
+
+
 def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
     """Per model: RP and number of EQCs per layer, one line per sample; activation layers
     marked by red upward arrows and pooling layers by blue downward arrows (Figure SUP-4)."""
@@ -148,22 +163,17 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
                 dotted = True
             bottom.plot(rows["position"], rows["n_eqc"], marker="o", ms=3)
         layers = part.drop_duplicates("position").sort_values("position")
-        classes = layers.get("layer_class", pd.Series([""] * len(layers))).fillna("")
-        for position, layer_class in zip(layers["position"], classes, strict=True):
-            if layer_class in ACTIVATION_CLASSES:
-                top.annotate("", (position, 0), (position, -2.5), annotation_clip=False,
-                             arrowprops={"arrowstyle": "-|>", "color": "red"})
-            elif "Pooling" in str(layer_class):
-                top.annotate("", (position, -2.5), (position, 0), annotation_clip=False,
-                             arrowprops={"arrowstyle": "-|>", "color": "blue"})
+        if "layer_class" in layers:
+            mark_layer_kinds(top, layers)
         mantissa = MANTISSA_BITS.get(str(part["precision"].iloc[0]), 23) \
             if "precision" in part else 23
-        top.set_ylim(-0.5, mantissa + 0.5)
+        top.set_ylim(-0.15 * mantissa, mantissa + 0.5)  # room for the layer arrows
         top.set_ylabel("remaining precision (bits)")
         top.set_title(f"{model}")
         if dotted:
             top.plot([], [], ls=":", color="black", label="significant bits (CNH, mean)")
-        top.legend(fontsize=7, loc="lower right", ncol=2)
+        # In the lower panel, whose lower right is empty: the upper one's foot holds arrows.
+        bottom.legend(*top.get_legend_handles_labels(), fontsize=7, loc="lower right", ncol=2)
         bottom.set_ylabel("number of EQCs")
         bottom.set_xlabel("layer")
         bottom.set_xticks(layers["position"], layers["layer"], rotation=90, fontsize=6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from bitdrift.atomic import save_figure
-from bitdrift.models import layer_kind
+from bitdrift.figures import mark_layer_kinds
 from bitdrift.record import OUTPUT
 
 
@@ -16,21 +16,6 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _mark_layers(ax, layers: pd.DataFrame) -> None:
-    """Activation layers: red upward arrows; pooling layers: blue downward arrows, at the
-    foot of the panel (the paper's Figures SUP-4..7 put them on the x-axis)."""
-    coordinates = ("data", "axes fraction")
-    for position, layer_class in zip(layers["position"], layers["layer_class"].fillna(""),
-                                     strict=True):
-        kind = layer_kind(layer_class)
-        if kind in ("activation", "pooling"):
-            low, high = (0.0, 0.09) if kind == "activation" else (0.09, 0.0)
-            ax.annotate("", (position, high), (position, low), xycoords=coordinates,
-                        textcoords=coordinates,
-                        arrowprops={"arrowstyle": "-|>", "lw": 1.5,
-                                    "color": "red" if kind == "activation" else "blue"})
 
 
 def _variant_label(row) -> str:
@@ -63,7 +48,7 @@ def plot_ablation_layers(layers: pd.DataFrame, out) -> None:
             continue
         sequence = part.drop_duplicates("position").sort_values("position")
         top.set_ylim(-3.5, 23.5)  # room for the layer arrows at the foot
-        _mark_layers(top, sequence)
+        mark_layer_kinds(top, sequence)
         devices = int(part["n_devices"].max())
         top.set_title(f"{base}: {devices} devices, mean over {part['sample'].nunique()} "
                       "samples\nsolid: remaining precision; dotted: significant bits (CNH)",
@@ -118,7 +103,7 @@ def plot_precision_casting(casting: pd.DataFrame, out) -> None:
         shares.set_ylim(-0.15, 1.05)  # room for the layer arrows at the foot
         counts.legend(fontsize=7)
         shares.set_xticks(sequence["position"], sequence["layer"], rotation=90, fontsize=6)
-        _mark_layers(shares, sequence)
+        mark_layer_kinds(shares, sequence)
     fig.suptitle("Precision casting (Schlögl et al., Figure 6 and SUP-2)\ndotted lines: "
                  "one device, nothing to compare", fontsize=10)
     save_figure(fig, out)
