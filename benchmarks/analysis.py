@@ -66,6 +66,9 @@ def naive_layer(arrays: list[np.ndarray]) -> tuple[int, int]:
 
 
 def timed_analysis(paths):
+    import pandas  # noqa: F401  (imported before tracing: eqc_tables imports it on first use,
+    # and its 26 MB of code objects are not the analysis's memory)
+
     tracemalloc.start()
     start = time.perf_counter()
     records = open_records(paths)
@@ -119,6 +122,23 @@ def command_seconds(paths, out: Path) -> float:
     return time.perf_counter() - start
 
 
+PEAK_RSS_PROGRAM = """
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def command_peak_rss(paths, out: Path) -> float:
+    """Peak resident memory (MB) of `bitdrift precision --workers 1`: what the process
+    holds, HDF5's own memory included (tracemalloc sees NumPy buffers only)."""
+    command = [sys.executable, "-m", "bitdrift.cli", "precision", *map(str, paths),
+               "--out", str(out), "--workers", "1"]
+    result = subprocess.run([sys.executable, "-c", PEAK_RSS_PROGRAM, *command], check=True,
+                            capture_output=True, text=True)
+    return int(result.stdout.split()[-1]) / 1024
+
+
 def ratios(paths, folder: Path, layers: int) -> None:
     """The issue's measure, in one run: `bitdrift precision` vs the read floor and vs the
     naive pairwise-and-shift loop over every layer (the same files, warm page cache).
@@ -129,9 +149,11 @@ def ratios(paths, folder: Path, layers: int) -> None:
     floor = min(read_floor_process(paths) for _ in range(5))
     ours = min(command_seconds(paths, folder / "precision.csv") for _ in range(5))
     records = open_records(paths)
+    # The same tensors as the command: every layer and the final output.
+    names = [f"layer{layer:02d}" for layer in range(layers)] + ["output"]
     start = time.perf_counter()
-    for layer in range(layers):
-        naive_layer([r.tensor(0, f"layer{layer:02d}").values[0] for r in records])
+    for name in names:
+        naive_layer([r.tensor(0, name).values[0] for r in records])
     naive = time.perf_counter() - start
     print(f"read floor {floor:.2f} s in a fresh process ({floor_in_process:.2f} s of it "
           f"reading); bitdrift precision {ours:.2f} s (start-up included); naive loop "
@@ -165,6 +187,8 @@ def main() -> None:
         half_paths = make_records(half, args.devices, max(args.layers // 2, 2), args.elements)
         seconds, peak = timed_analysis(paths)
         _, half_peak = timed_analysis(half_paths)
+        rss = command_peak_rss(paths, Path(tmp) / "precision.csv")
+        half_rss = command_peak_rss(half_paths, Path(tmp) / "precision.csv")
         records = open_records(paths)
         naive_seconds = 0.0
         for layer in range(args.naive_layers):
@@ -180,6 +204,8 @@ def main() -> None:
     print(f"bitdrift eqc+precision: {seconds:.2f} s total, {ours_per_layer * 1e3:.1f} ms/layer")
     print(f"peak traced memory: {peak / 1e6:.1f} MB with {args.layers} layers, "
           f"{half_peak / 1e6:.1f} MB with {max(args.layers // 2, 2)} layers")
+    print(f"peak resident memory of `bitdrift precision`: {rss:.0f} MB with {args.layers} "
+          f"layers, {half_rss:.0f} MB with {max(args.layers // 2, 2)} layers")
     print(f"naive pairwise-and-shift: {naive_per_layer * 1e3:.1f} ms/layer "
           f"(measured on {args.naive_layers} layers, class counting included)")
     print(f"speed-up per layer: {naive_per_layer / ours_per_layer:.1f}x")

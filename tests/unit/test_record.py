@@ -83,3 +83,47 @@ def test_atomic_output_leaves_nothing_when_interrupted(tmp_path):
         tmp.write_bytes(b"half")
         raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
+
+
+def _record_with_layers(path, count):
+    rng = np.random.default_rng(1)
+    layers = [(f"layer{i}", rng.normal(size=(2, 8)).astype(np.float32)) for i in range(count)]
+    layers.append(("output", rng.normal(size=(2, 3)).astype(np.float32)))  # a layer so named
+    write_record(path, {**BASE_ATTRS, "model": "m", "device": "d"},
+                 {0: {"output": np.ones((2, 3), np.float32), "layers": layers}})
+    return dict(layers)
+
+
+def test_layer_labels_are_those_of_layers_without_reading_attributes(tmp_path):
+    _record_with_layers(tmp_path / "r.h5", 3)
+    listed = Record(tmp_path / "r.h5").layer_labels(0)
+    with Record(tmp_path / "r.h5") as record:
+        assert listed == {info.label for info in record.layers(0)}
+        assert record.layer_labels(0) == listed
+    assert {"layers/output", "output"} <= listed
+
+
+def test_renewed_handle_reads_the_same_values(tmp_path, monkeypatch):
+    # A record renews its HDF5 handle after READS_PER_HANDLE reads (memory bound); the
+    # values read across renewals must be the stored ones, every time.
+    import bitdrift.record
+
+    stored = _record_with_layers(tmp_path / "r.h5", 5)
+    monkeypatch.setattr(bitdrift.record, "READS_PER_HANDLE", 2)
+    with Record(tmp_path / "r.h5") as record:
+        for _ in range(3):
+            for info in record.layers(0):
+                values = record.tensor(0, info).values
+                expected = np.ones((2, 3), np.float32) if info.final else stored[info.name]
+                np.testing.assert_array_equal(values, expected)
+        assert record._reads <= 2
+
+
+def test_reopened_record_reads_on_its_own_handle(tmp_path):
+    stored = _record_with_layers(tmp_path / "r.h5", 2)
+    record = Record(tmp_path / "r.h5")
+    copy = record.reopened()
+    record.close()
+    assert (copy.device, copy.samples, copy.fingerprint) == ("d", [0], {"hostname": "test"})
+    np.testing.assert_array_equal(copy.tensor(0, "layer1").values, stored["layer1"])
+    copy.close()
