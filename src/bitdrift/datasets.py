@@ -417,21 +417,27 @@ def dataset_classes(data: dict) -> int:
 def read_test_images(path: str | Path, indices: list[int]) -> np.ndarray:
     """Test images at the given indices (float32, NHWC)."""
     with h5py.File(path, "r") as handle:
-        n_test = handle["x_test"].shape[0]
-        bad = [i for i in indices if i >= n_test]
-        if bad:
-            raise DatasetError(f"{path}: sample indices {bad} beyond the test set ({n_test})")
+        _check_indices(path, indices, handle["x_test"].shape[0])
         return np.stack([handle["x_test"][i] for i in indices])
 
 
-def check_samples(path: str | Path, samples: list[int]) -> None:
-    """Refuse sample indices beyond the test set of a prepared dataset file."""
+def count_test_images(path: str | Path) -> int:
+    """Number of test images in a prepared dataset file."""
     try:
         with h5py.File(path, "r") as handle:
-            n_test = handle["x_test"].shape[0]
+            return handle["x_test"].shape[0]
     except (OSError, KeyError) as error:
         raise DatasetError(f"{path}: cannot read the test set ({error})") from error
-    beyond = [sample for sample in samples if not 0 <= sample < n_test]
+
+
+def check_samples(path: str | Path, samples: list[int]) -> None:
+    """Refuse sample indices beyond the test set of a prepared dataset file (the one check
+    the workflow makes at parse time and `bitdrift infer` before its repeats)."""
+    _check_indices(path, samples, count_test_images(path), "; config key samples")
+
+
+def _check_indices(path, indices: list[int], n_test: int, hint: str = "") -> None:
+    beyond = [index for index in indices if not 0 <= index < n_test]
     if beyond:
         raise DatasetError(f"{path}: samples {beyond} beyond the test set (indices 0.."
-                           f"{n_test - 1}); config key samples")
+                           f"{n_test - 1}){hint}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.datasets import read_test_images
+from bitdrift.datasets import check_samples, count_test_images, read_test_images
 from bitdrift.devices import run_in_fresh_process, worker_main
 from bitdrift.errors import InferenceError
 from bitdrift.models import model_digest
@@ -66,8 +66,8 @@ def run_repeat(job: dict) -> None:
             probe, layers = layer_probe(keras, model)
         else:
             probe, layers = model, []
-    with h5_dataset_len(job["dataset_path"]) as n_test:
-        indices = batch_indices(job["samples"], device["batch_size"], n_test)
+    indices = batch_indices(job["samples"], device["batch_size"],
+                            count_test_images(job["dataset_path"]))
     images = read_test_images(job["dataset_path"], indices).astype(numpy_dtype(device["precision"]))
     results: dict[str, list[np.ndarray]] = {}
     for start in range(0, len(indices), device["batch_size"]):
@@ -91,19 +91,6 @@ def run_repeat(job: dict) -> None:
     np.savez(job["out"], meta=json.dumps(meta), **arrays)
 
 
-class h5_dataset_len:  # noqa: N801 - used as a context manager like open()
-    def __init__(self, path):
-        import h5py
-
-        self._file = h5py.File(path, "r")
-
-    def __enter__(self) -> int:
-        return self._file["x_test"].shape[0]
-
-    def __exit__(self, *exc):
-        self._file.close()
-
-
 TEMP_PREFIX = "bitdrift-infer-"
 
 
@@ -113,11 +100,7 @@ def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> N
     for kind, path in (("model", model_path), ("dataset", dataset_path)):
         if not Path(path).is_file():
             raise InferenceError(f"{path}: {kind} file does not exist")
-    with h5_dataset_len(dataset_path) as n_test:
-        beyond = [sample for sample in samples if not 0 <= sample < n_test]
-    if beyond:
-        raise InferenceError(f"samples {beyond} are not in the test set of {dataset_path} "
-                             f"(indices 0..{n_test - 1})")
+    check_samples(dataset_path, samples)
     folder = Path(out).resolve().parent
     try:
         folder.mkdir(parents=True, exist_ok=True)

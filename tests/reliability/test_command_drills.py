@@ -188,8 +188,9 @@ def test_infer_problems_are_found_before_any_repeat(trained, tmp_path, capsys):
     beyond.write_text(yaml.safe_dump(settings))
     assert main(["infer", "--config", str(beyond), "--model", "m", "--device", "cpu",
                  "--dataset-file", str(dataset), "--model-file", str(model),
-                 "--out", str(tmp_path / "r.h5")]) == 4
-    assert f"samples [{n_test + 3}] are not in the test set" in one_line_error(capsys)
+                 "--out", str(tmp_path / "r.h5")]) == 3  # the workflow's check, same code
+    assert f"samples [{n_test + 3}] beyond the test set (indices 0..{n_test - 1}); config " \
+        "key samples" in one_line_error(capsys)
 
 
 # -- 11. interrupted jobs and flipped bits ------------------------------------------------

@@ -49,6 +49,29 @@ def test_variants_are_the_base_with_one_change_and_the_same_seed():
     assert entries["sigmoid"]["activation"] == "sigmoid" and entries["sigmoid"]["trained"]
 
 
+def test_study_config_keeps_config_order_through_sorted_params():
+    # The workflow passes study_config as params with every key sorted; the variants and
+    # the casting devices must still come out in config order, as on the command line.
+    import json
+
+    from bitdrift.studies.ablation.cli import (
+        ablation_inputs,
+        casting_devices,
+        in_config_order,
+        study_config,
+    )
+
+    config = validate_config(_config(variants={"zeta": {"activation": "sigmoid"},
+                                               "alpha": {"pooling": "avg"}}))
+    sorted_params = json.loads(json.dumps(study_config(config), sort_keys=True))
+    assert list(sorted_params["ablation"]["variants"]) == ["alpha", "zeta"]  # as Snakemake
+    restored = in_config_order(sorted_params)
+    assert [e["variant"] for e in variants_of(restored)] == ["base", "zeta", "alpha"]
+    assert casting_devices(restored) == casting_devices(config) == [
+        "a", "b", "a_float16", "a_float64", "b_float16", "b_float64"]
+    assert ablation_inputs(restored) == ablation_inputs(config)
+
+
 def test_variant_models_build_with_their_layer_classes_and_positions():
     pytest.importorskip("keras")
     import os

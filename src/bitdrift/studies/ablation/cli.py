@@ -55,6 +55,7 @@ def ablation_tables(config: dict) -> dict:
     from bitdrift.record import open_records
     from bitdrift.studies.ablation import tables
 
+    config = in_config_order(config)
     inputs = ablation_inputs(config)
     precision = config["analysis"]["precision"]
     records = {model: open_records(files) for model, files in inputs["records"].items()}
@@ -82,11 +83,28 @@ def ablation_tables(config: dict) -> dict:
 
 
 def study_config(config: dict) -> dict:
-    """The part of a validated config the ablation tables depend on (the rule's params)."""
+    """The part of a validated config the ablation tables depend on (the rule's params).
+
+    The workflow compares params with their keys sorted, so that reordering config.yaml
+    triggers no rerun; the order of the variants and devices, which orders the tables'
+    rows, travels as lists (:func:`in_config_order` restores it)."""
     return {"ablation": config["ablation"], "analysis": {"precision":
                                                          config["analysis"]["precision"]},
             "models": {base: config["models"][base] for base in config["ablation"]["models"]},
-            "devices": config["devices"]}
+            "devices": config["devices"],
+            "order": {"variants": list(config["ablation"]["variants"]),
+                      "devices": list(config["devices"])}}
+
+
+def in_config_order(config: dict) -> dict:
+    """``config`` with its variants and devices in the order :func:`study_config` noted."""
+    order = config.get("order")
+    if not order:
+        return config
+    section = config["ablation"]
+    return {**config, "ablation": {**section, "variants": {
+                name: section["variants"][name] for name in order["variants"]}},
+            "devices": {name: config["devices"][name] for name in order["devices"]}}
 
 
 def write_ablation_tables(config: dict, out_dir) -> None:
