@@ -68,11 +68,13 @@ def save_figure(figure, out: str | Path, **options) -> None:
     plt.close(figure)
 
 
-def write_csv(table, path: str | Path, columns: list[str] | None = None) -> None:
+def write_csv(table, path: str | Path, columns: list[str] | None = None,
+              html: bool = True) -> None:
     """A table as CSV (no index) and, beside it, as HTML (the report shows HTML inline; a
-    CSV there is download-only), both written atomically. ``table`` is a pandas table, or
-    with ``columns`` a list of dicts written with the csv module as pandas would write it
-    (NaN and None as empty fields), for commands that need not pay pandas' import."""
+    CSV there is download-only), both written atomically; ``html=False`` for a workflow's
+    intermediate parts, which no report shows. ``table`` is a pandas table, or with
+    ``columns`` a list of dicts written with the csv module as pandas would write it (NaN
+    and None as empty fields), for commands that need not pay pandas' import."""
     path = Path(path)
     if columns is None:
         columns = [str(column) for column in table.columns]
@@ -87,7 +89,7 @@ def write_csv(table, path: str | Path, columns: list[str] | None = None) -> None
             writer = csv.writer(handle, lineterminator="\n")
             writer.writerow(columns)
             writer.writerows(rows)
-    if path.suffix.lower() != ".html":
+    if html and path.suffix.lower() != ".html":
         write_table_html(columns, rows, path.with_suffix(".html"), path.name)
 
 

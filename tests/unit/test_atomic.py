@@ -28,3 +28,8 @@ def test_long_tables_show_the_first_rows_in_html_and_keep_all_in_csv(tmp_path):
     page = (tmp_path / "long.html").read_text()
     assert f"the first {HTML_ROW_LIMIT} of {HTML_ROW_LIMIT + 5} rows" in page
     assert page.count("<tr>") == HTML_ROW_LIMIT + 1  # header row + the rows shown
+
+
+def test_an_intermediate_part_gets_no_html(tmp_path):
+    write_csv(pd.DataFrame({"i": [1]}), tmp_path / "part.csv", html=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["part.csv"]

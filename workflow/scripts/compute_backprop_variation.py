@@ -12,4 +12,5 @@ write_csv(
         int(snakemake.wildcards.precision),
     ),
     snakemake.output[0],
+    html=False,  # a part of a table, shown by no report
 )

@@ -10,4 +10,5 @@ write_csv(
         snakemake.params.study, snakemake.input.dataset, snakemake.wildcards.setting
     ),
     snakemake.output[0],
+    html=False,  # a part of a table, shown by no report
 )

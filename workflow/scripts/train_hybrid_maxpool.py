@@ -13,4 +13,5 @@ write_csv(
         seed=int(snakemake.wildcards.seed),
     ),
     snakemake.output[0],
+    html=False,  # a part of a table, shown by no report
 )
