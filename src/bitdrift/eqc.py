@@ -306,6 +306,8 @@ def _worker_row(task) -> dict | None:
 def _parallel_rows(records, tasks, workers: int, significant: bool) -> list:
     jobs = [(model, [str(record.path) for record in group], sample, info, analysed,
              significant) for model, group, sample, info, analysed in tasks]
+    for record in records:
+        record.suspend()  # no HDF5 file open across the fork; reopened on the next read
     context = multiprocessing.get_context("fork")
     with context.Pool(workers, initializer=_open_in_worker, initargs=(records,)) as pool:
         return pool.map(_worker_row, jobs, chunksize=max(1, len(jobs) // (4 * workers)))

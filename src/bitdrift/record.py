@@ -127,7 +127,7 @@ class Record:
         self.path = Path(path)
         self._layers: dict[int, list[LayerInfo]] = {}
         self._groups: dict[tuple[int, bool], h5py.Group] = {}  # see _sample_group
-        self._reads = 0  # tensors read on the current handle
+        self._reads = 0  # tensors read on the current handle (see READS_PER_HANDLE)
         if not self.path.exists():
             raise RecordError(f"{self.path}: inference record does not exist")
         try:
@@ -203,12 +203,12 @@ class Record:
         per model only, and reads the others' tensors by name."""
         if sample in self._layers:
             return {info.label for info in self._layers[sample]}
-        group = self._file[f"samples/{sample}"]
+        group = self._handle()[f"samples/{sample}"]
         names = group["layers"].keys() if "layers" in group else []
         return {LayerInfo(name, 0).label for name in names} | {OUTPUT}
 
     def _read_layers(self, sample: int) -> list[LayerInfo]:
-        group = self._file[f"samples/{sample}"]
+        group = self._handle()[f"samples/{sample}"]
         infos = []
         if "layers" in group:
             for name, dataset in group["layers"].items():
@@ -232,7 +232,7 @@ class Record:
         layer = layer.name if isinstance(layer, LayerInfo) else layer
         self._reads += 1
         if self._reads > READS_PER_HANDLE:
-            self._renew_handle()
+            self.suspend()
         # Opened by name: a worker analysing a few layers need not list every layer's
         # attributes first (:meth:`layers` does that).
         dataset = self._sample_group(sample, final).get(OUTPUT if final else layer)
@@ -254,30 +254,39 @@ class Record:
         key = (sample, final)
         if key not in self._groups:
             where = f"samples/{sample}" if final else f"samples/{sample}/layers"
-            group = self._file.get(where)
+            group = self._handle().get(where)
             if not isinstance(group, h5py.Group):
                 raise self._fail(f"sample {sample} has no group {where!r}")
             self._groups[key] = group
         return self._groups[key]
 
-    def _renew_handle(self) -> None:
-        self._file.close()
+    def _handle(self) -> h5py.File:
+        """The open HDF5 handle; opened again after :meth:`suspend`."""
+        if self._file is None:
+            self._file = _open_for_reading(self.path)
+            self._reads = 1
+        return self._file
+
+    def suspend(self) -> None:
+        """Close the HDF5 handle but keep what was validated: the next read opens the file
+        again. Frees what HDF5 holds per dataset read; before a fork, it leaves the workers
+        no open handle to share (HDF5 would share its file state, and its memory, between
+        a worker's own handle and one inherited)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         self._groups.clear()
-        self._file = _open_for_reading(self.path)
-        self._reads = 1
 
     def reopened(self) -> Record:
-        """This record on a handle of its own, for a forked worker: HDF5 handles must not
-        cross a fork, and the checks made on opening need not run again (fork hands
-        the worker a copy of the validated attributes)."""
+        """This record on a handle of its own, for a forked worker; the checks made on
+        opening need not run again (fork hands the worker the validated attributes)."""
         copy = object.__new__(Record)
         copy.__dict__.update(self.__dict__)
-        copy._groups, copy._reads = {}, 0
-        copy._file = _open_for_reading(self.path)
+        copy._file, copy._groups = None, {}
         return copy
 
     def close(self) -> None:
-        self._file.close()
+        self.suspend()
 
     def __enter__(self) -> Record:
         return self
