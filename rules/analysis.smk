@@ -164,6 +164,31 @@ rule locate_divergence:
         "../workflow/scripts/locate_divergence.py"
 
 
+rule check_effective_precision:
+    input:
+        records=record_files,
+        provenance=PROVENANCE_FILES,
+    output:
+        table=paths.table_file("effective_precision"),
+        html=report(
+            paths.table_html("effective_precision"),
+            caption="../workflow/report/effective_precision_table.rst",
+            category="Equivalence classes",
+        ),
+    log:
+        "logs/check_effective_precision/all.log",
+    benchmark:
+        "results/benchmarks/check_effective_precision/all.tsv"
+    conda:
+        "../envs/bitdrift.yaml"
+    resources:
+        **ANALYSIS_RESOURCES,
+    params:
+        expect=EXPECT_ARGUMENTS,
+    script:
+        "../workflow/scripts/check_effective_precision.py"
+
+
 rule plot_eqc_table:
     input:
         records=record_files,

@@ -143,6 +143,7 @@ def core_targets():
         paths.figure_file("remaining_precision"),
         paths.table_file("explain"),
         paths.table_file("divergence"),
+        paths.table_file("effective_precision"),
         paths.figure_file("eqc_table"),
         paths.figure_file("divergence"),
     ]

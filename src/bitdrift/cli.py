@@ -105,6 +105,17 @@ def cmd_precision(args) -> None:
     write_csv(rows, args.out, columns=PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)
 
 
+def cmd_effective_precision(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.effective_precision import TABLE_COLUMNS, effective_precision_table
+
+    rows = effective_precision_table(_open_checked(args))
+    write_csv(rows, args.out, columns=TABLE_COLUMNS)
+    reduced = sorted({f"{row['device']} ({row['model']})" for row in rows if row.get("reduced")})
+    print(f"bitdrift: {len(rows)} layer checks; computed below the declared precision: "
+          f"{', '.join(reduced) or 'none'} -> {args.out}", file=sys.stderr)
+
+
 def cmd_plot_eqc(args) -> None:
     from bitdrift.atomic import read_table
     from bitdrift.eqc import EQC_COLUMNS
@@ -286,6 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes analysing layers in parallel, each holding one layer over "
                    "all devices (default: the CPUs available, at most 4)")
     p.set_defaults(func=cmd_precision)
+
+    p = sub.add_parser("effective-precision", help="did each device compute in its declared "
+                       "precision: every Dense/Conv layer recomputed from the record")
+    p.add_argument("files", nargs="+", help="records")
+    p.add_argument("--out", required=True, help="effective_precision.csv")
+    _expect_option(p)
+    p.set_defaults(func=cmd_effective_precision)
 
     p = sub.add_parser("plot-eqc", help="EQC grid and dendrogram (PDF)")
     p.add_argument("files", nargs="+", help="the records the table was made from")

@@ -30,7 +30,17 @@ def import_keras(backend: str):
         return keras
     os.environ["KERAS_BACKEND"] = backend
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return importlib.import_module("keras")
+    keras = importlib.import_module("keras")
+    if backend != "tensorflow":
+        # Keras' serialisation asks whether TensorFlow is installed (`tf.available`) and
+        # imports it to find out: a torch process would load TensorFlow (seconds of
+        # start-up, and a TensorFlow version in a torch device's fingerprint). A process
+        # of another backend never uses it, so Keras is told it is absent.
+        from keras.src.utils import module_utils
+
+        if "tensorflow" not in sys.modules:
+            module_utils.tensorflow._available = False
+    return keras
 
 
 def device_environment(device: dict, base: dict | None = None) -> dict:

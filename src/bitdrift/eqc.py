@@ -27,6 +27,9 @@ from bitdrift.record import Record, RecordError, group_by_model
 
 EQC_COLUMNS = ["model", "sample", "device", "eqc", "deterministic", "distinct_outputs",
                "majority_count"]
+# Appended to eqc.csv: whether the device computed in its declared format (see
+# bitdrift.effective_precision.summary).
+EQC_EXTRA_COLUMNS = ["effective_precision"]
 EQC_LAYER_COLUMNS = ["model", "sample", "layer", "position", "device", "eqc", "deterministic",
                      "distinct_outputs", "majority_count"]
 PRECISION_COLUMNS = ["model", "sample", "layer", "position", "n_eqc", "remaining_precision",
@@ -35,7 +38,8 @@ PRECISION_COLUMNS = ["model", "sample", "layer", "position", "n_eqc", "remaining
 # Appended after the contract's columns: which devices entered, the layer's class, and
 # the statistical significant bits (empty unless asked for: `--significant-bits`).
 PRECISION_EXTRA_COLUMNS = ["precision", "n_devices", "layer_class", "significant_bits_mean",
-                           "significant_bits_min", "significant_bits_reference"]
+                           "significant_bits_min", "significant_bits_reference",
+                           "reduced_precision_devices"]
 
 
 class OutputKey:
@@ -221,7 +225,9 @@ def _analyse_layer(model, group, sample, info, analysed_precision,
                 if r.precision == analysed_precision]
     if stats is not None:
         stats = {"n_eqc": len(set(selected)), **stats, "precision": analysed_precision,
-                 "n_devices": len(selected)}
+                 "n_devices": len(selected),
+                 "reduced_precision_devices": ";".join(_reduced_at(
+                     [r for r in group if r.precision == analysed_precision], info))}
         if significant and len(formats) == 1:
             stats.update(significant_bits(np.stack(analysed_values), formats.pop(),
                                           reference),
@@ -231,11 +237,28 @@ def _analyse_layer(model, group, sample, info, analysed_precision,
                        final=info.final)
 
 
+def _reduced_at(records: list[Record], info) -> list[str]:
+    """Devices whose effective-precision check flags this layer (the final output: any
+    layer, since every layer feeds it)."""
+    from bitdrift.effective_precision import reduced_layers
+
+    devices = []
+    for record in records:
+        reduced = reduced_layers(record.effective_precision or {})
+        if reduced and (info.final or info.name in reduced):
+            devices.append(record.device)
+    return devices
+
+
 def eqc_tables(records: list[Record], layers: bool = True):
     """(final-output table, per-layer table) as documented in README, as DataFrames."""
     import pandas as pd  # imported here: `bitdrift precision` writes rows without pandas
 
+    from bitdrift.effective_precision import summary as effective_summary
+
     final_rows, layer_rows = [], []
+    effective = {(record.model, record.device): effective_summary(record.effective_precision)
+                 for record in records}
     for result in analyse(records, layers=layers, remaining_precision=False):
         for summary, eqc in zip(result.devices, result.classes, strict=True):
             row = {
@@ -247,8 +270,9 @@ def eqc_tables(records: list[Record], layers: bool = True):
             }
             layer_rows.append(row)
             if result.final:
-                final_rows.append(row)
-    return (pd.DataFrame(final_rows, columns=EQC_COLUMNS),
+                checked = effective[(result.model, summary.device)]
+                final_rows.append({**row, "effective_precision": checked})
+    return (pd.DataFrame(final_rows, columns=EQC_COLUMNS + EQC_EXTRA_COLUMNS),
             pd.DataFrame(layer_rows, columns=EQC_LAYER_COLUMNS))
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from bitdrift.datasets import check_samples, count_test_images, read_test_images
 from bitdrift.devices import run_in_fresh_process, worker_main
+from bitdrift.effective_precision import refuse_reduced
 from bitdrift.errors import InferenceError
 from bitdrift.models import model_digest
 from bitdrift.progress import progress
@@ -66,6 +67,11 @@ def run_repeat(job: dict) -> None:
             probe, layers = layer_probe(keras, model)
         else:
             probe, layers = model, []
+    # The first repeat also hands over what the effective-precision check needs (the
+    # Dense/Conv layers' settings and weights as the device had them): the parent checks
+    # in NumPy, with no framework loaded.
+    checked = checked_layers(keras, model, [name for name, _ in layers]) \
+        if job.get("fingerprint", True) else {}
     indices = batch_indices(job["samples"], device["batch_size"],
                             count_test_images(job["dataset_path"]))
     images = read_test_images(job["dataset_path"], indices).astype(numpy_dtype(device["precision"]))
@@ -84,11 +90,39 @@ def run_repeat(job: dict) -> None:
         arrays[position] = stacked
     # The record keeps the first repeat's fingerprint (one machine, one job); py-cpuinfo
     # takes about a second per call, so the other repeats skip it.
-    meta = {"layers": layers,
+    weights = {f"weights/{name}/{index}": np.asarray(value).astype(np.float64)
+               for name, (_, values) in checked.items() for index, value in enumerate(values)}
+    meta = {"layers": layers, "checked": {name: spec for name, (spec, _) in checked.items()},
             "fingerprint": fingerprint(device, accelerator) if job.get("fingerprint", True)
             else None,
             "bfloat16": device["precision"] == "bfloat16"}
-    np.savez(job["out"], meta=json.dumps(meta), **arrays)
+    np.savez(job["out"], meta=json.dumps(meta), **arrays, **weights)
+
+
+def checked_layers(keras, model, recorded: list[str]) -> dict:
+    """{layer: (spec, weights)} of the layers the effective-precision check recomputes:
+    Dense and Conv layers fed by the model input or by a recorded layer. Weights in the
+    model's (cast) format, as the device computed with them."""
+    from bitdrift.effective_precision import layer_spec
+
+    inputs = {layer.name for layer in model.layers
+              if isinstance(layer, keras.layers.InputLayer)}
+    checked = {}
+    for entry in model.get_config().get("layers", []):
+        nodes = entry.get("inbound_nodes") or []
+        args = nodes[0].get("args", []) if len(nodes) == 1 else []
+        history = args[0].get("config", {}).get("keras_history") \
+            if len(args) == 1 and isinstance(args[0], dict) else None
+        if not history:
+            continue
+        source = history[0]
+        if source not in inputs and source not in recorded:
+            continue
+        layer = model.get_layer(entry["config"]["name"])
+        spec = layer_spec(layer, None if source in inputs else source)
+        if spec is not None and layer.name in recorded:
+            checked[layer.name] = (spec, layer.get_weights())
+    return checked
 
 
 TEMP_PREFIX = "bitdrift-infer-"
@@ -148,7 +182,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     """Run all repeats of one (model, device) in fresh processes and write the record."""
     check_before_repeats(model_path, dataset_path, samples, out)
     remove_stale_temporaries()
-    repeats = []
+    repeats, weights = [], {}
     with _terminate_cleanly(), tempfile.TemporaryDirectory(
             prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
         for repeat in progress(range(device["repeats"]), f"{model_name} on {device_name}: "
@@ -166,7 +200,10 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                                      f"{repeat + 1} failed (exit {status}); see log")
             with np.load(job["out"]) as data:
                 meta = json.loads(str(data["meta"]))
-                repeats.append((meta, {k: data[k] for k in data.files if k != "meta"}))
+                if repeat == 0:
+                    weights = {k: data[k] for k in data.files if k.startswith("weights/")}
+                repeats.append((meta, {k: data[k] for k in data.files
+                                       if k != "meta" and not k.startswith("weights/")}))
     meta = repeats[0][0]
     layer_names = [name for name, _ in meta["layers"]]
     n_outputs = len(repeats[0][1])
@@ -183,6 +220,11 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         for content in samples_content.values():
             content["bfloat16"] = True
     sample_images = read_test_images(dataset_path, list(samples))
+    effective = check_effective_precision(meta.get("checked", {}), weights, samples_content,
+                                          sample_images, device["precision"]) \
+        if layers else None
+    if effective:
+        refuse_reduced(effective, device, device_name, model_name)
     attrs = {
         "model": model_name, "device": device_name, "backend": device["backend"],
         "precision": device["precision"], "fingerprint": meta["fingerprint"],
@@ -190,7 +232,36 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         "accelerator": device["accelerator"], "batch_size": device["batch_size"],
         "repeats": device["repeats"], "device_config": json.dumps(device, sort_keys=True),
     }
+    if effective is not None:
+        attrs["effective_precision"] = json.dumps(effective, sort_keys=True)
     write_record(out, attrs, samples_content)
+
+
+def check_effective_precision(checked: dict, weights: dict, samples_content: dict,
+                              sample_images: np.ndarray, precision: str) -> dict:
+    """{layer: effective-precision result} over all samples (the worst), from the record's
+    own activations (see bitdrift.effective_precision)."""
+    from bitdrift.effective_precision import check_layer, merge
+    from bitdrift.models import numpy_dtype
+
+    def as_float(values):
+        return values.view(numpy_dtype("bfloat16")) if precision == "bfloat16" else values
+
+    images = sample_images.astype(numpy_dtype(precision))
+    results = {}
+    for row, content in enumerate(samples_content.values()):
+        outputs = {name: values for name, values in content.get("layers", [])}
+        repeats = next(iter(outputs.values())).shape[0] if outputs else 1
+        for name, spec in checked.items():
+            if name not in outputs:
+                continue
+            inputs = outputs[spec["inbound"]] if spec["inbound"] else \
+                np.repeat(images[row][None], repeats, axis=0)
+            kernel = weights[f"weights/{name}/0"]
+            bias = weights.get(f"weights/{name}/1") if spec["use_bias"] else None
+            results.setdefault(name, []).append(check_layer(
+                spec, as_float(inputs), as_float(outputs[name]), kernel, bias, precision))
+    return {name: merge(parts) for name, parts in results.items()}
 
 
 if __name__ == "__main__":

@@ -279,9 +279,22 @@ def _is_float_dtype(value) -> bool:
     return False
 
 
+def keep_float64(keras) -> None:
+    """Keras 3 promotes float64 with float64 to float32 on every backend but TensorFlow
+    (``BIT64_TO_BIT32_DTYPE``, JAX's default without x64), and the torch backend's matmul
+    computes in that promoted type: a float64 model's Dense layers ran in float32. A
+    float64 device must compute in float64, so the promotion table keeps it (this process
+    computes in float64 only; the effective-precision check verifies every layer)."""
+    from keras.src.backend.common import dtypes
+
+    dtypes.BIT64_TO_BIT32_DTYPE["float64"] = "float64"
+
+
 def cast_model(keras, model, precision: str):
     """The same network computing in ``precision``: every layer's dtype policy and every
     weight cast (the reference study's precision casting). float32 returns the model."""
+    if precision == "float64":
+        keep_float64(keras)
     current = model.dtype_policy.name if hasattr(model, "dtype_policy") else "float32"
     if precision == current:
         return model

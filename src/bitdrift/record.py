@@ -3,7 +3,8 @@
 Layout (documented in README, "The inference record"):
 
     /                       attrs: model, device, backend, precision, fingerprint (JSON),
-                                   model_sha256, input_sha256, format_version
+                                   model_sha256, input_sha256, format_version,
+                                   optional effective_precision (JSON, format 2)
     /samples/<index>/output dataset (repeats, *output_shape)
     /samples/<index>/layers/<layer>
                             dataset (repeats, *layer_shape), attr position (int), attr name
@@ -25,7 +26,9 @@ import numpy as np
 from bitdrift.atomic import atomic_output
 from bitdrift.errors import RecordError
 
-FORMAT_VERSION = 1
+# 2: the effective-precision check (root attribute effective_precision); version-1
+# records are read as before, the check reported as unchecked.
+FORMAT_VERSION = 2
 REQUIRED_ATTRS = ("model", "device", "backend", "precision", "fingerprint", "model_sha256",
                   "input_sha256")
 BFLOAT16_ATTR = "bfloat16_raw_bits"
@@ -189,6 +192,20 @@ class Record:
     @property
     def precision(self) -> str:
         return self.attr("precision")
+
+    @property
+    def effective_precision(self) -> dict | None:
+        """The effective-precision check per Dense/Conv layer (see
+        bitdrift.effective_precision), or None for a record written without it."""
+        from bitdrift.effective_precision import from_attribute
+
+        if "effective_precision" not in self._attrs:
+            return None
+        try:
+            return from_attribute(self._attrs["effective_precision"])
+        except ValueError as error:
+            raise self._fail(f"attribute 'effective_precision' is not JSON ({error})") \
+                from error
 
     # -- data -----------------------------------------------------------------------------
     def layers(self, sample: int) -> list[LayerInfo]:

@@ -2,7 +2,13 @@ import h5py
 import numpy as np
 import pytest
 
-from bitdrift.eqc import EQC_COLUMNS, PRECISION_COLUMNS, eqc_tables, precision_table
+from bitdrift.eqc import (
+    EQC_COLUMNS,
+    EQC_EXTRA_COLUMNS,
+    PRECISION_COLUMNS,
+    eqc_tables,
+    precision_table,
+)
 from bitdrift.record import RecordError, open_records
 
 A = np.array([1.0, 2.0, 3.0], np.float32)
@@ -18,7 +24,7 @@ def test_classes_numbered_by_first_appearance_in_argument_order(make_record):
     paths = [make_record("d1", {0: repeats(B, B)}), make_record("d2", {0: repeats(A, A)}),
              make_record("d3", {0: repeats(B, B)}), make_record("d4", {0: repeats(C, C)})]
     final, _ = eqc_tables(open_records(paths))
-    assert list(final.columns) == EQC_COLUMNS
+    assert list(final.columns) == EQC_COLUMNS + EQC_EXTRA_COLUMNS
     assert final["eqc"].tolist() == [1, 2, 1, 3]
     assert final["deterministic"].all()
     # another order numbers differently: order is the caller's

@@ -71,17 +71,49 @@ def test_record_of_a_real_run(assets, tmp_path, backend):
         assert np.array_equal(output[0], output[1])
 
 
-def test_float64_device_records_float64(assets, tmp_path):
+@pytest.fixture(scope="module")
+def dense_weights(assets, tmp_path_factory):
+    """dense_1's kernel and bias as saved, read by Keras in a process of its own."""
+    _, model = assets
+    out = tmp_path_factory.mktemp("weights") / "dense_1.npz"
+    code = ("import keras, sys, numpy as np; m = keras.saving.load_model(sys.argv[1]); "
+            "k, b = m.get_layer('dense_1').get_weights(); np.savez(sys.argv[2], k=k, b=b)")
+    subprocess.run([sys.executable, "-c", code, str(model), str(out)], check=True,
+                   env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    with np.load(out) as data:
+        return data["k"], data["b"]
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_float64_device_computes_in_float64(assets, dense_weights, tmp_path, backend):
+    """dense_1 of a float64 device against an exact recomputation (long double) from the
+    record's own flatten_1 output: Keras on torch used to compute it in float32 (relative
+    error ~1e-5); an honest float64 layer is within ~1e-14."""
     dataset, model = assets
     out = tmp_path / "rec64.h5"
-    device = {**CPU, "backend": "tensorflow", "precision": "float64", "repeats": 1}
+    device = {**CPU, "backend": backend, "precision": "float64", "repeats": 1}
     with open(tmp_path / "log", "w") as log:
         infer(model_name="small", device_name="f64", device=device, model_path=model,
-              dataset_path=dataset, samples=[0], out=out, log=log)
+              dataset_path=dataset, samples=[0, 6], out=out, log=log)
     with h5py.File(out) as handle:
         assert handle["samples/0/output"].dtype == np.float64
         assert handle["samples/0/layers/conv2d"].dtype == np.float64
         assert handle.attrs["precision"] == "float64"
+    kernel, bias = (w.astype(np.float64).astype(np.longdouble) for w in dense_weights)
+    with Record(out) as record:
+        for sample in (0, 6):
+            flat = record.tensor(sample, "flatten_1").values[0].astype(np.longdouble)
+            dense = record.tensor(sample, "dense_1").values[0].astype(np.longdouble)
+            exact = flat @ kernel + bias
+            scale = np.abs(flat) @ np.abs(kernel) + np.abs(bias)
+            assert np.max(np.abs(dense - exact) / scale) < 1e-14
+        effective = record.effective_precision
+        # every Dense and Conv layer checked, all within float64
+        assert sorted(effective) == ["conv2d", "conv2d_1", "dense_1", "dense_2", "dense_3"]
+        assert not any(result["reduced"] for result in effective.values())
+        assert effective["dense_1"]["effective_bits"] > 46
+        # a torch-only process never loads TensorFlow
+        assert ("tensorflow" in record.fingerprint["versions"]) == (backend == "tensorflow")
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "torch"])

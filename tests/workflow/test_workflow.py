@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from bitdrift.eqc import EQC_COLUMNS, PRECISION_COLUMNS
+from bitdrift.eqc import EQC_COLUMNS, EQC_EXTRA_COLUMNS, PRECISION_COLUMNS
 from tests.utils import snakemake
 
 pytestmark = pytest.mark.workflow
@@ -22,7 +22,7 @@ def test_tables_follow_the_contract_and_agree(run):
     settings = yaml.safe_load(config.read_text())
     devices, samples = list(settings["devices"]), settings["samples"]
     eqc = pd.read_csv(workdir / "results/tables/eqc.csv")
-    assert list(eqc.columns) == EQC_COLUMNS
+    assert list(eqc.columns) == EQC_COLUMNS + EQC_EXTRA_COLUMNS
     assert len(eqc) == len(devices) * len(samples)
     assert eqc["device"].tolist()[: len(devices)] == devices  # config order
     assert eqc.groupby("sample")["eqc"].apply(lambda s: s.iloc[0]).eq(1).all()
