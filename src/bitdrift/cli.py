@@ -187,8 +187,14 @@ def cmd_identify(args) -> int:
     from bitdrift.explain import identify
     from bitdrift.record import open_records
 
+    eqc = None
+    if args.eqc:
+        from bitdrift.atomic import read_table
+        from bitdrift.eqc import EQC_COLUMNS
+
+        eqc = read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc")
     unknown, *known = open_records([args.record, *args.against])
-    found = identify(unknown, known)
+    found = identify(unknown, known, eqc)
     shared = ", ".join(f"{k}={v}" for k, v in found.shared.items()) or "none"
     if found.differing:  # what the record's own fingerprint says otherwise
         shared += "; the record itself has " + ", ".join(
@@ -198,9 +204,16 @@ def cmd_identify(args) -> int:
               f"{', '.join(f'{c} (sample {s})' for s, c in found.classes.items())}; devices "
               f"{', '.join(found.devices)}; shared attributes: {shared}")
         return 0
-    print(f"{args.record}: no match; nearest class by remaining precision "
-          f"({found.remaining_precision:g} bits): devices {', '.join(found.nearest)}; "
-          f"attributes consistent with it: {shared}")
+    numbering = "" if args.eqc else " (classes numbered over --against in order)"
+    classes = [f"class {', '.join(f'{c} (sample {s})' for s, c in numbers.items())}: "
+               f"devices {', '.join(devices)}" for numbers, devices in found.nearest_classes]
+    if len(classes) == 1:
+        nearest = f"nearest class by remaining precision ({found.remaining_precision:g} bits)"
+    else:
+        nearest = (f"{len(classes)} classes tied as nearest by remaining precision "
+                   f"({found.remaining_precision:g} bits)")
+    print(f"{args.record}: no match; {nearest}{numbering}: {'; '.join(classes)}; "
+          f"attributes consistent with {'it' if len(classes) == 1 else 'them'}: {shared}")
     return 1
 
 
@@ -357,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(exit 0: matched, 1: no match)")
     p.add_argument("record", help="the record to identify (same model and inputs)")
     p.add_argument("--against", nargs="+", required=True, help="known records")
+    p.add_argument("--eqc", help="eqc.csv of the known records: its class numbers are used "
+                   "(default: numbered by first appearance over --against)")
     p.set_defaults(func=cmd_identify)
     for study in STUDIES:
         importlib.import_module(f"bitdrift.studies.{study}.cli").add_commands(sub)

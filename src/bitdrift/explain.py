@@ -14,7 +14,7 @@ import itertools
 import json
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -24,7 +24,13 @@ from bitdrift.record import Record
 MISSING = "missing"
 FLAG_PREFIX = "cpu.flags["
 EXPLAIN_COLUMNS = ["model", "sample", "layer", "n_eqc", "n_devices", "attributes", "determined",
-                   "search", "unexplained_devices"]
+                   "search", "unexplained_devices", "alternatives", "confounded", "weak",
+                   "nondeterministic_devices"]
+# Version keys of a framework (fingerprint `versions`): on a record of another backend they
+# say only what the process happened to load, never what computed the result.
+FRAMEWORKS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax", "jaxlib": "jax",
+              "onnxruntime": "onnxruntime", "openvino": "openvino", "litert": "litert"}
+ALTERNATIVES_SHOWN = 10
 # Attributes that describe a device in the class tables (Table SUP-1/SUP-2 columns).
 DESCRIPTIVE = ("cpu.vendor", "cpu.brand", "cpu.count", "accelerator", "accelerator.gpu_name",
                "backend", "threads", "batch_size", "precision")
@@ -75,7 +81,11 @@ def device_attributes(record: Record) -> tuple[dict[str, str], list[str]]:
     }
     for name, value in (fingerprint.get("environment") or config.get("env") or {}).items():
         attributes[f"env.{name}"] = _text(value)
+    backend = attributes["backend"]
     for module, version in (fingerprint.get("versions") or {}).items():
+        framework = FRAMEWORKS.get(module.split("_")[0])
+        if framework is not None and framework != backend:
+            continue  # another framework's version: loaded by the process, not used
         attributes[f"versions.{module}"] = _text(version)
     flags = cpu.get("flags")
     return attributes, sorted(set(flags)) if isinstance(flags, list) else []
@@ -120,18 +130,27 @@ def attribute_table(records: list[Record]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def informative(table: pd.DataFrame) -> list[str]:
-    """Attributes that can explain a class: not constant, and not different on (nearly)
-    every device (hostnames, serial numbers, clock readings explain nothing)."""
-    devices = len(table)
-    keep = []
-    for name in table.columns:
-        distinct = table[name].nunique()
-        if distinct < 2:
-            continue
-        if devices >= 3 and distinct >= max(devices - devices // 10, 3):
-            continue
-        keep.append(name)
-    return sorted(keep, key=_attribute_order)
+    """Attributes that can explain a class: every attribute that is not constant. One with
+    a different value on every device is kept too: where each device has its own GPU, the
+    GPU's name may be the answer (such a set is marked weak, see :func:`is_weak`)."""
+    return sorted((name for name in table.columns if table[name].nunique() >= 2),
+                  key=_attribute_order)
+
+
+def is_weak(table: pd.DataFrame, attributes: list[str]) -> bool:
+    """A set with a value seen on one device only: that class rests on no replication."""
+    return any((table[name].value_counts() == 1).any() for name in attributes)
+
+
+def confounded_groups(table: pd.DataFrame, names: list[str]) -> dict[str, list[str]]:
+    """Attributes that split the devices identically, grouped under the first by
+    :func:`_attribute_order` (``backend``, ``versions.torch`` and ``versions.torch_mkldnn``
+    on a CPU matrix of two frameworks are one group): no set of devices can tell them apart."""
+    groups: dict[tuple, list[str]] = {}
+    for name in sorted(names, key=_attribute_order):
+        partition = tuple(pd.factorize(table[name])[0])
+        groups.setdefault(partition, []).append(name)
+    return {members[0]: members[1:] for members in groups.values()}
 
 
 def _attribute_order(name: str):
@@ -148,6 +167,9 @@ class Explanation:
     determined: bool
     search: str  # exact | greedy
     unexplained: list[str]
+    alternatives: list[list[str]] = field(default_factory=list)  # other sets of that size
+    confounded: dict[str, list[str]] = field(default_factory=dict)  # chosen -> same split
+    weak: bool = False
 
 
 def _groups_under(table: pd.DataFrame, attributes: list[str]) -> int:
@@ -159,10 +181,14 @@ def _groups_under(table: pd.DataFrame, attributes: list[str]) -> int:
 def smallest_determining_set(table: pd.DataFrame, classes: list[int],
                              time_budget: float = 10.0) -> Explanation:
     """A smallest set of attributes whose joint value determines every device's class:
-    every two devices of different classes differ in a chosen attribute. Among sets of
-    the smallest size, the one that splits the devices into the fewest groups. Exact
-    (integer program, PuLP/CBC) within ``time_budget`` seconds; greedy beyond it."""
-    candidates = informative(table)
+    every two devices of different classes differ in a chosen attribute. Smallest among
+    all attributes; attributes that split the devices identically count as one (the others
+    are listed as ``confounded``). Among sets of the smallest size, the one that splits the
+    devices into the fewest groups, then one that is not weak; the others are
+    ``alternatives``. Exact (integer program, PuLP/CBC) within ``time_budget`` seconds;
+    greedy beyond it."""
+    groups = confounded_groups(table, informative(table))
+    candidates = sorted(groups, key=_attribute_order)
     values = table[candidates].to_numpy(dtype=object) if candidates else \
         np.empty((len(table), 0), dtype=object)
     devices = list(table.index)
@@ -189,13 +215,24 @@ def smallest_determining_set(table: pd.DataFrame, classes: list[int],
             kept.append(constraint)
     if not kept:
         return Explanation([], not unexplained, "exact", unexplained)
-    chosen, search = _solve(kept, len(candidates), table[candidates], time_budget)
-    return Explanation([candidates[k] for k in sorted(chosen, key=lambda k: _attribute_order(
-        candidates[k]))], not unexplained, search, unexplained)
+    options, search = _solve(kept, len(candidates), time_budget)
+
+    def named(option):
+        return sorted((candidates[k] for k in option), key=_attribute_order)
+
+    ranked = sorted((named(option) for option in options), key=lambda names: (
+        _groups_under(table, names), is_weak(table, names),
+        [_attribute_order(name) for name in names]))
+    chosen = ranked[0]
+    return Explanation(chosen, not unexplained, search, unexplained,
+                       alternatives=ranked[1:1 + ALTERNATIVES_SHOWN],
+                       confounded={name: groups[name] for name in chosen if groups[name]},
+                       weak=is_weak(table, chosen))
 
 
-def _solve(constraints: list[frozenset], n: int, table: pd.DataFrame,
-           time_budget: float) -> tuple[set[int], str]:
+def _solve(constraints: list[frozenset], n: int,
+           time_budget: float) -> tuple[list[set[int]], str]:
+    """Every set of the smallest size (up to 50, by no-good cuts) and how it was found."""
     import pulp
 
     started = time.monotonic()
@@ -210,11 +247,9 @@ def _solve(constraints: list[frozenset], n: int, table: pd.DataFrame,
         solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(time_budget, 1))
     status = problem.solve(solver)
     if pulp.LpStatus[status] != "Optimal" or time.monotonic() - started > time_budget:
-        return _greedy(constraints), "greedy"
+        return [_greedy(constraints)], "greedy"
     best = {k for k in range(n) if chosen[k].value() > 0.5}
     size = len(best)
-    columns = list(table.columns)
-    # Other sets of the same size: keep the one with the fewest groups (no-good cuts).
     options = [best]
     problem += pulp.lpSum(chosen) == size
     while len(options) < 50 and time.monotonic() - started < time_budget:
@@ -223,10 +258,7 @@ def _solve(constraints: list[frozenset], n: int, table: pd.DataFrame,
         if pulp.LpStatus[status] != "Optimal":
             break
         options.append({k for k in range(n) if chosen[k].value() > 0.5})
-    best = min(options, key=lambda option: (
-        _groups_under(table, [columns[k] for k in option]),
-        sorted(_attribute_order(columns[k]) for k in option)))
-    return best, "exact"
+    return options, "exact"
 
 
 def _greedy(constraints: list[frozenset]) -> set[int]:
@@ -268,6 +300,14 @@ def explain_table(records: list[Record], layers: bool = False,
                 "attributes": ";".join(explanation.attributes),
                 "determined": explanation.determined, "search": explanation.search,
                 "unexplained_devices": ";".join(explanation.unexplained),
+                "alternatives": "|".join(";".join(option)
+                                         for option in explanation.alternatives),
+                "confounded": ";".join(f"{name}={'+'.join(others)}" for name, others
+                                       in explanation.confounded.items()),
+                "weak": explanation.weak,
+                # Their class is their majority output over the repeats.
+                "nondeterministic_devices": ";".join(
+                    summary.device for summary in result.devices if not summary.deterministic),
             })
     flags = flag_tables[0] if len(flag_tables) == 1 else (
         pd.concat(flag_tables).drop_duplicates("flag") if flag_tables else
@@ -296,31 +336,51 @@ def device_classes(tables: dict[str, pd.DataFrame], used: list[str]) -> pd.DataF
 class Identification:
     matched: bool
     devices: list[str]  # devices whose outputs equal the record's on every sample
-    classes: dict[int, int]  # sample -> class id of the match
-    nearest: list[str]  # when not matched: devices of the nearest class
+    classes: dict[int, int]  # sample -> class id of the match (eqc.csv's numbers)
+    nearest: list[str]  # when not matched: devices of the nearest class (of all tied ones)
     remaining_precision: float  # of the record against the nearest class (matched: full)
     shared: dict[str, str]  # attributes the matched (or nearest) devices share
     differing: dict[str, tuple[str, str]]  # shared ones the record itself has otherwise
+    # When not matched: each class tied for the highest remaining precision, as
+    # ({sample: class id}, its devices); one entry unless classes tie.
+    nearest_classes: list[tuple[dict[int, int], list[str]]] = field(default_factory=list)
 
 
-def identify(unknown: Record, known: list[Record]) -> Identification:
+def _refuse_other_inputs(unknown: Record, known: list[Record]) -> None:
+    """A record of another model or other inputs has no class among these (a relabelled
+    record would otherwise get a "nearest class")."""
+    from bitdrift.errors import RecordError
+
+    for key, what in (("model_sha256", "model"), ("input_sha256", "inputs")):
+        theirs = sorted({record.attr(key) for record in known})
+        if unknown.attr(key) not in theirs:
+            raise RecordError(
+                f"{unknown.path}: {key} {unknown.attr(key)[:12]}... differs from the known "
+                f"records' ({', '.join(value[:12] + '...' for value in theirs)}): computed "
+                f"from other {what}, it cannot be identified against them")
+
+
+def identify(unknown: Record, known: list[Record], eqc: pd.DataFrame | None = None
+             ) -> Identification:
     """Name the known class a record falls in, bitwise, on every sample it shares with the
-    known records of its model; else the nearest class by remaining precision."""
+    known records of its model; else the class nearest by remaining precision (classes
+    tied for it are all given). Class numbers are ``eqc``'s (eqc.csv) where given, else by
+    first appearance over ``known`` in order (as `bitdrift eqc` numbers them)."""
     from bitdrift.eqc import number_classes, summarize_repeats
+    from bitdrift.errors import RecordError
     from bitdrift.precision import MANTISSA_BITS, dropped_bits
 
     known = [record for record in known if record.model == unknown.model]
     if not known:
-        from bitdrift.errors import RecordError
-
         raise RecordError(f"{unknown.path}: no known record of model {unknown.model!r}")
+    _refuse_other_inputs(unknown, known)
     samples = [s for s in unknown.samples if all(s in record.samples for record in known)]
     if not samples:
-        from bitdrift.errors import RecordError
-
         raise RecordError(f"{unknown.path}: shares no sample with the known records")
     same = set(range(len(known)))
-    classes, dropped = {}, np.zeros(len(known))
+    numbers = {sample: _class_numbers(eqc, unknown.model, sample, known) for sample in samples}
+    known_classes = {sample: [] for sample in samples}
+    query_class, dropped = {}, np.zeros(len(known))
     mantissa = None
     for sample in samples:
         keys, outputs = [], []
@@ -331,9 +391,13 @@ def identify(unknown: Record, known: list[Record]) -> Identification:
             keys.append(summary.key)
             outputs.append(representative)
             mantissa = MANTISSA_BITS[tensor.float_format]
-        ids = number_classes(keys)
+        local = number_classes(keys[:-1])
+        known_classes[sample] = [numbers[sample].get(record.device, number) if numbers[sample]
+                                 else number for record, number in zip(known, local,
+                                                                       strict=True)]
         same &= {i for i in range(len(known)) if keys[i] == keys[-1]}
-        classes[sample] = ids[-1]
+        if same:
+            query_class[sample] = known_classes[sample][min(same)]
         for i, output in enumerate(outputs[:-1]):
             if output.shape != outputs[-1].shape or output.dtype != outputs[-1].dtype:
                 dropped[i] = np.inf  # not the same tensor: no precision in common
@@ -349,13 +413,37 @@ def identify(unknown: Record, known: list[Record]) -> Identification:
     if same:
         devices = [known[i].device for i in sorted(same)]
         shared = _shared(table, devices)
-        return Identification(True, devices, classes, [], float(mantissa), shared,
-                              differing(shared))
-    best = float(np.min(dropped))
-    nearest = [known[i].device for i in range(len(known)) if dropped[i] == best]
+        return Identification(True, devices, {s: query_class[s] for s in samples}, [],
+                              float(mantissa), shared, differing(shared))
+    # A class is a device's classes over all samples; its precision to the query is the
+    # one its members share with it (members of a class hold the same bits).
+    by_class: dict[tuple, list[int]] = {}
+    for i in range(len(known)):
+        by_class.setdefault(tuple(known_classes[s][i] for s in samples), []).append(i)
+    best = float(min(dropped))
+    tied = [(dict(zip(samples, key, strict=True)), [known[i].device for i in members])
+            for key, members in by_class.items() if dropped[members[0]] == best]
+    nearest = [device for _, devices in tied for device in devices]
     shared = _shared(table, nearest)
     return Identification(False, [], {}, nearest, float(max(mantissa - best, 0)), shared,
-                          differing(shared))
+                          differing(shared), nearest_classes=tied)
+
+
+def _class_numbers(eqc: pd.DataFrame | None, model: str, sample: int,
+                   known: list[Record]) -> dict[str, int]:
+    """device -> class in eqc.csv for one sample; {} without a table."""
+    if eqc is None:
+        return {}
+    part = eqc[(eqc["model"].astype(str) == model) & (eqc["sample"] == sample)]
+    numbers = dict(zip(part["device"].astype(str), part["eqc"].astype(int), strict=True))
+    from bitdrift.errors import RecordError
+
+    missing = [record.device for record in known if record.device not in numbers]
+    if missing:
+        raise RecordError(f"eqc table has no class for device(s) {', '.join(missing)} "
+                          f"(model {model!r}, sample {sample}); give the table made from "
+                          "these records")
+    return numbers
 
 
 def _shared(table: pd.DataFrame, devices: list[str]) -> dict[str, str]:

@@ -12,6 +12,7 @@ import pytest
 from bitdrift.cli import main
 from bitdrift.divergence import divergence_table, pairs_apart
 from bitdrift.eqc import eqc_tables
+from bitdrift.errors import RecordError
 from bitdrift.explain import (
     MISSING,
     attribute_table,
@@ -50,7 +51,42 @@ def test_one_attribute_determines_the_classes():
     explanation = smallest_determining_set(table, [1, 2, 1, 2])
     assert explanation.attributes == ["threads"] and explanation.determined
     assert explanation.search == "exact" and explanation.unexplained == []
-    assert "host" not in informative(table)  # different on every device: explains nothing
+    # `host` determines too (a value per device) but splits into 4 groups, not 2
+    assert "host" in informative(table) and not explanation.weak
+    assert explanation.alternatives == [["host"]]
+
+
+def test_a_name_per_device_is_the_answer_when_it_is_one():
+    """11 GPUs (Table SUP-2's shape): each device its own name, compute capability shared
+    by devices of different classes. The name determines every class; marked weak, since
+    each name is seen once."""
+    capability = ["7.0", "7.0", "7.5", "7.5", "8.0", "8.0", "8.0", "8.6", "8.6", "8.9", "9.0"]
+    classes = [1, 2, 3, 3, 4, 5, 4, 6, 7, 8, 8]
+    table = table_of([{"accelerator.gpu_name": f"GPU-{i}", "accelerator.compute_capability":
+                       cc} for i, cc in enumerate(capability)])
+    explanation = smallest_determining_set(table, classes)
+    assert explanation.attributes == ["accelerator.gpu_name"]
+    assert explanation.determined and explanation.weak
+
+
+def test_threads_alone_when_each_device_has_its_own_count():
+    table = table_of([{"threads": t, "isa": isa} for t, isa in
+                      [(1, "avx"), (2, "avx"), (4, "sse"), (8, "sse")]])
+    explanation = smallest_determining_set(table, [1, 2, 3, 4])
+    assert explanation.attributes == ["threads"] and explanation.weak
+
+
+def test_confounded_attributes_are_named_together():
+    """backend, the torch version and torch's mkldnn flag split the devices identically:
+    one is chosen, the others listed as confounded with it, not offered as alternatives."""
+    table = table_of([{"backend": b, "versions.torch": v, "versions.torch_mkldnn": m,
+                       "threads": t} for b, v, m, t in
+                      [("tf", "missing", "missing", 1), ("tf", "missing", "missing", 2),
+                       ("torch", "2.13", "true", 1), ("torch", "2.13", "true", 2)]])
+    explanation = smallest_determining_set(table, [1, 1, 2, 2])
+    assert explanation.attributes == ["backend"]
+    assert explanation.confounded == {"backend": ["versions.torch", "versions.torch_mkldnn"]}
+    assert explanation.alternatives == [] and not explanation.weak
 
 
 def test_only_two_attributes_together_determine():
@@ -174,7 +210,39 @@ def test_identify_matched_and_unmatched(make_record, tmp_path):
     found = identify(*open_records([stranger]), open_records(known))
     assert not found.matched and found.nearest == ["t1", "t3"]
     assert found.remaining_precision == 22
+    assert found.nearest_classes == [({0: 1, 1: 1}, ["t1", "t3"])]
     assert main(["identify", str(stranger), "--against", *map(str, known)]) == 1
+
+
+def test_identify_refuses_a_record_of_another_model(make_record, tmp_path, capsys):
+    known = [make_record("t1", {0: A[None]}), make_record("t2", {0: B[None]})]
+    other = make_record("relabelled", {0: A[None]}, model_sha256="o" * 64)
+    with pytest.raises(RecordError, match="model_sha256 oooooooooooo... differs"):
+        identify(*open_records([other]), open_records(known))
+    assert main(["identify", str(other), "--against", *map(str, known)]) == 3
+    assert "cannot be identified" in capsys.readouterr().err
+    inputs = make_record("other_inputs", {0: A[None]}, input_sha256="x" * 64)
+    assert main(["identify", str(inputs), "--against", *map(str, known)]) == 3
+
+
+def test_identify_numbers_classes_as_eqc_csv_and_lists_ties(make_record, tmp_path, capsys):
+    """Both classes share all but the last two bits with the query (its bits end 00, theirs
+    10 and 11): they tie and both are named. With eqc.csv the numbers are its own (here
+    the reverse of the order given)."""
+    middle = np.array([1.0, 2.0, 3.0], np.float32)
+    low, high = middle.copy(), middle.copy()
+    low.view(np.uint32)[0] += 2
+    high.view(np.uint32)[0] += 3
+    known = [make_record("lo", {0: low[None]}), make_record("hi", {0: high[None]})]
+    query = make_record("q", {0: middle[None]})
+    found = identify(*open_records([query]), open_records(known))
+    assert not found.matched and len(found.nearest_classes) == 2
+    eqc = pd.DataFrame({"model": "net", "sample": 0, "device": ["hi", "lo"], "eqc": [1, 2]})
+    found = identify(*open_records([query]), open_records(known), eqc)
+    assert sorted(found.nearest_classes, key=lambda item: item[1]) == [
+        ({0: 1}, ["hi"]), ({0: 2}, ["lo"])]
+    match = identify(*open_records([known[0]]), open_records(known), eqc)
+    assert match.matched and match.classes == {0: 2}
 
 
 def test_class_table_sorts_by_device_class_and_marks_noise(make_record):
@@ -187,6 +255,32 @@ def test_class_table_sorts_by_device_class_and_marks_noise(make_record):
     table = class_table(records, eqc, classes)
     assert table["device"].tolist() == ["t2", "t1", "t3"]
     assert table.loc[0, "net#0"] == "1*"  # non-deterministic
+
+
+def test_a_framework_the_device_did_not_use_is_no_attribute(make_record):
+    """A torch process that loaded TensorFlow on the side listed its version; that version
+    did not compute the result."""
+    loaded = {**fingerprint([], 2, 1), "versions": {"keras": "3", "tensorflow": "2.21",
+                                                    "tensorflow_onednn": "default",
+                                                    "torch": "2.13", "torch_mkldnn": True}}
+    torch_record = make_record("pt", {0: A[None]}, backend="torch", fingerprint=loaded)
+    tf_record = make_record("tf", {0: A[None]}, backend="tensorflow", fingerprint=loaded)
+    torch_attributes, _ = device_attributes(open_records([torch_record])[0])
+    tf_attributes, _ = device_attributes(open_records([tf_record])[0])
+    assert "versions.tensorflow" not in torch_attributes
+    assert "versions.tensorflow_onednn" not in torch_attributes
+    assert torch_attributes["versions.torch"] == "2.13"
+    assert "versions.torch" not in tf_attributes and tf_attributes["versions.tensorflow"] == "2.21"
+
+
+def test_explain_names_nondeterministic_devices(make_record, tmp_path):
+    files = [make_record("a", {0: A[None]}, fingerprint=fingerprint([], 2, 1)),
+             make_record("noisy", {0: np.stack([B, A, B])}, fingerprint=fingerprint([], 2, 2)),
+             make_record("c", {0: B[None]}, fingerprint=fingerprint([], 2, 2))]
+    explain, _, _ = explain_table(open_records(files))
+    row = explain.iloc[0]
+    assert row["nondeterministic_devices"] == "noisy"
+    assert row["attributes"] == "threads" and row["n_eqc"] == 2  # noisy: its majority, B
 
 
 def test_attribute_table_reads_environment_and_versions(make_record):
