@@ -1,7 +1,12 @@
 """Where devices part ways: for two classes of the final output, the first layer (by
 position) at which their representatives differ bitwise, what kind of layer it is, how
-much precision the two still share there, and the layer just before it. From the
-per-layer records only; a record without layers is said to have none, never guessed.
+much precision the two still share there, the layer just before it, and the layer where
+they agree again if they do. From the per-layer records only; a record without layers is
+said to have none, never guessed.
+
+Pairs are compared within one declared precision: a float16 and a float32 device differ
+at every layer by construction, and such pairs (71 % of the default's) would say nothing
+about where devices part ways. Cross-format pairs are counted, never compared.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from bitdrift.record import Record, group_by_model
 
 DIVERGENCE_COLUMNS = ["model", "sample", "class_a", "class_b", "device_a", "device_b",
                       "first_layer", "first_position", "layer_class",
-                      "remaining_precision_at_first", "previous_layer", "note"]
+                      "remaining_precision_at_first", "previous_layer", "note", "precision",
+                      "rejoins_at"]
 
 
 def _pair_precision(record_a: Record, record_b: Record, sample: int, label: str) -> float:
@@ -33,72 +39,108 @@ def _pair_precision(record_a: Record, record_b: Record, sample: int, label: str)
 
 
 def divergence_table(records: list[Record]) -> pd.DataFrame:
-    """One row per pair of final-output classes (their first devices), and one per device
-    against the first device of class 1; ``first_layer`` empty where they never differ
-    or where the records hold no layers (``note`` says which)."""
+    """Per declared precision: one row per pair of final-output classes (their first
+    devices of that precision), and one per device against the first device of its
+    precision; ``first_layer`` empty where they never differ or where the records hold no
+    layers (``note`` says which); ``rejoins_at`` the first later layer where the two are
+    bitwise equal again (a pair can part at a convolution and agree after a ReLU or a
+    pooling)."""
     rows = []
     for model, group in group_by_model(records):
         by_sample: dict[int, list] = {}
         for result in analyse(group, layers=True, remaining_precision=False):
             by_sample.setdefault(result.sample, []).append(result)
+        formats: dict[str, list[int]] = {}
+        for index, record in enumerate(group):
+            formats.setdefault(record.precision, []).append(index)
         for sample, results in by_sample.items():
             results.sort(key=lambda r: r.position)
             final = next(r for r in results if r.final)
             layered = len(results) > 1
-            representatives = {}
-            for index, eqc in enumerate(final.classes):
-                representatives.setdefault(eqc, index)
-            pairs = [(representatives[a], representatives[b])
-                     for a in sorted(representatives) for b in sorted(representatives) if a < b]
-            pairs += [(0, index) for index in range(1, len(group))
-                      if (0, index) not in pairs]
-            for i, j in pairs:
-                row = {"model": model, "sample": sample, "class_a": final.classes[i],
-                       "class_b": final.classes[j], "device_a": group[i].device,
-                       "device_b": group[j].device, "first_layer": "", "first_position": "",
-                       "layer_class": "", "remaining_precision_at_first": np.nan,
-                       "previous_layer": "", "note": ""}
-                apart = next((k for k, r in enumerate(results) if r.classes[i] != r.classes[j]),
-                             None)
-                if not layered:
-                    row["note"] = "no layers recorded"
-                if apart is None:
-                    row["note"] = row["note"] or "bitwise identical at every layer"
-                elif layered:
-                    result = results[apart]
-                    row.update({
-                        "first_layer": result.layer, "first_position": result.position,
-                        "layer_class": result.layer_class,
-                        "remaining_precision_at_first": _pair_precision(
-                            group[i], group[j], sample, result.layer),
-                        "previous_layer": results[apart - 1].layer if apart else ""})
-                    if np.isnan(row["remaining_precision_at_first"]):
-                        row["note"] = "different float formats or shapes: no precision shared"
-                rows.append(row)
+            for precision, members in formats.items():
+                for i, j in _pairs(final.classes, members):
+                    rows.append(_pair_row(model, sample, precision, group, results, final,
+                                          layered, i, j))
     table = pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS)
     table["first_position"] = pd.array(
         [None if p == "" else int(p) for p in table["first_position"]], dtype="Int64")
     return table
 
 
+def _pairs(classes: list[int], members: list[int]) -> list[tuple[int, int]]:
+    """Class representatives (first device of each class among ``members``) pairwise,
+    then each member against the first member."""
+    representatives: dict[int, int] = {}
+    for index in members:
+        representatives.setdefault(classes[index], index)
+    pairs = [(representatives[a], representatives[b])
+             for a in sorted(representatives) for b in sorted(representatives) if a < b]
+    return pairs + [(members[0], index) for index in members[1:]
+                    if (members[0], index) not in pairs]
+
+
+def _pair_row(model, sample, precision, group, results, final, layered, i, j) -> dict:
+    row = {"model": model, "sample": sample, "class_a": final.classes[i],
+           "class_b": final.classes[j], "device_a": group[i].device,
+           "device_b": group[j].device, "first_layer": "", "first_position": "",
+           "layer_class": "", "remaining_precision_at_first": np.nan,
+           "previous_layer": "", "note": "", "precision": precision, "rejoins_at": ""}
+    apart = next((k for k, r in enumerate(results) if r.classes[i] != r.classes[j]), None)
+    if not layered:
+        row["note"] = "no layers recorded"
+    if apart is None:
+        row["note"] = row["note"] or "bitwise identical at every layer"
+    elif layered:
+        result = results[apart]
+        rejoin = next((r.layer for r in results[apart + 1:] if r.classes[i] == r.classes[j]),
+                      "")
+        row.update({
+            "first_layer": result.layer, "first_position": result.position,
+            "layer_class": result.layer_class,
+            "remaining_precision_at_first": _pair_precision(group[i], group[j], sample,
+                                                            result.layer),
+            "previous_layer": results[apart - 1].layer if apart else "",
+            "rejoins_at": rejoin})
+        if np.isnan(row["remaining_precision_at_first"]):
+            row["note"] = "different float formats or shapes: no precision shared"
+    return row
+
+
 def pairs_apart(eqc_layers: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, sample, layer): the share of device pairs in different classes at that
-    layer, and the share apart at it or at any layer before (from ``eqc_layers.csv``)."""
+    """Per (model, sample, precision, layer): the share of device pairs of that precision
+    in different classes at that layer, and the share apart at it or at any layer before
+    (from ``eqc_layers.csv``). Pairs of two precisions are not compared: their number per
+    (model, sample) is ``cross_format_pairs``. A table without a ``precision`` column
+    (older runs) is taken as one precision."""
+    if "precision" not in eqc_layers.columns:
+        eqc_layers = eqc_layers.assign(precision="")
     rows = []
     for (model, sample), part in eqc_layers.groupby(["model", "sample"], sort=False):
-        part = part.sort_values(["position", "device"], kind="stable")
-        devices = list(dict.fromkeys(part["device"]))
-        n_pairs = len(devices) * (len(devices) - 1) // 2
-        seen_apart = np.zeros((len(devices), len(devices)), dtype=bool)
-        for (position, layer), layer_rows in part.groupby(["position", "layer"], sort=True):
-            classes = layer_rows.set_index("device").loc[devices, "eqc"].to_numpy()
-            apart = classes[:, None] != classes[None, :]
-            seen_apart |= apart
-            upper = np.triu_indices(len(devices), 1)
-            rows.append({"model": model, "sample": sample, "layer": layer,
-                         "position": position,
-                         "share_apart": float(apart[upper].mean()) if n_pairs else 0.0,
-                         "share_apart_so_far": float(seen_apart[upper].mean())
-                         if n_pairs else 0.0})
-    return pd.DataFrame(rows, columns=["model", "sample", "layer", "position", "share_apart",
-                                       "share_apart_so_far"])
+        devices = part.drop_duplicates("device")
+        counts = devices["precision"].value_counts()
+        total = len(devices) * (len(devices) - 1) // 2
+        cross = total - int(sum(n * (n - 1) // 2 for n in counts))
+        for precision, rows_of_format in part.groupby("precision", sort=False):
+            rows += _shares(model, sample, precision, rows_of_format, cross)
+    return pd.DataFrame(rows, columns=["model", "sample", "precision", "layer", "position",
+                                       "share_apart", "share_apart_so_far", "n_pairs",
+                                       "cross_format_pairs"])
+
+
+def _shares(model, sample, precision, part: pd.DataFrame, cross: int) -> list[dict]:
+    part = part.sort_values(["position", "device"], kind="stable")
+    devices = list(dict.fromkeys(part["device"]))
+    n_pairs = len(devices) * (len(devices) - 1) // 2
+    seen_apart = np.zeros((len(devices), len(devices)), dtype=bool)
+    upper = np.triu_indices(len(devices), 1)
+    rows = []
+    for (position, layer), layer_rows in part.groupby(["position", "layer"], sort=True):
+        classes = layer_rows.set_index("device").loc[devices, "eqc"].to_numpy()
+        apart = classes[:, None] != classes[None, :]
+        seen_apart |= apart
+        rows.append({"model": model, "sample": sample, "precision": precision,
+                     "layer": layer, "position": position,
+                     "share_apart": float(apart[upper].mean()) if n_pairs else 0.0,
+                     "share_apart_so_far": float(seen_apart[upper].mean())
+                     if n_pairs else 0.0, "n_pairs": n_pairs, "cross_format_pairs": cross})
+    return rows

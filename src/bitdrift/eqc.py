@@ -32,6 +32,8 @@ EQC_COLUMNS = ["model", "sample", "device", "eqc", "deterministic", "distinct_ou
 EQC_EXTRA_COLUMNS = ["effective_precision"]
 EQC_LAYER_COLUMNS = ["model", "sample", "layer", "position", "device", "eqc", "deterministic",
                      "distinct_outputs", "majority_count"]
+# Appended to eqc_layers.csv: the device's declared precision (pairs are compared within one).
+EQC_LAYER_EXTRA_COLUMNS = ["precision"]
 PRECISION_COLUMNS = ["model", "sample", "layer", "position", "n_eqc", "remaining_precision",
                      "remaining_precision_uncapped", "median_remaining_precision",
                      "deviating_fraction"]
@@ -259,6 +261,7 @@ def eqc_tables(records: list[Record], layers: bool = True):
     final_rows, layer_rows = [], []
     effective = {(record.model, record.device): effective_summary(record.effective_precision)
                  for record in records}
+    precisions = {(record.model, record.device): record.precision for record in records}
     for result in analyse(records, layers=layers, remaining_precision=False):
         for summary, eqc in zip(result.devices, result.classes, strict=True):
             row = {
@@ -268,12 +271,12 @@ def eqc_tables(records: list[Record], layers: bool = True):
                 "distinct_outputs": summary.distinct_outputs,
                 "majority_count": summary.majority_count,
             }
-            layer_rows.append(row)
+            layer_rows.append({**row, "precision": precisions[(result.model, summary.device)]})
             if result.final:
                 checked = effective[(result.model, summary.device)]
                 final_rows.append({**row, "effective_precision": checked})
     return (pd.DataFrame(final_rows, columns=EQC_COLUMNS + EQC_EXTRA_COLUMNS),
-            pd.DataFrame(layer_rows, columns=EQC_LAYER_COLUMNS))
+            pd.DataFrame(layer_rows, columns=EQC_LAYER_COLUMNS + EQC_LAYER_EXTRA_COLUMNS))
 
 
 def precision_rows(records: list[Record], precision: str | None = None,

@@ -220,16 +220,19 @@ KIND_STYLE = {"convolution": ("s", "tab:green"), "activation": ("^", "tab:red"),
 
 def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str | Path) -> None:
     """Per layer position, the share of device pairs already apart (at that layer or any
-    before: dashed) and apart at the layer (solid), one panel per model; layer classes
-    marked on each point."""
-    models = list(dict.fromkeys(apart["model"]))
-    figure, axes = plt.subplots(1, max(len(models), 1), figsize=(6.5 * max(len(models), 1), 4),
+    before: dashed) and apart at the layer (solid), one panel per model and declared
+    precision (pairs of two precisions differ everywhere by construction and are only
+    counted); layer classes marked on each point."""
+    panels = [key for key, part in apart.groupby(["model", "precision"], sort=False)
+              if part["n_pairs"].max() > 0]
+    columns = max(len(panels), 1)
+    figure, axes = plt.subplots(1, columns, figsize=(min(5.0 * columns, 16), 4.2),
                                 squeeze=False)
     kinds = (layer_classes.drop_duplicates(["model", "layer"])
              .set_index(["model", "layer"])["layer_class"].fillna("")
              if len(layer_classes) else pd.Series(dtype=object))
-    for ax, model in zip(axes[0], models, strict=False):
-        part = apart[apart["model"] == model]
+    for ax, (model, precision) in zip(axes[0], panels, strict=False):
+        part = apart[(apart["model"] == model) & (apart["precision"] == precision)]
         for sample, rows in part.groupby("sample"):
             rows = rows.sort_values("position")
             line, = ax.plot(rows["position"], rows["share_apart"], lw=1,
@@ -248,7 +251,21 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
         ax.set_xticks(layers["position"], layers["layer"], rotation=90, fontsize=6)
         ax.set_ylim(-0.03, 1.03)
         ax.set_ylabel("share of device pairs in different classes")
-        ax.set_title(f"{model}: where devices part ways", fontsize=10)
-        ax.legend(fontsize=6, loc="lower right")
+        label = f", {precision}" if precision else ""
+        ax.set_title(f"{model}{label}: {int(part['n_pairs'].max())} device pairs",
+                     fontsize=9)
+        ax.legend(fontsize=5, loc="upper left")
+    if not panels:
+        axes[0][0].text(0.5, 0.5, "no two devices share a precision: nothing to compare",
+                        ha="center", va="center")
+        axes[0][0].set_axis_off()
+    cross = apart.drop_duplicates(["model", "sample"])
+    if len(cross) and cross["cross_format_pairs"].max() > 0:
+        total = (cross["cross_format_pairs"] + apart.drop_duplicates(
+            ["model", "sample", "precision"]).groupby(["model", "sample"])["n_pairs"].sum()
+            .reindex(pd.MultiIndex.from_frame(cross[["model", "sample"]])).to_numpy())
+        figure.suptitle(f"where devices part ways, within one precision; "
+                        f"{int(cross['cross_format_pairs'].max())} of {int(total.max())} "
+                        "pairs mix two precisions and are not compared", fontsize=9)
     figure.tight_layout()
     save_figure(figure, out)

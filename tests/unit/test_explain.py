@@ -175,11 +175,40 @@ def test_first_divergent_layer_on_hand_built_records(make_record):
     assert classes["remaining_precision_at_first"] == 23 - 1  # last mantissa bit
     against_first = table.set_index("device_b").loc["c"]  # same final class, other conv
     assert against_first["first_layer"] == "conv" and against_first["first_position"] == 0
+    assert against_first["rejoins_at"] == "relu"  # parted at conv, equal again after it
+    assert classes["rejoins_at"] == "" or pd.isna(classes["rejoins_at"])
     # agrees with the per-layer classes
     _, layers = eqc_tables(open_records(files))
     apart = pairs_apart(layers).set_index("layer")
     assert apart.loc["conv", "share_apart"] == pytest.approx(2 / 3)
     assert apart.loc["output", "share_apart_so_far"] == 1.0
+
+
+def test_divergence_compares_within_a_precision(make_record):
+    """Two float32 devices and two float64 ones: only same-format pairs are compared (a
+    float32 and a float64 output differ at every layer by construction)."""
+    same32 = np.array([0.5, 0.25], np.float32)
+    other32 = np.array([0.5, 0.75], np.float32)
+    same64 = same32.astype(np.float64)
+    files = [
+        make_record("a32", {0: A[None]}, layers={0: layered([("conv", same32)])}),
+        make_record("b32", {0: B[None]}, layers={0: layered([("conv", other32)])}),
+        make_record("a64", {0: A.astype(np.float64)[None]},
+                    layers={0: layered([("conv", same64)])}, precision="float64"),
+        make_record("b64", {0: A.astype(np.float64)[None]},
+                    layers={0: layered([("conv", same64)])}, precision="float64"),
+    ]
+    table = divergence_table(open_records(files))
+    pairs = {(row.device_a, row.device_b) for row in table.itertuples()}
+    assert pairs == {("a32", "b32"), ("a64", "b64")}
+    assert set(table["precision"]) == {"float32", "float64"}
+    _, layers = eqc_tables(open_records(files))
+    apart = pairs_apart(layers).set_index(["precision", "layer"])
+    # 6 pairs in all, 2 within a format: 4 cross-format pairs counted, not compared
+    assert set(apart["cross_format_pairs"]) == {4}
+    assert apart.loc[("float32", "conv"), "share_apart"] == 1.0  # its one pair differs
+    assert apart.loc[("float64", "conv"), "share_apart"] == 0.0  # identical
+    assert apart.loc[("float64", "conv"), "n_pairs"] == 1
 
 
 def test_a_record_without_layers_says_so(make_record):
