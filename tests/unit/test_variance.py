@@ -163,10 +163,37 @@ def test_tables_from_run_files(tmp_path):
     # Zhuang et al. report deterministic time as a percentage of the default time
     assert cost["epoch_ratio"] == pytest.approx(1.5)
     assert cost["epoch_percent_of_default"] == pytest.approx(150.0)
-    # every epoch and step took the same time: the bootstrap interval is the ratio itself
-    assert (cost["epoch_ratio_low"], cost["epoch_ratio_high"]) == pytest.approx((1.5, 1.5))
-    assert (cost["step_ratio_low"], cost["step_ratio_high"]) == pytest.approx((1.5, 1.5))
+    # two runs per arm: too few to bootstrap over runs, so no interval is drawn
+    assert np.isnan(cost["epoch_ratio_low"]) and np.isnan(cost["step_ratio_high"])
     assert len(tables["runs"]) == 4 and tables["subgroups"].empty
+
+
+def test_determinism_cost_interval_resamples_runs(tmp_path):
+    """Three runs per arm. The default arm's epochs vary inside each run but every run has
+    the same mean; the deterministic arm's runs differ from one another. The interval must
+    follow the runs: between the slowest and fastest run's ratio, not collapsed to the
+    ratio (as a bootstrap over one arm's pooled epochs, 9 equal-ish values, would be)."""
+    det = {"init": "fixed", "data_order": "fixed", "augmentation": "fixed",
+           "dropout": "fixed", "deterministic": True}
+    files = []
+    for run, (fast_epochs, slow_mean) in enumerate(zip(
+            ([1.0, 0.5, 1.5], [1.0, 1.5, 0.5], [1.0, 1.0, 1.0]), (1.4, 2.0, 2.6), strict=True)):
+        for arm, switches in (("fast", None), ("slow", det)):
+            path = write_run(tmp_path / f"{arm}{run}.h5", arm=arm, run=run, predictions=[0, 1],
+                             labels=[0, 1], weights=[1, 0], switches=switches)
+            epochs = [9.0, *fast_epochs] if arm == "fast" else [9.0, slow_mean, slow_mean]
+            with h5py.File(path, "r+") as handle:
+                del handle["epoch_seconds"], handle["step_seconds"]
+                handle["epoch_seconds"] = np.asarray(epochs)
+                handle["step_seconds"] = np.asarray([epochs[1:]] * 2)
+            files.append(path)
+    cost = training_tables(files)["determinism_cost"].iloc[0]
+    assert cost["runs_default"] == 3 and cost["runs_deterministic"] == 3
+    # first epoch left out: run means 1.0 (default) and 1.4, 2.0, 2.6 (deterministic)
+    assert cost["epoch_ratio"] == pytest.approx(2.0)
+    low, high = cost["epoch_ratio_low"], cost["epoch_ratio_high"]
+    assert 1.4 - 1e-9 <= low < 2.0 < high <= 2.6 + 1e-9
+    assert high - low > 0.5  # the spread between runs, not that of one run's epochs
 
 
 def test_determinism_cost_interval_brackets_the_ratio():

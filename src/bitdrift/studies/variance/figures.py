@@ -99,7 +99,9 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
     positions = np.arange(len(cost))
     labels = [f"{r['plan']} @{r['device']} ({_arm(r['arm_deterministic'])} vs "
               f"{_arm(r['arm_default'])}, n = {r.get('runs_deterministic', '?')} + "
-              f"{r.get('runs_default', '?')})"
+              f"{r.get('runs_default', '?')} runs"
+              + ("" if np.isfinite(r.get("epoch_ratio_low", np.nan)) else ", no interval")
+              + ")"
               + (f" [{r['flag']}]" if isinstance(r.get("flag"), str) and r["flag"] else "")
               for _, r in cost.iterrows()]
     for ax, column, title in ((axes[0], "epoch_percent_of_default", "per epoch"),
@@ -110,7 +112,7 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
                 color=np.where(values > 100, "tab:red", "tab:green"))
         unit = column.split("_")[0]
         ends = np.maximum(values, 100)
-        if f"{unit}_ratio_low" in cost:  # bootstrap over the arms' epochs / steps
+        if f"{unit}_ratio_low" in cost:  # bootstrap over the arms' runs
             low = 100 * cost[f"{unit}_ratio_low"].to_numpy(dtype=float)
             high = 100 * cost[f"{unit}_ratio_high"].to_numpy(dtype=float)
             shown = np.isfinite(low) & np.isfinite(high)
@@ -128,7 +130,8 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
         ax.set_title(f"time of deterministic ops, {title}", fontsize=9)
     axes[0].invert_yaxis()
     fig.suptitle("Cost of deterministic ops (wall clock); error bars: 95 % bootstrap over the "
-                 "arms' epochs / steps, the timing noise of these runs", fontsize=9)
+                 "arms' runs (run-to-run variance included), drawn with 3 or more runs per "
+                 "arm; with fewer, no interval: a single number", fontsize=9)
     if cost.empty:
         axes[0].text(0.5, 0.5, "no pair of arms differing only in op determinism",
                      transform=axes[0].transAxes, ha="center")

@@ -360,18 +360,22 @@ DETERMINISM_COST_COLUMNS = [
     "epoch_seconds_deterministic", "epoch_ratio", "epoch_percent_of_default", "epoch_overhead",
     "step_seconds_default", "step_seconds_deterministic", "step_ratio",
     "step_percent_of_default", "step_overhead",
-    # 95 % percentile bootstrap of the ratio over the arms' epochs / steps: timing noise
-    # of these runs (NaN with fewer than two epochs or steps in an arm).
+    # 95 % percentile bootstrap of the ratio over the arms' runs (each run's mean steady
+    # epoch, median step), so run-to-run variance is in it; NaN (no interval) with fewer
+    # than MIN_RUNS_FOR_INTERVAL runs in an arm.
     "epoch_ratio_low", "epoch_ratio_high", "step_ratio_low", "step_ratio_high"]
+# Fewer runs than this per arm: no interval (a bootstrap over 2 values has 3 outcomes).
+MIN_RUNS_FOR_INTERVAL = 3
 
 
 def _timings(runs) -> dict:
-    """(plan, device, arm) -> (steady epoch times, step times) over the group's runs."""
+    """(plan, device, arm) -> (each run's mean steady epoch, each run's median step): one
+    value per run, so a bootstrap over them resamples runs, not epochs of one run."""
     timings: dict[tuple, tuple[list, list]] = {}
     for run in runs or []:
         epochs, steps = timings.setdefault((run["plan"], run["device"], run["arm"]), ([], []))
-        epochs.extend(steady_epochs(run["epoch_seconds"]).tolist())
-        steps.extend(np.asarray(run["step_seconds"]).ravel().tolist())
+        epochs.append(float(np.mean(steady_epochs(run["epoch_seconds"]))))
+        steps.append(float(np.median(np.asarray(run["step_seconds"]).ravel())))
     return timings
 
 
@@ -382,7 +386,9 @@ def determinism_cost(summary: pd.DataFrame, runs: list[dict] | None = None) -> p
     (median). Three views of one number: ``ratio`` = deterministic / default;
     ``percent_of_default`` = 100 x ratio, as Zhuang et al. report it (101 % = no overhead,
     746 % = 7.46x); ``overhead`` = ratio - 1. Wall clock, not GPU kernel time. With the
-    ``runs`` (read_run dicts), each ratio gets a bootstrap interval over epochs / steps."""
+    ``runs`` (read_run dicts), each ratio gets a bootstrap interval over the arms' runs
+    (at least MIN_RUNS_FOR_INTERVAL each; else none: the runs' own epochs would show the
+    timing noise of one process, not the variance between runs)."""
     rows = []
     timings = _timings(runs)
     devices = summary[summary["scope"] != "all"]
@@ -406,10 +412,11 @@ def determinism_cost(summary: pd.DataFrame, runs: list[dict] | None = None) -> p
                                 f"{unit}_overhead": ratio - 1})
                 slow_times = timings.get((plan, scope, slow["arm"]), ([], []))
                 fast_times = timings.get((plan, scope, fast["arm"]), ([], []))
-                for index, (unit, statistic) in enumerate((("epoch", np.mean),
-                                                           ("step", np.median))):
-                    low, high = ratio_of_statistic_interval(slow_times[index],
-                                                            fast_times[index], statistic)
+                enough = min(len(slow_times[0]), len(fast_times[0])) >= MIN_RUNS_FOR_INTERVAL
+                for index, unit in enumerate(("epoch", "step")):
+                    low, high = ratio_of_statistic_interval(
+                        slow_times[index], fast_times[index], np.mean) if enough else (
+                        float("nan"), float("nan"))
                     row.update({f"{unit}_ratio_low": low, f"{unit}_ratio_high": high})
                 rows.append(row)
     return pd.DataFrame(rows, columns=DETERMINISM_COST_COLUMNS)
