@@ -32,6 +32,12 @@ rule tabulate_ablation:
             caption="../workflow/report/precision_casting_table.rst",
             category="Ablation",
         ),
+        across_frameworks=paths.table_file("activation_deviations_across_frameworks"),
+        across_frameworks_html=report(
+            paths.table_html("activation_deviations_across_frameworks"),
+            caption="../workflow/report/activation_deviations_across_frameworks_table.rst",
+            category="Ablation",
+        ),
     log:
         "logs/tabulate_ablation/all.log",
     benchmark:

@@ -249,6 +249,7 @@ def ablation_files(wildcards=None):
     inputs = ablation_inputs(config)
     return sorted(
         {file for files in inputs["records"].values() for file in files}
+        | {file for files in inputs["cross_framework"].values() for file in files}
         | {file for files in inputs["casting"].values() for file in files}
         | set(inputs["logits"].values())
     )

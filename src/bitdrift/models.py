@@ -34,8 +34,9 @@ def layer_kind(layer_class: str) -> str:
 
 
 def _initializer(activation: str) -> str:
-    # Table SUP-7: sigmoid variants use Xavier (glorot) init, ReLU variants He init.
-    return "glorot_uniform" if activation == "sigmoid" else "he_uniform"
+    # Table SUP-7: sigmoid variants use Xavier (glorot) init, ReLU variants He init; the
+    # linear model of Figure SUP-6 uses the sigmoid model's initial weights.
+    return "glorot_uniform" if activation in ("sigmoid", "linear") else "he_uniform"
 
 
 def _pool(keras, pooling: str, name: str, pool_size=2, strides=None):

@@ -24,29 +24,37 @@ def _config(**ablation):
                              "train": {"epochs": 2, "seeds": [7]}}},
         "devices": {"a": {"accelerator": "cpu", "backend": "tensorflow", "threads": 1},
                     "b": {"accelerator": "cpu", "backend": "torch", "threads": 1},
+                    "c": {"accelerator": "cpu", "backend": "tensorflow", "threads": 2},
                     "cast": {"matrix": {"devices": ["a", "b"],
                                         "precision": ["float16", "float64"]}}},
-        "ablation": {"models": ["small"], "devices": ["a", "b"], **ablation},
+        "ablation": {"models": ["small"], "devices": ["a", "c"],
+                     "cross_framework": ["a", "b"], **ablation},
     }
 
 
 def test_variants_are_the_base_with_one_change_and_the_same_seed():
     config = validate_config(_config())
-    assert list(config["devices"]) == ["a", "b", "a_float16", "a_float64", "b_float16",
+    assert list(config["devices"]) == ["a", "b", "c", "a_float16", "a_float64", "b_float16",
                                        "b_float64"]  # the matrix, expanded in place
     assert config["devices"]["b_float64"] == {**config["devices"]["b"],
                                               "precision": "float64"}
     models = variant_models(config)
-    assert set(models) == {"small_sigmoid", "small_avgpool", "small_untrained"}
-    assert models["small_sigmoid"]["activation"] == "sigmoid"
-    assert models["small_sigmoid"]["pooling"] == "max"  # the base's
-    assert models["small_avgpool"]["pooling"] == "avg"
-    assert models["small_untrained"]["train"]["epochs"] == 0
+    # the paper's variants by default: Table SUP-7 and Figures SUP-6/7
+    assert set(models) == {"small_sigmoid_avgpool", "small_untrained_relu",
+                           "small_untrained_sigmoid", "small_untrained_linear"}
+    assert models["small_sigmoid_avgpool"]["activation"] == "sigmoid"
+    assert models["small_sigmoid_avgpool"]["pooling"] == "avg"
+    assert models["small_untrained_relu"].get("activation", "relu") == "relu"
+    assert models["small_untrained_relu"].get("pooling", "max") == "max"
+    assert models["small_untrained_linear"]["activation"] == "linear"
+    assert models["small_untrained_sigmoid"]["train"]["epochs"] == 0
     assert {m["train"]["seeds"][0] for m in models.values()} == {7}  # the same init seed
     assert config["models"]["small"]["train"]["epochs"] == 2  # the base is left alone
     entries = {e["variant"]: e for e in variants_of(config)}
-    assert entries["base"]["model"] == "small" and entries["untrained"]["trained"] is False
-    assert entries["sigmoid"]["activation"] == "sigmoid" and entries["sigmoid"]["trained"]
+    assert entries["base"]["model"] == "small"
+    assert entries["untrained_relu"]["trained"] is False
+    assert entries["sigmoid_avgpool"]["pooling"] == "avg" and entries["sigmoid_avgpool"][
+        "trained"]
 
 
 def test_study_config_keeps_config_order_through_sorted_params():
@@ -89,12 +97,18 @@ def test_variant_models_build_with_their_layer_classes_and_positions():
     assert [i for i, c in classes.items() if c == "Activation"] == [2, 5, 9, 11]
     assert {model.layers[i].get_config()["activation"] for i in (2, 5, 9, 11)} == {"sigmoid"}
     assert model.layers[1].kernel_initializer.__class__.__name__ == "GlorotUniform"
+    # Figure SUP-6: the linear model starts from the sigmoid model's (Xavier) weights
+    linear = build_model(keras, {**spec, "activation": "linear"}, (32, 32, 3), 10)
+    assert linear.layers[1].kernel_initializer.__class__.__name__ == "GlorotUniform"
+    assert linear.get_layer("activation").get_config()["activation"] == "linear"
 
 
 @pytest.mark.parametrize(("change", "key"), [
     ({"models": ["nope"]}, "ablation.models"),
     ({"devices": ["a", "zz"]}, "ablation.devices"),
     ({"devices": ["a", "a_float16"]}, "ablation.devices"),  # not the analysis precision
+    ({"devices": ["a", "b"]}, "ablation.devices"),  # two frameworks: not the paper's test
+    ({"cross_framework": ["a", "c"]}, "ablation.cross_framework"),  # one framework
     ({"variants": {"x": {"activation": "tanh"}}}, "ablation.variants.x.activation"),
 ])
 def test_bad_ablation_sections_name_the_key(change, key):

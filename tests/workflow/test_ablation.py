@@ -21,7 +21,7 @@ def ablation_run(tmp_path_factory):
 def test_variants_run_through_the_spines_rules_on_the_ablation_devices(ablation_run):
     results = ablation_run / "results"
     for model in ("small_sigmoid", "small_untrained"):
-        for device in ("tf_1thread", "torch_1thread"):
+        for device in ("tf_1thread", "tf_sse41", "torch_1thread"):
             with h5py.File(results / f"inference/{model}/{device}.h5") as record:
                 assert record.attrs["model"] == model
         # variants run on the ablation devices only, not on the matrix's copies
@@ -42,6 +42,9 @@ def test_ablation_tables_and_figures(ablation_run):
     layers = pd.read_csv(tables / "ablation_layers.csv")
     assert set(layers["variant"]) == {"base", "sigmoid", "untrained"}
     assert layers["n_devices"].eq(2).all()  # the two ablation devices at float32
+    across = pd.read_csv(tables / "activation_deviations_across_frameworks.csv")
+    assert set(across["devices"]) == {"tf_1thread;torch_1thread"}
+    assert set(across["variant"]) == {"base", "sigmoid", "untrained"}
     activation = pd.read_csv(tables / "activation_deviations.csv")
     for _, rows in activation.groupby("variant"):
         assert rows["layer_index"].tolist() == [2, 5, 9, 11]  # Table SUP-8's positions

@@ -9,13 +9,14 @@ from bitdrift.errors import ConfigError
 # Table name (results/tables/NAME.csv) per key of `ablation_tables`.
 ABLATION_TABLES = {"layers": "ablation_layers", "activation": "activation_deviations",
                    "effects": "layer_effects", "accuracy": "validation_accuracy",
-                   "casting": "precision_casting"}
+                   "casting": "precision_casting",
+                   "across_frameworks": "activation_deviations_across_frameworks"}
 
 
 def ablation_inputs(config: dict) -> dict:
     """The files the ablation tables read, from the path registry: per variant model its
-    records on the ablation devices and its test logits; per base model its records on
-    every device of the config (the precision-casting devices among them)."""
+    records on the ablation devices (and on the cross-framework devices) and its test
+    logits; per base model its records on the precision-casting devices."""
     from bitdrift import paths
     from bitdrift.config import inference_seed
     from bitdrift.studies.ablation.config import variant_models, variants_of
@@ -27,6 +28,9 @@ def ablation_inputs(config: dict) -> dict:
         "variants": entries,
         "records": {entry["model"]: [paths.record_file(entry["model"], device)
                                      for device in section["devices"]] for entry in entries},
+        "cross_framework": {entry["model"]: [paths.record_file(entry["model"], device)
+                                             for device in section.get("cross_framework", [])]
+                            for entry in entries},
         "logits": {entry["model"]: paths.test_logits_file(
             entry["model"], inference_seed(models[entry["model"]])) for entry in entries},
         "casting": {base: [paths.record_file(base, device)
@@ -36,35 +40,35 @@ def ablation_inputs(config: dict) -> dict:
 
 
 def casting_devices(config: dict) -> list[str]:
-    """The ablation devices and every device that is one of them in another precision
-    (the same entry but for `precision`, as a device matrix makes them), config order:
-    Figure 6 compares the precisions on the same machines."""
+    """Every device that has a twin in another precision (the same entry but for
+    `precision`, as a device matrix makes them), config order: Figure 6 compares the
+    precisions on the same machines."""
     devices = config["devices"]
 
     def setting(name):
         return {key: value for key, value in devices[name].items() if key != "precision"}
 
-    chosen = config["ablation"]["devices"]
     return [name for name in devices
-            if name in chosen or any(setting(name) == setting(other) for other in chosen)]
+            if any(other != name and setting(name) == setting(other) for other in devices)]
 
 
 def ablation_tables(config: dict) -> dict:
     """Every table of the ablation study for a validated config with an `ablation`
     section, from the workflow's files."""
+    import pandas as pd
+
     from bitdrift.record import open_records
     from bitdrift.studies.ablation import tables
 
     config = in_config_order(config)
     inputs = ablation_inputs(config)
     precision = config["analysis"]["precision"]
-    records = {model: open_records(files) for model, files in inputs["records"].items()}
-    try:
-        layers = tables.ablation_layers(inputs["variants"], records, precision)
-    finally:
-        for group in records.values():
-            for record in group:
-                record.close()
+    layers = _variant_layers(inputs["variants"], inputs["records"], precision)
+    across = tables.activation_deviations(_variant_layers(
+        inputs["variants"], inputs["cross_framework"], precision)) \
+        if config["ablation"].get("cross_framework") else \
+        pd.DataFrame(columns=tables.ACTIVATION_COLUMNS)
+    across.insert(0, "devices", ";".join(config["ablation"].get("cross_framework", [])))
     casting = []
     for base, files in inputs["casting"].items():
         group = open_records(files)
@@ -74,12 +78,23 @@ def ablation_tables(config: dict) -> dict:
         finally:
             for record in group:
                 record.close()
-    import pandas as pd
-
     return {"layers": layers, "activation": tables.activation_deviations(layers),
             "effects": tables.layer_effects(layers),
             "accuracy": tables.validation_accuracy(inputs["variants"], inputs["logits"]),
-            "casting": pd.concat(casting, ignore_index=True)}
+            "casting": pd.concat(casting, ignore_index=True), "across_frameworks": across}
+
+
+def _variant_layers(variants, files: dict, precision: str):
+    from bitdrift.record import open_records
+    from bitdrift.studies.ablation import tables
+
+    records = {model: open_records(paths) for model, paths in files.items()}
+    try:
+        return tables.ablation_layers(variants, records, precision)
+    finally:
+        for group in records.values():
+            for record in group:
+                record.close()
 
 
 def study_config(config: dict) -> dict:

@@ -10,6 +10,12 @@ from bitdrift.errors import ConfigError
 VARIANT_ARCHITECTURES = ("cifar10_small", "resnet18")
 
 
+def ablation_devices(config: dict) -> list[str]:
+    """Every device the variants run on: the matrix, then the cross-framework devices."""
+    section = config["ablation"]
+    return list(dict.fromkeys([*section["devices"], *section.get("cross_framework", [])]))
+
+
 def variant_name(base: str, variant: str) -> str:
     return f"{base}_{variant}"
 
@@ -68,15 +74,27 @@ def check(config: dict) -> None:
             if variant_name(base, variant) in config["models"]:
                 raise ConfigError(f"config key ablation.variants.{variant}: its model name "
                                   f"{variant_name(base, variant)!r} is taken by a model")
-    for device in section["devices"]:
-        entry = config["devices"].get(device)
-        if entry is None:
-            raise ConfigError(f"config key ablation.devices: unknown device {device!r} "
-                              f"(devices: {sorted(config['devices'])})")
-        if entry["external"]:
-            raise ConfigError(f"config key ablation.devices: {device!r} is external; the "
-                              "workflow cannot run the variants on it")
-        if entry["precision"] != config["analysis"]["precision"]:
-            raise ConfigError(f"config key ablation.devices: {device!r} computes in "
-                              f"{entry['precision']}; the variants are compared at the "
-                              f"analysis precision {config['analysis']['precision']}")
+    for key in ("devices", "cross_framework"):
+        for device in section.get(key, []):
+            entry = config["devices"].get(device)
+            if entry is None:
+                raise ConfigError(f"config key ablation.{key}: unknown device {device!r} "
+                                  f"(devices: {sorted(config['devices'])})")
+            if entry["external"]:
+                raise ConfigError(f"config key ablation.{key}: {device!r} is external; the "
+                                  "workflow cannot run the variants on it")
+            if entry["precision"] != config["analysis"]["precision"]:
+                raise ConfigError(f"config key ablation.{key}: {device!r} computes in "
+                                  f"{entry['precision']}; the variants are compared at the "
+                                  f"analysis precision {config['analysis']['precision']}")
+    backends = {device: config["devices"][device]["backend"] for device in section["devices"]}
+    if len(set(backends.values())) > 1:
+        raise ConfigError(
+            "config key ablation.devices: devices of several backends "
+            f"({', '.join(f'{d}={b}' for d, b in backends.items())}); the ablation compares "
+            "devices within one framework (two frameworks differ in every activation's "
+            "kernel); put one device per framework in ablation.cross_framework instead")
+    cross = section.get("cross_framework", [])
+    if cross and len({config["devices"][device]["backend"] for device in cross}) < 2:
+        raise ConfigError("config key ablation.cross_framework: its devices must span at "
+                          "least two backends")
