@@ -11,6 +11,7 @@ from bitdrift.studies.variance.examples import (
     example_divergence,
     example_tables,
     gallery,
+    held_out_subset_accuracy,
     rank_correlation,
     subset_accuracy,
     top_k,
@@ -43,12 +44,34 @@ def test_a_tie_goes_to_the_lowest_label_with_one_bit_of_entropy():
     assert np.isnan(measures["sd_true_probability"][0])  # no probabilities given
 
 
-def test_top_k_only_divergent_examples_ties_by_entropy_then_index():
+def test_top_k_only_divergent_examples_ties_by_entropy_then_confidence():
     divergence = np.array([0.0, 0.5, 0.25, 0.5, 0.25])
     entropy = np.array([0.0, 1.0, 0.8, 1.5, 0.8])
     assert top_k(divergence, 2, entropy).tolist() == [3, 1]
     assert top_k(divergence, 10, entropy).tolist() == [3, 1, 2, 4]
     assert top_k(np.zeros(5), 3).size == 0
+    # equal divergence and entropy (3 runs, 2 against 1): the less confident first
+    tied = np.full(4, 1 / 3)
+    confidence = np.array([0.9, 0.4, 0.7, 0.5])
+    assert top_k(tied, 4, np.ones(4), confidence).tolist() == [1, 3, 2, 0]
+
+
+def test_top_k_accuracy_is_measured_on_runs_that_did_not_choose_it():
+    """Four runs: runs 0-1 choose the top-k (examples 0 and 1 diverge there), runs 2-3 are
+    evaluated on it. Example 0 is right in both evaluated runs, example 1 in one: 3 of 4.
+    Example 2 diverges only in the evaluated runs, so it is in the rest (1 of 2 right)."""
+    labels = np.array([0, 1, 2, 3])
+    predictions = np.array([[0, 1, 2, 3], [5, 6, 2, 3], [0, 1, 2, 3], [0, 6, 7, 3]])
+    probabilities = np.eye(10)[predictions] * 0.9 + 0.01
+    result = held_out_subset_accuracy(probabilities, labels, k=2)
+    assert (result["selection"], result["selection_runs"], result["evaluation_runs"]) == (
+        "held-out runs", 2, 2)
+    assert result["subset_examples"] == 2
+    assert result["accuracy_top_k"] == pytest.approx(3 / 4)
+    assert result["accuracy_rest"] == pytest.approx((1 / 2 + 1) / 2)  # examples 2 and 3
+    two = held_out_subset_accuracy(probabilities[:2], labels, k=2)
+    assert two["selection"] == "conditioned on selection" and two["evaluation_runs"] == 2
+    assert two["accuracy_top_k"] == pytest.approx(0.5)
 
 
 def test_top_k_jaccard_and_rank_correlation():
@@ -110,9 +133,11 @@ def test_tables_and_gallery_show_the_datasets_own_test_images(tmp_path, digits_f
     assert (algo.drop(index=flipped)["divergence"] == 0).all()
     subset = tables["subset"].set_index("arm")
     assert subset.loc["algo", "subset_examples"] == 2
-    # top 2: flipped[0] (1 of 3 runs right) and flipped[1] (2 of 3); flipped[2] is in the rest
+    # chosen on runs 0-1 (the three flipped examples tie; the first two by index), judged
+    # on run 2, which gets flipped[0] wrong and flipped[1] right; the rest all right
+    assert subset.loc["algo", "selection"] == "held-out runs"
     assert subset.loc["algo", "accuracy_top_k"] == pytest.approx(0.5)
-    assert subset.loc["algo", "accuracy_rest"] == pytest.approx(1 - (1 / 3) / (len(labels) - 2))
+    assert subset.loc["algo", "accuracy_rest"] == pytest.approx(1.0)
     overlap = tables["overlap"]
     assert overlap["comparison"].tolist() == ["arms"]
     classes = tables["groups"][(tables["groups"]["arm"] == "algo")]

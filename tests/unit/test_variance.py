@@ -111,6 +111,21 @@ def test_plans_from_config_one_run_per_job():
     assert ("noise", "control", "cpu", 1) in runs and len(runs) == 4 + 2 * 8 * 3
 
 
+def test_momentum_gets_a_plan_at_the_matched_effective_step():
+    """SGD with momentum m steps lr / (1 - m): at lr 0.05 and m 0.9 that is 0.5, ten times
+    plain SGD's. The matched plan runs m 0.9 at 0.05 x 0.1 = 0.005 (step 0.05)."""
+    config = validate_config(_config(ensemble={
+        "model": "small", "learning_rates": [0.05], "momentum": [0.0, 0.9],
+        "deterministic": [False], "devices": ["cpu"]}))
+    plans = resolve_plans(config)
+    assert set(plans) == {"ensemble_lr_0.05_momentum_0", "ensemble_lr_0.05_momentum_0.9",
+                          "ensemble_lr_0.005_momentum_0.9"}
+    matched = plans["ensemble_lr_0.005_momentum_0.9"]["spec"]
+    assert matched["learning_rate"] / (1 - matched["momentum"]) == pytest.approx(0.05)
+    config["training_variance"]["ensemble"]["matched_step"] = False
+    assert "ensemble_lr_0.005_momentum_0.9" not in resolve_plans(config)
+
+
 @pytest.mark.parametrize(("change", "key"), [
     ({"plans": {"p": {"model": "nope", "runs": 2, "devices": ["cpu"], "arms": {"algo": {}}}}},
      "training_variance.plans.p.model"),

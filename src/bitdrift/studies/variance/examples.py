@@ -11,8 +11,14 @@ Per test example, over the runs of one group (plan, arm, scope):
 - majority_correct: whether the majority label is the true one.
 
 An example *diverges* when its divergence is above 0. The top-k of a group are its k most
-divergent examples (ties: higher label entropy, then the lower index), among the divergent
+divergent examples (ties: higher label entropy, then lower majority confidence, the mean
+probability the runs give the majority label; the index only last), among the divergent
 ones only: a group where every run agrees has an empty top-k, never arbitrary examples.
+
+The top-k's accuracy is measured on runs that did not choose it: the examples are selected
+on the first half of the runs (rounded up) and their accuracy is that of the other runs;
+with fewer than 3 runs there is no other half, and the table says the accuracy is
+conditioned on the selection.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ GROUP_SHARE_COLUMNS = ["plan", "arm", "scope", "kind", "group", "examples",
                        "divergent_examples", "share_of_divergent", "divergent_rate"]
 SUBSET_COLUMNS = ["plan", "arm", "scope", "runs", "k", "subset_examples",
                   "accuracy_top_k", "accuracy_top_k_low", "accuracy_top_k_high",
-                  "accuracy_rest", "accuracy_rest_low", "accuracy_rest_high"]
+                  "accuracy_rest", "accuracy_rest_low", "accuracy_rest_high",
+                  "selection", "selection_runs", "evaluation_runs"]
+HELD_OUT, CONDITIONED = "held-out runs", "conditioned on selection"
 
 
 # -- measures on hand-checkable arrays ------------------------------------------------------
@@ -70,14 +78,48 @@ def example_divergence(predictions: np.ndarray, labels: np.ndarray, classes: int
             "majority_correct": majority == np.asarray(labels)}
 
 
-def top_k(divergence: np.ndarray, k: int, entropy: np.ndarray | None = None) -> np.ndarray:
-    """Indices of the k most divergent examples, among those with divergence > 0."""
+def top_k(divergence: np.ndarray, k: int, entropy: np.ndarray | None = None,
+          confidence: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the k most divergent examples, among those with divergence > 0; ties by
+    higher entropy, then lower majority confidence, then the index."""
     divergence = np.asarray(divergence, dtype=float)
     entropy = np.zeros_like(divergence) if entropy is None else np.asarray(entropy, float)
+    confidence = np.zeros_like(divergence) if confidence is None else \
+        np.asarray(confidence, float)
     # lexsort sorts by the last key first: divergence, then entropy (both descending),
-    # then the index (ascending).
-    order = np.lexsort((np.arange(len(divergence)), -entropy, -divergence))
+    # then confidence (ascending), then the index (ascending).
+    order = np.lexsort((np.arange(len(divergence)), confidence, -entropy, -divergence))
     return order[divergence[order] > 0][:k]
+
+
+def held_out_subset_accuracy(probabilities: np.ndarray, labels: np.ndarray, k: int) -> dict:
+    """Top-k accuracy where the runs that choose the top-k are not the ones evaluated on
+    it: selected on the first ceil(runs / 2) runs (divergence, entropy and majority
+    confidence of those runs only), evaluated on the rest (runs >= 3); with fewer runs,
+    selected and evaluated on all of them and labelled so. ``probabilities`` is
+    (runs, examples, classes)."""
+    probabilities = np.asarray(probabilities)
+    predictions = probabilities.argmax(axis=2)
+    runs, _, classes = probabilities.shape
+    correct = predictions == np.asarray(labels)
+    half = -(-runs // 2)
+    if runs >= 3:
+        chosen_on, evaluated_on, selection = slice(0, half), slice(half, runs), HELD_OUT
+    else:
+        chosen_on, evaluated_on, selection = slice(0, runs), slice(0, runs), CONDITIONED
+    measures = example_divergence(predictions[chosen_on], labels, classes)
+    confidence = probabilities[chosen_on][:, np.arange(len(labels)),
+                                          measures["majority_label"]].mean(axis=0)
+    chosen = top_k(measures["divergence"], k, measures["label_entropy"], confidence)
+    rest = np.setdiff1d(np.arange(len(labels)), chosen)
+    top = subset_accuracy(correct[evaluated_on], chosen)
+    others = subset_accuracy(correct[evaluated_on], rest)
+    return {"subset_examples": len(chosen), "accuracy_top_k": top[0],
+            "accuracy_top_k_low": top[1], "accuracy_top_k_high": top[2],
+            "accuracy_rest": others[0], "accuracy_rest_low": others[1],
+            "accuracy_rest_high": others[2], "selection": selection,
+            "selection_runs": len(range(runs)[chosen_on]),
+            "evaluation_runs": len(range(runs)[evaluated_on])}
 
 
 def top_k_jaccard(a: np.ndarray, b: np.ndarray, k: int) -> float:
@@ -138,7 +180,7 @@ def _group_measures(members: list[dict]) -> dict:
     measures["majority_confidence"] = probabilities[:, np.arange(len(labels)),
                                                     majority].mean(axis=0)
     measures["predictions"] = predictions
-    measures["correct"] = predictions == labels
+    measures["probabilities"] = probabilities
     return measures
 
 
@@ -187,15 +229,9 @@ def divergence_tables(groups: dict, k: int = 16) -> dict[str, pd.DataFrame]:
             "predicted_labels": _predicted_labels(m["predictions"])}))
         divergent = m["divergence"] > 0
         share_rows += _group_shares(plan, arm, scope, members[0], divergent)
-        chosen = top_k(m["divergence"], k, m["label_entropy"])
-        rest = np.setdiff1d(np.arange(len(labels)), chosen)
-        top = subset_accuracy(m["correct"], chosen)
-        others = subset_accuracy(m["correct"], rest)
         subset_rows.append({"plan": plan, "arm": arm, "scope": scope, "runs": len(members),
-                            "k": k, "subset_examples": len(chosen),
-                            "accuracy_top_k": top[0], "accuracy_top_k_low": top[1],
-                            "accuracy_top_k_high": top[2], "accuracy_rest": others[0],
-                            "accuracy_rest_low": others[1], "accuracy_rest_high": others[2]})
+                            "k": k, **held_out_subset_accuracy(m["probabilities"], labels,
+                                                               k)})
     examples = (pd.concat(example_rows, ignore_index=True) if example_rows
                 else pd.DataFrame(columns=EXAMPLE_COLUMNS + EXAMPLE_EXTRA_COLUMNS))
     return {"examples": examples[EXAMPLE_COLUMNS + EXAMPLE_EXTRA_COLUMNS],
@@ -297,7 +333,8 @@ def gallery(examples: pd.DataFrame, dataset_path, plan: str, arm: str | None = N
         raise StudyError(f"plan {plan!r} has no arm {arm!r} with two runs or more")
     scope = "all" if (rows["scope"] == "all").any() else rows["scope"].iloc[0]
     rows = rows[rows["scope"] == scope].reset_index(drop=True)
-    chosen = top_k(rows["divergence"].to_numpy(), k, rows["label_entropy"].to_numpy())
+    chosen = top_k(rows["divergence"].to_numpy(), k, rows["label_entropy"].to_numpy(),
+                   rows["majority_confidence"].to_numpy())
     title = f"{plan} / {arm} / {scope}: {int(rows['runs'].iloc[0])} runs"
     picked = rows.iloc[chosen].reset_index(drop=True)
     if picked.empty:

@@ -167,7 +167,8 @@ def plot_ensemble_disagreement(summary: pd.DataFrame, out) -> None:
             flag = row.get("flag", "")
             flag = flag if isinstance(flag, str) else ""
             ax.barh(position, row["disagreement"], color="tab:red" if flag else "tab:blue")
-            note = f" {row['disagreement']:.3f} (n={int(row['runs'])}, acc "
+            step = key.learning_rate / (1 - momentum)  # SGD's effective step with momentum
+            note = f" {row['disagreement']:.3f} (n={int(row['runs'])}, step {step:.3g}, acc "
             note += f"{row['mean_accuracy']:.2f})" + (f" {flag}: not a finding" if flag else "")
             ax.text(row["disagreement"], position, note, va="center", fontsize=6,
                     color="tab:red" if flag else "black")
@@ -179,7 +180,8 @@ def plot_ensemble_disagreement(summary: pd.DataFrame, out) -> None:
         axes[0][0].text(0.5, 0.5, "no ensemble in the config", ha="center",
                         transform=axes[0][0].transAxes)
     fig.suptitle("Ensemble disagreement with and without momentum (hardware proposal, "
-                 "Figure S4); n = members, acc = their mean test accuracy", fontsize=9)
+                 "Figure S4); n = members, step = effective step lr / (1 - momentum), acc = "
+                 "their mean test accuracy", fontsize=9)
     _save(fig, out)
 
 

@@ -63,7 +63,13 @@ def _ensemble_plans(ensemble: dict, models: dict) -> dict:
     model = models[ensemble["model"]]
     plans = {}
     for momentum in ensemble["momentum"]:
-        for rate in ensemble["learning_rates"]:
+        rates = list(ensemble["learning_rates"])
+        if momentum > 0 and ensemble.get("matched_step", True):
+            # Momentum m multiplies the effective step by 1 / (1 - m): lr x (1 - m) with
+            # momentum steps as far as plain SGD at lr, so the two differ in momentum only.
+            rates += [matched for rate in ensemble["learning_rates"]
+                      if (matched := float(f"{rate * (1 - momentum):.6g}")) not in rates]
+        for rate in rates:
             arms = {}
             for deterministic in ensemble["deterministic"]:
                 for init in ("fixed", "random"):
