@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from bitdrift.eqc import EQC_COLUMNS, EQC_EXTRA_COLUMNS, PRECISION_COLUMNS
+from bitdrift.record import Record
 from tests.utils import snakemake
 
 pytestmark = pytest.mark.workflow
@@ -40,6 +41,35 @@ def test_tables_follow_the_contract_and_agree(run):
         precision["remaining_precision"] > 0, True).all()
     per_layer = pd.read_csv(workdir / "results/tables/eqc_layers.csv")
     assert set(per_layer["layer"]) == set(precision["layer"])
+
+
+def test_every_record_carries_its_effective_precision(run):
+    """Every Dense/Conv layer of every device checked, none below its declared format; the
+    table agrees with a recomputation here from one record (numpy, long double)."""
+    workdir, _ = run
+    table = pd.read_csv(workdir / "results/tables/effective_precision.csv")
+    assert table["unchecked"].isna().all()
+    layers = {"conv2d", "conv2d_1", "dense_1", "dense_2", "dense_3"}
+    for device, rows in table.groupby("device"):
+        assert set(rows["layer"]) == layers, device
+    assert not table["reduced"].any()
+    assert pd.read_csv(workdir / "results/tables/eqc.csv")["effective_precision"].eq(
+        "declared").all()
+    with Record(workdir / "results/inference/small/torch_1thread.h5") as record:
+        inputs = record.tensor(0, "flatten_1").values[0].astype(np.longdouble)
+        outputs = record.tensor(0, "dense_1").values[0].astype(np.longdouble)
+    code = ("import keras, sys, numpy as np; m = keras.saving.load_model(sys.argv[1]); "
+            "np.savez(sys.argv[2], *m.get_layer('dense_1').get_weights())")
+    weights = workdir / "dense_1_weights.npz"
+    subprocess.run([sys.executable, "-c", code, str(workdir / "results/models/small/seed_3/"
+                                                    "model.keras"), str(weights)], check=True)
+    with np.load(weights) as data:
+        kernel, bias = (data[name].astype(np.longdouble) for name in ("arr_0", "arr_1"))
+    scale = np.abs(inputs) @ np.abs(kernel) + np.abs(bias)
+    error = np.max(np.abs(outputs - (inputs @ kernel + bias)) / scale)
+    row = table[(table["device"] == "torch_1thread") & (table["layer"] == "dense_1")].iloc[0]
+    assert error <= row["relative_error"] * (1 + 1e-9)  # the table's worst covers sample 0
+    assert error < 2.0**-20  # float32 arithmetic
 
 
 def test_figures_and_report_exist(run):
