@@ -144,6 +144,9 @@ def core_targets():
         paths.table_file("explain"),
         paths.table_file("divergence"),
         paths.table_file("effective_precision"),
+        paths.table_file("flag_groups"),
+        paths.table_file("device_classes"),
+        paths.table_file("eqc_table"),
         paths.figure_file("eqc_table"),
         paths.figure_file("divergence"),
     ]
@@ -158,7 +161,10 @@ def maxpool_targets():
         paths.figure_file("maxpool_training"),
     ]
     if MAXPOOL["volume"]["settings"]:
-        targets.append(paths.figure_file("bifurcation_volume"))
+        targets += [
+            paths.figure_file("bifurcation_volume"),
+            paths.table_file("bifurcation_volume"),
+        ]
     # Intermediate tables as targets too (see core_targets: deleted ones are made again).
     return (
         targets
@@ -177,9 +183,28 @@ def variance_targets():
         "determinism_cost",
         "ensemble_disagreement",
     ]
+    # Every table as a target too: a table deleted (an interrupted job's outputs are
+    # removed) while the figure after it exists would otherwise never be made again.
+    tables = [
+        "training_variance",
+        "training_runs",
+        "training_subgroups",
+        "seed_ratio",
+        "determinism_cost",
+    ]
     if GALLERY_PLAN:
         figures.append("divergent_examples")
-    return variance_run_files() + [paths.figure_file(name) for name in figures]
+        tables += [
+            "example_divergence",
+            "divergence_overlap",
+            "divergence_groups",
+            "divergent_subset_accuracy",
+        ]
+    return (
+        variance_run_files()
+        + [paths.figure_file(name) for name in figures]
+        + [paths.table_file(name) for name in tables]
+    )
 
 
 def ablation_targets():

@@ -58,6 +58,25 @@ def test_a_deleted_record_is_made_again(own_run):
     assert planned.get("run_inference") == 1 and planned.get("cluster_equivalence_classes") == 1
 
 
+def test_every_lost_table_is_made_again_bit_for_bit(own_run):
+    """A killed job's outputs are removed; if a table is needed by `all` only through a
+    figure that still exists, Snakemake says "Nothing to be done" and the table stays lost
+    (the example-divergence, training-statistics and bifurcation-volume tables did). Every
+    table of the run is deleted here, and `all` must make each again, byte for byte."""
+    workdir, config = own_run
+    tables = sorted((workdir / "results/tables").iterdir())
+    before = {path.name: path.read_bytes() for path in tables}
+    assert {"example_divergence.csv", "training_variance.csv", "bifurcation_volume.csv",
+            "effective_precision.csv", "eqc_table.csv"} <= set(before)
+    for path in tables:
+        path.unlink()
+    snakemake(workdir, "all", configfile=config)
+    after = {path.name: path.read_bytes() for path in (workdir / "results/tables").iterdir()}
+    assert sorted(after) == sorted(before)
+    changed = [name for name in before if after[name] != before[name]]
+    assert not changed, changed
+
+
 PRESETS = sorted((ROOT / "config/presets").glob("*.yaml"))
 
 
@@ -115,3 +134,26 @@ def test_samples_beyond_a_prepared_test_set_stop_before_any_job(own_run):
     result = snakemake(workdir, "all", "-n", configfile=config, check=False)
     assert result.returncode != 0
     assert "samples [16] beyond the test set (indices 0..15)" in result.stdout + result.stderr
+
+
+def test_a_bitdrift_error_in_a_job_is_one_line_in_its_log_and_on_the_terminal(tmp_path):
+    """Workflow scripts call the library directly: a BitdriftError there used to end in a
+    traceback, and Snakemake showed none of it. Now its one line is in the job's log and
+    in Snakemake's own output, with the error's exit status."""
+    (tmp_path / "broken.keras").write_text("not a model")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "samples": [0], "datasets": {"digits": {"source": "digits", "limit_train": 32,
+                                                "limit_test": 8}},
+        "models": {"m": {"file": "broken.keras", "dataset": "digits"}},
+        "devices": {"cpu": {"accelerator": "cpu", "backend": "torch", "threads": 1,
+                            "repeats": 1}}}))
+    result = snakemake(tmp_path, "results/inference/m/cpu.h5", configfile=config,
+                       check=False)
+    assert result.returncode != 0
+    line = "bitdrift: error: device 'cpu', model 'm': repeat 1 failed (exit 1); see log"
+    assert line in result.stdout + result.stderr
+    log = (tmp_path / "logs/run_inference/m/cpu.log").read_text()
+    assert log.rstrip().endswith(line)
+    assert "returned non-zero exit status 4" in result.stdout + result.stderr  # its status
+    assert not (tmp_path / "results/inference/m/cpu.h5").exists()

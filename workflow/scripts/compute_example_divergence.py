@@ -1,10 +1,11 @@
 import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)
+from bitdrift.jobs import workflow_job
 
-from bitdrift.cli import main
+with workflow_job(snakemake.log[0]):
+    from bitdrift.cli import main
 
-out_dir = Path(snakemake.output.examples).parent
-sys.exit(main(["example-divergence", *snakemake.input, "--out-dir", str(out_dir),
-               "--top-k", str(snakemake.params.top_k)]))
+    out_dir = Path(snakemake.output.examples).parent
+    sys.exit(main(["example-divergence", *snakemake.input, "--out-dir", str(out_dir),
+                   "--top-k", str(snakemake.params.top_k)]))

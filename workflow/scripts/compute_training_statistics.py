@@ -1,9 +1,10 @@
 import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)
+from bitdrift.jobs import workflow_job
 
-from bitdrift.cli import main
+with workflow_job(snakemake.log[0]):
+    from bitdrift.cli import main
 
-out_dir = Path(snakemake.output.summary).parent
-sys.exit(main(["training-stats", *snakemake.input, "--out-dir", str(out_dir)]))
+    out_dir = Path(snakemake.output.summary).parent
+    sys.exit(main(["training-stats", *snakemake.input, "--out-dir", str(out_dir)]))

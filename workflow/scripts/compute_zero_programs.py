@@ -1,8 +1,7 @@
-import sys
+from bitdrift.jobs import workflow_job
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)
+with workflow_job(snakemake.log[0]):
+    from bitdrift.atomic import write_csv
+    from bitdrift.studies.maxpool.experiments import zero_programs
 
-from bitdrift.atomic import write_csv
-from bitdrift.studies.maxpool.experiments import zero_programs
-
-write_csv(zero_programs(), snakemake.output[0])
+    write_csv(zero_programs(), snakemake.output[0])

@@ -1,12 +1,13 @@
 import sys
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)
+from bitdrift.jobs import workflow_job
 
-from bitdrift.cli import main
+with workflow_job(snakemake.log[0]):
+    from bitdrift.cli import main
 
-sys.exit(
-    main(
-        ["plot-eqc", *snakemake.input.records, "--eqc", snakemake.input.eqc]
-        + ["--out", snakemake.output[0], "--precision", snakemake.params.precision]
+    sys.exit(
+        main(
+            ["plot-eqc", *snakemake.input.records, "--eqc", snakemake.input.eqc]
+            + ["--out", snakemake.output[0], "--precision", snakemake.params.precision]
+        )
     )
-)

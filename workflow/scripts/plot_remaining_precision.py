@@ -1,7 +1,8 @@
 import sys
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)
+from bitdrift.jobs import workflow_job
 
-from bitdrift.cli import main
+with workflow_job(snakemake.log[0]):
+    from bitdrift.cli import main
 
-sys.exit(main(["plot-precision", snakemake.input[0], "--out", snakemake.output[0]]))
+    sys.exit(main(["plot-precision", snakemake.input[0], "--out", snakemake.output[0]]))

@@ -1,7 +1,6 @@
-import sys
+from bitdrift.jobs import workflow_job
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)
+with workflow_job(snakemake.log[0]):
+    from bitdrift.datasets import prepare_dataset
 
-from bitdrift.datasets import prepare_dataset
-
-prepare_dataset(snakemake.wildcards.dataset, snakemake.params.spec, snakemake.output[0])
+    prepare_dataset(snakemake.wildcards.dataset, snakemake.params.spec, snakemake.output[0])

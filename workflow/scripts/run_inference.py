@@ -1,17 +1,18 @@
 import sys
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)
+from bitdrift.jobs import workflow_job
 
-from bitdrift.inference import infer
+with workflow_job(snakemake.log[0]):
+    from bitdrift.inference import infer
 
-infer(
-    model_name=snakemake.wildcards.model,
-    device_name=snakemake.wildcards.device,
-    device=snakemake.params.device,
-    model_path=snakemake.input.model,
-    dataset_path=snakemake.input.dataset,
-    samples=snakemake.params.samples,
-    out=snakemake.output[0],
-    layers=snakemake.params.layers,
-    log=sys.stderr,
-)
+    infer(
+        model_name=snakemake.wildcards.model,
+        device_name=snakemake.wildcards.device,
+        device=snakemake.params.device,
+        model_path=snakemake.input.model,
+        dataset_path=snakemake.input.dataset,
+        samples=snakemake.params.samples,
+        out=snakemake.output[0],
+        layers=snakemake.params.layers,
+        log=sys.stderr,
+    )

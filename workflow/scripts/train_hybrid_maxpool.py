@@ -1,17 +1,16 @@
-import sys
+from bitdrift.jobs import workflow_job
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)
+with workflow_job(snakemake.log[0]):
+    from bitdrift.atomic import write_csv
+    from bitdrift.studies.maxpool.experiments import hybrid_training
 
-from bitdrift.atomic import write_csv
-from bitdrift.studies.maxpool.experiments import hybrid_training
-
-write_csv(
-    hybrid_training(
-        snakemake.params.study,
-        snakemake.input.dataset,
-        beta=float(snakemake.wildcards.beta),
-        seed=int(snakemake.wildcards.seed),
-    ),
-    snakemake.output[0],
-    html=False,  # a part of a table, shown by no report
-)
+    write_csv(
+        hybrid_training(
+            snakemake.params.study,
+            snakemake.input.dataset,
+            beta=float(snakemake.wildcards.beta),
+            seed=int(snakemake.wildcards.seed),
+        ),
+        snakemake.output[0],
+        html=False,  # a part of a table, shown by no report
+    )

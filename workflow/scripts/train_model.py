@@ -1,16 +1,17 @@
 import sys
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)
+from bitdrift.jobs import workflow_job
 
-from bitdrift.training import train_model
+with workflow_job(snakemake.log[0]):
+    from bitdrift.training import train_model
 
-train_model(
-    spec=snakemake.params.spec,
-    seed=int(snakemake.wildcards.seed),
-    dataset_path=snakemake.input.dataset,
-    out_model=snakemake.output.model,
-    out_history=snakemake.output.history,
-    out_logits=snakemake.output.logits,
-    threads=snakemake.threads,
-    log=sys.stderr,
-)
+    train_model(
+        spec=snakemake.params.spec,
+        seed=int(snakemake.wildcards.seed),
+        dataset_path=snakemake.input.dataset,
+        out_model=snakemake.output.model,
+        out_history=snakemake.output.history,
+        out_logits=snakemake.output.logits,
+        threads=snakemake.threads,
+        log=sys.stderr,
+    )

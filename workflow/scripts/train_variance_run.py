@@ -1,19 +1,20 @@
 import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w", buffering=1)
+from bitdrift.jobs import workflow_job
 
-from bitdrift.studies.variance.runs import train_run
+with workflow_job(snakemake.log[0]):
+    from bitdrift.studies.variance.runs import train_run
 
-wildcards = snakemake.wildcards
-train_run(
-    plan_name=wildcards.plan,
-    plan=snakemake.params.plan,
-    arm=wildcards.arm,
-    device_name=wildcards.device,
-    device=snakemake.params.device,
-    run=int(wildcards.run),
-    dataset_path=snakemake.input.dataset,
-    out_dir=Path(snakemake.output.run).parent,
-    log=sys.stderr,
-)
+    wildcards = snakemake.wildcards
+    train_run(
+        plan_name=wildcards.plan,
+        plan=snakemake.params.plan,
+        arm=wildcards.arm,
+        device_name=wildcards.device,
+        device=snakemake.params.device,
+        run=int(wildcards.run),
+        dataset_path=snakemake.input.dataset,
+        out_dir=Path(snakemake.output.run).parent,
+        log=sys.stderr,
+    )

@@ -1,0 +1,46 @@
+"""A workflow job's frame: its log, and one line for an error, as on the command line.
+
+Workflow scripts call the library directly, so without this a :class:`BitdriftError` in a
+job showed as a traceback in its log and Snakemake said only that the script failed. In a
+job, stderr goes to the job's log at the file-descriptor level too, so the C-level log
+lines of the frameworks (TensorFlow's C++ logging, oneDNN) land in the log rather than on
+the terminal; a bitdrift error ends the job with its one line in the log and on the
+terminal Snakemake shows, and the error's exit status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+from bitdrift.errors import BitdriftError
+
+
+@contextlib.contextmanager
+def workflow_job(log_path):
+    """``with workflow_job(snakemake.log[0]):`` around a script's one call."""
+    terminal = os.fdopen(os.dup(2), "w", buffering=1)
+    log = open(log_path, "w", buffering=1)
+    os.dup2(log.fileno(), 2)
+    sys.stderr = log
+    try:
+        yield log
+    except BitdriftError as error:
+        message = "bitdrift: error: " + " ".join(str(error).split())
+        print(message, file=log)
+        print(message, file=terminal)
+        raise SystemExit(error.exit_code) from None
+    except SystemExit as done:
+        # A command-line call (cli.main) returned its status and wrote its one line to
+        # the log: the terminal gets that line too.
+        if done.code not in (0, None):
+            log.flush()
+            with open(log_path, errors="replace") as written:
+                lines = [line.rstrip("\n") for line in written
+                         if line.startswith("bitdrift: error:")]
+            print(lines[-1] if lines else f"bitdrift: error: the job failed (exit "
+                  f"{done.code}); see {log_path}", file=terminal)
+        raise
+    finally:
+        terminal.flush()
