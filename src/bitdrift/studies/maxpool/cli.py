@@ -7,7 +7,8 @@ from bitdrift.errors import ConfigError
 
 
 def _study(args) -> tuple[dict, str]:
-    """The validated `maxpool` section of --config, and the dataset file to read."""
+    """The validated `maxpool` section of --config, and the dataset file to read (None for
+    a command that reads no dataset)."""
     from bitdrift import paths
     from bitdrift.config import load_config
 
@@ -15,6 +16,8 @@ def _study(args) -> tuple[dict, str]:
     if "maxpool" not in config:
         raise ConfigError(f"{args.config}: no `maxpool` section")
     study = config["maxpool"]
+    if not hasattr(args, "dataset_file"):  # maxpool-volume-table reads tables only
+        return study, None
     return study, args.dataset_file or paths.dataset_file(study["dataset"])
 
 
