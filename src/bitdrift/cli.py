@@ -36,13 +36,16 @@ def cmd_train(args) -> None:
     spec = _model_spec(config, args.model)
     if "architecture" not in spec:
         raise ConfigError(f"model {args.model!r} is a file used as is; nothing to train")
-    train_model(spec=spec, seed=args.seed,
-                dataset_path=args.dataset_file or paths.dataset_file(spec["dataset"]),
-                out_model=args.out_model or paths.trained_model_file(args.model, args.seed),
-                out_history=args.out_history or paths.training_history_file(args.model,
-                                                                           args.seed),
-                out_logits=args.out_logits or paths.test_logits_file(args.model, args.seed),
-                threads=args.threads, log=sys.stderr)
+    dataset = args.dataset_file or paths.dataset_file(spec["dataset"])
+    outputs = {"--out-model": args.out_model or paths.trained_model_file(args.model, args.seed),
+               "--out-history": args.out_history or paths.training_history_file(args.model,
+                                                                               args.seed),
+               "--out-logits": args.out_logits or paths.test_logits_file(args.model,
+                                                                         args.seed)}
+    refuse_overwriting({"--config": args.config, "--dataset-file": dataset}, outputs)
+    train_model(spec=spec, seed=args.seed, dataset_path=dataset,
+                out_model=outputs["--out-model"], out_history=outputs["--out-history"],
+                out_logits=outputs["--out-logits"], threads=args.threads, log=sys.stderr)
 
 
 def _model_spec(config, model):
@@ -59,11 +62,14 @@ def cmd_infer(args) -> None:
     if args.device not in config["devices"]:
         raise ConfigError(f"unknown device {args.device!r} "
                           f"(config has {sorted(config['devices'])})")
+    model_path = args.model_file or paths.model_file(config, args.model)
+    dataset_path = args.dataset_file or paths.dataset_file(spec["dataset"])
+    out = args.out or paths.record_file(args.model, args.device)
+    refuse_overwriting({"--config": args.config, "--model-file": model_path,
+                        "--dataset-file": dataset_path}, {"--out": out})
     infer(model_name=args.model, device_name=args.device, device=config["devices"][args.device],
-          model_path=args.model_file or paths.model_file(config, args.model),
-          dataset_path=args.dataset_file or paths.dataset_file(spec["dataset"]),
-          samples=config["samples"], out=args.out or paths.record_file(args.model, args.device),
-          layers=config["analysis"]["layers"])
+          model_path=model_path, dataset_path=dataset_path, samples=config["samples"],
+          out=out, layers=config["analysis"]["layers"])
 
 
 def _open_checked(args):
@@ -387,28 +393,48 @@ OUTPUT_OPTIONS = ("out", "layers_out", "out_model", "out_history", "out_logits",
                   "classes_out", "table_out")
 
 
+def refuse_overwriting(inputs: dict, outputs: dict) -> None:
+    """No output may be an input (named or defaulted) or another output: `infer --out`
+    equal to the default model file replaced the model with a record, and `eqc --out X
+    --layers-out X` wrote one table over the other. Both maps: flag -> path."""
+    from pathlib import Path
+
+    seen = {}
+    for flag, path in inputs.items():
+        for one in path if isinstance(path, list) else [path]:
+            if one:
+                seen.setdefault(Path(one).resolve(), flag)
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            other = seen[resolved]
+            what = "also an input" if other in inputs else f"also the output of {other}"
+            raise ConfigError(f"{flag} {path} is {what} ({other}); refusing to overwrite it")
+        seen[resolved] = flag
+
+
 def check_outputs(args) -> None:
-    """Outputs are never inputs: a shell glob that puts a record after --out, or --out
-    naming one of the inputs, must not replace the record with a table."""
+    """Outputs are never inputs, nor each other: a shell glob that puts a record after
+    --out, or --out naming one of the inputs or another output, must not replace a file;
+    an --out-dir must be a folder."""
     from pathlib import Path
 
     from bitdrift.atomic import is_data_file
 
-    inputs = []
-    for option in INPUT_OPTIONS:
-        value = getattr(args, option, None)
-        inputs += value if isinstance(value, list) else [value] if value else []
-    resolved = {Path(path).resolve() for path in inputs}
-    for option in OUTPUT_OPTIONS:
-        out = getattr(args, option, None)
-        if not out:
-            continue
-        flag = "--" + option.replace("_", "-")
-        if Path(out).resolve() in resolved:
-            raise ConfigError(f"{flag} {out} is also an input; refusing to overwrite it")
+    inputs = {"--" + option.replace("_", "-"): getattr(args, option, None)
+              for option in INPUT_OPTIONS if getattr(args, option, None)}
+    outputs = {"--" + option.replace("_", "-"): getattr(args, option, None)
+               for option in OUTPUT_OPTIONS if getattr(args, option, None)}
+    refuse_overwriting(inputs, outputs)
+    for flag, out in outputs.items():
         if args.command not in WRITES_DATA and is_data_file(out):
             raise ConfigError(f"{flag} {out} is a record, model or dataset file (HDF5/Keras); "
                               "this command writes a table or figure, refusing to overwrite it")
+    out_dir = getattr(args, "out_dir", None)
+    if out_dir and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ConfigError(f"--out-dir {out_dir} is a file, not a folder")
 
 
 def main(argv=None) -> int:

@@ -471,13 +471,21 @@ def class_table(records: list[Record], eqc: pd.DataFrame,
     """One row per device: what it is, its device class, and its class in each (model,
     sample) column with `*` for a non-deterministic device; sorted by device class, then
     in the records' order (Tables SUP-1/SUP-2)."""
-    table, _ = attribute_table(records)
-    devices = list(dict.fromkeys(eqc["device"]))
+    from bitdrift.errors import RecordError
+
+    # One row per device: a device measured under several models is described once.
+    first = list({record.device: record for record in reversed(records)}.values())[::-1]
+    table, _ = attribute_table(first)
+    devices = list(dict.fromkeys(eqc["device"].astype(str)))
+    missing = [device for device in devices if device not in table.index]
+    if missing:
+        raise RecordError(f"the eqc table names device(s) {', '.join(missing)} with no "
+                          "record among the files given; pass the records it was made from")
     device_class = (classes.drop_duplicates("device").set_index("device")["device_class"]
                     if len(classes) else pd.Series(dtype=int))
     rows = []
     for order, device in enumerate(devices):
-        attributes = table.loc[device] if device in table.index else pd.Series(dtype=object)
+        attributes = table.loc[device]
         row = {"device": device, **_describe(attributes),
                "device_class": int(device_class.get(device, 0)), "_order": order}
         for item in eqc[eqc["device"] == device].itertuples():
@@ -485,4 +493,7 @@ def class_table(records: list[Record], eqc: pd.DataFrame,
                 "" if item.deterministic else "*")
         rows.append(row)
     out = pd.DataFrame(rows).sort_values(["device_class", "_order"], kind="stable")
+    # A device measured under one model only has no class in another model's columns.
+    columns = [column for column in out.columns if "#" in column]
+    out[columns] = out[columns].fillna("-")
     return out.drop(columns="_order").reset_index(drop=True)

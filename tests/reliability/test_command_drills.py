@@ -193,6 +193,62 @@ def test_infer_problems_are_found_before_any_repeat(trained, tmp_path, capsys):
         "key samples" in one_line_error(capsys)
 
 
+def test_outputs_never_replace_defaulted_inputs_or_each_other(trained, tmp_path, capsys,
+                                                             make_record):
+    """An --out equal to the model or dataset file the command reads (given or by
+    default) is refused before anything runs, and so are two outputs on one path."""
+    folder, config, dataset, model = trained
+    before = {path: path.read_bytes() for path in (model, dataset)}
+    base = ["infer", "--config", str(config), "--model", "m", "--device", "cpu",
+            "--dataset-file", str(dataset), "--model-file", str(model)]
+    for target in (model, dataset):
+        assert main([*base, "--out", str(target)]) == 2
+        assert "is also an input" in one_line_error(capsys)
+    train = ["train", "--config", str(config), "--model", "m", "--seed", "0",
+             "--dataset-file", str(dataset)]
+    for flag in ("--out-logits", "--out-model"):
+        assert main([*train, flag, str(dataset)]) == 2
+        assert f"{flag} {dataset} is also an input" in one_line_error(capsys)
+    assert {path: path.read_bytes() for path in (model, dataset)} == before
+    first, second = make_record("d1", {0: repeats(A)}), make_record("d2", {0: repeats(B)})
+    same = tmp_path / "same.csv"
+    assert main(["eqc", str(first), str(second), "--out", str(same), "--layers-out",
+                 str(same)]) == 2
+    assert "also the output of --out" in one_line_error(capsys)
+    assert main(["explain", str(first), str(second), "--out", str(same), "--classes-out",
+                 str(same)]) == 2
+    one_line_error(capsys)
+    assert not same.exists()
+    a_file = tmp_path / "not_a_folder"
+    a_file.write_text("")
+    assert main(["training-stats", str(first), "--out-dir", str(a_file)]) == 2
+    assert "is a file, not a folder" in one_line_error(capsys)
+
+
+def test_plot_eqc_table_refuses_a_device_without_a_record(make_record, tmp_path, capsys):
+    first, second = make_record("d1", {0: repeats(A)}), make_record("d2", {0: repeats(B)})
+    eqc, classes = tmp_path / "eqc.csv", tmp_path / "classes.csv"
+    assert main(["eqc", str(first), str(second), "--out", str(eqc)]) == 0
+    assert main(["explain", str(first), str(second), "--out", str(tmp_path / "x.csv"),
+                 "--classes-out", str(classes)]) == 0
+    capsys.readouterr()
+    assert main(["plot-eqc-table", str(first), "--eqc", str(eqc), "--classes", str(classes),
+                 "--out", str(tmp_path / "t.pdf")]) == 3
+    assert "names device(s) d2 with no record" in one_line_error(capsys)
+    # one device under two models is one row per model column, not an error
+    other = make_record("d1", {0: repeats(A)}, model="net2")
+    both = tmp_path / "both.csv"
+    assert main(["eqc", str(first), str(second), str(other), "--out", str(both)]) == 0
+    assert main(["explain", str(first), str(second), str(other), "--out",
+                 str(tmp_path / "y.csv"), "--classes-out", str(classes)]) == 0
+    table = tmp_path / "table.csv"
+    assert main(["plot-eqc-table", str(first), str(second), str(other), "--eqc", str(both),
+                 "--classes", str(classes), "--out", str(tmp_path / "t.pdf"),
+                 "--table-out", str(table)]) == 0
+    rows = pd.read_csv(table).set_index("device")
+    assert sorted(rows.index) == ["d1", "d2"] and rows.loc["d1", "net2#0"] == "1"
+
+
 # -- 11. interrupted jobs and flipped bits ------------------------------------------------
 def test_sigterm_leaves_no_temporary_folder(trained, tmp_path):
     folder, config, dataset, model = trained
