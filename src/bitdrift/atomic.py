@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from bitdrift.errors import OutputError
+
+# A full disk, a read-only file system or folder, a quota: the output cannot be written.
+WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
 
 
 @contextlib.contextmanager
@@ -17,18 +23,24 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
     directory so that ``os.replace`` is an atomic rename on the same filesystem.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(
-        prefix=f".{path.stem}.", suffix=f".partial{path.suffix}", dir=path.parent
-    )
-    os.close(handle)
-    tmp = Path(tmp_name)
-    tmp.unlink()  # writers create the file themselves (h5py, keras refuse some existing files)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp_name = tempfile.mkstemp(
+            prefix=f".{path.stem}.", suffix=f".partial{path.suffix}", dir=path.parent
+        )
+        os.close(handle)
+        tmp = Path(tmp_name)
+        tmp.unlink()  # writers create the file themselves (h5py, keras refuse existing ones)
         yield tmp
         os.replace(tmp, path)
+    except OSError as error:
+        if getattr(error, "errno", None) not in WRITE_ERRNOS or isinstance(error, OutputError):
+            raise
+        raise OutputError(f"{path}: cannot be written ({os.strerror(error.errno)})") \
+            from error
     finally:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             tmp.unlink()
 
 

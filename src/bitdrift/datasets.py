@@ -416,9 +416,13 @@ def dataset_classes(data: dict) -> int:
 
 def read_test_images(path: str | Path, indices: list[int]) -> np.ndarray:
     """Test images at the given indices (float32, NHWC)."""
-    with h5py.File(path, "r") as handle:
-        _check_indices(path, indices, handle["x_test"].shape[0])
-        return np.stack([handle["x_test"][i] for i in indices])
+    try:
+        with h5py.File(path, "r") as handle:
+            _check_indices(path, indices, handle["x_test"].shape[0])
+            return np.stack([handle["x_test"][i] for i in indices])
+    except (OSError, KeyError) as error:  # missing, not HDF5, or not a dataset file
+        raise DatasetError(f"{path}: cannot read the test set, not a prepared dataset "
+                           f"file ({error})") from error
 
 
 def count_test_images(path: str | Path) -> int:

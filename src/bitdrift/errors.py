@@ -60,10 +60,18 @@ class TrainingRunError(BitdriftError, RuntimeError):
     exit_code = 4
 
 
+class OutputError(BitdriftError, OSError):
+    """An output that cannot be written: a full disk, a read-only folder. The partial file
+    is removed, never left to look complete."""
+
+    exit_code = 6
+
+
 EXIT_CODES = """exit status:
   0  success (identify: the record matched a known class)
   1  identify: the record matched no known class
   2  bad command line or config (the key is named)
   3  unreadable, corrupt or mismatched dataset or record file (the file is named)
   4  a study, inference or training run failed (the log is named)
-  5  the device's accelerator (GPU/TPU) is not visible: never a CPU fallback"""
+  5  the device's accelerator (GPU/TPU) is not visible: never a CPU fallback
+  6  an output cannot be written (disk full, read-only folder); nothing half-written is left"""

@@ -46,10 +46,23 @@ def check_layout(records: list[Record], models: list[str]) -> None:
                 f"expects {record.model}/{record.device}.h5)")
 
 
+def _model_digest(model_path) -> str:
+    """The model file's digest, or one line saying why there is none."""
+    import zipfile
+    from pathlib import Path
+
+    if not Path(model_path).is_file():
+        raise RecordError(f"{model_path}: model file does not exist")
+    try:
+        return model_digest(model_path)
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as error:
+        raise RecordError(f"{model_path}: not a Keras model file ({error})") from error
+
+
 def check_provenance(records: list[Record], model: str, model_path, dataset_path) -> int:
     """Refuse any record of `model` whose hashes differ from those of the workflow's model
     file and dataset; returns how many records were checked."""
-    expected_model = model_digest(model_path)
+    expected_model = _model_digest(model_path)
     expected_inputs: dict[tuple, str] = {}
     checked = 0
     for record in records:

@@ -16,6 +16,7 @@ numpy dtype, so its raw bits are stored as uint16 with the attribute ``bfloat16_
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ BFLOAT16_ATTR = "bfloat16_raw_bits"
 # instead of adding a class silently. Records written without it are still read.
 CHECKSUM = {"fletcher32": True}
 OUTPUT = "output"
+SAMPLE_NAME = re.compile(r"0|[1-9][0-9]*")
 # HDF5 keeps ~25 KB per dataset read until its file is closed. The analysis reads every
 # layer of every record, so a record renews its handle after this many reads: memory
 # stays bounded by one layer over all devices instead of growing with the layers, for
@@ -162,7 +164,9 @@ class Record:
             raise self._fail("missing group 'samples'")
         self.samples: list[int] = []
         for key, group in self._file["samples"].items():
-            if not key.isdigit():  # a test-set index: no sign, no path, no name
+            # A test-set index in ASCII digits without a leading zero: `01` would be a
+            # second name for sample 1, and str.isdigit accepts `٦` and `²`.
+            if not SAMPLE_NAME.fullmatch(key):
                 raise self._fail(f"sample group name {key!r} is not a test-set index")
             output = group.get(OUTPUT) if isinstance(group, h5py.Group) else None
             if not isinstance(output, h5py.Dataset):

@@ -327,3 +327,70 @@ def test_a_record_of_an_unexpected_model_or_in_another_device_place_is_refused(
     assert main(["eqc", str(folder / "tf.h5"), str(renamed), "--out", out, *expect]) == 3
     assert "holds device 'tf'" in one_line_error(capsys)
     assert not (tmp_path / "e.csv").exists()
+
+
+@pytest.fixture
+def mounted(tmp_path):
+    """Two tmpfs mounts (root, as CI runs): one read-only, one full."""
+    readonly, full = tmp_path / "readonly", tmp_path / "full"
+    for folder, options in ((readonly, "ro"), (full, "size=64k")):
+        folder.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                       check=True)
+    try:
+        with open(full / "filler", "wb", buffering=0) as filler:
+            try:
+                while True:
+                    filler.write(b"\0" * 4096)
+            except OSError:
+                pass
+        yield readonly, full
+    finally:
+        for folder in (readonly, full):
+            subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_a_read_only_or_full_disk_is_one_line_and_leaves_no_part(make_record, mounted,
+                                                                 capsys):
+    readonly, full = mounted
+    first, second = make_record("d1", {0: repeats(A)}), make_record("d2", {0: repeats(B)})
+    for folder, reason in ((readonly, "Read-only file system"),
+                           (full, "No space left on device")):
+        out = folder / "eqc.csv"
+        assert main(["eqc", str(first), str(second), "--out", str(out)]) == 6
+        assert f"{out}: cannot be written ({reason})" in one_line_error(capsys)
+        assert [path.name for path in folder.iterdir()] in ([], ["filler"])
+    assert main(["plot-eqc", str(first), str(second), "--eqc", str(full / "x.csv"),
+                 "--out", str(full / "eqc.pdf")]) == 3  # no table there: read error first
+    one_line_error(capsys)
+
+
+@pytest.mark.parametrize("name", ["01", "٦", "²", "+1"])
+def test_sample_groups_that_are_no_ascii_index_are_refused(make_record, name, capsys):
+    path = make_record("d1", {0: repeats(A)})
+    with h5py.File(path, "r+") as handle:
+        handle.move("samples/0", f"samples/{name}")
+    assert main(["eqc", str(path), "--out", str(path.with_suffix(".csv"))]) == 3
+    assert f"{path}: sample group name {name!r} is not a test-set index" in \
+        one_line_error(capsys)
+
+
+def test_provenance_with_a_missing_or_foreign_model_file_is_one_line(trained, make_record,
+                                                                    tmp_path, capsys):
+    folder, config, dataset, model = trained
+    record = make_record("d1", {0: repeats(A)}, model="m")
+    folder_record = tmp_path / "m" / "d1.h5"
+    folder_record.parent.mkdir()
+    shutil.copy(record, folder_record)
+    not_keras = tmp_path / "fake.keras"
+    with __import__("zipfile").ZipFile(not_keras, "w") as archive:
+        archive.writestr("hello.txt", "no config")
+    for model_file, message in ((tmp_path / "gone.keras", "model file does not exist"),
+                                (not_keras, "not a Keras model file"),
+                                (dataset, "was run on another model")):
+        assert main(["eqc", str(folder_record), "--out", str(tmp_path / "e.csv"),
+                     "--expect", "m", str(model_file), str(dataset)]) == 3
+        assert message in one_line_error(capsys)
+    assert main(["eqc", str(folder_record), "--out", str(tmp_path / "e.csv"),
+                 "--expect", "m", str(model), str(model)]) == 3  # a model as the dataset
+    one_line_error(capsys)
