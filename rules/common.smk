@@ -248,6 +248,12 @@ def dataset_spec(wildcards):
     return canonical(config["datasets"][wildcards.dataset])
 
 
+def dataset_samples(wildcards):
+    """The sample indices the devices read from this dataset (none if no model uses it)."""
+    models = [m for m in MODELS if config["models"][m]["dataset"] == wildcards.dataset]
+    return config["samples"] if models else []
+
+
 def model_spec(wildcards):
     return canonical(config["models"][wildcards.model])
 

@@ -11,5 +11,7 @@ rule prepare_dataset:
         "../envs/bitdrift.yaml"
     params:
         spec=dataset_spec,
+        # Checked as soon as the test set is known, not after training.
+        samples=dataset_samples,
     script:
         "../workflow/scripts/prepare_dataset.py"

@@ -157,3 +157,20 @@ def test_a_bitdrift_error_in_a_job_is_one_line_in_its_log_and_on_the_terminal(tm
     assert log.rstrip().endswith(line)
     assert "returned non-zero exit status 4" in result.stdout + result.stderr  # its status
     assert not (tmp_path / "results/inference/m/cpu.h5").exists()
+
+
+def test_samples_beyond_a_dataset_not_yet_prepared_stop_before_training(tmp_path):
+    """The test set's size is known once the dataset is prepared: the check runs there,
+    so a wrong sample index costs no training run."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "samples": [0, 9], "datasets": {"digits": {"source": "digits", "limit_train": 32,
+                                                   "limit_test": 8}},
+        "models": {"m": {"architecture": "cifar10_small", "dataset": "digits",
+                         "train": {"epochs": 1, "seeds": [0]}}},
+        "devices": {"cpu": {"accelerator": "cpu", "backend": "torch", "threads": 1}}}))
+    result = snakemake(tmp_path, "all", configfile=config, check=False)
+    assert result.returncode != 0
+    assert "samples [9] beyond the test set (indices 0..7); config key samples" in \
+        result.stdout + result.stderr
+    assert not (tmp_path / "logs/train_model").exists()
