@@ -174,3 +174,16 @@ def test_samples_beyond_a_dataset_not_yet_prepared_stop_before_training(tmp_path
     assert "samples [9] beyond the test set (indices 0..7); config key samples" in \
         result.stdout + result.stderr
     assert not (tmp_path / "logs/train_model").exists()
+
+
+def test_plain_snakemake_runs_without_a_profile_or_cores(tmp_path):
+    """`snakemake TARGET` with no --cores and no --profile: profiles/default supplies them
+    (Snakemake reads a workflow's profiles/default on every run)."""
+    (tmp_path / "config.yaml").write_bytes((ROOT / "config.yaml").read_bytes())
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d",
+         str(tmp_path), "results/datasets/digits.h5"], capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "workflow specific profile" in result.stderr
+    assert (tmp_path / "results/datasets/digits.h5").is_file()

@@ -195,3 +195,17 @@ def test_precision_casting_groups_devices_by_precision(tmp_path, make_record):
     output = table[(table["layer"] == "output") & (table["sample"] == 0)].iloc[0]
     assert output["mantissa_bits"] == 23 and output["n_devices"] == 3
     assert output["remaining_share"] == pytest.approx(21 / 23)
+
+
+def test_adding_a_device_the_ablation_does_not_read_leaves_its_params_alone():
+    """The tabulate rule's params are study_config: a new device elsewhere in the config
+    must not make the workflow redo the ablation tables."""
+    from bitdrift.studies.ablation.cli import study_config
+
+    before = study_config(validate_config(_config()))
+    extended = _config()
+    extended["devices"]["laptop_gpu"] = {"accelerator": "gpu", "backend": "torch"}
+    after = study_config(validate_config(extended))
+    assert after == before
+    assert set(before["devices"]) == {"a", "b", "c", "a_float16", "a_float64", "b_float16",
+                                      "b_float64"}

@@ -103,12 +103,17 @@ def study_config(config: dict) -> dict:
     The workflow compares params with their keys sorted, so that reordering config.yaml
     triggers no rerun; the order of the variants and devices, which orders the tables'
     rows, travels as lists (:func:`in_config_order` restores it)."""
+    from bitdrift.studies.ablation.config import ablation_devices
+
+    # Only the devices the tables read: adding another device to the config must not
+    # redo the ablation tables.
+    used = [name for name in config["devices"]
+            if name in ablation_devices(config) or name in casting_devices(config)]
     return {"ablation": config["ablation"], "analysis": {"precision":
                                                          config["analysis"]["precision"]},
             "models": {base: config["models"][base] for base in config["ablation"]["models"]},
-            "devices": config["devices"],
-            "order": {"variants": list(config["ablation"]["variants"]),
-                      "devices": list(config["devices"])}}
+            "devices": {name: config["devices"][name] for name in used},
+            "order": {"variants": list(config["ablation"]["variants"]), "devices": used}}
 
 
 def in_config_order(config: dict) -> dict:
