@@ -13,6 +13,13 @@ if not workflow.config_settings.configfiles:
     configfile: "config.yaml"
 
 
+# A preset runs in a folder of its own (its `workdir` key): it never writes over the
+# default run's results/.
+if isinstance(config.get("workdir"), str) and config["workdir"]:
+
+    workdir: config["workdir"]
+
+
 include: "rules/common.smk"
 
 

@@ -187,3 +187,19 @@ def test_plain_snakemake_runs_without_a_profile_or_cores(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "workflow specific profile" in result.stderr
     assert (tmp_path / "results/datasets/digits.h5").is_file()
+
+
+def test_a_preset_writes_into_its_own_folder(tmp_path):
+    """A preset's results go to runs/PRESET/ (its `workdir`), never into the results/ of
+    the default run beside it."""
+    (tmp_path / "results").mkdir()  # the default run's
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--cores", "1",
+         "results/tables/maxpool_zero_program.csv", "--configfile",
+         str(ROOT / "config/presets/maxpool_paper.yaml")], cwd=tmp_path,
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "runs/maxpool_paper/results/tables/maxpool_zero_program.csv").is_file()
+    assert not any((tmp_path / "results").iterdir())
+    for preset in PRESETS:
+        assert yaml.safe_load(preset.read_text())["workdir"] == f"runs/{preset.stem}"
