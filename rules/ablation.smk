@@ -7,36 +7,45 @@ rule tabulate_ablation:
             paths.table_html("ablation_layers"),
             caption="../workflow/report/ablation_layers_table.rst",
             category="Ablation",
+            labels={"kind": "table", "name": "ablation_layers"},
         ),
         activation=paths.table_file("activation_deviations"),
         activation_html=report(
             paths.table_html("activation_deviations"),
             caption="../workflow/report/activation_deviations_table.rst",
             category="Ablation",
+            labels={"kind": "table", "name": "activation_deviations"},
         ),
         effects=paths.table_file("layer_effects"),
         effects_html=report(
             paths.table_html("layer_effects"),
             caption="../workflow/report/layer_effects_table.rst",
             category="Ablation",
+            labels={"kind": "table", "name": "layer_effects"},
         ),
         accuracy=paths.table_file("validation_accuracy"),
         accuracy_html=report(
             paths.table_html("validation_accuracy"),
             caption="../workflow/report/validation_accuracy_table.rst",
             category="Ablation",
+            labels={"kind": "table", "name": "validation_accuracy"},
         ),
         casting=paths.table_file("precision_casting"),
         casting_html=report(
             paths.table_html("precision_casting"),
             caption="../workflow/report/precision_casting_table.rst",
             category="Ablation",
+            labels={"kind": "table", "name": "precision_casting"},
         ),
         across_frameworks=paths.table_file("activation_deviations_across_frameworks"),
         across_frameworks_html=report(
             paths.table_html("activation_deviations_across_frameworks"),
             caption="../workflow/report/activation_deviations_across_frameworks_table.rst",
             category="Ablation",
+            labels={
+                "kind": "table",
+                "name": "activation_deviations_across_frameworks",
+            },
         ),
     log:
         "logs/tabulate_ablation/all.log",
@@ -61,6 +70,7 @@ rule plot_ablation_layers:
             paths.figure_png("ablation_layers"),
             caption="../workflow/report/ablation_layers_figure.rst",
             category="Ablation",
+            labels={"kind": "figure", "name": "ablation_layers"},
         ),
     log:
         "logs/plot_ablation_layers/all.log",
@@ -82,6 +92,7 @@ rule plot_precision_casting:
             paths.figure_png("precision_casting"),
             caption="../workflow/report/precision_casting_figure.rst",
             category="Ablation",
+            labels={"kind": "figure", "name": "precision_casting"},
         ),
     log:
         "logs/plot_precision_casting/all.log",

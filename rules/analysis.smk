@@ -8,12 +8,14 @@ rule cluster_equivalence_classes:
             paths.table_html("eqc"),
             caption="../workflow/report/eqc_table.rst",
             category="Equivalence classes",
+            labels={"kind": "table", "name": "eqc"},
         ),
         layers=paths.table_file("eqc_layers"),
         layers_html=report(
             paths.table_html("eqc_layers"),
             caption="../workflow/report/eqc_layers_table.rst",
             category="Equivalence classes",
+            labels={"kind": "table", "name": "eqc_layers"},
         ),
     log:
         "logs/cluster_equivalence_classes/all.log",
@@ -41,6 +43,7 @@ rule compute_remaining_precision:
             paths.table_html("precision"),
             caption="../workflow/report/precision_table.rst",
             category="Remaining precision",
+            labels={"kind": "table", "name": "precision"},
         ),
     log:
         "logs/compute_remaining_precision/all.log",
@@ -68,6 +71,7 @@ rule plot_equivalence_classes:
             paths.figure_png("eqc"),
             caption="../workflow/report/eqc_figure.rst",
             category="Equivalence classes",
+            labels={"kind": "figure", "name": "eqc"},
         ),
     log:
         "logs/plot_equivalence_classes/all.log",
@@ -90,6 +94,7 @@ rule plot_remaining_precision:
             paths.figure_png("remaining_precision"),
             caption="../workflow/report/precision_figure.rst",
             category="Remaining precision",
+            labels={"kind": "figure", "name": "remaining_precision"},
         ),
     log:
         "logs/plot_remaining_precision/all.log",
@@ -110,18 +115,21 @@ rule explain_equivalence_classes:
             paths.table_html("explain"),
             caption="../workflow/report/explain_table.rst",
             category="Why devices differ",
+            labels={"kind": "table", "name": "explain"},
         ),
         flags=paths.table_file("flag_groups"),
         flags_html=report(
             paths.table_html("flag_groups"),
             caption="../workflow/report/flag_groups_table.rst",
             category="Why devices differ",
+            labels={"kind": "table", "name": "flag_groups"},
         ),
         classes=paths.table_file("device_classes"),
         classes_html=report(
             paths.table_html("device_classes"),
             caption="../workflow/report/device_classes_table.rst",
             category="Why devices differ",
+            labels={"kind": "table", "name": "device_classes"},
         ),
     log:
         "logs/explain_equivalence_classes/all.log",
@@ -148,6 +156,7 @@ rule locate_divergence:
             paths.table_html("divergence"),
             caption="../workflow/report/divergence_table.rst",
             category="Why devices differ",
+            labels={"kind": "table", "name": "divergence"},
         ),
     log:
         "logs/locate_divergence/all.log",
@@ -174,6 +183,7 @@ rule check_effective_precision:
             paths.table_html("effective_precision"),
             caption="../workflow/report/effective_precision_table.rst",
             category="Equivalence classes",
+            labels={"kind": "table", "name": "effective_precision"},
         ),
     log:
         "logs/check_effective_precision/all.log",
@@ -200,12 +210,14 @@ rule plot_eqc_table:
             paths.figure_png("eqc_table"),
             caption="../workflow/report/eqc_table_figure.rst",
             category="Why devices differ",
+            labels={"kind": "figure", "name": "eqc_table"},
         ),
         table=paths.table_file("eqc_table"),
         table_html=report(
             paths.table_html("eqc_table"),
             caption="../workflow/report/eqc_table_csv.rst",
             category="Why devices differ",
+            labels={"kind": "table", "name": "eqc_table"},
         ),
     log:
         "logs/plot_eqc_table/all.log",
@@ -226,6 +238,7 @@ rule plot_divergence:
             paths.figure_png("divergence"),
             caption="../workflow/report/divergence_figure.rst",
             category="Why devices differ",
+            labels={"kind": "figure", "name": "divergence"},
         ),
     log:
         "logs/plot_divergence/all.log",

@@ -5,6 +5,7 @@ rule compute_zero_programs:
             paths.table_html("maxpool_zero_program"),
             caption="../workflow/report/maxpool_zero_program.rst",
             category="MaxPool study",
+            labels={"kind": "table", "name": "maxpool_zero_program"},
         ),
     log:
         "logs/compute_zero_programs/all.log",
@@ -83,6 +84,7 @@ rule tabulate_bifurcation_volume:
             paths.table_html("bifurcation_volume"),
             caption="../workflow/report/bifurcation_volume_table.rst",
             category="MaxPool study",
+            labels={"kind": "table", "name": "bifurcation_volume"},
         ),
     log:
         "logs/tabulate_bifurcation_volume/all.log",
@@ -104,6 +106,7 @@ rule plot_backprop_variation:
             paths.figure_png("backprop_variation"),
             caption="../workflow/report/backprop_variation.rst",
             category="MaxPool study",
+            labels={"kind": "figure", "name": "backprop_variation"},
         ),
     log:
         "logs/plot_backprop_variation/all.log",
@@ -125,6 +128,7 @@ rule plot_bifurcation_volume:
             paths.figure_png("bifurcation_volume"),
             caption="../workflow/report/bifurcation_volume.rst",
             category="MaxPool study",
+            labels={"kind": "figure", "name": "bifurcation_volume"},
         ),
     log:
         "logs/plot_bifurcation_volume/all.log",
@@ -146,6 +150,7 @@ rule plot_maxpool_training:
             paths.figure_png("maxpool_training"),
             caption="../workflow/report/maxpool_training.rst",
             category="MaxPool study",
+            labels={"kind": "figure", "name": "maxpool_training"},
         ),
     log:
         "logs/plot_maxpool_training/all.log",

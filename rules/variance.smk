@@ -33,30 +33,35 @@ rule compute_training_statistics:
             paths.table_html("training_variance"),
             caption="../workflow/report/training_variance_table.rst",
             category="Training variance",
+            labels={"kind": "table", "name": "training_variance"},
         ),
         runs=paths.table_file("training_runs"),
         runs_html=report(
             paths.table_html("training_runs"),
             caption="../workflow/report/training_runs_table.rst",
             category="Training variance",
+            labels={"kind": "table", "name": "training_runs"},
         ),
         subgroups=paths.table_file("training_subgroups"),
         subgroups_html=report(
             paths.table_html("training_subgroups"),
             caption="../workflow/report/training_subgroups_table.rst",
             category="Training variance",
+            labels={"kind": "table", "name": "training_subgroups"},
         ),
         seed_ratio=paths.table_file("seed_ratio"),
         seed_ratio_html=report(
             paths.table_html("seed_ratio"),
             caption="../workflow/report/seed_ratio_table.rst",
             category="Training variance",
+            labels={"kind": "table", "name": "seed_ratio"},
         ),
         determinism_cost=paths.table_file("determinism_cost"),
         determinism_cost_html=report(
             paths.table_html("determinism_cost"),
             caption="../workflow/report/determinism_cost_table.rst",
             category="Training variance",
+            labels={"kind": "table", "name": "determinism_cost"},
         ),
     log:
         "logs/compute_training_statistics/all.log",
@@ -80,6 +85,7 @@ rule plot_training_variance:
             paths.figure_png("training_variance"),
             caption="../workflow/report/training_variance_figure.rst",
             category="Training variance",
+            labels={"kind": "figure", "name": "training_variance"},
         ),
     log:
         "logs/plot_training_variance/all.log",
@@ -101,6 +107,7 @@ rule plot_churn:
             paths.figure_png("churn"),
             caption="../workflow/report/churn_figure.rst",
             category="Training variance",
+            labels={"kind": "figure", "name": "churn"},
         ),
     log:
         "logs/plot_churn/all.log",
@@ -122,6 +129,7 @@ rule plot_determinism_cost:
             paths.figure_png("determinism_cost"),
             caption="../workflow/report/determinism_cost_figure.rst",
             category="Training variance",
+            labels={"kind": "figure", "name": "determinism_cost"},
         ),
     log:
         "logs/plot_determinism_cost/all.log",
@@ -143,6 +151,7 @@ rule plot_ensemble_disagreement:
             paths.figure_png("ensemble_disagreement"),
             caption="../workflow/report/ensemble_disagreement_figure.rst",
             category="Training variance",
+            labels={"kind": "figure", "name": "ensemble_disagreement"},
         ),
     log:
         "logs/plot_ensemble_disagreement/all.log",
@@ -164,24 +173,28 @@ rule compute_example_divergence:
             paths.table_html("example_divergence"),
             caption="../workflow/report/example_divergence_table.rst",
             category="Training variance",
+            labels={"kind": "table", "name": "example_divergence"},
         ),
         overlap=paths.table_file("divergence_overlap"),
         overlap_html=report(
             paths.table_html("divergence_overlap"),
             caption="../workflow/report/divergence_overlap_table.rst",
             category="Training variance",
+            labels={"kind": "table", "name": "divergence_overlap"},
         ),
         groups=paths.table_file("divergence_groups"),
         groups_html=report(
             paths.table_html("divergence_groups"),
             caption="../workflow/report/divergence_groups_table.rst",
             category="Training variance",
+            labels={"kind": "table", "name": "divergence_groups"},
         ),
         subset=paths.table_file("divergent_subset_accuracy"),
         subset_html=report(
             paths.table_html("divergent_subset_accuracy"),
             caption="../workflow/report/divergent_subset_accuracy_table.rst",
             category="Training variance",
+            labels={"kind": "table", "name": "divergent_subset_accuracy"},
         ),
     log:
         "logs/compute_example_divergence/all.log",
@@ -207,6 +220,7 @@ rule plot_divergent_examples:
             paths.figure_png("divergent_examples"),
             caption="../workflow/report/divergent_examples_figure.rst",
             category="Training variance",
+            labels={"kind": "figure", "name": "divergent_examples"},
         ),
     log:
         "logs/plot_divergent_examples/all.log",

@@ -102,7 +102,8 @@ def write_csv(table, path: str | Path, columns: list[str] | None = None,
             writer.writerow(columns)
             writer.writerows(rows)
     if html and path.suffix.lower() != ".html":
-        write_table_html(columns, rows, path.with_suffix(".html"), path.name)
+        write_table_html(columns, rows, path.with_suffix(".html"), path.name,
+                         csv_bytes=path.read_bytes())
 
 
 def write_tables(tables: dict, names: dict[str, str], out_dir: str | Path) -> None:
@@ -121,10 +122,16 @@ def _cell(value):
 
 
 HTML_ROW_LIMIT = 1000  # a report page stays light; the CSV beside holds every row
+# The HTML carries its CSV as a download link (the report shows the HTML, so the table can
+# be taken from the report alone), up to this size.
+EMBEDDED_CSV_LIMIT = 8 * 1024 * 1024
 
 
-def write_table_html(columns, rows, path: str | Path, source: str) -> None:
-    """A plain, self-contained HTML table (the first HTML_ROW_LIMIT rows), atomically."""
+def write_table_html(columns, rows, path: str | Path, source: str,
+                     csv_bytes: bytes | None = None) -> None:
+    """A plain, self-contained HTML table (the first HTML_ROW_LIMIT rows) with a link that
+    downloads the whole CSV, atomically."""
+    import base64
     import html
 
     def text(value):
@@ -145,7 +152,11 @@ def write_table_html(columns, rows, path: str | Path, source: str) -> None:
         "th,td{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}"
         "th{background:#eee;position:sticky;top:0}tr:nth-child(even){background:#f8f8f8}"
         f"</style></head><body><p>{html.escape(source)}: {note}, {len(columns)} columns "
-        "(the CSV holds every row at full precision)</p>"
+        "(the CSV holds every row at full precision)"
+        + (f" &middot; <a download='{html.escape(source)}' href='data:text/csv;base64,"
+           f"{base64.b64encode(csv_bytes).decode()}'>download {html.escape(source)}</a>"
+           if csv_bytes is not None and len(csv_bytes) <= EMBEDDED_CSV_LIMIT else "")
+        + "</p>"
         f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>"
         "</body></html>\n")
     with atomic_output(path) as tmp:

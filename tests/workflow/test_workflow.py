@@ -311,3 +311,57 @@ def test_explanations_and_divergence_agree_with_the_classes(run):
         assert (workdir / "results/figures" / name).read_bytes().startswith(b"%PDF")
     table = pd.read_csv(tables / "eqc_table.csv")
     assert table["device_class"].is_monotonic_increasing
+
+
+def test_the_report_opens_in_a_real_browser(run):
+    """results/report.html in Debian's Chromium (headless, driven by Playwright): no
+    JavaScript error, every figure decodes as an image, every table is an HTML table
+    carrying its CSV as a download, every item labelled; a screenshot is kept beside it."""
+    import base64
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    workdir, _ = run
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is not installed (./quickstart test installs it)"
+    errors = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+        page.on("console", lambda message: errors.append(f"console: {message.text}")
+                if message.type == "error" else None)
+        page.goto((workdir / "results/report.html").as_uri())
+        page.wait_for_timeout(1000)
+        results = page.evaluate("() => window.results")
+        decoded = page.evaluate("""async () => {
+            const out = {};
+            for (const [path, item] of Object.entries(window.results)) {
+                if (!item.mime_type.startsWith("image/")) continue;
+                const image = new Image();
+                image.src = item.data_uri;
+                try { await image.decode(); out[path] = image.naturalWidth; }
+                catch (error) { out[path] = 0; }
+            }
+            return out;
+        }""")
+        page.get_by_text("Results", exact=True).first.click()
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(workdir / "results/report_screenshot.png"))
+        browser.close()
+    assert not errors, errors
+    figures = {path for path, item in results.items() if item["mime_type"] == "image/png"}
+    tables = {path for path, item in results.items() if item["mime_type"] == "text/html"}
+    assert len(figures) >= 12 and len(tables) >= 20
+    assert all(decoded[path] > 100 for path in figures), decoded
+    for path in tables:
+        page_text = base64.b64decode(results[path]["data_uri"].split(",", 1)[1]).decode()
+        assert "<table>" in page_text and "href='data:text/csv;base64," in page_text, path
+        csv = base64.b64decode(page_text.split("data:text/csv;base64,", 1)[1].split("'")[0])
+        assert csv == (workdir / path).with_suffix(".csv").read_bytes(), path
+    assert all(item["labels"] and set(item["labels"]) == {"kind", "name"}
+               for item in results.values())
+    assert (workdir / "results/report_screenshot.png").read_bytes().startswith(b"\x89PNG")
