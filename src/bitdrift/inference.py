@@ -60,7 +60,7 @@ def run_repeat(job: dict) -> None:
     keras = import_keras(device["backend"])
     configure_threads(device["backend"], device.get("threads"))
     accelerator = check_accelerator(name, device)
-    with strategy_scope(accelerator):
+    with strategy_scope(accelerator, device["backend"]):
         model = keras.saving.load_model(job["model_path"], compile=False)
         model = cast_model(keras, model, device["precision"])
         if job["layers"]:

@@ -155,7 +155,9 @@ def test_thresholds_and_volume_with_margins():
 def test_a_gpu_study_without_a_gpu_fails_loudly():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the refusal path cannot be shown here")
-    with pytest.raises(StudyError, match="asks for a GPU.*refusing to fall back"):
+    from bitdrift.errors import AcceleratorMissing
+
+    with pytest.raises(AcceleratorMissing, match="asks for a GPU.*refusing to fall back"):
         select_device("gpu")
 
 

@@ -40,23 +40,20 @@ COMPARISONS = {
 
 
 def select_device(accelerator: str) -> torch.device:
-    """cpu, or cuda when asked for; a missing GPU fails, never falls back to the CPU."""
-    if accelerator == "cpu":
-        return torch.device("cpu")
-    if accelerator == "gpu":
-        if not torch.cuda.is_available():
-            raise StudyError("the MaxPool study asks for a GPU but torch sees none "
-                             "(torch.cuda.is_available() is False); refusing to fall back")
-        return torch.device("cuda")
-    raise StudyError(f"unknown accelerator {accelerator!r}")
+    """cpu, or cuda when asked for; a missing GPU fails, never falls back to the CPU (the
+    torch runtime's own check, bitdrift.backends.torch)."""
+    from bitdrift.backends import torch as torch_runtime
+
+    return torch_runtime.torch_device("the MaxPool study", accelerator)
 
 
 def configure(accelerator: str, deterministic: bool) -> torch.device:
+    """The device, and torch's determinism switch set either way: deterministic kernels
+    make D(P, P~) 0; off, GPU kernels give tau^1 > 0."""
+    from bitdrift.backends import torch as torch_runtime
+
     device = select_device(accelerator)
-    # Deterministic kernels make D(P, P~) 0; off, GPU kernels give tau^1 > 0.
-    torch.use_deterministic_algorithms(deterministic, warn_only=False)
-    torch.backends.cudnn.deterministic = deterministic
-    torch.backends.cudnn.benchmark = False
+    torch_runtime.configure_determinism(deterministic)
     return device
 
 

@@ -52,7 +52,8 @@ def run_worker(job: dict) -> None:
 
     data = read_dataset(job["dataset_path"])
     classes = dataset_classes(data)
-    trained = fit(keras, spec, spec, data, classes, seeds, scope=strategy_scope(accelerator))
+    trained = fit(keras, spec, spec, data, classes, seeds,
+                  scope=strategy_scope(accelerator, device["backend"]))
     out = Path(job["out_dir"])
     save_model_and_history(trained, out / RUN_FILES["model"], out / RUN_FILES["history"])
     logits, step_seconds = trained.logits, trained.step_seconds

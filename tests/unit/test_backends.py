@@ -1,0 +1,46 @@
+"""The backend seam: one module per runtime, one dispatch that refuses what it lacks."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from bitdrift import backends
+from bitdrift.errors import ConfigError
+
+SOURCE = Path(backends.__file__).parents[1]
+INTERFACE = ("NAME", "environment", "import_keras", "configure_threads",
+             "configure_determinism", "check_accelerator", "strategy_scope", "versions")
+
+
+def test_the_dispatch_refuses_an_unknown_backend():
+    with pytest.raises(ConfigError, match="unknown backend 'jaxx'"):
+        backends.get("jaxx")
+    with pytest.raises(ConfigError, match="unknown backend 'keras_common'"):
+        backends.get("keras_common")  # a helper module is no runtime
+
+
+@pytest.mark.parametrize("name", backends.RUNTIMES)
+def test_every_runtime_has_the_whole_interface(name):
+    module = backends.get(name)
+    assert module.NAME == name
+    assert all(hasattr(module, member) for member in INTERFACE)
+
+
+def test_the_schema_names_exactly_the_runtimes():
+    import yaml
+
+    schema = yaml.safe_load((SOURCE / "config.schema.yaml").read_text())
+    device = schema["properties"]["devices"]["additionalProperties"]["properties"]
+    assert tuple(device["backend"]["enum"]) == backends.RUNTIMES
+
+
+@pytest.mark.parametrize("module", ["devices.py", "inference.py"])
+def test_no_branch_on_a_backends_name(module):
+    """`if backend == "tensorflow": ... else:` made the else mean torch by accident."""
+    tree = ast.parse((SOURCE / module).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            constants = [c.value for c in [node.left, *node.comparators]
+                         if isinstance(c, ast.Constant)]
+            assert not set(constants) & set(backends.RUNTIMES), ast.unparse(node)
