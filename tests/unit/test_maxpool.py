@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bitdrift.errors import StudyError
+from bitdrift.errors import AcceleratorMissing
 from bitdrift.studies.maxpool.experiments import (
     backprop_variation_table,
     select_device,
@@ -155,8 +155,6 @@ def test_thresholds_and_volume_with_margins():
 def test_a_gpu_study_without_a_gpu_fails_loudly():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the refusal path cannot be shown here")
-    from bitdrift.errors import AcceleratorMissing
-
     with pytest.raises(AcceleratorMissing, match="asks for a GPU.*refusing to fall back"):
         select_device("gpu")
 
