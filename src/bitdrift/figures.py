@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -39,8 +40,10 @@ def dendrogram_distances(records: list[Record]) -> tuple[list[str], np.ndarray, 
     return [r.device for r in records], matrix, MANTISSA_BITS[float_format]
 
 
-def _device_labels(records: list[Record], devices: list[str]) -> list[str]:
-    """`device [GPU or CPU model, N cores]` from each record's fingerprint, where known."""
+def _device_labels(records: list[Record], devices: list[str]) -> tuple[list[str], str]:
+    """Row labels and a title part: `device [GPU or CPU model, N cores]` from each record's
+    fingerprint, where known; when every device has the same hardware it is named once
+    (returned for the title) instead of on every row."""
     described = {}
     for record in records:
         fingerprint = record.fingerprint if isinstance(record.fingerprint, dict) else {}
@@ -48,8 +51,25 @@ def _device_labels(records: list[Record], devices: list[str]) -> list[str]:
         gpu = (fingerprint.get("accelerator") or {}).get("gpu_name")
         what = gpu or cpu.get("brand")
         cores = f", {cpu['count']} cores" if cpu.get("count") and not gpu else ""
-        described[record.device] = f"{record.device} [{what}{cores}]" if what else record.device
-    return [described.get(device, device) for device in devices]
+        described[record.device] = f"{what}{cores}" if what else ""
+    hardware = {described.get(device, "") for device in devices}
+    if len(hardware) == 1:
+        return list(devices), hardware.pop()
+    return [f"{device} [{described[device]}]" if described.get(device) else device
+            for device in devices], ""
+
+
+def _class_colours(grid: np.ndarray) -> np.ndarray:
+    """Per cell, a colour index that follows the devices, not the class numbers: a class
+    takes the colour of its first device (row), so a group of devices keeps its colour in
+    every column even where the numbering differs."""
+    first = np.full(grid.shape, np.nan)
+    for j in range(grid.shape[1]):
+        for i in range(grid.shape[0]):
+            if not np.isnan(grid[i, j]):
+                first[i, j] = int(np.flatnonzero(grid[:, j] == grid[i, j])[0])
+    rows = {row: k for k, row in enumerate(sorted({int(v) for v in first[~np.isnan(first)]}))}
+    return np.vectorize(lambda v: np.nan if np.isnan(v) else rows[int(v)])(first)
 
 
 def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
@@ -74,7 +94,7 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         names, _, _, tree = next(iter(trees.values()))
         leaves = [names[i] for i in dendrogram(tree, no_plot=True)["leaves"]][::-1]
         devices = [d for d in leaves if d in devices] + [d for d in devices if d not in leaves]
-    labels = _device_labels(records, devices)
+    labels, hardware = _device_labels(records, devices)
     columns = list(dict.fromkeys(zip(eqc["model"], eqc["sample"], strict=True)))
     grid = np.full((len(devices), len(columns)), np.nan)
     marks = np.full(grid.shape, "", dtype=object)
@@ -95,14 +115,20 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
     figure = plt.figure(figsize=(width, height))
     grid_axes = figure.add_axes([label_inches / width, 1.2 / height, grid_inches / width,
                                  1 - 1.7 / height])
-    cmap = plt.get_cmap("tab20", max(int(np.nanmax(grid)), 1))
-    grid_axes.imshow(grid, cmap=cmap, aspect="auto", vmin=0.5, vmax=np.nanmax(grid) + 0.5)
+    colours = _class_colours(grid)
+    count = int(np.nanmax(colours)) + 1 if np.isfinite(colours).any() else 1
+    cmap = plt.get_cmap("tab20", max(count, 1))
+    grid_axes.imshow(colours, cmap=cmap, aspect="auto", vmin=-0.5, vmax=max(count, 1) - 0.5)
     for (i, j), text in np.ndenumerate(marks):
         grid_axes.text(j, i, text, ha="center", va="center", fontsize=8)
     grid_axes.set_yticks(range(len(devices)), labels, fontsize=8)
     grid_axes.set_xticks(range(len(columns)), [f"{m}\n#{s}" for m, s in columns], fontsize=7)
-    grid_axes.set_title("Classes of the final output (* = non-deterministic)",
-                        fontsize=9)
+    grid_axes.set_title("Classes of the final output", fontsize=9)
+    figure.text(0.01, 1 - 0.12 / height, "* = non-deterministic; a colour follows a group of "
+                "devices across the columns" + (f"; all on {hardware}" if hardware else ""),
+                fontsize=8, va="top")
+    outside = [device for device in devices
+               if not any(device in names for names, *_ in trees.values())]
     for k, model in enumerate(trees):
         names, matrix, mantissa, tree = trees[model]
         left = (label_inches + grid_inches + gap_inches
@@ -124,6 +150,13 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         axes.set_ylim(0, 10 * len(names))  # leaf i sits at 10 i + 5: one grid row each
         axes.set_xlabel("remaining precision (bits)", fontsize=8)
         axes.set_title(f"{model} ({precision})", fontsize=9)
+    if trees and outside:
+        left = label_inches + grid_inches + gap_inches
+        figure.text(left / width, 1.2 / height + 0.02, textwrap.fill(
+            f"Not in the dendrogram: the {len(outside)} devices in other precisions than "
+            f"{precision}. Remaining precision counts bits of one format, so they are "
+            "compared in precision_casting.pdf, each format on its own.", 48),
+            fontsize=8, va="bottom")
     save_figure(figure, out)
 
 
@@ -226,7 +259,7 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
     panels = [key for key, part in apart.groupby(["model", "precision"], sort=False)
               if part["n_pairs"].max() > 0]
     columns = max(len(panels), 1)
-    figure, axes = plt.subplots(1, columns, figsize=(min(5.0 * columns, 16), 4.2),
+    figure, axes = plt.subplots(1, columns, figsize=(min(5.0 * columns, 16), 5.4),
                                 squeeze=False)
     kinds = (layer_classes.drop_duplicates(["model", "layer"])
              .set_index(["model", "layer"])["layer_class"].fillna("")
@@ -254,7 +287,10 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
         label = f", {precision}" if precision else ""
         ax.set_title(f"{model}{label}: {int(part['n_pairs'].max())} device pairs",
                      fontsize=9)
-        ax.legend(fontsize=5, loc="upper left")
+    if panels:  # one legend for all panels, below them: none covers a line
+        handles, names = axes[0][0].get_legend_handles_labels()
+        figure.legend(handles, names, loc="lower center", ncol=min(len(names), 5),
+                      fontsize=7, frameon=False)
     if not panels:
         axes[0][0].text(0.5, 0.5, "no two devices share a precision: nothing to compare",
                         ha="center", va="center")
@@ -267,5 +303,5 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
         figure.suptitle(f"where devices part ways, within one precision; "
                         f"{int(cross['cross_format_pairs'].max())} of {int(total.max())} "
                         "pairs mix two precisions and are not compared", fontsize=9)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.14, 1, 1))
     save_figure(figure, out)
