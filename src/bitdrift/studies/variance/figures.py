@@ -129,9 +129,9 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
         ax.margins(x=0.25)
         ax.set_title(f"time of deterministic ops, {title}", fontsize=9)
     axes[0].invert_yaxis()
-    fig.suptitle("Cost of deterministic ops (wall clock); error bars: 95 % bootstrap over the "
-                 "arms' runs (run-to-run variance included), drawn with 3 or more runs per "
-                 "arm; with fewer, no interval: a single number", fontsize=9)
+    fig.suptitle("Cost of deterministic ops (wall clock)\nerror bars: 95 % bootstrap over "
+                 "the arms' runs (run-to-run variance included), drawn with 3 or more runs "
+                 "per arm; with fewer, no interval: a single number", fontsize=9)
     if cost.empty:
         axes[0].text(0.5, 0.5, "no pair of arms differing only in op determinism",
                      transform=axes[0].transAxes, ha="center")
@@ -162,6 +162,8 @@ def plot_ensemble_disagreement(summary: pd.DataFrame, out) -> None:
         panel = rows[rows["momentum"] == momentum].set_index(["arm", "scope", "learning_rate"])
         for position, key in enumerate(order.itertuples(index=False)):
             if tuple(key) not in panel.index:
+                ax.text(0.01, position, "not run at this momentum", va="center",
+                        fontsize=6, color="0.5")
                 continue
             row = panel.loc[tuple(key)]
             flag = row.get("flag", "")
@@ -180,8 +182,9 @@ def plot_ensemble_disagreement(summary: pd.DataFrame, out) -> None:
         axes[0][0].text(0.5, 0.5, "no ensemble in the config", ha="center",
                         transform=axes[0][0].transAxes)
     fig.suptitle("Ensemble disagreement with and without momentum (hardware proposal, "
-                 "Figure S4); n = members, step = effective step lr / (1 - momentum), acc = "
-                 "their mean test accuracy", fontsize=9)
+                 "Figure S4)\nn = members, step = effective step lr / (1 - momentum), acc = "
+                 "their mean test accuracy; the lr x (1 - m) plan has plain SGD's step",
+                 fontsize=9)
     _save(fig, out)
 
 
