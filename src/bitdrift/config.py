@@ -34,7 +34,9 @@ def _with_defaults(validator_class):
     def set_defaults(validator, properties, instance, schema):
         if isinstance(instance, dict):
             for name, subschema in properties.items():
-                if "default" in subschema and name not in instance:
+                # A `false` subschema (a key another runtime owns) has no default.
+                if isinstance(subschema, dict) and "default" in subschema \
+                        and name not in instance:
                     instance[name] = copy.deepcopy(subschema["default"])
         yield from validate_properties(validator, properties, instance, schema)
 
@@ -65,7 +67,20 @@ def validate_config(config: dict) -> dict:
         message = best.message
         if best.validator == "oneOf" and _key_path(best).startswith("models."):
             message = "a model needs exactly one of 'architecture' or 'file'"
-        raise ConfigError(f"config key {_key_path(best)}: {message}")
+        key = _key_path(best)
+        if best.validator is None and isinstance(best.instance, str | int | float):
+            # A `false` subschema: a key that belongs to another runtime. jsonschema leaves
+            # the key out of the path; name it from the object that holds the value.
+            owner = config
+            for part in best.absolute_path:
+                owner = owner[part]
+            names = [name for name, value in owner.items() if value == best.instance] \
+                if isinstance(owner, dict) else []
+            if names:
+                key = f"{key}.{names[0]}"
+                message = (f"not a setting of backend {owner.get('backend')!r} (it belongs "
+                           "to another runtime; see the schema's description)")
+        raise ConfigError(f"config key {key}: {message}")
     _check_references(config, trained_files)
     return config
 

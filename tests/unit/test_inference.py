@@ -41,7 +41,7 @@ def test_batch_padding_is_fixed_filler():
         batch_indices([0], 8, 4)
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+@pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])
 def test_record_of_a_real_run(assets, tmp_path, backend):
     dataset, model = assets
     out = tmp_path / "rec.h5"
@@ -84,7 +84,7 @@ def dense_weights(assets, tmp_path_factory):
         return data["k"], data["b"]
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+@pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])
 def test_float64_device_computes_in_float64(assets, dense_weights, tmp_path, backend):
     """dense_1 of a float64 device against an exact recomputation (long double) from the
     record's own flatten_1 output: Keras on torch used to compute it in float32 (relative
@@ -112,11 +112,13 @@ def test_float64_device_computes_in_float64(assets, dense_weights, tmp_path, bac
         assert sorted(effective) == ["conv2d", "conv2d_1", "dense_1", "dense_2", "dense_3"]
         assert not any(result["reduced"] for result in effective.values())
         assert effective["dense_1"]["effective_bits"] > 46
-        # a torch-only process never loads TensorFlow
-        assert ("tensorflow" in record.fingerprint["versions"]) == (backend == "tensorflow")
+        # a process of one runtime never loads (nor lists) another's framework
+        versions = record.fingerprint["versions"]
+        for framework in ("tensorflow", "torch", "jax"):
+            assert (framework in versions) == (backend == framework), (framework, versions)
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+@pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])
 def test_gpu_device_without_gpu_fails_loudly(assets, tmp_path, backend):
     dataset, model = assets
     out = tmp_path / "gpu.h5"

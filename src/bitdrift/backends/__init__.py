@@ -27,7 +27,7 @@ import importlib
 from bitdrift.errors import ConfigError
 
 # Each name is a module of this package and an entry of the config schema's `backend`.
-RUNTIMES = ("tensorflow", "torch")
+RUNTIMES = ("tensorflow", "torch", "jax")
 
 
 def get(name: str):

@@ -1,0 +1,88 @@
+"""JAX (Keras' jax backend, XLA): threads, XLA flags, matmul precision, float64, GPUs and
+TPUs. Every knob is set in the process's environment before JAX starts its backend (XLA
+reads ``XLA_FLAGS`` once, when the first computation creates its client)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+from bitdrift.backends.keras_common import import_keras as _import_keras
+from bitdrift.backends.keras_common import keras_environment
+from bitdrift.errors import AcceleratorMissing
+
+NAME = "jax"
+# The platform JAX may use for a device: a GPU device that gets none fails at the first
+# computation instead of running on the CPU.
+PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
+SINGLE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def environment(device: dict) -> dict:
+    flags = [device.get("xla_flags", "")]
+    if device.get("threads") == 1:
+        flags.append(SINGLE_THREAD_FLAGS)
+    env = {**keras_environment(NAME), "JAX_PLATFORMS": PLATFORMS[device["accelerator"]],
+           "XLA_FLAGS": " ".join(flag for flag in flags if flag)}
+    if device.get("precision") == "float64":
+        env["JAX_ENABLE_X64"] = "1"  # without it JAX computes float64 arrays in float32
+    if device.get("matmul_precision"):
+        env["JAX_DEFAULT_MATMUL_PRECISION"] = device["matmul_precision"]
+    return env
+
+
+def import_keras():
+    return _import_keras(NAME)
+
+
+def configure_threads(threads: int | None) -> None:
+    """XLA sizes its CPU thread pool by the CPUs the process may run on, when its client
+    starts (after Keras' import, at the first computation): the process is pinned to
+    ``threads`` CPUs here."""
+    if not threads or not hasattr(os, "sched_setaffinity"):
+        return
+    available = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, set(available[:threads]))
+
+
+def configure_determinism(deterministic: bool) -> None:
+    """XLA's deterministic GPU ops (its CPU code is deterministic already)."""
+    if deterministic and "--xla_gpu_deterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_gpu_deterministic_ops=true").strip()
+
+
+def check_accelerator(name: str, device: dict) -> dict:
+    import jax
+
+    accelerator = device["accelerator"]
+    try:
+        devices = jax.devices(PLATFORMS[accelerator])
+    except (RuntimeError, AssertionError, ValueError) as error:  # JAX 0.10 asserts
+        raise AcceleratorMissing(f"device {name!r} asks for a {accelerator.upper()} but JAX "
+                                 f"sees none ({type(error).__name__}: {error}); refusing to "
+                                 "fall back to the CPU") from error
+    if jax.default_backend() != PLATFORMS[accelerator].replace("cuda", "gpu"):
+        raise AcceleratorMissing(f"device {name!r}: JAX computes on {jax.default_backend()}, "
+                                 f"not the {accelerator} asked for")
+    described = {"accelerator": accelerator, f"{accelerator}_count": len(devices)}
+    if accelerator != "cpu":
+        described[f"{accelerator}_name"] = devices[0].device_kind
+    return described
+
+
+def strategy_scope(accelerator: dict):
+    return contextlib.nullcontext()
+
+
+def versions() -> dict:
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return {}
+    import jaxlib
+
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "jax_xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "jax_x64": bool(jax.config.jax_enable_x64),
+            "jax_matmul_precision": str(jax.config.jax_default_matmul_precision)}
