@@ -221,15 +221,23 @@ def plot_eqc_table(table: pd.DataFrame, out: str | Path) -> None:
     class_columns = [c for c in table.columns if "#" in c]
     columns = [c for c in table.columns if c not in class_columns] + class_columns
     cells = table[columns].astype(str).to_numpy()
-    width = 1.2 + 0.07 * sum(max(len(str(c)), table[c].astype(str).str.len().max())
-                             for c in columns)
-    figure = plt.figure(figsize=(max(width, 6), 0.8 + 0.28 * (len(table) + 1)))
-    axes = figure.add_axes([0.01, 0.01, 0.98, 0.98])
+    characters = [max(len(str(c)), table[c].astype(str).str.len().max()) + 2
+                  for c in columns]
+    width = 1.2 + 0.07 * sum(characters)
+    rows_inches, note_inches = 0.24 * (len(table) + 1), 0.5
+    height = rows_inches + note_inches + 0.1
+    figure = plt.figure(figsize=(max(width, 6), height))
+    # The table fills its axes (bbox), and the axes the canvas above the legend line.
+    axes = figure.add_axes([0.01, (note_inches + 0.05) / height, 0.98, rows_inches / height])
     axes.axis("off")
-    drawn = axes.table(cellText=cells, colLabels=columns, loc="upper left", cellLoc="center")
+    figure.text(0.01, 0.05 / height, "bold: the first device of a class in its column; "
+                "faded: the same class as in the column to its left; * non-deterministic "
+                "(its class is its majority output over the repeats)", fontsize=8,
+                va="bottom")
+    drawn = axes.table(cellText=cells, colLabels=columns, cellLoc="center",
+                       colWidths=[n / sum(characters) for n in characters], bbox=[0, 0, 1, 1])
     drawn.auto_set_font_size(False)
     drawn.set_fontsize(7)
-    drawn.auto_set_column_width(list(range(len(columns))))
     for k, column in enumerate(columns):
         drawn[0, k].set_text_props(fontweight="bold")
         if column not in class_columns:

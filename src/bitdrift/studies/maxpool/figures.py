@@ -49,12 +49,14 @@ def plot_backprop_variation(table: pd.DataFrame, out) -> None:
             positive = values[np.isfinite(values) & (values > 0)]
             if positive.size:
                 ax.hist(np.log10(positive), bins=edges, color="C0")
-            ax.set_title(f"{COMPARISON_TITLES.get(comparison, comparison)}, {precision} bits",
-                         fontsize=8)
-            ax.text(0.02, 0.88, f"D = 0 in {int((values == 0).sum())} of {values.size}"
-                    + (f"; {int((~np.isfinite(values)).sum())} non-finite"
-                       if (~np.isfinite(values)).any() else ""),
-                    transform=ax.transAxes, fontsize=7)
+            # The count goes in the title: inside the axes it sat over the bars.
+            ax.set_title(f"{COMPARISON_TITLES.get(comparison, comparison)}, {precision} bits"
+                         f"\nD = 0 in {int((values == 0).sum())} of {values.size}"
+                         + (f"; {int((~np.isfinite(values)).sum())} non-finite"
+                            if (~np.isfinite(values)).any() else ""), fontsize=8)
+            ax.yaxis.get_major_locator().set_params(integer=True)
+            if j == 0:
+                ax.set_ylabel("draws x mini-batches", fontsize=8)
             if i == len(precisions) - 1:
                 ax.set_xlabel("log10 D(P, Q)")
     if not shown:
