@@ -205,9 +205,13 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
         top.set_title(f"{model}")
         if dotted:
             top.plot([], [], ls=":", color="black", label="significant bits (CNH, mean)")
+        # What the arrows at the foot of the upper panel mark.
+        top.plot([], [], ls="none", marker="^", color="red", label="activation layer")
+        top.plot([], [], ls="none", marker="v", color="blue", label="pooling layer")
         # In the lower panel, whose lower right is empty: the upper one's foot holds arrows.
         bottom.legend(*top.get_legend_handles_labels(), fontsize=7, loc="lower right", ncol=2)
         bottom.set_ylabel("number of EQCs")
+        bottom.yaxis.get_major_locator().set_params(integer=True)  # counts
         bottom.set_xlabel("layer")
         bottom.set_xticks(layers["position"], layers["layer"], rotation=90, fontsize=6)
     figure.tight_layout()
