@@ -89,7 +89,7 @@ def plot_bifurcation_volume(table: pd.DataFrame, out) -> None:
         errors = [values - np.clip(values - half, 0, 1), np.clip(values + half, 0, 1) - values]
         ax.bar(x + offset, values, 0.4, yerr=errors, label=label, capsize=3)
     ax.set_xticks(x, labels, rotation=0, fontsize=7)
-    ax.set_ylim(0, 1.0)
+    ax.set_ylim(-0.04, 1.06)  # the error caps at 0 and 1 stay inside the axes
     ax.set_ylabel("proportion in the bifurcation zone S")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
     if (table["threshold"] == 0).any():
