@@ -72,6 +72,9 @@ def _class_colours(grid: np.ndarray) -> np.ndarray:
     return np.vectorize(lambda v: np.nan if np.isnan(v) else rows[int(v)])(first)
 
 
+MAX_GRID_COLUMNS = 60
+
+
 def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
              precision: str = "float32") -> None:
     """Grid devices x (model, sample) coloured by class ('*': non-deterministic), and a
@@ -96,6 +99,12 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         devices = [d for d in leaves if d in devices] + [d for d in devices if d not in leaves]
     labels, hardware = _device_labels(records, devices)
     columns = list(dict.fromkeys(zip(eqc["model"], eqc["sample"], strict=True)))
+    # Thousands of samples would make a figure nobody can read (and a PNG of 100,000+
+    # pixels): the first MAX_GRID_COLUMNS are drawn, and the title says how many are not.
+    left_out = max(len(columns) - MAX_GRID_COLUMNS, 0)
+    columns = columns[:MAX_GRID_COLUMNS]
+    eqc = eqc[[(m, s) in set(columns) for m, s in zip(eqc["model"], eqc["sample"],
+                                                       strict=True)]]
     grid = np.full((len(devices), len(columns)), np.nan)
     marks = np.full(grid.shape, "", dtype=object)
     for row in eqc.itertuples():
@@ -103,7 +112,7 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         grid[i, j] = row.eqc
         marks[i, j] = f"{row.eqc}" + ("" if row.deterministic else "*")
     # Laid out in inches, so every panel keeps a positive width however many columns.
-    column_inches = 0.6 if len(columns) <= 40 else 0.25
+    column_inches = 0.6 if len(columns) <= 20 else 0.3
     label_inches = 0.1 + 0.065 * max((len(label) for label in labels), default=4)
     grid_inches = column_inches * len(columns) + 0.4
     # Each dendrogram is followed by its leaf labels (device names) on the right.
@@ -123,7 +132,9 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         grid_axes.text(j, i, text, ha="center", va="center", fontsize=8)
     grid_axes.set_yticks(range(len(devices)), labels, fontsize=8)
     grid_axes.set_xticks(range(len(columns)), [f"{m}\n#{s}" for m, s in columns], fontsize=7)
-    grid_axes.set_title("Classes of the final output", fontsize=9)
+    grid_axes.set_title("Classes of the final output" + (
+        f"\n(first {len(columns)} samples; {left_out} more in eqc.csv)" if left_out else ""),
+        fontsize=9)
     figure.text(0.01, 1 - 0.12 / height, "* = non-deterministic; a colour follows a group of "
                 "devices across the columns" + (f"; all on {hardware}" if hardware else ""),
                 fontsize=8, va="top")

@@ -120,6 +120,19 @@ def test_plot_eqc_with_hundreds_of_columns(make_record, tmp_path):
     assert (tmp_path / "e.pdf").read_bytes().startswith(b"%PDF")
 
 
+def test_plot_eqc_with_thousands_of_samples_stays_readable(make_record, tmp_path):
+    from PIL import Image
+
+    outputs = {sample: repeats(A if sample % 3 else B) for sample in range(3000)}
+    files = [make_record(device, outputs) for device in ("d1", "d2", "d3")]
+    table = tmp_path / "eqc.csv"
+    assert main(["eqc", *map(str, files), "--out", str(table)]) == 0
+    assert main(["plot-eqc", *map(str, files), "--eqc", str(table), "--out",
+                 str(tmp_path / "e.pdf")]) == 0
+    width, height = Image.open(tmp_path / "e.png").size
+    assert width < 4000 and height < 2000, (width, height)
+
+
 def test_an_invalid_dendrogram_precision_is_refused(make_record, tmp_path):
     with pytest.raises(SystemExit) as refused:
         main(["plot-eqc", "x.h5", "--eqc", "e.csv", "--out", "e.pdf", "--precision", "f32"])
