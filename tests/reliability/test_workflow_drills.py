@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from bitdrift.config import load_config
-from bitdrift.studies.ablation.config import variant_models
+from bitdrift.studies.ablation.config import ablation_devices, variant_models
 from tests.utils import ROOT, snakemake
 
 pytestmark = pytest.mark.workflow
@@ -90,10 +90,11 @@ def test_a_preset_stands_alone_under_every_profile(preset, profile, tmp_path):
     # Its own devices and models only, none of config.yaml's; the ablation's variants run
     # on the ablation's devices only.
     variants = variant_models(settings)
-    ablation_devices = len(settings.get("ablation", {}).get("devices", []))
+    # the matrix and the cross-framework devices, once each
+    variant_devices = len(ablation_devices(settings)) if settings.get("ablation") else 0
     assert planned.get("run_inference", 0) == len(settings["models"]) * len(
         [d for d in settings["devices"].values() if not d["external"]]
-    ) + len(variants) * ablation_devices
+    ) + len(variants) * variant_devices
     assert planned.get("train_model", 0) == sum(
         len(model["train"]["seeds"]) for model in [*settings["models"].values(),
                                                    *variants.values()]
@@ -164,15 +165,16 @@ def test_samples_beyond_a_dataset_not_yet_prepared_stop_before_training(tmp_path
     so a wrong sample index costs no training run."""
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({
-        "samples": [0, 9], "datasets": {"digits": {"source": "digits", "limit_train": 32,
-                                                   "limit_test": 8}},
+        # no limit_test: only the prepared file knows the test set's size
+        "samples": [0, 5000], "datasets": {"digits": {"source": "digits", "limit_train": 32}},
         "models": {"m": {"architecture": "cifar10_small", "dataset": "digits",
                          "train": {"epochs": 1, "seeds": [0]}}},
         "devices": {"cpu": {"accelerator": "cpu", "backend": "torch", "threads": 1}}}))
     result = snakemake(tmp_path, "all", configfile=config, check=False)
     assert result.returncode != 0
-    assert "samples [9] beyond the test set (indices 0..7); config key samples" in \
-        result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert "samples [5000] beyond the test set (indices 0.." in output
+    assert "config key samples" in output and "prepare_dataset" in output
     assert not (tmp_path / "logs/train_model").exists()
 
 
