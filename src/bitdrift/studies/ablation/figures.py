@@ -87,8 +87,9 @@ def plot_precision_casting(casting: pd.DataFrame, out) -> None:
             bits.plot(mean["position"], mean["remaining_precision"], label=label, **style)
             shares.plot(mean["position"], mean["remaining_share"], label=label, **style)
             output = rows[rows["layer"] == OUTPUT]
-            notes.append(f"{precision}: {output['n_eqc'].min()}-{output['n_eqc'].max()} "
-                         "output classes" + (" (one device)" if devices < 2 else ""))
+            low, high = output["n_eqc"].min(), output["n_eqc"].max()
+            notes.append(f"{precision}: {low if low == high else f'{low}-{high}'} output "
+                         "classes" + (" (one device)" if devices < 2 else ""))
         if part.empty:
             counts.text(0.5, 0.5, "no precision-casting records", ha="center",
                         transform=counts.transAxes)
@@ -104,8 +105,13 @@ def plot_precision_casting(casting: pd.DataFrame, out) -> None:
         counts.legend(fontsize=7)
         shares.set_xticks(sequence["position"], sequence["layer"], rotation=90, fontsize=6)
         mark_layer_kinds(shares, sequence)
-    fig.suptitle("Precision casting (Schlögl et al., Figure 6 and SUP-2)\ndotted lines: "
-                 "one device, nothing to compare", fontsize=10)
+    # Say only what is drawn: the dotted style exists only where a precision has one device.
+    single = casting.groupby(["base", "precision"])["n_devices"].max().lt(2).any() \
+        if len(casting) else False
+    fig.suptitle("Precision casting (Schlögl et al., Figure 6 and SUP-2)" + (
+        "\ndotted lines: one device, nothing to compare" if single else "")
+        + "\nclass counts are means over the samples (each sample's range in the subtitle)",
+        fontsize=10)
     save_figure(fig, out)
 
 

@@ -1,0 +1,26 @@
+"""A workflow job's frame (bitdrift.jobs.workflow_job), in a real child process."""
+
+import subprocess
+import sys
+
+CODE = """
+import os, sys
+from bitdrift.jobs import workflow_job
+from bitdrift.errors import RecordError
+with workflow_job(sys.argv[1]):
+    os.write(2, b"C-level line, as TensorFlow's C++ logging writes it\\n")
+    print("python line", file=sys.stderr)
+    raise RecordError("x.h5: not a record")
+"""
+
+
+def test_c_level_output_goes_to_the_log_and_the_error_line_to_both(tmp_path):
+    log = tmp_path / "job.log"
+    result = subprocess.run([sys.executable, "-c", CODE, str(log)], capture_output=True,
+                            text=True)
+    assert result.returncode == 3  # RecordError's status
+    text = log.read_text()
+    assert "C-level line" in text and "python line" in text
+    assert text.rstrip().endswith("bitdrift: error: x.h5: not a record")
+    assert result.stderr.strip() == "bitdrift: error: x.h5: not a record"  # nothing else
+    assert "Traceback" not in text + result.stderr
