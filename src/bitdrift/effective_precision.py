@@ -22,7 +22,6 @@ the parent process (no framework loaded) does the arithmetic.
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -171,13 +170,6 @@ def merge(per_sample: list[dict]) -> dict:
 def reduced_layers(effective: dict) -> list[str]:
     """Layers flagged as computed below the declared format, in record order."""
     return [name for name, result in effective.items() if result.get("reduced")]
-
-
-def from_attribute(value) -> dict | None:
-    """A record's ``effective_precision`` attribute (JSON), or None where it has none."""
-    if value is None:
-        return None
-    return json.loads(value.decode() if isinstance(value, bytes) else str(value))
 
 
 def summary(effective: dict | None) -> str:

@@ -200,16 +200,16 @@ class Record:
     @property
     def effective_precision(self) -> dict | None:
         """The effective-precision check per Dense/Conv layer (see
-        bitdrift.effective_precision), or None for a record written without it."""
-        from bitdrift.effective_precision import from_attribute
-
-        if "effective_precision" not in self._attrs:
-            return None
-        try:
-            return from_attribute(self._attrs["effective_precision"])
-        except ValueError as error:
-            raise self._fail(f"attribute 'effective_precision' is not JSON ({error})") \
-                from error
+        bitdrift.effective_precision), or None for a record written without it. Parsed
+        once: the analysis asks for it at every layer."""
+        if "_effective" not in self.__dict__:
+            try:
+                self._effective = json.loads(self.attr("effective_precision")) \
+                    if self.has_attr("effective_precision") else None
+            except ValueError as error:
+                raise self._fail(f"attribute 'effective_precision' is not JSON ({error})") \
+                    from error
+        return self._effective
 
     # -- data -----------------------------------------------------------------------------
     def layers(self, sample: int) -> list[LayerInfo]:
