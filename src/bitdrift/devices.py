@@ -28,8 +28,10 @@ def import_keras(backend: str):
 def device_environment(device: dict, base: dict | None = None) -> dict:
     """Environment of a fresh inference/training process for ``device``."""
     env = dict(os.environ if base is None else base)
-    for key, value in backends.get(device["backend"]).environment(device).items():
-        env[key] = value if key == "KERAS_BACKEND" else env.get(key, value)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # a user's own log level is kept
+    # What the runtime sets is the device's (its XLA flags, its platform): it wins over an
+    # inherited value.
+    env.update(backends.get(device["backend"]).environment(device))
     if device["accelerator"] == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     if device.get("threads"):

@@ -44,3 +44,15 @@ def test_no_branch_on_a_backends_name(module):
             constants = [c.value for c in [node.left, *node.comparators]
                          if isinstance(c, ast.Constant)]
             assert not set(constants) & set(backends.RUNTIMES), ast.unparse(node)
+
+
+def test_a_devices_runtime_settings_win_over_inherited_ones():
+    """An XLA_FLAGS left in the user's shell must not replace the device's own flags (the
+    measured device would silently be another); a user's TF log level is kept."""
+    from bitdrift.devices import device_environment
+
+    device = {"backend": "jax", "accelerator": "cpu", "threads": 2, "xla_flags": "--a=1"}
+    env = device_environment(device, {"XLA_FLAGS": "--inherited", "TF_CPP_MIN_LOG_LEVEL": "0",
+                                      "KERAS_BACKEND": "torch"})
+    assert env["XLA_FLAGS"] == "--a=1" and env["KERAS_BACKEND"] == "jax"
+    assert env["JAX_PLATFORMS"] == "cpu" and env["TF_CPP_MIN_LOG_LEVEL"] == "0"

@@ -14,7 +14,7 @@ NAME = "tensorflow"
 
 
 def environment(device: dict) -> dict:
-    return {**keras_environment(NAME), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return keras_environment(NAME)
 
 
 def import_keras():
