@@ -94,16 +94,18 @@ def write_csv(table, path: str | Path, columns: list[str] | None = None,
     else:
         rows = ([row[column] for column in columns] for row in table)
     rows = [[_cell(value) for value in row] for row in rows]
-    with atomic_output(path) as tmp:
-        import csv
+    import csv
+    import io
 
-        with open(tmp, "w", newline="") as handle:
-            writer = csv.writer(handle, lineterminator="\n")
-            writer.writerow(columns)
-            writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+    data = text.getvalue().encode()
+    with atomic_output(path) as tmp:
+        Path(tmp).write_bytes(data)
     if html and path.suffix.lower() != ".html":
-        write_table_html(columns, rows, path.with_suffix(".html"), path.name,
-                         csv_bytes=path.read_bytes())
+        write_table_html(columns, rows, path.with_suffix(".html"), path.name, csv_bytes=data)
 
 
 def write_tables(tables: dict, names: dict[str, str], out_dir: str | Path) -> None:

@@ -107,8 +107,8 @@ def study_config(config: dict) -> dict:
 
     # Only the devices the tables read: adding another device to the config must not
     # redo the ablation tables.
-    used = [name for name in config["devices"]
-            if name in ablation_devices(config) or name in casting_devices(config)]
+    read = set(ablation_devices(config)) | set(casting_devices(config))
+    used = [name for name in config["devices"] if name in read]
     return {"ablation": config["ablation"], "analysis": {"precision":
                                                          config["analysis"]["precision"]},
             "models": {base: config["models"][base] for base in config["ablation"]["models"]},
