@@ -68,14 +68,16 @@ def validate_config(config: dict) -> dict:
         if best.validator == "oneOf" and _key_path(best).startswith("models."):
             message = "a model needs exactly one of 'architecture' or 'file'"
         key = _key_path(best)
-        if best.validator is None and isinstance(best.instance, str | int | float):
+        if best.validator is None and list(best.relative_schema_path)[-1:] == ["properties"]:
             # A `false` subschema: a key that belongs to another runtime. jsonschema leaves
-            # the key out of the path; name it from the object that holds the value.
-            owner = config
+            # the key out of the path; it is the one the `properties` above forbid.
+            owner, forbidding = config, schema
             for part in best.absolute_path:
                 owner = owner[part]
-            names = [name for name, value in owner.items() if value == best.instance] \
-                if isinstance(owner, dict) else []
+            for part in best.relative_schema_path:
+                forbidding = forbidding[part]
+            names = [name for name, rule in forbidding.items()
+                     if rule is False and name in owner]
             if names:
                 key = f"{key}.{names[0]}"
                 message = (f"not a setting of backend {owner.get('backend')!r} (it belongs "

@@ -56,3 +56,17 @@ def test_a_devices_runtime_settings_win_over_inherited_ones():
                                       "KERAS_BACKEND": "torch"})
     assert env["XLA_FLAGS"] == "--a=1" and env["KERAS_BACKEND"] == "jax"
     assert env["JAX_PLATFORMS"] == "cpu" and env["TF_CPP_MIN_LOG_LEVEL"] == "0"
+
+
+@pytest.mark.parametrize(("backend", "key", "value"), [("torch", "xla_flags", "--x=1"),
+                                                       ("tensorflow", "matmul_precision",
+                                                        "high")])
+def test_a_knob_of_another_runtime_is_refused_naming_the_key(backend, key, value):
+    from bitdrift.config import validate_config
+
+    config = {"datasets": {"d": {"source": "digits"}},
+              "models": {"m": {"architecture": "cifar10_small", "dataset": "d"}},
+              "devices": {"dv": {"accelerator": "cpu", "backend": backend, key: value}}}
+    with pytest.raises(ConfigError, match=f"config key devices.dv.{key}: not a setting of "
+                       f"backend '{backend}'"):
+        validate_config(config)
