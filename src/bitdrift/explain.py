@@ -392,9 +392,9 @@ def identify(unknown: Record, known: list[Record], eqc: pd.DataFrame | None = No
             outputs.append(representative)
             mantissa = MANTISSA_BITS[tensor.float_format]
         local = number_classes(keys[:-1])
-        known_classes[sample] = [numbers[sample].get(record.device, number) if numbers[sample]
-                                 else number for record, number in zip(known, local,
-                                                                       strict=True)]
+        # eqc.csv's numbers where given (it has every known device, or was refused)
+        known_classes[sample] = [numbers[sample][record.device] if numbers[sample] else number
+                                 for record, number in zip(known, local, strict=True)]
         same &= {i for i in range(len(known)) if keys[i] == keys[-1]}
         if same:
             query_class[sample] = known_classes[sample][min(same)]
