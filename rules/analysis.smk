@@ -199,6 +199,32 @@ rule check_effective_precision:
         "../workflow/scripts/check_effective_precision.py"
 
 
+rule tabulate_argmax_agreement:
+    input:
+        records=record_files,
+        provenance=PROVENANCE_FILES,
+    output:
+        table=paths.table_file("argmax_agreement"),
+        html=report(
+            paths.table_html("argmax_agreement"),
+            caption="../workflow/report/argmax_agreement_table.rst",
+            category="Runtimes",
+            labels={"kind": "table", "name": "argmax_agreement"},
+        ),
+    log:
+        "logs/tabulate_argmax_agreement/all.log",
+    benchmark:
+        "results/benchmarks/tabulate_argmax_agreement/all.tsv"
+    conda:
+        "../envs/bitdrift.yaml"
+    resources:
+        **ANALYSIS_RESOURCES,
+    params:
+        expect=EXPECT_ARGUMENTS,
+    script:
+        "../workflow/scripts/tabulate_argmax_agreement.py"
+
+
 rule plot_eqc_table:
     input:
         records=record_files,

@@ -13,7 +13,7 @@ os.environ.update(BITDRIFT_SOURCE=workflow.basedir)
 
 from snakemake.exceptions import WorkflowError
 
-from bitdrift import paths
+from bitdrift import export, paths
 from bitdrift.config import ConfigError, validate_config
 from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.provenance import infer_command
@@ -31,6 +31,7 @@ MODELS = list(config["models"])
 DEVICES = list(config["devices"])
 SCHEDULED_DEVICES = [d for d in DEVICES if not config["devices"][d]["external"]]
 TRAINED_MODELS = [m for m in MODELS if "architecture" in config["models"][m]]
+EXPORT_FORMATS = list(export.FORMATS)
 
 # (model, model file, dataset file) per model: every record, external ones included, is
 # checked against the files the workflow itself uses (`bitdrift eqc --expect ...`).
@@ -144,6 +145,7 @@ def core_targets():
         paths.table_file("explain"),
         paths.table_file("divergence"),
         paths.table_file("effective_precision"),
+        paths.table_file("argmax_agreement"),
         paths.table_file("flag_groups"),
         paths.table_file("device_classes"),
         paths.table_file("eqc_table"),
@@ -268,6 +270,13 @@ def model_dataset_file(wildcards):
 
 def inference_model_file(wildcards):
     return paths.model_file(config, wildcards.model)
+
+
+def inference_export_inputs(wildcards):
+    """TensorFlow's reference and the exported model, for the devices that need them."""
+    return export.inference_inputs(
+        wildcards.model, config["devices"][wildcards.device]["backend"]
+    )
 
 
 def device_threads(wildcards):

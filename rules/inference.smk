@@ -1,5 +1,39 @@
+rule export_reference:
+    input:
+        model=inference_model_file,
+        dataset=model_dataset_file,
+    output:
+        paths.export_reference_file(),
+    log:
+        "logs/export_reference/{model}.log",
+    benchmark:
+        "results/benchmarks/export_reference/{model}.tsv"
+    conda:
+        "../envs/bitdrift.yaml"
+    script:
+        "../workflow/scripts/write_export_reference.py"
+
+
+rule export_model:
+    input:
+        model=inference_model_file,
+    output:
+        paths.export_file(),
+    log:
+        "logs/export_model/{model}/{format}.log",
+    benchmark:
+        "results/benchmarks/export_model/{model}/{format}.tsv"
+    wildcard_constraints:
+        format=_choice(EXPORT_FORMATS),
+    conda:
+        "../envs/bitdrift.yaml"
+    script:
+        "../workflow/scripts/export_model.py"
+
+
 rule run_inference:
     input:
+        unpack(inference_export_inputs),
         model=inference_model_file,
         dataset=model_dataset_file,
     output:

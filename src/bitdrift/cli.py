@@ -55,6 +55,9 @@ def _model_spec(config, model):
 
 
 def cmd_infer(args) -> None:
+    from pathlib import Path
+
+    from bitdrift.export import inference_inputs
     from bitdrift.inference import infer
 
     config = _config(args.config)
@@ -67,9 +70,41 @@ def cmd_infer(args) -> None:
     out = args.out or paths.record_file(args.model, args.device)
     refuse_overwriting({"--config": args.config, "--model-file": model_path,
                         "--dataset-file": dataset_path}, {"--out": out})
-    infer(model_name=args.model, device_name=args.device, device=config["devices"][args.device],
+    device = config["devices"][args.device]
+    inputs = inference_inputs(args.model, device["backend"])
+    reference = args.reference or inputs.get("reference")
+    export = args.export or inputs.get("export")
+    for option, path in (("--reference", reference), ("--export", export)):
+        if path and not Path(path).is_file():
+            if option == "--reference" and not args.reference and "export" not in inputs:
+                # A Keras runtime without TensorFlow's reference: its run is complete, only
+                # the argmax check is left out (and the record says unchecked).
+                print(f"bitdrift: {path} does not exist: no argmax check against "
+                      "TensorFlow (make it with `bitdrift export`)", file=sys.stderr)
+                reference = None
+                continue
+            raise ConfigError(f"{option} {path}: file does not exist (backend "
+                              f"{device['backend']!r} needs it; make it with `bitdrift export "
+                              f"--config {args.config} --model {args.model}`)")
+    infer(model_name=args.model, device_name=args.device, device=device,
           model_path=model_path, dataset_path=dataset_path, samples=config["samples"],
-          out=out, layers=config["analysis"]["layers"])
+          out=out, layers=config["analysis"]["layers"], reference=reference, export=export)
+
+
+def cmd_export(args) -> None:
+    from bitdrift.export import FORMATS, export_model, write_reference
+
+    config = _config(args.config)
+    spec = _model_spec(config, args.model)
+    model_path = args.model_file or paths.model_file(config, args.model)
+    dataset_path = args.dataset_file or paths.dataset_file(spec["dataset"])
+    reference = paths.export_reference_file(args.model)
+    write_reference(model_path, dataset_path, reference)
+    written = [reference]
+    for name in FORMATS:
+        export_model(model_path, name, paths.export_file(args.model, name))
+        written.append(paths.export_file(args.model, name))
+    print(f"bitdrift: wrote {', '.join(written)}")
 
 
 def _open_checked(args):
@@ -109,6 +144,18 @@ def cmd_precision(args) -> None:
     rows = precision_rows(_open_checked(args), precision=args.precision,
                           significant=args.significant_bits, workers=args.workers)
     write_csv(rows, args.out, columns=PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)
+
+
+def cmd_agreement(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.export import AGREEMENT_COLUMNS, agreement_table
+
+    rows = agreement_table(_open_checked(args))
+    write_csv(rows, args.out, columns=AGREEMENT_COLUMNS)
+    shares = [row["share"] for row in rows if isinstance(row.get("share"), float)]
+    print(f"bitdrift: {len(shares)} records checked against TensorFlow's classes"
+          + (f"; the lowest agreement {min(shares):.1%}" if shares else "")
+          + f"; wrote {args.out}")
 
 
 def cmd_effective_precision(args) -> None:
@@ -293,7 +340,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="record path (default results/inference/MODEL/DEVICE.h5)")
     p.add_argument("--model-file", help="model to run (default: the workflow's trained model)")
     p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
+    p.add_argument("--reference", help="TensorFlow's reference of the model (default: the "
+                   "workflow's results/exports/MODEL/reference.npz)")
+    p.add_argument("--export", help="the exported model an exported runtime runs (default: "
+                   "the workflow's results/exports/MODEL/model.onnx or .tflite)")
     p.set_defaults(func=cmd_infer)
+
+    p = sub.add_parser("export", help="export a model for the exported runtimes (ONNX, "
+                       "LiteRT) and write TensorFlow's reference, at the workflow's paths")
+    p.add_argument("--config", required=True, help="config file (config.yaml or a preset)")
+    p.add_argument("--model", required=True, help="a key of models")
+    p.add_argument("--model-file", help="model to export (default: the workflow's trained model)")
+    p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("eqc", help="equivalence classes of inference records")
     p.add_argument("files", nargs="+", help="records; devices are ordered as given")
@@ -323,6 +382,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="effective_precision.csv")
     _expect_option(p)
     p.set_defaults(func=cmd_effective_precision)
+
+    p = sub.add_parser("agreement", help="does each runtime class the test images as "
+                       "TensorFlow does (the argmax check), and which layers it exposes")
+    p.add_argument("files", nargs="+", help="records")
+    p.add_argument("--out", required=True, help="argmax_agreement.csv")
+    _expect_option(p)
+    p.set_defaults(func=cmd_agreement)
 
     p = sub.add_parser("plot-eqc", help="EQC grid and dendrogram (PDF)")
     p.add_argument("files", nargs="+", help="the records the table was made from")
@@ -386,9 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Commands whose outputs are records, models or datasets; every other command writes tables
 # (CSV) or figures (PDF), never over an HDF5 or Keras file.
-WRITES_DATA = {"prepare-dataset", "train", "infer", "train-run"}
+WRITES_DATA = {"prepare-dataset", "train", "infer", "train-run", "export"}
 INPUT_OPTIONS = ("files", "table", "tables", "eqc", "config", "model_file", "dataset_file",
-                 "classes", "eqc_layers", "precision_table", "record", "against")
+                 "classes", "eqc_layers", "precision_table", "record", "against", "reference",
+                 "export")
 OUTPUT_OPTIONS = ("out", "layers_out", "out_model", "out_history", "out_logits", "flags_out",
                   "classes_out", "table_out")
 

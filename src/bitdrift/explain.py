@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from bitdrift.backends import KNOBS
 from bitdrift.record import Record
 
 MISSING = "missing"
@@ -82,6 +83,11 @@ def device_attributes(record: Record) -> tuple[dict[str, str], list[str]]:
     for name, value in (fingerprint.get("environment") or config.get("env") or {}).items():
         attributes[f"env.{name}"] = _text(value)
     backend = attributes["backend"]
+    # A runtime's knobs (bitdrift.backends.KNOBS), by their device keys; unset is the
+    # runtime's default, which a record of another runtime lacks (`missing`).
+    for knob in KNOBS.get(backend, ()):
+        attributes[knob] = _text(config.get(knob)) if config.get(knob) is not None \
+            else "default"
     for module, version in (fingerprint.get("versions") or {}).items():
         framework = FRAMEWORKS.get(module.split("_")[0])
         if framework is not None and framework != backend:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.datasets import check_samples, count_test_images, read_test_images
+from bitdrift.datasets import check_samples, count_test_images, file_digest, read_test_images
 from bitdrift.devices import run_in_fresh_process, worker_main
 from bitdrift.effective_precision import refuse_reduced
 from bitdrift.errors import InferenceError
@@ -47,82 +47,47 @@ def batch_indices(samples: list[int], batch_size: int, n_test: int) -> list[int]
 
 def run_repeat(job: dict) -> None:
     """One repeat inside a fresh process: load, cast, run, save outputs to job['out']."""
-    from bitdrift.devices import (
-        check_accelerator,
-        configure_threads,
-        fingerprint,
-        import_keras,
-        strategy_scope,
-    )
-    from bitdrift.models import cast_model, layer_probe, numpy_dtype
+    from bitdrift import backends
+    from bitdrift.devices import fingerprint
+    from bitdrift.models import numpy_dtype
 
     device, name = job["device"], job["device_name"]
-    keras = import_keras(device["backend"])
-    configure_threads(device["backend"], device.get("threads"))
-    accelerator = check_accelerator(name, device)
-    with strategy_scope(accelerator, device["backend"]):
-        model = keras.saving.load_model(job["model_path"], compile=False)
-        model = cast_model(keras, model, device["precision"])
-        if job["layers"]:
-            probe, layers = layer_probe(keras, model)
-        else:
-            probe, layers = model, []
-    # The first repeat also hands over what the effective-precision check needs (the
-    # Dense/Conv layers' settings and weights as the device had them): the parent checks
-    # in NumPy, with no framework loaded.
-    checked = checked_layers(keras, model, [name for name, _ in layers]) \
-        if job.get("fingerprint", True) else {}
+    session = backends.get(device["backend"]).open_session(job, name)
+    first = job.get("fingerprint", True)
     indices = batch_indices(job["samples"], device["batch_size"],
                             count_test_images(job["dataset_path"]))
-    images = read_test_images(job["dataset_path"], indices).astype(numpy_dtype(device["precision"]))
+    dtype = numpy_dtype(device["precision"])
+    images = read_test_images(job["dataset_path"], indices).astype(dtype)
     results: dict[str, list[np.ndarray]] = {}
     for start in range(0, len(indices), device["batch_size"]):
-        chunk = images[start:start + device["batch_size"]]
-        outputs = probe(chunk, training=False)
-        outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
-        for position, value in enumerate(outputs):
-            results.setdefault(str(position), []).append(keras.ops.convert_to_numpy(value))
+        for position, value in enumerate(session.run(images[start:start + device["batch_size"]])):
+            results.setdefault(str(position), []).append(np.asarray(value))
     arrays = {}
     for position, parts in results.items():
         stacked = np.concatenate(parts)[: len(job["samples"])]
         if stacked.dtype.name == "bfloat16":
             stacked = stacked.view(np.uint16)
         arrays[position] = stacked
-    # The record keeps the first repeat's fingerprint (one machine, one job); py-cpuinfo
-    # takes about a second per call, so the other repeats skip it.
-    weights = {f"weights/{name}/{index}": np.asarray(value).astype(np.float64)
-               for name, (_, values) in checked.items() for index, value in enumerate(values)}
-    meta = {"layers": layers, "checked": {name: spec for name, (spec, _) in checked.items()},
-            "fingerprint": fingerprint(device, accelerator) if job.get("fingerprint", True)
-            else None,
+    # The first repeat also classifies the reference's test images (the argmax check
+    # against TensorFlow, see bitdrift.export) and describes the machine; py-cpuinfo
+    # takes about a second per call, so the other repeats skip both.
+    if first and job.get("reference"):
+        from bitdrift.export import read_reference
+
+        reference = read_reference(job["reference"])
+        test = read_test_images(job["dataset_path"], reference.argmax_indices).astype(dtype)
+        arrays["argmax"] = np.concatenate([
+            np.argmax(np.asarray(session.final(test[start:start + device["batch_size"]]))
+                      .astype(np.float64), axis=-1)
+            for start in range(0, len(test), device["batch_size"])])
+    weights = {f"weights/{layer}/{index}": np.asarray(value).astype(np.float64)
+               for layer, (_, values) in session.checked.items()
+               for index, value in enumerate(values)}
+    meta = {"layers": session.layers, "unmapped": session.unmapped,
+            "checked": {layer: spec for layer, (spec, _) in session.checked.items()},
+            "fingerprint": fingerprint(device, session.accelerator) if first else None,
             "bfloat16": device["precision"] == "bfloat16"}
     np.savez(job["out"], meta=json.dumps(meta), **arrays, **weights)
-
-
-def checked_layers(keras, model, recorded: list[str]) -> dict:
-    """{layer: (spec, weights)} of the layers the effective-precision check recomputes:
-    Dense and Conv layers fed by the model input or by a recorded layer. Weights in the
-    model's (cast) format, as the device computed with them."""
-    from bitdrift.effective_precision import layer_spec
-
-    inputs = {layer.name for layer in model.layers
-              if isinstance(layer, keras.layers.InputLayer)}
-    checked = {}
-    for entry in model.get_config().get("layers", []):
-        nodes = entry.get("inbound_nodes") or []
-        args = nodes[0].get("args", []) if len(nodes) == 1 else []
-        history = args[0].get("config", {}).get("keras_history") \
-            if len(args) == 1 and isinstance(args[0], dict) else None
-        if not history:
-            continue
-        source = history[0]
-        if source not in inputs and source not in recorded:
-            continue
-        layer = model.get_layer(entry["config"]["name"])
-        spec = layer_spec(layer, None if source in inputs else source)
-        if spec is not None and layer.name in recorded:
-            checked[layer.name] = (spec, layer.get_weights())
-    return checked
 
 
 TEMP_PREFIX = "bitdrift-infer-"
@@ -178,11 +143,23 @@ def _terminate_cleanly():
 
 def infer(*, model_name: str, device_name: str, device: dict, model_path: str | Path,
           dataset_path: str | Path, samples: list[int], out: str | Path,
-          layers: bool = True, log=sys.stderr) -> None:
-    """Run all repeats of one (model, device) in fresh processes and write the record."""
+          layers: bool = True, reference: str | Path | None = None,
+          export: str | Path | None = None, log=sys.stderr) -> None:
+    """Run all repeats of one (model, device) in fresh processes and write the record.
+
+    ``reference`` (bitdrift.export's reference.npz of the model): the device's classes of
+    the first test images are compared with TensorFlow's, and a float32/float64 device
+    that agrees on fewer than 99 % fails. ``export``: the exported file an exported
+    runtime runs."""
     check_before_repeats(model_path, dataset_path, samples, out)
+    if reference:
+        from bitdrift.export import read_reference
+
+        if read_reference(reference).model_sha256 != model_digest(model_path):
+            raise InferenceError(f"{reference}: the export reference of another model than "
+                                 f"{model_path}")
     remove_stale_temporaries()
-    repeats, weights = [], {}
+    repeats, weights, classes = [], {}, None
     with _terminate_cleanly(), tempfile.TemporaryDirectory(
             prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
         for repeat in progress(range(device["repeats"]), f"{model_name} on {device_name}: "
@@ -190,7 +167,9 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             job = {"device": device, "device_name": device_name, "model_path": str(model_path),
                    "dataset_path": str(dataset_path), "samples": list(samples),
                    "layers": layers, "out": str(Path(tmp) / f"repeat{repeat}.npz"),
-                   "fingerprint": repeat == 0}
+                   "fingerprint": repeat == 0,
+                   "reference": str(reference) if reference else None,
+                   "export": str(export) if export else None}
             print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
                   f"{device['repeats']} in a fresh process", file=log, flush=True)
             status = run_in_fresh_process("bitdrift.inference", job, device,
@@ -202,8 +181,9 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                 meta = json.loads(str(data["meta"]))
                 if repeat == 0:
                     weights = {k: data[k] for k in data.files if k.startswith("weights/")}
+                    classes = data["argmax"] if "argmax" in data.files else None
                 repeats.append((meta, {k: data[k] for k in data.files
-                                       if k != "meta" and not k.startswith("weights/")}))
+                                       if k.isdigit()}))
     meta = repeats[0][0]
     layer_names = [name for name, _ in meta["layers"]]
     n_outputs = len(repeats[0][1])
@@ -234,7 +214,30 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     }
     if effective is not None:
         attrs["effective_precision"] = json.dumps(effective, sort_keys=True)
+    if meta.get("unmapped"):
+        attrs["unmapped_layers"] = json.dumps(meta["unmapped"])
+    if export:
+        attrs["export_sha256"] = file_digest(export)
+    if reference and classes is not None:
+        agreement = check_agreement(classes, reference, device, device_name, model_name)
+        attrs["argmax_agreement"] = json.dumps(agreement, sort_keys=True)
     write_record(out, attrs, samples_content)
+
+
+def check_agreement(classes, reference, device: dict, device_name: str,
+                    model_name: str) -> dict:
+    """The device's agreement with TensorFlow's classes; a float32 or float64 device below
+    ARGMAX_AGREEMENT is a bug in a runtime or an export, not a class of its own."""
+    from bitdrift.export import ARGMAX_AGREEMENT, argmax_agreement, read_reference
+
+    agreement = argmax_agreement(classes, read_reference(reference))
+    if device["precision"] in ("float32", "float64") and agreement["share"] < ARGMAX_AGREEMENT:
+        raise InferenceError(
+            f"device {device_name!r}, model {model_name!r}: its class agrees with "
+            f"TensorFlow's on {agreement['agreeing']} of {agreement['images']} test images "
+            f"({agreement['share']:.1%}, below {ARGMAX_AGREEMENT:.0%}): a bug in the runtime "
+            "or the export, not a class of its own")
+    return agreement
 
 
 def check_effective_precision(checked: dict, weights: dict, samples_content: dict,

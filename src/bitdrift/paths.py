@@ -44,6 +44,15 @@ def model_file(config: dict, model: str) -> str:
     return trained_model_file(model, inference_seed(spec))
 
 
+def export_file(model="{model}", format="{format}") -> str:
+    """The model exported for the runtimes that read ``format`` (bitdrift.export.FORMATS)."""
+    return f"{RESULTS}/exports/{model}/model.{format}"
+
+
+def export_reference_file(model="{model}") -> str:
+    return f"{RESULTS}/exports/{model}/reference.npz"
+
+
 def record_file(model="{model}", device="{device}") -> str:
     return f"{RESULTS}/inference/{model}/{device}.h5"
 

@@ -9,8 +9,9 @@ from bitdrift import backends
 from bitdrift.errors import ConfigError
 
 SOURCE = Path(backends.__file__).parents[1]
-INTERFACE = ("NAME", "environment", "import_keras", "configure_threads",
-             "configure_determinism", "check_accelerator", "strategy_scope", "versions")
+INTERFACE = ("NAME", "TRAINS", "environment", "import_keras", "configure_threads",
+             "configure_determinism", "check_accelerator", "strategy_scope", "versions",
+             "open_session")
 
 
 def test_the_dispatch_refuses_an_unknown_backend():
@@ -69,4 +70,48 @@ def test_a_knob_of_another_runtime_is_refused_naming_the_key(backend, key, value
               "devices": {"dv": {"accelerator": "cpu", "backend": backend, key: value}}}
     with pytest.raises(ConfigError, match=f"config key devices.dv.{key}: not a setting of "
                        f"backend '{backend}'"):
+        validate_config(config)
+
+
+@pytest.mark.parametrize("backend", backends.EXPORTED_RUNTIMES)
+def test_an_exported_runtime_cannot_train(backend):
+    """Its device in a training plan is a config error naming the key; asked for Keras in
+    a process, it refuses instead of loading another runtime."""
+    from bitdrift.config import validate_config
+
+    config = {"datasets": {"d": {"source": "digits"}},
+              "models": {"m": {"architecture": "cifar10_small", "dataset": "d"}},
+              "devices": {"dv": {"accelerator": "cpu", "backend": backend}},
+              "training_variance": {"models": {"s": {"architecture": "small_cnn",
+                                                     "dataset": "d"}},
+                                    "plans": {"p": {"model": "s", "devices": ["dv"], "runs": 1,
+                                                          "arms": {"control": {}}}}}}
+    with pytest.raises(ConfigError, match=f"training_variance.plans.p.devices: 'dv' runs "
+                       f"backend '{backend}'"):
+        validate_config(config)
+    with pytest.raises(ConfigError, match="cannot train"):
+        backends.get(backend).import_keras()
+
+
+@pytest.mark.parametrize(("key", "value"), [("graph_optimization_level", "all"),
+                                            ("op_resolver", "builtin"),
+                                            ("execution_mode", "ACCURACY")])
+def test_an_exported_runtimes_knob_on_tensorflow_is_refused(key, value):
+    from bitdrift.config import validate_config
+
+    config = {"datasets": {"d": {"source": "digits"}},
+              "models": {"m": {"architecture": "cifar10_small", "dataset": "d"}},
+              "devices": {"dv": {"accelerator": "cpu", "backend": "tensorflow", key: value}}}
+    with pytest.raises(ConfigError, match=f"config key devices.dv.{key}: not a setting"):
+        validate_config(config)
+
+
+def test_exported_runtimes_compute_float32_only():
+    from bitdrift.config import validate_config
+
+    config = {"datasets": {"d": {"source": "digits"}},
+              "models": {"m": {"architecture": "cifar10_small", "dataset": "d"}},
+              "devices": {"dv": {"accelerator": "cpu", "backend": "openvino",
+                                 "precision": "float16"}}}
+    with pytest.raises(ConfigError, match="config key devices.dv.precision"):
         validate_config(config)

@@ -14,5 +14,7 @@ with workflow_job(snakemake.log[0]):
         samples=snakemake.params.samples,
         out=snakemake.output[0],
         layers=snakemake.params.layers,
+        reference=snakemake.input.get("reference"),
+        export=snakemake.input.get("export"),
         log=sys.stderr,
     )

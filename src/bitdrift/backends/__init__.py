@@ -16,18 +16,51 @@ Every module has:
 - ``strategy_scope(accelerator)``: where models are built (a TPU strategy, or nothing);
 - ``versions() -> dict``: the framework's versions and build switches for the fingerprint.
 
-Load, cast, run a batch and the per-layer outputs are Keras' own for these backends
-(``bitdrift.models``); a runtime that is not Keras brings its own.
+and ``open_session(job, name) -> Session``: the model loaded (cast, placed on the
+accelerator) and callable on a batch, returning the recorded layers' outputs. The Keras
+backends (``tensorflow``, ``torch``, ``jax``) share theirs (``keras_common``); the exported
+runtimes (``onnxruntime``, ``openvino``, ``litert``) run the file ``bitdrift.export``
+wrote from the same ``.keras`` model (``exported``), and cannot train.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from bitdrift.errors import ConfigError
 
 # Each name is a module of this package and an entry of the config schema's `backend`.
-RUNTIMES = ("tensorflow", "torch", "jax")
+KERAS_RUNTIMES = ("tensorflow", "torch", "jax")
+EXPORTED_RUNTIMES = ("onnxruntime", "openvino", "litert")
+RUNTIMES = KERAS_RUNTIMES + EXPORTED_RUNTIMES
+# The device keys that change a runtime's numerics (its knobs), as the schema names them;
+# `explain` takes each as an attribute.
+KNOBS = {"jax": ("xla_flags", "matmul_precision"),
+         "onnxruntime": ("graph_optimization_level",),
+         "openvino": ("execution_mode", "inference_precision_hint"),
+         "litert": ("op_resolver",)}
+
+
+@dataclass
+class Session:
+    """One model loaded by a runtime in this process.
+
+    ``run(batch)`` returns the recorded layers' outputs in the order of ``layers`` (the
+    final output last), or the final output alone when no layers are recorded;
+    ``final(batch)`` the final output. ``checked`` holds what the effective-precision
+    check needs ({layer: (spec, weights)}); ``unmapped`` the layers an exported runtime
+    could not expose, left out of ``layers``."""
+
+    layers: list[tuple[str, str]]
+    run: Callable[[np.ndarray], list[np.ndarray]]
+    final: Callable[[np.ndarray], np.ndarray]
+    accelerator: dict
+    checked: dict = field(default_factory=dict)
+    unmapped: list[str] = field(default_factory=list)
 
 
 def get(name: str):

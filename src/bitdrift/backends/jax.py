@@ -8,11 +8,13 @@ import contextlib
 import os
 import sys
 
+from bitdrift.backends import keras_common
 from bitdrift.backends.keras_common import import_keras as _import_keras
 from bitdrift.backends.keras_common import keras_environment
 from bitdrift.errors import AcceleratorMissing
 
 NAME = "jax"
+TRAINS = True
 # The platform JAX may use for a device: a GPU device that gets none fails at the first
 # computation instead of running on the CPU.
 PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
@@ -86,3 +88,7 @@ def versions() -> dict:
             "jax_xla_flags": os.environ.get("XLA_FLAGS", ""),
             "jax_x64": bool(jax.config.jax_enable_x64),
             "jax_matmul_precision": str(jax.config.jax_default_matmul_precision)}
+
+
+def open_session(job: dict, name: str):
+    return keras_common.open_session(sys.modules[__name__], job, name)

@@ -32,3 +32,64 @@ def import_keras(backend: str):
 
 def keras_environment(backend: str) -> dict:
     return {"KERAS_BACKEND": backend}
+
+
+def open_session(runtime, job: dict, name: str):
+    """The job's ``.keras`` model on a Keras backend: cast to the device's precision, built
+    in the runtime's strategy scope, with a probe returning every recorded layer."""
+    from bitdrift.backends import Session
+    from bitdrift.models import cast_model, layer_probe
+
+    device = job["device"]
+    keras = runtime.import_keras()
+    runtime.configure_threads(device.get("threads"))
+    accelerator = runtime.check_accelerator(name, device)
+    with runtime.strategy_scope(accelerator):
+        model = keras.saving.load_model(job["model_path"], compile=False)
+        model = cast_model(keras, model, device["precision"])
+        if job["layers"]:
+            probe, layers = layer_probe(keras, model)
+        else:
+            probe, layers = model, []
+    # The first repeat also hands over what the effective-precision check needs (the
+    # Dense/Conv layers' settings and weights as the device had them): the parent checks
+    # in NumPy, with no framework loaded.
+    checked = checked_layers(keras, model, [layer for layer, _ in layers]) \
+        if job.get("fingerprint", True) else {}
+
+    def run(batch):
+        outputs = probe(batch, training=False)
+        outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
+        return [keras.ops.convert_to_numpy(value) for value in outputs]
+
+    def final(batch):
+        return keras.ops.convert_to_numpy(model(batch, training=False))
+
+    return Session(layers=layers, run=run, final=final, accelerator=accelerator,
+                   checked=checked)
+
+
+def checked_layers(keras, model, recorded: list[str]) -> dict:
+    """{layer: (spec, weights)} of the layers the effective-precision check recomputes:
+    Dense and Conv layers fed by the model input or by a recorded layer. Weights in the
+    model's (cast) format, as the device computed with them."""
+    from bitdrift.effective_precision import layer_spec
+
+    inputs = {layer.name for layer in model.layers
+              if isinstance(layer, keras.layers.InputLayer)}
+    checked = {}
+    for entry in model.get_config().get("layers", []):
+        nodes = entry.get("inbound_nodes") or []
+        args = nodes[0].get("args", []) if len(nodes) == 1 else []
+        history = args[0].get("config", {}).get("keras_history") \
+            if len(args) == 1 and isinstance(args[0], dict) else None
+        if not history:
+            continue
+        source = history[0]
+        if source not in inputs and source not in recorded:
+            continue
+        layer = model.get_layer(entry["config"]["name"])
+        spec = layer_spec(layer, None if source in inputs else source)
+        if spec is not None and layer.name in recorded:
+            checked[layer.name] = (spec, layer.get_weights())
+    return checked

@@ -6,11 +6,13 @@ import contextlib
 import os
 import sys
 
+from bitdrift.backends import keras_common
 from bitdrift.backends.keras_common import import_keras as _import_keras
 from bitdrift.backends.keras_common import keras_environment
 from bitdrift.errors import AcceleratorMissing
 
 NAME = "tensorflow"
+TRAINS = True
 
 
 def environment(device: dict) -> dict:
@@ -90,3 +92,7 @@ def versions() -> dict:
     build = tf.sysconfig.get_build_info()
     return {"tensorflow": tf.__version__, "tensorflow_cuda": build.get("cuda_version"),
             "tensorflow_onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")}
+
+
+def open_session(job: dict, name: str):
+    return keras_common.open_session(sys.modules[__name__], job, name)

@@ -7,11 +7,13 @@ import contextlib
 import os
 import sys
 
+from bitdrift.backends import keras_common
 from bitdrift.backends.keras_common import import_keras as _import_keras
 from bitdrift.backends.keras_common import keras_environment
 from bitdrift.errors import AcceleratorMissing
 
 NAME = "torch"
+TRAINS = True
 
 
 def environment(device: dict) -> dict:
@@ -87,3 +89,7 @@ def versions() -> dict:
         return {}
     return {"torch": torch.__version__, "torch_mkldnn": torch.backends.mkldnn.is_available(),
             "torch_deterministic": torch.are_deterministic_algorithms_enabled()}
+
+
+def open_session(job: dict, name: str):
+    return keras_common.open_session(sys.modules[__name__], job, name)

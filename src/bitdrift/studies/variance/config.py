@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bitdrift.backends import EXPORTED_RUNTIMES
 from bitdrift.errors import ConfigError, PlanError
 from bitdrift.studies.variance.plans import arm_switches, ensemble_plan_name
 
@@ -32,6 +33,11 @@ def check(config: dict) -> None:
                 raise ConfigError(f"config key training_variance.{key}.devices: {device!r} is "
                                   "external (measured off-cluster), so the workflow cannot "
                                   "train on it")
+            if config["devices"][device]["backend"] in EXPORTED_RUNTIMES:
+                raise ConfigError(f"config key training_variance.{key}.devices: {device!r} runs "
+                                  f"backend {config['devices'][device]['backend']!r}, an "
+                                  "exported model that cannot train (use a tensorflow, "
+                                  "torch or jax device)")
         for arm, overrides in entry.get("arms", {}).items():
             try:
                 arm_switches(arm, overrides or {}, entry["deterministic"])

@@ -1,0 +1,68 @@
+"""What the exported runtimes share: a session on the file ``bitdrift.export`` wrote, its
+outputs mapped to the Keras layers by position and checked against the reference."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from bitdrift.errors import ConfigError, InferenceError
+
+
+def require(package: str, backend: str, pin: str):
+    """``import package``; one line naming what to install when it is missing."""
+    try:
+        return importlib.import_module(package)
+    except ImportError as error:
+        raise InferenceError(f"backend {backend!r} needs the Python package {pin.split('==')[0]!r}"
+                             f" (pip install {pin}; it is in requirements.txt)") from error
+
+
+def import_keras(backend: str):
+    raise ConfigError(f"backend {backend!r} runs an exported model: it cannot train or load "
+                      "a .keras file (use tensorflow, torch or jax)")
+
+
+def open_session(runtime, job: dict, name: str):
+    """``runtime.compile(path, device, accelerator)`` returns a function of a float32 batch
+    giving every exported output in order; the layers whose outputs match the reference
+    are recorded, the others listed as unmapped."""
+    from bitdrift.backends import Session
+    from bitdrift.datasets import read_test_images
+    from bitdrift.export import mapped_positions, read_reference
+
+    device = job["device"]
+    if not job.get("export") or not job.get("reference"):
+        raise InferenceError(f"device {name!r}: backend {runtime.NAME!r} needs the model "
+                             "exported (bitdrift.export) and its reference")
+    reference = read_reference(job["reference"])
+    accelerator = runtime.check_accelerator(name, device)
+    compiled = runtime.compile(job["export"], device, accelerator)
+    check = read_test_images(job["dataset_path"], reference.check_indices).astype(np.float32)
+    mapped = mapped_positions(compiled(check), reference)
+    if not mapped[-1]:
+        raise InferenceError(f"device {name!r}: the final output of {job['export']} does not "
+                             f"match the Keras model's on {runtime.NAME} (wrong export or "
+                             "runtime); refusing to record it")
+    positions = [position for position, ok in enumerate(mapped) if ok]
+    layers = [reference.layers[position] for position in positions]
+    unmapped = [layer for (layer, _), ok in zip(reference.layers, mapped, strict=True) if not ok]
+    # The effective-precision check reads a checked layer's input from the record: only
+    # layers whose own values and whose input are both recorded are checked.
+    recorded = {layer for layer, _ in layers}
+    checked = {layer: value for layer, value in reference.checked.items()
+               if layer in recorded and (value[0]["inbound"] is None
+                                         or value[0]["inbound"] in recorded)}
+
+    def run(batch):
+        outputs = compiled(batch)
+        return [outputs[position] for position in positions] if job["layers"] \
+            else [outputs[-1]]
+
+    def final(batch):
+        return compiled(batch)[-1]
+
+    return Session(layers=layers if job["layers"] else [], run=run, final=final,
+                   accelerator=accelerator, checked=checked if job["layers"] else {},
+                   unmapped=unmapped)

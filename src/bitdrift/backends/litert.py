@@ -1,0 +1,85 @@
+"""LiteRT (TensorFlow Lite) on the model's ``.tflite`` export: the op resolver (XNNPACK,
+the built-in kernels without it, or the reference kernels) and threads as device keys.
+CPU only: a GPU delegate is not a device bitdrift can check here."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import numpy as np
+
+from bitdrift.backends import exported
+from bitdrift.errors import AcceleratorMissing
+
+NAME = "litert"
+PIN = "ai-edge-litert==2.3.0"
+TRAINS = False
+RESOLVERS = {"xnnpack": "AUTO", "builtin": "BUILTIN_WITHOUT_DEFAULT_DELEGATES",
+             "reference": "BUILTIN_REF"}
+
+
+def _interpreter():
+    exported.require("ai_edge_litert", NAME, PIN)
+    from ai_edge_litert import interpreter
+
+    return interpreter
+
+
+def environment(device: dict) -> dict:
+    return {}
+
+
+def import_keras():
+    return exported.import_keras(NAME)
+
+
+def configure_threads(threads: int | None) -> None:
+    """Threads are an interpreter option (see compile)."""
+
+
+def configure_determinism(deterministic: bool) -> None:
+    """LiteRT's CPU kernels have no determinism switch; they are deterministic."""
+
+
+def check_accelerator(name: str, device: dict) -> dict:
+    _interpreter()
+    if device["accelerator"] != "cpu":
+        raise AcceleratorMissing(f"device {name!r}: bitdrift runs LiteRT on the CPU only; a "
+                                 f"{device['accelerator'].upper()} device would not run on one")
+    return {"accelerator": "cpu"}
+
+
+def compile(path, device: dict, accelerator: dict):
+    interpreter = _interpreter()
+    resolver = getattr(interpreter.OpResolverType,
+                       RESOLVERS[device.get("op_resolver") or "xnnpack"])
+    runner = interpreter.Interpreter(
+        model_path=str(path), num_threads=device.get("threads") or None,
+        experimental_op_resolver_type=resolver).get_signature_runner()
+    # Keras names the outputs output_0, output_1, ... in the probe's order; the signature
+    # sorts them as text (output_10 before output_2).
+    names = sorted(runner.get_output_details(), key=lambda key: int(key.rsplit("_", 1)[1]))
+    (input_name,) = runner.get_input_details()
+
+    def run(batch):
+        results = runner(**{input_name: np.ascontiguousarray(batch)})
+        return [results[key] for key in names]
+
+    return run
+
+
+def strategy_scope(accelerator: dict):
+    return contextlib.nullcontext()
+
+
+def versions() -> dict:
+    if "ai_edge_litert" not in sys.modules:
+        return {}
+    from importlib.metadata import version
+
+    return {"litert": version("ai-edge-litert")}
+
+
+def open_session(job: dict, name: str):
+    return exported.open_session(sys.modules[__name__], job, name)

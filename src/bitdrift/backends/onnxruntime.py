@@ -1,0 +1,79 @@
+"""ONNX Runtime on the model's ONNX export: graph optimisation level and intra-op threads
+as device keys; CPU or CUDA execution provider, never one for the other."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from bitdrift.backends import exported
+from bitdrift.errors import AcceleratorMissing
+
+NAME = "onnxruntime"
+PIN = "onnxruntime==1.32.0"
+TRAINS = False
+PROVIDERS = {"cpu": "CPUExecutionProvider", "gpu": "CUDAExecutionProvider"}
+LEVELS = {"disable_all": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
+          "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
+def _ort():
+    return exported.require("onnxruntime", NAME, PIN)
+
+
+def environment(device: dict) -> dict:
+    return {}
+
+
+def import_keras():
+    return exported.import_keras(NAME)
+
+
+def configure_threads(threads: int | None) -> None:
+    """Threads are a session option (see compile)."""
+
+
+def configure_determinism(deterministic: bool) -> None:
+    """Set per session (``use_deterministic_compute``, see compile)."""
+
+
+def check_accelerator(name: str, device: dict) -> dict:
+    ort = _ort()
+    provider = PROVIDERS.get(device["accelerator"])
+    if provider is None or provider not in ort.get_available_providers():
+        raise AcceleratorMissing(f"device {name!r} asks for a {device['accelerator'].upper()} "
+                                 f"but ONNX Runtime has no {provider or 'provider for it'} "
+                                 f"(it has {', '.join(ort.get_available_providers())}); "
+                                 "refusing to fall back to the CPU")
+    return {"accelerator": device["accelerator"], "provider": provider}
+
+
+def compile(path, device: dict, accelerator: dict):
+    ort = _ort()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(
+        ort.GraphOptimizationLevel, LEVELS[device.get("graph_optimization_level") or "all"])
+    if device.get("threads"):
+        options.intra_op_num_threads = device["threads"]
+    options.inter_op_num_threads = 1
+    if device.get("deterministic"):
+        options.use_deterministic_compute = True
+    session = ort.InferenceSession(str(path), options, providers=[accelerator["provider"]])
+    if session.get_providers()[0] != accelerator["provider"]:
+        raise AcceleratorMissing(f"ONNX Runtime runs on {session.get_providers()[0]}, not "
+                                 f"the {accelerator['provider']} asked for")
+    name = session.get_inputs()[0].name
+    return lambda batch: session.run(None, {name: batch})
+
+
+def strategy_scope(accelerator: dict):
+    return contextlib.nullcontext()
+
+
+def versions() -> dict:
+    ort = sys.modules.get("onnxruntime")
+    return {"onnxruntime": ort.__version__} if ort is not None else {}
+
+
+def open_session(job: dict, name: str):
+    return exported.open_session(sys.modules[__name__], job, name)

@@ -1,0 +1,80 @@
+"""OpenVINO on the model's ONNX export: execution mode and inference precision hint as
+device keys, threads; its CPU or GPU plugin, never one for the other."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from bitdrift.backends import exported
+from bitdrift.errors import AcceleratorMissing
+
+NAME = "openvino"
+PIN = "openvino==2026.4.1"
+TRAINS = False
+PLUGINS = {"cpu": "CPU", "gpu": "GPU"}
+
+
+def _ov():
+    return exported.require("openvino", NAME, PIN)
+
+
+def environment(device: dict) -> dict:
+    return {}
+
+
+def import_keras():
+    return exported.import_keras(NAME)
+
+
+def configure_threads(threads: int | None) -> None:
+    """Threads are a compile option (see compile)."""
+
+
+def configure_determinism(deterministic: bool) -> None:
+    """OpenVINO has no determinism switch; its CPU plugin is deterministic per process."""
+
+
+def check_accelerator(name: str, device: dict) -> dict:
+    ov = _ov()
+    plugin = PLUGINS.get(device["accelerator"])
+    available = ov.Core().available_devices
+    if plugin is None or not any(found.split(".")[0] == plugin for found in available):
+        raise AcceleratorMissing(f"device {name!r} asks for a {device['accelerator'].upper()} "
+                                 f"but OpenVINO sees {', '.join(available) or 'none'}; "
+                                 "refusing to fall back to the CPU")
+    return {"accelerator": device["accelerator"], "plugin": plugin}
+
+
+def compile(path, device: dict, accelerator: dict):
+    ov = _ov()
+    core = ov.Core()
+    settings = {"EXECUTION_MODE_HINT": device.get("execution_mode") or "PERFORMANCE"}
+    if device.get("inference_precision_hint"):
+        settings["INFERENCE_PRECISION_HINT"] = device["inference_precision_hint"]
+    if device.get("threads"):
+        settings["INFERENCE_NUM_THREADS"] = device["threads"]
+    compiled = core.compile_model(core.read_model(str(path)), accelerator["plugin"], settings)
+    # The precision the plugin chose (it may ignore a hint the hardware cannot do): the
+    # effective-precision check verifies the layers either way.
+    accelerator["inference_precision"] = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+    outputs = compiled.outputs
+
+    def run(batch):
+        results = compiled(batch)
+        return [results[output] for output in outputs]
+
+    return run
+
+
+def strategy_scope(accelerator: dict):
+    return contextlib.nullcontext()
+
+
+def versions() -> dict:
+    ov = sys.modules.get("openvino")
+    return {"openvino": ov.get_version()} if ov is not None else {}
+
+
+def open_session(job: dict, name: str):
+    return exported.open_session(sys.modules[__name__], job, name)

@@ -1,0 +1,186 @@
+"""The exported runtimes (ONNX Runtime, OpenVINO, LiteRT): real exports of a small saved
+model, real inference in fresh processes, per-layer outputs checked against Keras' own."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bitdrift.datasets import prepare_dataset, read_test_images
+from bitdrift.errors import AcceleratorMissing, InferenceError
+from bitdrift.export import Reference, mapped_positions, read_reference
+from bitdrift.inference import infer
+from bitdrift.record import Record
+
+CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
+       "env": {}, "repeats": 2, "external": False}
+DEVICES = {
+    "onnxruntime": {"backend": "onnxruntime", "graph_optimization_level": "all"},
+    "onnxruntime_disable_all": {"backend": "onnxruntime",
+                                "graph_optimization_level": "disable_all"},
+    "openvino": {"backend": "openvino", "execution_mode": "ACCURACY"},
+    "litert": {"backend": "litert", "op_resolver": "xnnpack"},
+    "litert_builtin": {"backend": "litert", "op_resolver": "builtin", "batch_size": 2},
+}
+FILES = {"onnxruntime": "model.onnx", "openvino": "model.onnx", "litert": "model.tflite"}
+SAMPLES = [6, 0, 3]
+TF = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """A saved model, its exports and reference (bitdrift's own export, in a TensorFlow
+    process), and every layer's output as Keras computes it (the truth of the mapping)."""
+    tmp = tmp_path_factory.mktemp("exported")
+    dataset = tmp / "digits.h5"
+    prepare_dataset("digits", {"source": "digits", "limit_train": 8, "limit_test": 40}, dataset)
+    model = tmp / "small.keras"
+    code = f"""
+import sys, keras, numpy as np
+from bitdrift.models import build_model, layer_probe
+from bitdrift.datasets import read_test_images
+from bitdrift.export import export_model, write_reference
+keras.utils.set_random_seed(0)
+build_model(keras, {{'architecture': 'cifar10_small'}}, (32, 32, 3), 10).save(sys.argv[1])
+model = keras.saving.load_model(sys.argv[1])
+probe, layers = layer_probe(keras, model)
+images = read_test_images(sys.argv[2], {SAMPLES}).astype('float32')
+outputs = [keras.ops.convert_to_numpy(v) for v in probe(images)]
+np.savez(sys.argv[3] + '/keras_layers.npz', names=[n for n, _ in layers], *outputs)
+write_reference(sys.argv[1], sys.argv[2], sys.argv[3] + '/reference.npz')
+export_model(sys.argv[1], 'onnx', sys.argv[3] + '/model.onnx')
+export_model(sys.argv[1], 'tflite', sys.argv[3] + '/model.tflite')
+"""
+    subprocess.run([sys.executable, "-c", code, str(model), str(dataset), str(tmp)],
+                   check=True, env=TF)
+    with np.load(tmp / "keras_layers.npz") as data:
+        names = [str(name) for name in data["names"]]
+        keras_layers = {name: data[f"arr_{index}"] for index, name in enumerate(names)}
+    return tmp, dataset, model, keras_layers
+
+
+def run(assets, tmp_path, name, device, export=None, reference=None):
+    folder, dataset, model, _ = assets
+    backend = device["backend"]
+    out = tmp_path / f"{name}.h5"
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="small", device_name=name, device=device, model_path=model,
+              dataset_path=dataset, samples=SAMPLES, out=out, log=log,
+              reference=reference or folder / "reference.npz",
+              export=export or folder / FILES[backend])
+    return out
+
+
+@pytest.mark.parametrize("name", DEVICES)
+def test_an_exported_runtime_records_every_layer_as_keras_computes_it(assets, tmp_path, name):
+    """The layer mapping: each recorded layer equals the Keras layer of that name within
+    float32 tolerance (so no layer carries another's values), before bitwise comparison."""
+    _, _, _, keras_layers = assets
+    device = {**CPU, **DEVICES[name]}
+    out = run(assets, tmp_path, name, device)
+    with Record(out) as record:
+        assert record.attr("backend") == device["backend"]
+        assert record.samples == sorted(SAMPLES)
+        names = [info.name for info in record.layers(0) if info.name != "output"]
+        assert names == list(keras_layers)  # every layer mapped, in the probe's order
+        for row, sample in enumerate(SAMPLES):
+            for layer, expected in keras_layers.items():
+                values = record.tensor(sample, layer).values
+                assert values.shape == (2, *expected.shape[1:]) and values.dtype == np.float32
+                np.testing.assert_allclose(values[0], expected[row], rtol=1e-4,
+                                           atol=1e-5 * np.abs(expected[row]).max())
+            assert np.array_equal(record.tensor(sample, "output").values,
+                                  record.tensor(sample, "dense_3").values)
+        agreement = json.loads(record.attr("argmax_agreement"))
+        assert agreement["images"] == 40 and agreement["share"] >= 0.99
+        assert device["backend"] in record.fingerprint["versions"]
+        for framework in ("tensorflow", "torch", "jax", "keras"):
+            assert framework not in record.fingerprint["versions"]
+        assert record.attr("export_sha256")
+        effective = record.effective_precision
+        assert sorted(effective) == ["conv2d", "conv2d_1", "dense_1", "dense_2", "dense_3"]
+        assert not any(result["reduced"] for result in effective.values())
+
+
+def test_a_layer_the_export_exposes_wrongly_is_unmapped_never_mislabelled(assets, tmp_path):
+    """An ONNX file whose first two outputs (conv2d and activation, of one shape) are
+    swapped: both are listed as unmapped and left out; the others are recorded."""
+    import onnx
+
+    folder = assets[0]
+    graph = onnx.load(folder / "model.onnx")
+    outputs = list(graph.graph.output)
+    del graph.graph.output[:]
+    graph.graph.output.extend([outputs[1], outputs[0], *outputs[2:]])
+    swapped = tmp_path / "swapped.onnx"
+    onnx.save(graph, swapped)
+    out = run(assets, tmp_path, "ort", {**CPU, "backend": "onnxruntime"}, export=swapped)
+    with Record(out) as record:
+        names = [info.name for info in record.layers(0) if info.name != "output"]
+        assert "conv2d" not in names and "activation" not in names
+        assert names[0] == "pooling2d" and names[-1] == "dense_3"
+        assert json.loads(record.attr("unmapped_layers")) == ["conv2d", "activation"]
+        # conv2d_1's input (pooling2d) and itself are recorded: still checked
+        assert "conv2d_1" in record.effective_precision
+        assert "conv2d" not in record.effective_precision
+
+
+def test_mapping_against_a_hand_built_reference():
+    rng = np.random.default_rng(0)
+    first, second = rng.normal(size=(2, 4, 3)), rng.normal(size=(2, 5))
+    reference = Reference(layers=[("a", "Conv2D"), ("b", "Dense")], checked={},
+                          check_indices=[0, 1], check_outputs=[first, second],
+                          argmax_indices=[], argmax=np.array([]), model_sha256="")
+    close = [first + 1e-7, second.astype(np.float32)]
+    assert mapped_positions(close, reference) == [True, True]
+    assert mapped_positions([first, second + 0.1], reference) == [True, False]
+    assert mapped_positions([first[:, :3], second], reference) == [False, True]  # shape
+
+
+def test_a_runtime_that_disagrees_with_tensorflow_fails(assets, tmp_path):
+    """A reference whose classes are shifted by one: the device agrees on no image, which
+    is a bug to find, not a class."""
+    folder = assets[0]
+    with np.load(folder / "reference.npz") as data:
+        arrays = {key: data[key] for key in data.files}
+    arrays["argmax"] = (arrays["argmax"] + 1) % 10
+    shifted = tmp_path / "shifted.npz"
+    np.savez(shifted, **arrays)
+    with pytest.raises(InferenceError, match=r"agrees with TensorFlow's on 0 of 40 test images"):
+        run(assets, tmp_path, "ort", {**CPU, "backend": "onnxruntime"}, reference=shifted)
+    assert not (tmp_path / "ort.h5").exists()
+
+
+def test_the_reference_holds_tensorflows_classes(assets):
+    folder, dataset, _, _ = assets
+    reference = read_reference(folder / "reference.npz")
+    assert reference.argmax_indices == list(range(40))
+    assert len(reference.argmax) == 40 and set(reference.argmax) <= set(range(10))
+    images = read_test_images(dataset, reference.check_indices)
+    assert reference.check_outputs[0].shape[0] == len(images)
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_gpu_device_without_gpu_fails_loudly(assets, tmp_path, backend):
+    device = {**CPU, "backend": backend, "accelerator": "gpu", "repeats": 1}
+    with pytest.raises(AcceleratorMissing, match="refusing to fall back"):
+        run(assets, tmp_path, "gpu", device)
+    assert "refusing to fall back" in (tmp_path / "log").read_text()
+
+
+def test_a_runtime_that_is_not_installed_names_the_package(assets, tmp_path):
+    """The worker cannot import openvino (a module of that name that fails to import is
+    first on its path): one line naming what to install."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "openvino.py").write_text("raise ImportError('No module named openvino')\n")
+    device = {**CPU, "backend": "openvino", "repeats": 1, "env": {"PYTHONPATH": str(shadow)}}
+    with pytest.raises(InferenceError, match="repeat 1 failed"):
+        run(assets, tmp_path, "ov", device)
+    log = (tmp_path / "log").read_text()
+    assert "backend 'openvino' needs the Python package 'openvino' (pip install " \
+           "openvino==2026.4.1" in log
+    assert "Traceback" not in log
