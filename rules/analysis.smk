@@ -275,3 +275,61 @@ rule plot_divergence:
         command="plot-divergence",
     script:
         "../workflow/scripts/plot_with_cli.py"
+
+
+rule tabulate_kernels:
+    input:
+        records=record_files,
+        provenance=PROVENANCE_FILES,
+        eqc=rules.cluster_equivalence_classes.output.final,
+        divergence=rules.locate_divergence.output.table,
+    output:
+        table=paths.table_file("kernels"),
+        html=report(
+            paths.table_html("kernels"),
+            caption="../workflow/report/kernels_table.rst",
+            category="Why devices differ",
+            labels={"kind": "table", "name": "kernels"},
+        ),
+        coverage=paths.table_file("kernel_coverage"),
+        coverage_html=report(
+            paths.table_html("kernel_coverage"),
+            caption="../workflow/report/kernel_coverage_table.rst",
+            category="Why devices differ",
+            labels={"kind": "table", "name": "kernel_coverage"},
+        ),
+    log:
+        "logs/tabulate_kernels/all.log",
+    benchmark:
+        "results/benchmarks/tabulate_kernels/all.tsv"
+    conda:
+        "../envs/bitdrift.yaml"
+    resources:
+        **ANALYSIS_RESOURCES,
+    params:
+        expect=EXPECT_ARGUMENTS,
+    script:
+        "../workflow/scripts/tabulate_kernels.py"
+
+
+rule plot_kernels:
+    input:
+        table=rules.tabulate_kernels.output.table,
+        eqc=rules.cluster_equivalence_classes.output.final,
+        divergence=rules.locate_divergence.output.table,
+        coverage=rules.tabulate_kernels.output.coverage,
+    output:
+        pdf=paths.figure_file("kernels"),
+        png=report(
+            paths.figure_png("kernels"),
+            caption="../workflow/report/kernels_figure.rst",
+            category="Why devices differ",
+            labels={"kind": "figure", "name": "kernels"},
+        ),
+    log:
+        "logs/plot_kernels/all.log",
+    localrule: True
+    conda:
+        "../envs/bitdrift.yaml"
+    script:
+        "../workflow/scripts/plot_kernels.py"

@@ -55,5 +55,6 @@ rule run_inference:
         device=device_spec,
         samples=config["samples"],
         layers=config["analysis"]["layers"],
+        kernels=config["analysis"]["kernels"],
     script:
         "../workflow/scripts/run_inference.py"

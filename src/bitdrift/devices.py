@@ -121,12 +121,15 @@ def describe(device: dict) -> str:
 
 
 # -- one job per fresh process: inference repeats and training runs ------------------------
-def run_in_fresh_process(module: str, job: dict, device: dict, what: str, log) -> int:
+def run_in_fresh_process(module: str, job: dict, device: dict, what: str, log,
+                         stdout=None) -> int:
     """``python -m MODULE JOB_JSON`` with ``device``'s environment; its output goes to
-    ``log``. A worker that could not see its accelerator (exit status of AcceleratorMissing)
-    is raised here as AcceleratorMissing, naming ``what``; any other status is returned."""
+    ``log`` (its stdout to ``stdout`` when given: a traced repeat's kernel log). A worker
+    that could not see its accelerator (exit status of AcceleratorMissing) is raised here
+    as AcceleratorMissing, naming ``what``; any other status is returned."""
     completed = subprocess.run([sys.executable, "-m", module, json.dumps(job)],
-                               env=device_environment(device), stdout=log, stderr=log)
+                               env=device_environment(device),
+                               stdout=log if stdout is None else stdout, stderr=log)
     if completed.returncode == AcceleratorMissing.exit_code:
         raise AcceleratorMissing(f"{what} asks for a {device['accelerator'].upper()} that the "
                                  "process cannot see; refusing to fall back to the CPU "

@@ -15,13 +15,14 @@ import numpy as np
 import pandas as pd
 
 from bitdrift.eqc import analyse, summarize_repeats
+from bitdrift.kernels import divergence_kernels
 from bitdrift.precision import MANTISSA_BITS, dropped_bits
 from bitdrift.record import Record, group_by_model
 
 DIVERGENCE_COLUMNS = ["model", "sample", "class_a", "class_b", "device_a", "device_b",
                       "first_layer", "first_position", "layer_class",
                       "remaining_precision_at_first", "previous_layer", "note", "precision",
-                      "rejoins_at"]
+                      "rejoins_at", "kernels_a", "kernels_b", "kernels_differ"]
 
 
 def _pair_precision(record_a: Record, record_b: Record, sample: int, label: str) -> float:
@@ -61,7 +62,7 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
                 for i, j in _pairs(final.classes, members):
                     rows.append(_pair_row(model, sample, precision, group, results, final,
                                           layered, i, j))
-    table = pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS)
+    table = divergence_kernels(records, pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS[:-3]))
     table["first_position"] = pd.array(
         [None if p == "" else int(p) for p in table["first_position"]], dtype="Int64")
     return table

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from bitdrift.backends import KNOBS
+from bitdrift.kernels import record_signatures
 from bitdrift.record import Record
 
 MISSING = "missing"
@@ -93,6 +94,10 @@ def device_attributes(record: Record) -> tuple[dict[str, str], list[str]]:
         if framework is not None and framework != backend:
             continue  # another framework's version: loaded by the process, not used
         attributes[f"versions.{module}"] = _text(version)
+    # Which kernel each layer ran (the traced repeat, bitdrift.kernels): "classes are
+    # decided by kernel.conv2d" is the answer a framework engineer can act on.
+    for layer, name in (record_signatures(record) or {}).items():
+        attributes[f"kernel.{layer}"] = name
     flags = cpu.get("flags")
     return attributes, sorted(set(flags)) if isinstance(flags, list) else []
 

@@ -328,3 +328,84 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
                         "pairs mix two precisions and are not compared", fontsize=9)
     figure.tight_layout(rect=(0, 0.14, 1, 1))
     save_figure(figure, out)
+
+
+def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.DataFrame,
+                 coverage: pd.DataFrame, out: str | Path) -> None:
+    """Devices x compute layers, each cell coloured by the layer's kernel signature (the
+    implementations the libraries logged); devices ordered by their final-output class of
+    the model's first sample, with the class boundaries drawn; above each layer, how many
+    class pairs (of one precision, over all samples) first part there; the coverage in
+    the title."""
+    models = list(dict.fromkeys(signatures["model"]))
+    figure, axes = plt.subplots(len(models) or 1, 1, squeeze=False,
+                                figsize=(11, 1.6 + 0.28 * max(
+                                    [signatures[signatures["model"] == m]["device"].nunique()
+                                     for m in models] or [4])))
+    if not models:
+        axes[0][0].text(0.5, 0.5, "no record carries kernels", ha="center", va="center")
+        axes[0][0].set_axis_off()
+        save_figure(figure, out)
+        return
+    names = sorted(set(signatures["signature"]))
+    palette = plt.get_cmap("tab20")
+    colours = {name: ((0.93, 0.93, 0.93, 1.0) if name == "none" else
+                      (0.6, 0.6, 0.6, 1.0) if name.startswith("untraced") else
+                      palette(index % 20)) for index, name in enumerate(names)}
+    used = set()
+    for ax, model in zip(axes[:, 0], models, strict=False):
+        # One row per layer and device (kernels.csv has one per kernel call).
+        part = signatures[signatures["model"] == model].drop_duplicates(["device", "layer"])
+        layers = list(dict.fromkeys(part["layer"]))
+        final = eqc[eqc["model"] == model]
+        first_sample = final["sample"].min() if len(final) else None
+        classes = final[final["sample"] == first_sample].set_index("device")["eqc"] \
+            if first_sample is not None else pd.Series(dtype=int)
+        devices = sorted(dict.fromkeys(part["device"]),
+                         key=lambda d: (classes.get(d, 10**6), list(part["device"]).index(d)))
+        grid = part.set_index(["device", "layer"])["signature"]
+        image = np.ones((len(devices), len(layers), 4))
+        for row, device in enumerate(devices):
+            for column, layer in enumerate(layers):
+                name = grid.get((device, layer), "none")
+                image[row, column] = colours.get(name, (1, 1, 1, 1))
+                used.add(name)
+        ax.imshow(image, aspect="auto", interpolation="nearest")
+        ax.set_yticks(range(len(devices)),
+                      [f"{d} (class {classes[d]})" if d in classes else d for d in devices],
+                      fontsize=6)
+        ax.set_xticks(range(len(layers)), layers, rotation=90, fontsize=6)
+        for row in range(1, len(devices)):
+            if classes.get(devices[row]) != classes.get(devices[row - 1]):
+                ax.axhline(row - 0.5, color="black", lw=1.2)
+        firsts = divergence[(divergence["model"] == model)
+                            & (divergence["class_a"] != divergence["class_b"])]
+        counts = firsts["first_layer"].value_counts()
+        for column, layer in enumerate(layers):
+            if counts.get(layer, 0):
+                ax.text(column, -0.7, str(int(counts[layer])), ha="center", va="bottom",
+                        fontsize=7, color="darkred")
+        row = coverage[coverage["model"] == model]
+        text = ""
+        if len(row):
+            row = row.iloc[0]
+
+            def share(value):
+                return "n/a" if pd.isna(value) else f"{float(value):.0%}"
+
+            ari = row["adjusted_rand_index_mean"]
+            text = (f"; first divergences (pair, sample): kernels differ "
+                    f"{share(row['share_kernels_differ'])}, same kernels but other settings "
+                    f"{share(row['share_same_kernels_other_settings'])}, unexplained "
+                    f"{share(row['share_unexplained'])}; ARI(kernel signature, class) "
+                    f"{'n/a' if pd.isna(ari) else f'{float(ari):.2f}'}")
+        ax.set_title(textwrap.fill(f"{model}: kernel per layer (class of sample {first_sample}; "
+                                   "red numbers: class pairs first apart at the layer)"
+                                   + text, 130), fontsize=8, pad=14)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[name]) for name in names
+               if name in used]
+    figure.legend(handles, [textwrap.shorten(name, 60) for name in names if name in used],
+                  loc="lower center", ncol=3, fontsize=6, frameon=False)
+    rows_of_legend = -(-len(handles) // 3)
+    figure.tight_layout(rect=(0, min(0.022 * rows_of_legend + 0.02, 0.4), 1, 1))
+    save_figure(figure, out)

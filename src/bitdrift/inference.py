@@ -17,6 +17,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,10 @@ def run_repeat(job: dict) -> None:
             "fingerprint": fingerprint(device, session.accelerator) if first else None,
             "bfloat16": device["precision"] == "bfloat16"}
     np.savez(job["out"], meta=json.dumps(meta), **arrays, **weights)
+    if job.get("trace"):
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # the libraries' lines, before the process ends
 
 
 TEMP_PREFIX = "bitdrift-infer-"
@@ -144,13 +149,14 @@ def _terminate_cleanly():
 def infer(*, model_name: str, device_name: str, device: dict, model_path: str | Path,
           dataset_path: str | Path, samples: list[int], out: str | Path,
           layers: bool = True, reference: str | Path | None = None,
-          export: str | Path | None = None, log=sys.stderr) -> None:
+          export: str | Path | None = None, kernels: bool = True, log=sys.stderr) -> None:
     """Run all repeats of one (model, device) in fresh processes and write the record.
 
     ``reference`` (bitdrift.export's reference.npz of the model): the device's classes of
     the first test images are compared with TensorFlow's, and a float32/float64 device
     that agrees on fewer than 99 % fails. ``export``: the exported file an exported
-    runtime runs."""
+    runtime runs. ``kernels``: after the measured repeats, one traced repeat in a fresh
+    process of its own records which kernel ran in every layer (bitdrift.kernels)."""
     check_before_repeats(model_path, dataset_path, samples, out)
     if reference:
         from bitdrift.export import read_reference
@@ -184,6 +190,12 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                     classes = data["argmax"] if "argmax" in data.files else None
                 repeats.append((meta, {k: data[k] for k in data.files
                                        if k.isdigit()}))
+        traced = traced_repeat(model_name, device_name, device, repeats, {
+            "device": device, "device_name": device_name, "model_path": str(model_path),
+            "dataset_path": str(dataset_path), "samples": list(samples), "layers": layers,
+            "out": str(Path(tmp) / "traced.npz"), "fingerprint": False, "reference": None,
+            "export": str(export) if export else None, "trace": True},
+            Path(tmp) / "trace.txt", log) if kernels else None
     meta = repeats[0][0]
     layer_names = [name for name, _ in meta["layers"]]
     n_outputs = len(repeats[0][1])
@@ -221,7 +233,65 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     if reference and classes is not None:
         agreement = check_agreement(classes, reference, device, device_name, model_name)
         attrs["argmax_agreement"] = json.dumps(agreement, sort_keys=True)
-    write_record(out, attrs, samples_content)
+    write_record(out, attrs, samples_content, kernels=traced)
+
+
+def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list, job: dict,
+                  trace_path: Path, log) -> dict:
+    """One more repeat with the libraries' kernel logging on (the runtime's
+    trace_environment), its C-level stdout in ``trace_path``; the kernels per layer, and
+    whether its outputs equal the measured majority bit for bit (logging must not change
+    what is computed; the record keeps the measured outputs either way)."""
+    from bitdrift import backends
+    from bitdrift.kernels import layer_kernels, parse_trace
+
+    meta = repeats[0][0]
+    layer_classes = {name: layer_class for name, layer_class in meta["layers"]}
+    environment = backends.get(device["backend"]).trace_environment(device)
+    if environment is None:
+        return {"traced": False, "layer_classes": layer_classes, "order": list(layer_classes),
+                "reason": f"backend {device['backend']!r} logs no kernel per call",
+                "layers": {name: {"signature": "untraced", "calls": []}
+                           for name in layer_classes}}
+    print(f"bitdrift: {model_name} on {device_name}: traced repeat (kernel logs) in a fresh "
+          "process", file=log, flush=True)
+    traced_device = {**device, "env": {**device.get("env", {}), **environment}}
+    with open(trace_path, "w") as stdout:
+        status = run_in_fresh_process("bitdrift.inference", job, traced_device,
+                                      f"device {device_name!r}", log, stdout=stdout)
+    if status != 0:
+        raise InferenceError(f"device {device_name!r}, model {model_name!r}: the traced "
+                             f"repeat failed (exit {status}); see log")
+    trace = parse_trace(trace_path.read_text(errors="replace"))
+    found = layer_kernels(trace, meta["layers"], device["backend"], device["accelerator"])
+    unknown = [name for name, entry in found.items() if entry["signature"] == "unknown"]
+    if unknown:
+        print(f"bitdrift: warning: device {device_name!r}: no kernel logged for "
+              f"{', '.join(unknown)} (recorded as unknown)", file=log, flush=True)
+    gpu_calls = [call for entry in found.values() for call in entry["calls"]
+                 if call["library"] in ("cudnn", "cublaslt")]
+    if device["accelerator"] == "gpu" and found and not gpu_calls:
+        raise InferenceError(f"device {device_name!r}: its traced repeat logged no cuDNN or "
+                             f"cuBLASLt call ({', '.join(sorted(environment))} set): the GPU "
+                             "libraries are not logging, or the work did not run on the GPU")
+    with np.load(job["out"]) as data:
+        outputs = {key: data[key] for key in data.files if key.isdigit()}
+    match = all(np.array_equal(values, _majority([arrays[key] for _, arrays in repeats]))
+                for key, values in outputs.items())
+    if not match:
+        print(f"bitdrift: warning: device {device_name!r}: the traced repeat's outputs differ "
+              "from the measured majority; the record keeps the measured ones",
+              file=log, flush=True)
+    return {"traced": True, "outputs_match": match, "environment": environment,
+            "header": trace.header, "raw": trace.raw, "outside": trace.outside,
+            "layers": found, "layer_classes": layer_classes, "order": list(layer_classes)}
+
+
+def _majority(arrays: list[np.ndarray]) -> np.ndarray:
+    """The most common of the repeats' arrays, bit for bit."""
+    counts = Counter(array.tobytes() for array in arrays)
+    best = counts.most_common(1)[0][0]
+    return next(array for array in arrays if array.tobytes() == best)
 
 
 def check_agreement(classes, reference, device: dict, device_name: str,

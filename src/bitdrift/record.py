@@ -5,6 +5,8 @@ Layout (documented in README, "The inference record"):
     /                       attrs: model, device, backend, precision, fingerprint (JSON),
                                    model_sha256, input_sha256, format_version,
                                    optional effective_precision (JSON, format 2)
+    /kernels                optional (format 3): JSON text, the traced repeat's kernel
+                            calls per layer (bitdrift.kernels)
     /samples/<index>/output dataset (repeats, *output_shape)
     /samples/<index>/layers/<layer>
                             dataset (repeats, *layer_shape), attr position (int), attr name
@@ -29,7 +31,9 @@ from bitdrift.errors import RecordError
 
 # 2: the effective-precision check (root attribute effective_precision); version-1
 # records are read as before, the check reported as unchecked.
-FORMAT_VERSION = 2
+# 3: the kernels dataset (kernel provenance); records without it are read as before.
+FORMAT_VERSION = 3
+KERNELS = "kernels"
 REQUIRED_ATTRS = ("model", "device", "backend", "precision", "fingerprint", "model_sha256",
                   "input_sha256")
 BFLOAT16_ATTR = "bfloat16_raw_bits"
@@ -68,13 +72,15 @@ def _as_storable(values: np.ndarray) -> tuple[np.ndarray, bool]:
     return values, False
 
 
-def write_record(path: str | Path, attrs: dict, samples: dict[int, dict]) -> None:
+def write_record(path: str | Path, attrs: dict, samples: dict[int, dict],
+                 kernels: dict | None = None) -> None:
     """Write a record atomically.
 
     ``samples`` maps test-set index -> {"output": array (repeats, ...),
     "layers": [(name, array (repeats, ...)), ...] in model order,
     optional "layer_classes": [Keras class name per layer], optional "bfloat16": True when
-    the arrays are already raw bfloat16 bits (uint16)}.
+    the arrays are already raw bfloat16 bits (uint16)}. ``kernels``: the traced repeat's
+    kernels (bitdrift.kernels), stored as JSON text in the dataset ``kernels``.
     """
     missing = [key for key in REQUIRED_ATTRS if key not in attrs]
     if missing:
@@ -83,6 +89,9 @@ def write_record(path: str | Path, attrs: dict, samples: dict[int, dict]) -> Non
         for key, value in attrs.items():
             handle.attrs[key] = json.dumps(value, sort_keys=True) if key == "fingerprint" else value
         handle.attrs["format_version"] = FORMAT_VERSION
+        if kernels is not None:
+            # A dataset, not an attribute: HDF5 keeps attributes under 64 KiB.
+            handle.create_dataset(KERNELS, data=json.dumps(kernels, sort_keys=True))
         samples_group = handle.create_group("samples")
         for index, content in samples.items():
             group = samples_group.create_group(str(int(index)))
@@ -196,6 +205,19 @@ class Record:
     @property
     def precision(self) -> str:
         return self.attr("precision")
+
+    @property
+    def kernels(self) -> dict | None:
+        """The traced repeat's kernels (bitdrift.kernels), or None for a record without."""
+        if "_kernels" not in self.__dict__:
+            if KERNELS not in self._file:
+                self._kernels = None
+            else:
+                try:
+                    self._kernels = json.loads(_text(self._file[KERNELS][()]))
+                except (TypeError, ValueError) as error:
+                    raise self._fail(f"dataset 'kernels' is not JSON ({error})") from error
+        return self._kernels
 
     @property
     def effective_precision(self) -> dict | None:

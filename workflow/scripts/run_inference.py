@@ -16,5 +16,6 @@ with workflow_job(snakemake.log[0]):
         layers=snakemake.params.layers,
         reference=snakemake.input.get("reference"),
         export=snakemake.input.get("export"),
+        kernels=snakemake.params.kernels,
         log=sys.stderr,
     )

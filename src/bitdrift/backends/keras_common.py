@@ -47,6 +47,8 @@ def open_session(runtime, job: dict, name: str):
     with runtime.strategy_scope(accelerator):
         model = keras.saving.load_model(job["model_path"], compile=False)
         model = cast_model(keras, model, device["precision"])
+        if job.get("trace"):
+            mark_layers(model)
         if job["layers"]:
             probe, layers = layer_probe(keras, model)
         else:
@@ -67,6 +69,34 @@ def open_session(runtime, job: dict, name: str):
 
     return Session(layers=layers, run=run, final=final, accelerator=accelerator,
                    checked=checked)
+
+
+def mark_layers(model) -> None:
+    """Print a marker line before and after every layer's call, through C's stdio (the
+    stream oneDNN, MKL, cuDNN and cuBLASLt print to), so that their kernel lines fall
+    between the markers of the layer that made them (bitdrift.kernels). Eager calls run
+    their kernels inside the call, so the attribution is exact."""
+    import ctypes
+
+    from bitdrift.kernels import MARKER
+
+    printf = ctypes.CDLL(None).printf
+
+    def marked(layer, call):
+        begin = f"{MARKER},begin,{layer.name}".encode()
+        end = f"{MARKER},end,{layer.name}".encode()
+
+        def wrapper(*args, **kwargs):
+            printf(b"%s\n", begin)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                printf(b"%s\n", end)
+
+        return wrapper
+
+    for layer in model.layers:
+        layer.call = marked(layer, layer.call)
 
 
 def checked_layers(keras, model, recorded: list[str]) -> dict:

@@ -93,3 +93,10 @@ def versions() -> dict:
 
 def open_session(job: dict, name: str):
     return keras_common.open_session(sys.modules[__name__], job, name)
+
+
+def trace_environment(device: dict) -> dict:
+    """What a traced repeat sets to log every kernel call (bitdrift.kernels)."""
+    from bitdrift.backends.gpu import kernel_log_environment
+
+    return kernel_log_environment(device, {"ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"})

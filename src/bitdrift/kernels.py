@@ -1,0 +1,397 @@
+"""Kernel provenance: which kernel ran in every layer, from the libraries' own logs.
+
+A device's traced repeat (see bitdrift.inference) runs once more in a fresh process with
+the libraries' logging on and a marker line printed (through C's ``printf``, the stream the
+libraries write to, so the order holds however stdout is buffered) before and after each
+Keras layer's call. Its stdout, captured at the file-descriptor level, is parsed here:
+
+- oneDNN verbose (``ONEDNN_VERBOSE=1``; TensorFlow's CPU kernels, PyTorch's convolutions):
+  one line per primitive execution. Fields are read by the names of the log's own template
+  line (``...,info,template:operation,engine,primitive,implementation,...``) where there is
+  one, else by the documented default order; the ``v1`` marker of newer builds and a
+  leading timestamp are skipped. The header gives ``isa:`` and ``nthr:``.
+- MKL verbose (``MKL_VERBOSE=1``; PyTorch's Linear/addmm on x86): ``MKL_VERBOSE SGEMM(...)
+  time CNR:mode ... NThr:n``.
+- cuDNN (``CUDNN_LOGLEVEL_DBG=3``, ``CUDNN_LOGDEST_DBG=stdout``): a block per API call,
+  ``function cudnnX() called:`` then ``i!`` lines; the algorithm (``algo: ... val=NAME``)
+  or the engine (``CUDNN_ATTR_ENGINE_GLOBAL_INDEX``, ``engineId``) names the kernel.
+- cuBLASLt (``CUBLASLT_LOG_LEVEL=5``, to stdout): ``[cublasLt][...][Api][cublasLtMatmul]``
+  lines whose ``algo=[algoId=... tile=... splitK=...]`` names the kernel.
+
+TensorFlow's Eigen kernels and torch's own ATen kernels log nothing: on a CPU, a Conv or
+Dense layer with no library line ran them (``eigen``, ``aten``). Anything else with no line
+is ``unknown`` (and a warning in the job log); a line the parser does not understand is kept
+raw. A layer's *kernel signature* is its sorted distinct implementation names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+MARKER = "bitdrift-layer"  # marker lines: "bitdrift-layer,begin,<layer>" and ",end,"
+ONEDNN_PREFIXES = ("onednn_verbose", "dnnl_verbose")
+# oneDNN v2/v3's default field order after "exec" (the documented verbose format).
+ONEDNN_DEFAULT_FIELDS = ["engine", "primitive", "implementation", "prop_kind",
+                         "memory_descriptors", "attributes", "auxiliary", "problem_desc",
+                         "exec_time"]
+# Layers whose kernels the study must name (the compute layers).
+COMPUTE_CLASSES = ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D", "SeparableConv2D",
+                   "Conv2DTranspose", "Dense", "EinsumDense", "MultiHeadAttention")
+MKL_LINE = re.compile(r"MKL_VERBOSE\s+(?P<call>[A-Z0-9_]+)\((?P<args>[^)]*)\)\s+"
+                      r"(?P<time>[0-9.]+)(?P<unit>[mun]?s)\s+(?P<rest>.*)")
+CUBLASLT_LINE = re.compile(r"\[cublasLt\].*\[(?P<api>cublasLt\w+)\](?P<rest>.*)")
+
+
+@dataclass
+class KernelCall:
+    library: str  # onednn, mkl, cudnn, cublaslt
+    primitive: str  # convolution, inner_product, gemm_api, sgemm, ...
+    implementation: str  # brg_conv_fwd:avx2, jit:uni, gemm_api@avx2, mkl sgemm CNR:OFF, ...
+    isa: str = ""
+    shape: str = ""
+    time_ms: float | None = None
+
+
+@dataclass
+class Trace:
+    """What one traced repeat logged: per layer its kernel calls, and the header."""
+
+    layers: dict[str, list[KernelCall]] = field(default_factory=dict)
+    header: dict[str, str] = field(default_factory=dict)
+    raw: list[str] = field(default_factory=list)  # library lines not understood
+    outside: int = 0  # library calls outside any layer (weight reorders at load, ...)
+
+    def as_json(self) -> dict:
+        return {"layers": {layer: [asdict(call) for call in calls]
+                           for layer, calls in self.layers.items()},
+                "header": self.header, "raw": self.raw, "outside": self.outside}
+
+
+def _time_ms(value: str, unit: str = "ms") -> float | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number * {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}.get(unit, 1.0)
+
+
+class OneDNNParser:
+    """oneDNN verbose lines, by the field names of the log's own template."""
+
+    def __init__(self):
+        self.fields = list(ONEDNN_DEFAULT_FIELDS)
+        self.isa = ""
+
+    @staticmethod
+    def _tokens(line: str) -> list[str]:
+        tokens = line.split(",")
+        rest = tokens[1:]
+        if rest and re.fullmatch(r"[0-9.]+", rest[0]):  # ONEDNN_VERBOSE_TIMESTAMP
+            rest = rest[1:]
+        if rest and rest[0] == "v1":
+            rest = rest[1:]
+        return rest
+
+    def parse(self, line: str, header: dict, raw: list) -> KernelCall | None:
+        tokens = self._tokens(line)
+        if not tokens:
+            return None
+        component = tokens[0] if tokens[0] in ("primitive", "graph", "common") else ""
+        body = tokens[1:] if component else tokens
+        if not body:
+            return None
+        if body[0] == "info":
+            text = ",".join(body[1:])
+            if text.startswith("template:operation") and component in ("primitive", ""):
+                self.fields = text[len("template:operation,"):].split(",")
+            elif body[1:2] == ["cpu"] and len(body) > 2:
+                for item in body[2:]:
+                    if ":" in item:
+                        key, value = item.split(":", 1)
+                        header[f"onednn.{key}"] = value
+                        if key == "isa":
+                            self.isa = value
+            elif text.startswith("oneDNN") or text.startswith("DNNL"):
+                header["onednn.version"] = text
+            return None
+        if body[0] != "exec" or component == "graph":
+            if body[0] not in ("create", "create:cache_hit", "create:cache_miss"):
+                raw.append(line)
+            return None
+        values = dict(zip(self.fields, body[1:], strict=False))
+        if len(values) < len(self.fields) - 1:  # exec_time may be cut off; nothing else
+            raw.append(line)
+            return None
+        implementation = values.get("implementation", "")
+        primitive = values["primitive"]
+        isa = _isa_name(self.isa)
+        if not implementation:
+            # gemm_api names no implementation: its code path is the ISA oneDNN dispatched to.
+            implementation = f"{primitive}@{isa}" if isa else primitive
+        return KernelCall(library="onednn", primitive=primitive, implementation=implementation,
+                          isa=isa, shape=values.get("problem_desc", ""),
+                          time_ms=_time_ms(values.get("exec_time", "")))
+
+
+def _isa_name(header_isa: str) -> str:
+    """``Intel AVX2`` -> ``avx2``; ``Intel AVX-512 with AVX512BW, ...`` -> ``avx512...``."""
+    text = header_isa.lower().replace("intel ", "").replace("-", "")
+    return text.split(" ")[0] if text else ""
+
+
+def parse_mkl(line: str) -> KernelCall | None:
+    match = MKL_LINE.search(line)
+    if not match:
+        return None
+    rest = dict(item.split(":", 1) for item in match["rest"].split() if ":" in item)
+    args = match["args"].split(",")
+    call = match["call"].lower()
+    shape = "x".join(args[2:5]) if call.endswith("gemm") and len(args) >= 5 else ""
+    path = f"CNR:{rest['CNR']}" if "CNR" in rest else ""
+    return KernelCall(library="mkl", primitive=call,
+                      implementation=" ".join(part for part in ("mkl", call, path) if part),
+                      isa=rest.get("CNR", ""), shape=shape,
+                      time_ms=_time_ms(match["time"], match["unit"]))
+
+
+def parse_cudnn_block(lines: list[str]) -> KernelCall | None:
+    """One cuDNN API-call block (``function cudnnX() called:`` and its ``i!`` lines)."""
+    function = re.search(r"function (cudnn\w+)\(\)", lines[0])
+    if not function:
+        return None
+    name = function.group(1)
+    text = "\n".join(lines)
+    algo = re.search(r"algo: type=\w+; val=(\w+)", text)
+    engine = re.search(r"(?:CUDNN_ATTR_ENGINE_GLOBAL_INDEX|engineId|globalIndex)\b[^\n]*?"
+                       r"=(\d+)", text)
+    if algo:
+        implementation = f"cudnn {algo.group(1)}"
+    elif engine:
+        implementation = f"cudnn engine {engine.group(1)}"
+    else:
+        return None  # a set-up call (descriptors, handles): no kernel chosen
+    dims = re.search(r"dimA: type=int; val=\[([\d,]+)\]", text)
+    return KernelCall(library="cudnn", primitive=name, implementation=implementation,
+                      shape=dims.group(1) if dims else "")
+
+
+def parse_cublaslt(line: str) -> KernelCall | None:
+    match = CUBLASLT_LINE.search(line)
+    if not match or match["api"] != "cublasLtMatmul":
+        return None
+    algo = re.search(r"algo=\[([^\]]*)\]", match["rest"])
+    settings = dict(item.split("=", 1) for item in (algo.group(1).split() if algo else [])
+                    if "=" in item)
+    parts = [f"algo {settings['algoId']}" if "algoId" in settings else "",
+             settings.get("tile", ""),
+             f"splitK {settings['splitK']}" if "splitK" in settings else ""]
+    implementation = " ".join(["cublasLt", *[part for part in parts if part]])
+    shape = re.search(r"Adesc=\[[^\]]*rows=(\d+) cols=(\d+)", match["rest"])
+    return KernelCall(library="cublaslt", primitive="matmul", implementation=implementation,
+                      shape="x".join(shape.groups()) if shape else "")
+
+
+def parse_trace(text: str) -> Trace:
+    """Kernel calls per layer from a traced repeat's captured stdout."""
+    trace = Trace()
+    onednn = OneDNNParser()
+    current: str | None = None
+    cudnn_block: list[str] = []
+
+    def add(call: KernelCall | None) -> None:
+        if call is None:
+            return
+        if current is None:
+            trace.outside += 1
+        else:
+            trace.layers[current].append(call)
+
+    def close_cudnn() -> None:
+        if cudnn_block:
+            add(parse_cudnn_block(cudnn_block))
+            cudnn_block.clear()
+
+    for line in text.splitlines():
+        stripped = line.strip()
+        if cudnn_block and stripped.startswith("i!"):
+            cudnn_block.append(stripped)
+            continue
+        close_cudnn()
+        if stripped.startswith(MARKER + ","):
+            _, event, layer = stripped.split(",", 2)
+            if event == "begin":
+                current = layer
+                trace.layers.setdefault(layer, [])
+            elif event == "end" and current == layer:
+                current = None
+        elif stripped.startswith(ONEDNN_PREFIXES):
+            add(onednn.parse(stripped, trace.header, trace.raw))
+        elif stripped.startswith("MKL_VERBOSE"):
+            call = parse_mkl(stripped)
+            if call is None and " oneMKL" not in stripped and "Intel(R) MKL" not in stripped:
+                trace.raw.append(stripped)
+            elif call is None:
+                trace.header["mkl.version"] = stripped[len("MKL_VERBOSE "):]
+            add(call)
+        elif re.match(r"[IiWwEe]! CuDNN|I! CuDNN", stripped) or "function cudnn" in stripped:
+            cudnn_block.append(stripped)
+        elif "[cublasLt]" in stripped:
+            add(parse_cublaslt(stripped))
+    close_cudnn()
+    return trace
+
+
+def signature(calls: list[dict] | list[KernelCall]) -> str:
+    """A layer's kernel signature: its distinct implementation names, sorted, joined."""
+    names = {call["implementation"] if isinstance(call, dict) else call.implementation
+             for call in calls}
+    return "+".join(sorted(names))
+
+
+# On the CPU, what a framework runs when no logging library is called: TensorFlow's Eigen
+# kernels, torch's own ATen kernels (its float16/bfloat16 convolutions and matmuls on CPUs
+# without native support); neither logs. On a GPU, a silent layer stays unknown.
+SILENT_CPU_KERNELS = {"tensorflow": "eigen", "torch": "aten"}
+
+
+def layer_kernels(trace: Trace, layers: list[tuple[str, str]], backend: str,
+                  accelerator: str = "cpu") -> dict:
+    """{layer: {"signature", "calls"}} for the recorded layers. A compute layer (Conv,
+    Dense) that logged nothing ran the framework's own kernels on a CPU
+    (SILENT_CPU_KERNELS), else it is ``unknown``; a layer that computes no sum
+    (activations, pooling, reshapes) and logged nothing has the signature ``none``."""
+    silent = SILENT_CPU_KERNELS.get(backend, "unknown") if accelerator == "cpu" else "unknown"
+    result = {}
+    for layer, layer_class in layers:
+        calls = [asdict(call) for call in trace.layers.get(layer, [])]
+        if calls:
+            name = signature(calls)
+        elif layer_class not in COMPUTE_CLASSES:
+            name = "none"
+        else:
+            name = silent
+        result[layer] = {"signature": name, "calls": calls}
+    return result
+
+
+# -- tables and coverage over records --------------------------------------------------------
+TABLE_COLUMNS = ["model", "device", "backend", "layer", "layer_class", "signature", "call",
+                 "library", "primitive", "implementation", "isa", "shape", "time_ms"]
+COVERAGE_COLUMNS = ["model", "first_divergences", "kernels_differ", "same_kernels_other_settings",
+                    "unexplained", "untraced", "share_kernels_differ",
+                    "share_same_kernels_other_settings", "share_unexplained",
+                    "adjusted_rand_index_mean", "adjusted_rand_index_min",
+                    "adjusted_rand_index_max", "traced_devices"]
+UNTRACED = "untraced"
+
+
+def record_signatures(record) -> dict[str, str] | None:
+    """{layer: kernel signature} of a record's traced repeat; None for a record without
+    the kernels dataset; a runtime that logs no kernels gives ``untraced (<backend>)``."""
+    kernels = record.kernels
+    if kernels is None:
+        return None
+    if not kernels.get("traced"):
+        return {layer: f"{UNTRACED} ({record.attr('backend')})"
+                for layer in kernels.get("layers", {})} or {}
+    return {layer: entry["signature"] for layer, entry in kernels["layers"].items()}
+
+
+def kernels_table(records) -> tuple[list[dict], list[str]]:
+    """``kernels.csv`` rows (one per device x layer x kernel call; a layer without calls
+    has one row with its signature) and the files of records without kernels."""
+    rows, lacking = [], []
+    for record in records:
+        kernels = record.kernels
+        if kernels is None:
+            lacking.append(str(record.path))
+            continue
+        base = {"model": record.model, "device": record.device,
+                "backend": record.attr("backend")}
+        classes = dict(kernels.get("layer_classes", {}))
+        entries = kernels.get("layers", {})
+        for layer in kernels.get("order") or list(entries):  # model order
+            entry = entries[layer]
+            layer_row = {**base, "layer": layer, "layer_class": classes.get(layer, ""),
+                         "signature": entry["signature"] if kernels.get("traced")
+                         else f"{UNTRACED} ({record.attr('backend')})"}
+            calls = entry.get("calls", [])
+            if not calls:
+                rows.append({column: layer_row.get(column) for column in TABLE_COLUMNS})
+            for index, call in enumerate(calls):
+                row = {**layer_row, "call": index, **call}
+                rows.append({column: row.get(column) for column in TABLE_COLUMNS})
+    return rows, lacking
+
+
+def divergence_kernels(records, divergence):
+    """``divergence`` with, per pair, both devices' kernel signatures at the first
+    divergent layer and whether they differ (empty where a record has no kernels)."""
+    signatures = {(record.model, record.device): record_signatures(record) for record in records}
+    first, second, differ = [], [], []
+    for row in divergence.itertuples(index=False):
+        a = (signatures.get((row.model, row.device_a)) or {}).get(row.first_layer, "")
+        b = (signatures.get((row.model, row.device_b)) or {}).get(row.first_layer, "")
+        first.append(a)
+        second.append(b)
+        traced = a and b and not a.startswith(UNTRACED) and not b.startswith(UNTRACED)
+        differ.append(("yes" if a != b else "no") if traced and row.first_layer else "")
+    return divergence.assign(kernels_a=first, kernels_b=second, kernels_differ=differ)
+
+
+def coverage(records, divergence, eqc) -> list[dict]:
+    """Per model: of all (pair, sample) first divergences, the share where the recorded
+    kernels differ at that layer, where they are the same but another attribute differs
+    (threads, batch size: same kernel, other blocking or reduction order), and the share
+    left unexplained; pairs with an untraced device are counted apart. And the adjusted
+    Rand index between each traced device's kernel signature over all layers and its
+    final-output class, per sample (mean, min, max)."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from bitdrift.explain import attribute_table
+    from bitdrift.record import group_by_model
+
+    table = divergence if "kernels_differ" in divergence.columns \
+        else divergence_kernels(records, divergence)
+    table = table.astype({"first_layer": str, "kernels_differ": str}).replace(
+        {"first_layer": {"nan": ""}, "kernels_differ": {"nan": ""}})
+    rows = []
+    for model, group in group_by_model(records):
+        attributes, _ = attribute_table(group)
+        settings = [name for name in attributes.columns if not name.startswith("kernel.")]
+        part = table[(table["model"] == model) & (table["first_layer"] != "")]
+        counts = {"kernels_differ": 0, "same_kernels_other_settings": 0, "unexplained": 0,
+                  "untraced": 0}
+        for row in part.itertuples(index=False):
+            if row.kernels_differ == "yes":
+                counts["kernels_differ"] += 1
+            elif row.kernels_differ == "no":
+                apart = attributes.loc[row.device_a, settings] != \
+                    attributes.loc[row.device_b, settings]
+                key = "same_kernels_other_settings" if apart.any() else "unexplained"
+                counts[key] += 1
+            else:
+                counts["untraced"] += 1
+        traced_total = len(part) - counts["untraced"]
+        signatures = {record.device: record_signatures(record) for record in group}
+        traced = [device for device, value in signatures.items()
+                  if value and not any(s.startswith(UNTRACED) for s in value.values())]
+        labels = {device: "|".join(f"{layer}={name}" for layer, name in
+                                   sorted(signatures[device].items())) for device in traced}
+        scores = []
+        for _, final in eqc[eqc["model"] == model].groupby("sample"):
+            final = final[final["device"].isin(traced)]
+            if len(final) >= 2:
+                scores.append(adjusted_rand_score(final["eqc"].tolist(),
+                                                  [labels[d] for d in final["device"]]))
+        rows.append({"model": model, "first_divergences": len(part), **counts,
+                     **{f"share_{key}": (counts[key] / traced_total if traced_total else None)
+                        for key in ("kernels_differ", "same_kernels_other_settings",
+                                    "unexplained")},
+                     "adjusted_rand_index_mean": float(sum(scores) / len(scores))
+                     if scores else None,
+                     "adjusted_rand_index_min": min(scores) if scores else None,
+                     "adjusted_rand_index_max": max(scores) if scores else None,
+                     "traced_devices": len(traced)})
+    return rows

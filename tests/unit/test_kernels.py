@@ -1,0 +1,315 @@
+"""Kernel provenance: parsing the libraries' own logs (real oneDNN and MKL lines from this
+machine, oneDNN 2.x lines, and cuDNN/cuBLASLt samples written from NVIDIA's documented
+formats) and attributing them to layers."""
+
+from pathlib import Path
+
+import pytest
+
+from bitdrift.kernels import layer_kernels, parse_trace, signature
+
+DATA = Path(__file__).parents[1] / "data" / "kernels"
+LAYERS = [("conv2d", "Conv2D"), ("activation", "Activation"), ("pooling2d", "MaxPooling2D"),
+          ("conv2d_1", "Conv2D"), ("flatten_1", "Flatten"), ("dense_1", "Dense"),
+          ("dense_3", "Dense")]
+
+
+def test_tensorflow_onednn_v1_lines_by_their_template():
+    """TensorFlow 2.21's oneDNN 3.7 (lines with the `v1` marker): the convolutions are
+    oneDNN's sgemm API, whose code path is the header's ISA; Dense logs nothing: Eigen."""
+    trace = parse_trace((DATA / "tensorflow_onednn_v1.log").read_text())
+    assert trace.header["onednn.isa"] == "Intel AVX2"
+    assert trace.header["onednn.nthr"] == "2"
+    conv = trace.layers["conv2d"]
+    assert [call.implementation for call in conv] == ["gemm_api@avx2", "gemm_api@avx2"]
+    assert conv[0].shape == "528x27:27x3" and conv[0].time_ms == pytest.approx(13.6892)
+    assert len(trace.layers["conv2d_1"]) == 3
+    assert trace.layers["dense_1"] == [] and trace.raw == []
+    kernels = layer_kernels(trace, LAYERS, "tensorflow")
+    assert kernels["conv2d"]["signature"] == "gemm_api@avx2"
+    assert kernels["dense_1"]["signature"] == "eigen"  # a TensorFlow kernel that logs nothing
+    assert kernels["activation"]["signature"] == "none"  # computes no sum: nothing expected
+
+
+def test_torch_onednn_and_mkl_lines():
+    """torch 2.13: the 3-channel first convolution runs MKL's sgemm, the second oneDNN's
+    BRGEMM convolution (with a weight reorder); Linear runs MKL's sgemm."""
+    trace = parse_trace((DATA / "torch_onednn_mkl.log").read_text())
+    assert trace.header["onednn.isa"] == "Intel AVX2"
+    assert trace.header["mkl.version"].startswith("oneMKL 2024.0")
+    kernels = layer_kernels(trace, LAYERS, "torch")
+    assert kernels["conv2d"]["signature"] == "mkl sgemm CNR:OFF"
+    assert kernels["conv2d_1"]["signature"] == "brg_conv_fwd:avx2+jit:uni"
+    assert kernels["dense_1"]["signature"] == "mkl sgemm CNR:OFF"
+    mkl = kernels["dense_1"]["calls"][0]
+    assert mkl["shape"] == "128x1x320" and mkl["time_ms"] == pytest.approx(0.03636)
+    conv = next(c for c in kernels["conv2d_1"]["calls"] if c["primitive"] == "convolution")
+    assert conv["shape"].startswith("mb1_ic3oc5_ih16oh16kh5")
+
+
+def test_onednn_v2_lines_without_template_or_marker():
+    trace = parse_trace((DATA / "onednn_v2.log").read_text())
+    assert trace.header["onednn.isa"].startswith("Intel AVX-512")
+    assert [c.implementation for c in trace.layers["conv2d"]] == ["jit:uni", "jit:avx512_core"]
+    assert trace.layers["conv2d"][1].shape.startswith("mb1_ic3oc32")
+    assert [c.implementation for c in trace.layers["dense"]] == ["gemm:jit"]
+    # A line the parser does not understand is kept raw, never dropped or guessed.
+    assert trace.raw == ["dnnl_verbose,exec,cpu,something_new"]
+
+
+def test_the_issues_v3_line_without_the_v1_marker():
+    line = ("onednn_verbose,primitive,exec,cpu,convolution,brgconv:avx2,forward_inference,"
+            "src_f32::blocked:acdb::f0 wei_f32::blocked:Acdb8a::f0,,alg:convolution_direct,"
+            "mb1_ic3oc32_ih32oh30kh3sh1dh0ph0_iw32ow30kw3sw1dw0pw0,0.13")
+    trace = parse_trace(f"bitdrift-layer,begin,c\n{line}\nbitdrift-layer,end,c\n")
+    (call,) = trace.layers["c"]
+    assert (call.primitive, call.implementation, call.time_ms) == \
+        ("convolution", "brgconv:avx2", 0.13)
+
+
+def test_cudnn9_sample_names_the_algorithm_and_the_engine():
+    trace = parse_trace((DATA / "cudnn9.log").read_text())
+    (legacy,) = trace.layers["conv2d"]
+    assert legacy.implementation == "cudnn CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM"
+    assert legacy.shape == "1,3,32,32"
+    # The backend API: the descriptor finalisation chooses nothing; the execution's plan
+    # names its engine.
+    assert [c.implementation for c in trace.layers["conv2d_1"]] == ["cudnn engine 28"]
+
+
+def test_cublaslt_sample_names_algo_tile_and_split_k():
+    trace = parse_trace((DATA / "cublaslt.log").read_text())
+    (call,) = trace.layers["dense"]  # the heuristic query is not a kernel run
+    assert call.implementation == "cublasLt algo 6 MATMUL_TILE_128x64 splitK 4"
+    assert call.shape == "128x320"
+
+
+def test_attribution_on_a_hand_built_two_layer_model():
+    """Calls between a layer's markers are that layer's; calls outside any layer (weights
+    reordered at load) are counted, not given to a layer; a marker's end closes only its
+    own layer."""
+    text = "\n".join([
+        "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,a,,,1x2,0.1",
+        "bitdrift-layer,begin,first",
+        "onednn_verbose,v1,primitive,exec,cpu,convolution,jit:sse41,forward_inference,a,,,p,0.2",
+        "bitdrift-layer,end,first",
+        "bitdrift-layer,begin,second",
+        "MKL_VERBOSE SGEMM(N,N,4,1,8,0x1,0x2,4,0x3,8,0x4,0x5,4) 1.5us CNR:AVX2 Dyn:1 "
+        "FastMM:1 TID:0  NThr:1",
+        "onednn_verbose,v1,primitive,exec,cpu,inner_product,gemm:jit,forward_inference,a,,,q,0.3",
+        "bitdrift-layer,end,second",
+    ])
+    trace = parse_trace(text)
+    assert trace.outside == 1
+    assert [c.implementation for c in trace.layers["first"]] == ["jit:sse41"]
+    assert [c.implementation for c in trace.layers["second"]] == ["mkl sgemm CNR:AVX2",
+                                                                  "gemm:jit"]
+    layers = [("first", "Conv2D"), ("second", "Dense"), ("third", "Dense")]
+    kernels = layer_kernels(trace, layers, "torch")
+    assert kernels["second"]["signature"] == "gemm:jit+mkl sgemm CNR:AVX2"
+    assert kernels["third"]["signature"] == "aten"  # torch's own kernels log nothing
+    assert layer_kernels(trace, layers, "torch", "gpu")["third"]["signature"] == "unknown"
+    assert layer_kernels(trace, layers, "jax")["third"]["signature"] == "unknown"
+    assert signature([]) == ""
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    import os
+    import subprocess
+    import sys
+
+    from bitdrift.datasets import prepare_dataset
+
+    tmp = tmp_path_factory.mktemp("traced")
+    dataset = tmp / "digits.h5"
+    prepare_dataset("digits", {"source": "digits", "limit_train": 8, "limit_test": 12}, dataset)
+    model = tmp / "small.keras"
+    code = ("import keras, sys; from bitdrift.models import build_model; "
+            "keras.utils.set_random_seed(0); "
+            "build_model(keras, {'architecture': 'cifar10_small'}, (32, 32, 3), 10)"
+            ".save(sys.argv[1])")
+    subprocess.run([sys.executable, "-c", code, str(model)], check=True,
+                   env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    return dataset, model
+
+
+@pytest.mark.parametrize(("backend", "env", "conv"), [
+    ("tensorflow", {}, "gemm_api@"),
+    ("torch", {}, "brg_conv_fwd:"),
+    ("torch", {"ONEDNN_MAX_CPU_ISA": "SSE41"}, "gemm:jit")])
+def test_a_traced_repeat_names_every_compute_layers_kernel(small_model, tmp_path, backend,
+                                                           env, conv):
+    """A real traced repeat (fresh process, the libraries' logs at the file-descriptor
+    level): every Conv and Dense layer has a named kernel (no `unknown`), the second
+    convolution's follows the ISA cap (torch's oneDNN leaves its BRGEMM convolution for a
+    GEMM-based one under SSE4.1, as measured on this project's machine), and logging
+    changed no output bit: the traced outputs equal the measured ones, and the record
+    equals one written without tracing."""
+    import numpy as np
+
+    from bitdrift.inference import infer
+    from bitdrift.record import Record
+
+    dataset, model = small_model
+    device = {"accelerator": "cpu", "threads": 2, "batch_size": 1, "precision": "float32",
+              "env": env, "repeats": 1, "external": False, "backend": backend}
+    outputs = {}
+    for kernels in (True, False):
+        out = tmp_path / f"{kernels}.h5"
+        with open(tmp_path / "log", "w") as log:
+            infer(model_name="small", device_name="d", device=device, model_path=model,
+                  dataset_path=dataset, samples=[0, 6], out=out, log=log, kernels=kernels)
+        with Record(out) as record:
+            outputs[kernels] = [record.tensor(sample, info).values for sample in (0, 6)
+                                for info in record.layers(sample)]
+            if kernels:
+                traced = record.kernels
+            else:
+                assert record.kernels is None
+    assert all(np.array_equal(a, b) for a, b in zip(outputs[True], outputs[False], strict=True))
+    assert traced["traced"] and traced["outputs_match"]
+    assert traced["order"][:3] == ["conv2d", "activation", "pooling2d"]
+    signatures = {layer: entry["signature"] for layer, entry in traced["layers"].items()}
+    compute = [layer for layer, layer_class in traced["layer_classes"].items()
+               if layer_class in ("Conv2D", "Dense")]
+    assert len(compute) == 5
+    assert not any(signatures[layer] in ("unknown", "none", "") for layer in compute)
+    assert conv in signatures["conv2d_1"], signatures
+    if env:
+        assert traced["header"]["onednn.isa"].startswith("Intel SSE4.1")
+    dense = "eigen" if backend == "tensorflow" else "mkl sgemm"
+    assert signatures["dense_1"].startswith(dense)
+
+
+def _records(tmp_path):
+    """Five hand-built float32 devices over two layers (conv, then dense = the output):
+    b equals a everywhere; c differs from a at conv and ran another conv kernel; d differs
+    from a at dense with a's kernels but 2 threads; e differs from a at dense with the same
+    kernels and the same settings (nothing recorded explains it); f is untraced (an
+    exported runtime) and differs at conv."""
+    import json
+
+    import numpy as np
+
+    from bitdrift.record import open_records, write_record
+    from tests.utils import BASE_ATTRS
+
+    conv = np.arange(8, dtype=np.float32).reshape(1, 1, 8)
+    dense = np.linspace(0, 1, 4, dtype=np.float32).reshape(1, 1, 4)
+    bump = np.float32(1e-6)
+    devices = {  # device: (conv change, dense change, conv kernel, threads, traced)
+        "a": (0, 0, "brg_conv_fwd:avx2", 1, True), "b": (0, 0, "brg_conv_fwd:avx2", 1, True),
+        "c": (1, 1, "jit:sse41", 1, True), "d": (0, 1, "brg_conv_fwd:avx2", 2, True),
+        "e": (0, 2, "brg_conv_fwd:avx2", 1, True), "f": (3, 3, "", 1, False)}
+    paths = []
+    for device, (conv_change, dense_change, kernel, threads, traced) in devices.items():
+        layers = [("conv", conv + conv_change * bump), ("dense", dense + dense_change * bump)]
+        calls = {"conv": [{"library": "onednn", "primitive": "convolution",
+                           "implementation": kernel}],
+                 "dense": [{"library": "mkl", "primitive": "sgemm",
+                            "implementation": "mkl sgemm CNR:OFF"}]}
+        kernels = {"traced": traced, "order": ["conv", "dense"],
+                   "layer_classes": {"conv": "Conv2D", "dense": "Dense"},
+                   "layers": {layer: {"signature": calls[layer][0]["implementation"] if traced
+                                      else "untraced", "calls": calls[layer] if traced else []}
+                              for layer in calls}}
+        path = tmp_path / f"{device}.h5"
+        attrs = {**BASE_ATTRS, "model": "m", "device": device,
+                 "backend": "torch" if traced else "onnxruntime",
+                 "device_config": json.dumps({"threads": threads})}
+        content = {"output": layers[-1][1], "layers": layers, "layer_classes": ["Conv2D", "Dense"]}
+        write_record(path, attrs, {0: content}, kernels=kernels)
+        paths.append(path)
+    return open_records(paths)
+
+
+def test_coverage_against_a_hand_count(tmp_path):
+    """divergence.csv's pairs here, counted by hand: against a, c parts at conv with
+    another kernel (kernels differ), d at dense with the same kernels and 2 threads (same
+    kernels, other settings), e at dense with nothing recorded apart (unexplained), f is
+    untraced; b never parts. Class pairs add c-d, c-e (kernels differ at conv), d-e
+    (same kernels, threads differ), and f's pairs (untraced)."""
+    import pandas as pd
+
+    from bitdrift.divergence import divergence_table
+    from bitdrift.eqc import eqc_tables
+    from bitdrift.kernels import coverage
+
+    records = _records(tmp_path)
+    divergence = divergence_table(records)
+    eqc, _ = eqc_tables(records)
+    parted = divergence[divergence["first_layer"] != ""]
+    expected = {"kernels_differ": 0, "same_kernels_other_settings": 0, "unexplained": 0,
+                "untraced": 0}
+    threads = {"a": 1, "b": 1, "c": 1, "d": 2, "e": 1}
+    kernel = {"a": "avx2", "b": "avx2", "c": "sse41", "d": "avx2", "e": "avx2"}
+    for row in parted.itertuples():
+        a, b = row.device_a, row.device_b
+        if "f" in (a, b):
+            expected["untraced"] += 1
+        elif row.first_layer == "conv" and kernel[a] != kernel[b]:
+            expected["kernels_differ"] += 1
+        elif threads[a] != threads[b]:
+            expected["same_kernels_other_settings"] += 1
+        else:
+            expected["unexplained"] += 1
+    assert expected["kernels_differ"] and expected["same_kernels_other_settings"] \
+        and expected["unexplained"] and expected["untraced"]
+    (row,) = coverage(records, divergence, eqc)
+    assert {key: row[key] for key in expected} == expected
+    assert row["first_divergences"] == len(parted)
+    traced_total = len(parted) - expected["untraced"]
+    assert row["share_unexplained"] == pytest.approx(expected["unexplained"] / traced_total)
+    # Kernel signatures (a,b,d,e share one; c another) against the classes {a,b}, c, d, e:
+    # scikit-learn's adjusted Rand index of the same two labelings.
+    from sklearn.metrics import adjusted_rand_score
+
+    classes = eqc.set_index("device").loc[["a", "b", "c", "d", "e"], "eqc"].tolist()
+    assert row["adjusted_rand_index_mean"] == pytest.approx(
+        adjusted_rand_score(classes, [0, 0, 1, 0, 0]))
+    assert row["traced_devices"] == 5
+    table = pd.DataFrame(divergence)
+    assert set(table.loc[table["device_b"] == "c", "kernels_differ"]) == {"yes"}
+
+
+def test_explain_can_name_a_kernel(tmp_path):
+    """At conv, the classes {a,b,d,e} vs c are decided by conv's kernel; explain --layers
+    names kernel.conv (confounded with nothing but the untraced device's backend)."""
+    from bitdrift.explain import device_attributes, explain_table
+
+    records = _records(tmp_path)
+    attributes, _ = device_attributes(records[2])
+    assert attributes["kernel.conv"] == "jit:sse41"
+    assert device_attributes(records[5])[0]["kernel.conv"] == "untraced (onnxruntime)"
+    explained, _, _ = explain_table([r for r in records if r.device != "f"], layers=True)
+    conv = explained[explained["layer"] == "conv"].iloc[0]
+    assert conv["attributes"] == "kernel.conv"
+
+
+def test_a_kernels_table_names_the_records_without_kernels(tmp_path):
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from bitdrift.record import write_record
+    from tests.utils import BASE_ATTRS
+
+    _records(tmp_path)
+    old = tmp_path / "old.h5"
+    write_record(old, {**BASE_ATTRS, "model": "m", "device": "old"},
+                 {0: {"output": np.zeros((1, 4), np.float32)}})
+    done = subprocess.run([sys.executable, "-m", "bitdrift.cli", "kernels", str(old),
+                           "--out", str(tmp_path / "k.csv")], capture_output=True, text=True)
+    assert done.returncode == 3 and f"no record carries kernels: {old}" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "bitdrift.cli", "kernels", str(old),
+                           str(tmp_path / "a.h5"), "--out", str(tmp_path / "k.csv")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and "records without kernels" in done.stderr
+    assert str(old) in done.stderr
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "k.csv")
+    assert list(table["layer"]) == ["conv", "dense"]
+    assert list(table["implementation"]) == ["brg_conv_fwd:avx2", "mkl sgemm CNR:OFF"]
