@@ -404,8 +404,8 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
                                    + text, 130), fontsize=8, pad=14)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[name]) for name in names
                if name in used]
-    figure.legend(handles, [textwrap.shorten(name, 60) for name in names if name in used],
-                  loc="lower center", ncol=3, fontsize=6, frameon=False)
-    rows_of_legend = -(-len(handles) // 3)
-    figure.tight_layout(rect=(0, min(0.022 * rows_of_legend + 0.02, 0.4), 1, 1))
+    figure.legend(handles, [textwrap.shorten(name, 40) for name in names if name in used],
+                  loc="center right", ncol=1, fontsize=6, frameon=False, title="kernels",
+                  title_fontsize=7)
+    figure.tight_layout(rect=(0, 0, 0.8, 1))
     save_figure(figure, out)

@@ -76,7 +76,8 @@ def test_figures_and_report_exist(run):
     workdir, _ = run
     names = ("eqc", "remaining_precision", "backprop_variation", "bifurcation_volume",
              "maxpool_training", "training_variance", "churn", "determinism_cost",
-             "ensemble_disagreement", "eqc_table", "divergence", "divergent_examples")
+             "ensemble_disagreement", "eqc_table", "divergence", "divergent_examples",
+             "kernels")
     for name in names:
         data = (workdir / "results/figures" / f"{name}.pdf").read_bytes()
         assert data.startswith(b"%PDF") and len(data) > 5000, name
@@ -365,3 +366,30 @@ def test_the_report_opens_in_a_real_browser(run):
     assert all(item["labels"] and set(item["labels"]) == {"kind", "name"}
                for item in results.values())
     assert (workdir / "results/report_screenshot.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_runtimes_agree_and_kernels_are_named(run):
+    """The exported runtime ran the workflow's export and classes the test images as
+    TensorFlow does; every TensorFlow and torch Conv/Dense layer has a named kernel (none
+    unknown), the exported runtime's record says untraced, and divergence.csv carries both
+    devices' kernels at the first divergent layer, as the records hold them."""
+    workdir, _ = run
+    tables = workdir / "results/tables"
+    agreement = pd.read_csv(tables / "argmax_agreement.csv").set_index("device")
+    assert agreement.loc["ort_1thread", "share"] == "1.0" or \
+        float(agreement.loc["ort_1thread", "share"]) >= 0.99
+    assert agreement.loc["tf_1thread", "share"] == "reference"
+    assert (workdir / "results/exports/small/model.onnx").stat().st_size > 1000
+    kernels = pd.read_csv(tables / "kernels.csv")
+    compute = kernels[kernels["layer_class"].isin(["Conv2D", "Dense"])]
+    framework = compute[compute["backend"].isin(["tensorflow", "torch"])]
+    assert len(framework) and not framework["signature"].isin(["unknown", "none"]).any()
+    assert set(compute.loc[compute["device"] == "ort_1thread", "signature"]) == \
+        {"untraced (onnxruntime)"}
+    divergence = pd.read_csv(tables / "divergence.csv")
+    row = divergence.dropna(subset=["first_layer"]).iloc[0]
+    with Record(workdir / f"results/inference/small/{row.device_a}.h5") as record:
+        expected = record.kernels["layers"][row.first_layer]["signature"]
+    assert row.kernels_a == expected
+    coverage = pd.read_csv(tables / "kernel_coverage.csv")
+    assert coverage["first_divergences"].iloc[0] == len(divergence.dropna(subset=["first_layer"]))
