@@ -74,14 +74,20 @@ def cmd_infer(args) -> None:
     inputs = inference_inputs(args.model, device["backend"])
     reference = args.reference or inputs.get("reference")
     export = args.export or inputs.get("export")
+    unchecked = None
+    if reference and not args.reference and "export" not in inputs and Path(reference).is_file():
+        from bitdrift.export import read_reference
+        from bitdrift.models import model_digest
+
+        if read_reference(reference).model_sha256 != model_digest(model_path):
+            # The workflow's reference is of the workflow's model; --model-file ran another.
+            unchecked, reference = f"{reference} is of another model", None
     for option, path in (("--reference", reference), ("--export", export)):
         if path and not Path(path).is_file():
             if option == "--reference" and not args.reference and "export" not in inputs:
                 # A Keras runtime without TensorFlow's reference: its run is complete, only
                 # the argmax check is left out (and the record says unchecked).
-                print(f"bitdrift: {path} does not exist: no argmax check against "
-                      "TensorFlow (make it with `bitdrift export`)", file=sys.stderr)
-                reference = None
+                unchecked, reference = f"{path} does not exist", None
                 continue
             raise ConfigError(f"{option} {path}: file does not exist (backend "
                               f"{device['backend']!r} needs it; make it with `bitdrift export "
@@ -90,6 +96,9 @@ def cmd_infer(args) -> None:
           model_path=model_path, dataset_path=dataset_path, samples=config["samples"],
           out=out, layers=config["analysis"]["layers"], reference=reference, export=export,
           kernels=config["analysis"]["kernels"])
+    if unchecked:
+        print(f"bitdrift: wrote {out} without the argmax check against TensorFlow ({unchecked}; "
+              "`bitdrift export` makes one)", file=sys.stderr)
 
 
 def cmd_export(args) -> None:

@@ -77,7 +77,11 @@ def _probe(model_path):
     from bitdrift.models import layer_probe
 
     keras = backends.get("tensorflow").import_keras()
-    model = keras.saving.load_model(str(model_path), compile=False)
+    try:
+        model = keras.saving.load_model(str(model_path), compile=False)
+    except Exception as error:  # Keras raises ValueError, OSError, zipfile errors, ...
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ExportError(f"{model_path}: cannot load the model ({first})") from error
     probe, layers = layer_probe(keras, model)
     return keras, model, probe, layers
 

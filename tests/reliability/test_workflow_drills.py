@@ -147,7 +147,9 @@ def test_a_bitdrift_error_in_a_job_is_one_line_in_its_log_and_on_the_terminal(tm
         "samples": [0], "datasets": {"digits": {"source": "digits", "limit_train": 32,
                                                 "limit_test": 8}},
         "models": {"m": {"file": "broken.keras", "dataset": "digits"}},
-        "devices": {"cpu": {"accelerator": "cpu", "backend": "torch", "threads": 1,
+        # TensorFlow: its inference job is the first to read the model (a torch device
+        # waits for TensorFlow's export reference, which reads it before).
+        "devices": {"cpu": {"accelerator": "cpu", "backend": "tensorflow", "threads": 1,
                             "repeats": 1}}}))
     result = snakemake(tmp_path, "results/inference/m/cpu.h5", configfile=config,
                        check=False)
