@@ -126,7 +126,12 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
                                  1 - 1.7 / height])
     colours = _class_colours(grid)
     count = int(np.nanmax(colours)) + 1 if np.isfinite(colours).any() else 1
-    cmap = plt.get_cmap("tab20", max(count, 1))
+    # tab20, then tab20b and tab20c: up to 60 groups without a colour used twice (tab20
+    # alone gave two of the default's 22 groups one colour).
+    palette = [colour for name in ("tab20", "tab20b", "tab20c")
+               for colour in plt.get_cmap(name).colors]
+    cmap = matplotlib.colors.ListedColormap(
+        [palette[k % len(palette)] for k in range(max(count, 1))])
     grid_axes.imshow(colours, cmap=cmap, aspect="auto", vmin=-0.5, vmax=max(count, 1) - 0.5)
     for (i, j), text in np.ndenumerate(marks):
         grid_axes.text(j, i, text, ha="center", va="center", fontsize=8)
