@@ -158,10 +158,12 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     runtime runs. ``kernels``: after the measured repeats, one traced repeat in a fresh
     process of its own records which kernel ran in every layer (bitdrift.kernels)."""
     check_before_repeats(model_path, dataset_path, samples, out)
+    expected = None
     if reference:
         from bitdrift.export import read_reference
 
-        if read_reference(reference).model_sha256 != model_digest(model_path):
+        expected = read_reference(reference)
+        if expected.model_sha256 != model_digest(model_path):
             raise InferenceError(f"{reference}: the export reference of another model than "
                                  f"{model_path}")
     remove_stale_temporaries()
@@ -231,7 +233,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     if export:
         attrs["export_sha256"] = file_digest(export)
     if reference and classes is not None:
-        agreement = check_agreement(classes, reference, device, device_name, model_name)
+        agreement = check_agreement(classes, expected, device, device_name, model_name)
         attrs["argmax_agreement"] = json.dumps(agreement, sort_keys=True)
     write_record(out, attrs, samples_content, kernels=traced)
 
@@ -298,9 +300,9 @@ def check_agreement(classes, reference, device: dict, device_name: str,
                     model_name: str) -> dict:
     """The device's agreement with TensorFlow's classes; a float32 or float64 device below
     ARGMAX_AGREEMENT is a bug in a runtime or an export, not a class of its own."""
-    from bitdrift.export import ARGMAX_AGREEMENT, argmax_agreement, read_reference
+    from bitdrift.export import ARGMAX_AGREEMENT, argmax_agreement
 
-    agreement = argmax_agreement(classes, read_reference(reference))
+    agreement = argmax_agreement(classes, reference)
     if device["precision"] in ("float32", "float64") and agreement["share"] < ARGMAX_AGREEMENT:
         raise InferenceError(
             f"device {device_name!r}, model {model_name!r}: its class agrees with "

@@ -3,6 +3,7 @@ outputs mapped to the Keras layers by position and checked against the reference
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import numpy as np
@@ -17,6 +18,24 @@ def require(package: str, backend: str, pin: str):
     except ImportError as error:
         raise InferenceError(f"backend {backend!r} needs the Python package {pin.split('==')[0]!r}"
                              f" (pip install {pin}; it is in requirements.txt)") from error
+
+
+def environment(device: dict) -> dict:
+    """Nothing to set before import: an exported runtime's settings are session options."""
+    return {}
+
+
+def configure_threads(threads: int | None) -> None:
+    """Threads are a session, compile or interpreter option (each runtime's compile)."""
+
+
+def configure_determinism(deterministic: bool) -> None:
+    """Set per session where the runtime has a switch (ONNX Runtime's compile); OpenVINO
+    and LiteRT have none on the CPU, where their kernels are deterministic per process."""
+
+
+def strategy_scope(accelerator: dict):
+    return contextlib.nullcontext()
 
 
 def import_keras(backend: str):

@@ -4,12 +4,19 @@ CPU only: a GPU delegate is not a device bitdrift can check here."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import numpy as np
 
 from bitdrift.backends import exported
+
+# What every exported runtime shares (the rest of the backend interface).
+from bitdrift.backends.exported import (  # noqa: F401
+    configure_determinism,
+    configure_threads,
+    environment,
+    strategy_scope,
+)
 from bitdrift.errors import AcceleratorMissing
 
 NAME = "litert"
@@ -26,20 +33,8 @@ def _interpreter():
     return interpreter
 
 
-def environment(device: dict) -> dict:
-    return {}
-
-
 def import_keras():
     return exported.import_keras(NAME)
-
-
-def configure_threads(threads: int | None) -> None:
-    """Threads are an interpreter option (see compile)."""
-
-
-def configure_determinism(deterministic: bool) -> None:
-    """LiteRT's CPU kernels have no determinism switch; they are deterministic."""
 
 
 def check_accelerator(name: str, device: dict) -> dict:
@@ -67,10 +62,6 @@ def compile(path, device: dict, accelerator: dict):
         return [results[key] for key in names]
 
     return run
-
-
-def strategy_scope(accelerator: dict):
-    return contextlib.nullcontext()
 
 
 def versions() -> dict:

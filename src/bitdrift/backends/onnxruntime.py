@@ -3,10 +3,17 @@ as device keys; CPU or CUDA execution provider, never one for the other."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 from bitdrift.backends import exported
+
+# What every exported runtime shares (the rest of the backend interface).
+from bitdrift.backends.exported import (  # noqa: F401
+    configure_determinism,
+    configure_threads,
+    environment,
+    strategy_scope,
+)
 from bitdrift.errors import AcceleratorMissing
 
 NAME = "onnxruntime"
@@ -21,20 +28,8 @@ def _ort():
     return exported.require("onnxruntime", NAME, PIN)
 
 
-def environment(device: dict) -> dict:
-    return {}
-
-
 def import_keras():
     return exported.import_keras(NAME)
-
-
-def configure_threads(threads: int | None) -> None:
-    """Threads are a session option (see compile)."""
-
-
-def configure_determinism(deterministic: bool) -> None:
-    """Set per session (``use_deterministic_compute``, see compile)."""
 
 
 def check_accelerator(name: str, device: dict) -> dict:
@@ -64,10 +59,6 @@ def compile(path, device: dict, accelerator: dict):
                                  f"the {accelerator['provider']} asked for")
     name = session.get_inputs()[0].name
     return lambda batch: session.run(None, {name: batch})
-
-
-def strategy_scope(accelerator: dict):
-    return contextlib.nullcontext()
 
 
 def versions() -> dict:

@@ -3,10 +3,17 @@ device keys, threads; its CPU or GPU plugin, never one for the other."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 from bitdrift.backends import exported
+
+# What every exported runtime shares (the rest of the backend interface).
+from bitdrift.backends.exported import (  # noqa: F401
+    configure_determinism,
+    configure_threads,
+    environment,
+    strategy_scope,
+)
 from bitdrift.errors import AcceleratorMissing
 
 NAME = "openvino"
@@ -19,20 +26,8 @@ def _ov():
     return exported.require("openvino", NAME, PIN)
 
 
-def environment(device: dict) -> dict:
-    return {}
-
-
 def import_keras():
     return exported.import_keras(NAME)
-
-
-def configure_threads(threads: int | None) -> None:
-    """Threads are a compile option (see compile)."""
-
-
-def configure_determinism(deterministic: bool) -> None:
-    """OpenVINO has no determinism switch; its CPU plugin is deterministic per process."""
 
 
 def check_accelerator(name: str, device: dict) -> dict:
@@ -65,10 +60,6 @@ def compile(path, device: dict, accelerator: dict):
         return [results[output] for output in outputs]
 
     return run
-
-
-def strategy_scope(accelerator: dict):
-    return contextlib.nullcontext()
 
 
 def versions() -> dict:
