@@ -88,3 +88,20 @@ def write_inputs(workdir):
     rows = [(f"{i:06d}.jpg", 0 if i <= 24 else 2, *rng.choice([1, -1], size=3))
             for i in range(1, 37)]
     make_celeba(Path(workdir) / "celeba", rows)
+
+
+def small_model_assets(folder: Path) -> tuple[Path, Path]:
+    """The digits dataset (8 training, 12 test images) and an untrained Cifar10-small saved
+    by Keras on TensorFlow in a process of its own (seed 0), in ``folder``."""
+    from bitdrift.datasets import prepare_dataset
+
+    dataset = folder / "digits.h5"
+    prepare_dataset("digits", {"source": "digits", "limit_train": 8, "limit_test": 12}, dataset)
+    model = folder / "small.keras"
+    code = ("import keras, sys; from bitdrift.models import build_model; "
+            "keras.utils.set_random_seed(0); "
+            "build_model(keras, {'architecture': 'cifar10_small'}, (32, 32, 3), 10)"
+            ".save(sys.argv[1])")
+    subprocess.run([sys.executable, "-c", code, str(model)], check=True,
+                   env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    return dataset, model

@@ -9,11 +9,11 @@ import h5py
 import numpy as np
 import pytest
 
-from bitdrift.datasets import prepare_dataset
 from bitdrift.errors import AcceleratorMissing
 from bitdrift.inference import InferenceError, batch_indices, infer
 from bitdrift.models import model_digest
 from bitdrift.record import Record
+from tests.utils import small_model_assets
 
 CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
        "env": {}, "repeats": 2, "external": False}
@@ -21,17 +21,7 @@ CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float3
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("assets")
-    dataset = tmp / "digits.h5"
-    prepare_dataset("digits", {"source": "digits", "limit_train": 8, "limit_test": 12}, dataset)
-    model = tmp / "small.keras"
-    code = ("import keras, sys; from bitdrift.models import build_model; "
-            "keras.utils.set_random_seed(0); "
-            "build_model(keras, {'architecture': 'cifar10_small'}, (32, 32, 3), 10)"
-            ".save(sys.argv[1])")
-    subprocess.run([sys.executable, "-c", code, str(model)], check=True,
-                   env={**os.environ, "KERAS_BACKEND": "tensorflow"})
-    return dataset, model
+    return small_model_assets(tmp_path_factory.mktemp("assets"))
 
 
 def test_batch_padding_is_fixed_filler():

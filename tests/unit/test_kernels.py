@@ -115,23 +115,9 @@ def test_attribution_on_a_hand_built_two_layer_model():
 
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory):
-    import os
-    import subprocess
-    import sys
+    from tests.utils import small_model_assets
 
-    from bitdrift.datasets import prepare_dataset
-
-    tmp = tmp_path_factory.mktemp("traced")
-    dataset = tmp / "digits.h5"
-    prepare_dataset("digits", {"source": "digits", "limit_train": 8, "limit_test": 12}, dataset)
-    model = tmp / "small.keras"
-    code = ("import keras, sys; from bitdrift.models import build_model; "
-            "keras.utils.set_random_seed(0); "
-            "build_model(keras, {'architecture': 'cifar10_small'}, (32, 32, 3), 10)"
-            ".save(sys.argv[1])")
-    subprocess.run([sys.executable, "-c", code, str(model)], check=True,
-                   env={**os.environ, "KERAS_BACKEND": "tensorflow"})
-    return dataset, model
+    return small_model_assets(tmp_path_factory.mktemp("traced"))
 
 
 @pytest.mark.parametrize(("backend", "env", "conv"), [
