@@ -2,13 +2,17 @@
 
     python benchmarks/startup.py --runs 3
 
-Every inference repeat and training run of the protocol is a fresh Python process. Per kind
-this starts one such process several times and splits its wall time into: the interpreter
+Every inference repeat and training run of the protocol is a process in which nothing has
+run before (fresh, or forked from a pre-imported parent: bitdrift.prefork). Per kind this
+starts one fresh process several times and splits its wall time into: the interpreter
 (up to the first line of the script), the framework import (Keras on its backend, with what
 bitdrift imports beside it), the model load, the work (one inference repeat of three
 samples, every layer recorded, or one training epoch), and the write. Analysis commands are
-timed as whole `bitdrift` commands (they load no framework). The table is printed in
-Markdown; README quotes it. Model: Cifar10-small, initial weights; data: embedded digits.
+timed as whole `bitdrift` commands (they load no framework). A second table times a
+device's inference job (two repeats and the traced one of the real worker). ``--before``
+measures as before issue 27: the whole Keras import, the teardown at exit, every repeat
+fresh. The tables are printed in Markdown; README quotes them. Model: Cifar10-small,
+initial weights; data: embedded digits.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ import time
 begun = time.perf_counter()
 import json, sys
 from bitdrift.devices import import_keras
+if sys.argv[5] == "after":
+    from bitdrift import backends
+    backends.get(sys.argv[3]).preimport()
 keras = import_keras(sys.argv[3])
 import numpy as np
 from bitdrift.datasets import read_test_images
@@ -44,6 +51,9 @@ np.savez(sys.argv[4], *arrays)
 written = time.perf_counter()
 print(json.dumps({"begun": begun, "import": imported - begun, "load": loaded - imported,
                   "work": worked - loaded, "write": written - worked}))
+if sys.argv[5] == "after":
+    from bitdrift.prefork import exit_now
+    exit_now(0)
 """
 
 TRAINING = r"""
@@ -51,6 +61,9 @@ import time
 begun = time.perf_counter()
 import json, sys
 from bitdrift.devices import import_keras
+if sys.argv[5] == "after":
+    from bitdrift import backends
+    backends.get(sys.argv[3]).preimport()
 keras = import_keras(sys.argv[3])
 from bitdrift.datasets import dataset_classes, read_dataset
 from bitdrift.training import SOURCES, fit, run_seeds
@@ -65,6 +78,9 @@ trained.model.save(sys.argv[4])
 written = time.perf_counter()
 print(json.dumps({"begun": begun, "import": imported - begun, "load": loaded - imported,
                   "work": worked - loaded, "write": written - worked}))
+if sys.argv[5] == "after":
+    from bitdrift.prefork import exit_now
+    exit_now(0)
 """
 
 
@@ -81,7 +97,11 @@ def timed_child(code: str, args: list[str], env: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="processes per job kind")
+    parser.add_argument("--before", action="store_true",
+                        help="as before issue 27: the whole Keras import, the frameworks' "
+                             "teardown at exit, every repeat a fresh process")
     args = parser.parse_args()
+    mode = "before" if args.before else "after"
     from bitdrift.datasets import prepare_dataset
 
     with tempfile.TemporaryDirectory() as folder:
@@ -99,10 +119,12 @@ def main() -> None:
                    "TF_CPP_MIN_LOG_LEVEL": "2", "JAX_PLATFORMS": "cpu"}
             for kind, code in (("inference repeat", INFERENCE), ("training run", TRAINING)):
                 out = folder / ("out.npz" if code is INFERENCE else "trained.keras")
-                samples = [timed_child(code, [str(model), str(dataset), backend, str(out)],
-                                       env) for _ in range(args.runs)]
+                samples = [timed_child(code, [str(model), str(dataset), backend, str(out),
+                                              mode], env) for _ in range(args.runs)]
                 rows.append((f"{kind}, {backend}",
                              {k: statistics.median(s[k] for s in samples) for k in samples[0]}))
+        jobs = [(backend, device_job(folder, model, dataset, backend, args.before))
+                for backend in ("tensorflow", "torch")]
         analysis = []
         for _ in range(args.runs):
             started = time.perf_counter()
@@ -122,6 +144,42 @@ def main() -> None:
               f"{t['total']:.2f} s | {fixed / t['total']:.0%} |")
     print(f"| `bitdrift --version` (an analysis command's start-up) | | | | | | | "
           f"{statistics.median(analysis):.2f} s | |")
+    print()
+    print("| a device's inference job: 2 repeats + the traced one, real worker | processes "
+          "| seconds |")
+    print("|---|---|---|")
+    for backend, (how, seconds) in jobs:
+        print(f"| {backend} | {how} | {seconds:.2f} s |")
+
+
+def device_job(folder: Path, model: Path, dataset: Path, backend: str,
+               before: bool) -> tuple[str, float]:
+    """Three repeats of the real inference worker (bitdrift.inference.run_repeat) as
+    ``infer`` runs them: fresh processes before, children of a pre-imported parent after
+    (bitdrift.prefork; the runtime's PREFORK)."""
+    from contextlib import nullcontext
+
+    from bitdrift import backends
+    from bitdrift.prefork import FreshProcesses, worker_processes
+
+    device = {"backend": backend, "accelerator": "cpu", "precision": "float32",
+              "batch_size": 1, "threads": 1, "repeats": 2}
+    worker = "bitdrift.inference:run_repeat"
+    started = time.perf_counter()
+    with open(os.devnull, "w") as log:
+        context = nullcontext(FreshProcesses(worker, device, backend, log)) if before \
+            else worker_processes(worker, device, backend, log)
+        with context as workers:
+            for repeat in range(3):
+                job = {"device": device, "device_name": backend, "model_path": str(model),
+                       "dataset_path": str(dataset), "samples": [0, 1, 6], "layers": True,
+                       "out": str(folder / "repeat.npz"), "fingerprint": repeat == 0,
+                       "reference": None, "export": None, "trace": repeat == 2}
+                if workers.run(job) != 0:
+                    raise RuntimeError(f"{backend}: repeat {repeat} failed")
+    how = "fresh processes" if before or not backends.get(backend).PREFORK \
+        else "forked from one pre-imported parent"
+    return how, time.perf_counter() - started
 
 
 if __name__ == "__main__":

@@ -12,12 +12,10 @@ import json
 import os
 import platform
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 from bitdrift import backends
-from bitdrift.errors import AcceleratorMissing
 
 
 def import_keras(backend: str):
@@ -120,30 +118,13 @@ def describe(device: dict) -> str:
     return json.dumps(device, sort_keys=True)
 
 
-# -- one job per fresh process: inference repeats and training runs ------------------------
-def run_in_fresh_process(module: str, job: dict, device: dict, what: str, log,
-                         stdout=None) -> int:
-    """``python -m MODULE JOB_JSON`` with ``device``'s environment; its output goes to
-    ``log`` (its stdout to ``stdout`` when given: a traced repeat's kernel log). A worker
-    that could not see its accelerator (exit status of AcceleratorMissing) is raised here
-    as AcceleratorMissing, naming ``what``; any other status is returned."""
-    completed = subprocess.run([sys.executable, "-m", module, json.dumps(job)],
-                               env=device_environment(device),
-                               stdout=log if stdout is None else stdout, stderr=log)
-    if completed.returncode == AcceleratorMissing.exit_code:
-        raise AcceleratorMissing(f"{what} asks for a {device['accelerator'].upper()} that the "
-                                 "process cannot see; refusing to fall back to the CPU "
-                                 "(details in the log)")
-    return completed.returncode
-
-
+# -- the entry point of a worker process -------------------------------------------------
 def worker_main(function) -> None:
-    """The entry point of a worker process: ``function(job)`` with the job from argv; a
-    bitdrift error becomes one line in the log and the error's exit status for the parent."""
-    from bitdrift.errors import BitdriftError
+    """A fresh worker process: ``function(job)`` with the job from argv, after the same
+    import a pre-imported parent does (bitdrift.prefork); a bitdrift error becomes one line
+    in the log and the error's exit status for the parent."""
+    from bitdrift.prefork import exit_now, run_job
 
-    try:
-        function(json.loads(sys.argv[1]))
-    except BitdriftError as error:
-        print(f"bitdrift: error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
+    job = json.loads(sys.argv[1])
+    status = run_job(lambda job: backends.get(job["device"]["backend"]).preimport(), job)
+    exit_now(status if status else run_job(function, job, timed=True))

@@ -1,7 +1,9 @@
 """Per-device inference: every layer's output for the configured samples, repeated.
 
-Each repeat runs in a fresh Python process with the device's environment (the reference
-study's protocol: autotuning, thread pools and CPU dispatch are decided per process).
+Each repeat runs in a process of its own with the device's environment, in which nothing has
+run before it (the reference study's protocol: autotuning, thread pools and CPU dispatch are
+decided per process): a fresh process, or for a runtime that allows it a child forked from a
+parent that has only imported the framework (bitdrift.prefork).
 The parent merges the repeats into one record (see bitdrift.record) written atomically.
 
     python -m bitdrift.inference WORKER_JSON   # one repeat; used by infer()
@@ -23,10 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from bitdrift.datasets import check_samples, count_test_images, file_digest, read_test_images
-from bitdrift.devices import run_in_fresh_process, worker_main
+from bitdrift.devices import worker_main
 from bitdrift.effective_precision import refuse_reduced
 from bitdrift.errors import InferenceError
 from bitdrift.models import model_digest
+from bitdrift.prefork import ForkedChildren, worker_processes
 from bitdrift.progress import progress
 from bitdrift.provenance import input_sha256
 from bitdrift.record import OUTPUT, write_record
@@ -47,7 +50,7 @@ def batch_indices(samples: list[int], batch_size: int, n_test: int) -> list[int]
 
 
 def run_repeat(job: dict) -> None:
-    """One repeat inside a fresh process: load, cast, run, save outputs to job['out']."""
+    """One repeat inside its own process: load, cast, run, save outputs to job['out']."""
     from bitdrift import backends
     from bitdrift.devices import fingerprint
     from bitdrift.models import numpy_dtype
@@ -96,6 +99,7 @@ def run_repeat(job: dict) -> None:
 
 
 TEMP_PREFIX = "bitdrift-infer-"
+WORKER = "bitdrift.inference:run_repeat"
 
 
 def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> None:
@@ -150,13 +154,14 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
           dataset_path: str | Path, samples: list[int], out: str | Path,
           layers: bool = True, reference: str | Path | None = None,
           export: str | Path | None = None, kernels: bool = True, log=sys.stderr) -> None:
-    """Run all repeats of one (model, device) in fresh processes and write the record.
+    """Run all repeats of one (model, device), each in a process of its own (fresh, or
+    forked from a pre-imported parent: bitdrift.prefork), and write the record.
 
     ``reference`` (bitdrift.export's reference.npz of the model): the device's classes of
     the first test images are compared with TensorFlow's, and a float32/float64 device
     that agrees on fewer than 99 % fails. ``export``: the exported file an exported
-    runtime runs. ``kernels``: after the measured repeats, one traced repeat in a fresh
-    process of its own records which kernel ran in every layer (bitdrift.kernels)."""
+    runtime runs. ``kernels``: after the measured repeats, one traced repeat in a process
+    of its own records which kernel ran in every layer (bitdrift.kernels)."""
     check_before_repeats(model_path, dataset_path, samples, out)
     expected = None
     if reference:
@@ -169,7 +174,9 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     remove_stale_temporaries()
     repeats, weights, classes = [], {}, None
     with _terminate_cleanly(), tempfile.TemporaryDirectory(
-            prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
+            prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp, worker_processes(
+            WORKER, device, f"device {device_name!r}", log) as workers:
+        how = "a forked child" if isinstance(workers, ForkedChildren) else "a fresh process"
         for repeat in progress(range(device["repeats"]), f"{model_name} on {device_name}: "
                                "repeats", file=log):
             job = {"device": device, "device_name": device_name, "model_path": str(model_path),
@@ -179,9 +186,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                    "reference": str(reference) if reference else None,
                    "export": str(export) if export else None}
             print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
-                  f"{device['repeats']} in a fresh process", file=log, flush=True)
-            status = run_in_fresh_process("bitdrift.inference", job, device,
-                                          f"device {device_name!r}", log)
+                  f"{device['repeats']} in {how}", file=log, flush=True)
+            status = workers.run(job)
             if status != 0:
                 raise InferenceError(f"device {device_name!r}, model {model_name!r}: repeat "
                                      f"{repeat + 1} failed (exit {status}); see log")
@@ -197,7 +203,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             "dataset_path": str(dataset_path), "samples": list(samples), "layers": layers,
             "out": str(Path(tmp) / "traced.npz"), "fingerprint": False, "reference": None,
             "export": str(export) if export else None, "trace": True},
-            Path(tmp) / "trace.txt", log) if kernels else None
+            Path(tmp) / "trace.txt", workers, how, log) if kernels else None
     meta = repeats[0][0]
     layer_names = [name for name, _ in meta["layers"]]
     n_outputs = len(repeats[0][1])
@@ -239,7 +245,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
 
 
 def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list, job: dict,
-                  trace_path: Path, log) -> dict:
+                  trace_path: Path, workers, how: str, log) -> dict:
     """One more repeat with the libraries' kernel logging on (the runtime's
     trace_environment), its C-level stdout in ``trace_path``; the kernels per layer, and
     whether its outputs equal the measured majority bit for bit (logging must not change
@@ -255,12 +261,10 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
                 "reason": f"backend {device['backend']!r} logs no kernel per call",
                 "layers": {name: {"signature": "untraced", "calls": []}
                            for name in layer_classes}}
-    print(f"bitdrift: {model_name} on {device_name}: traced repeat (kernel logs) in a fresh "
-          "process", file=log, flush=True)
-    traced_device = {**device, "env": {**device.get("env", {}), **environment}}
+    print(f"bitdrift: {model_name} on {device_name}: traced repeat (kernel logs) in {how}",
+          file=log, flush=True)
     with open(trace_path, "w") as stdout:
-        status = run_in_fresh_process("bitdrift.inference", job, traced_device,
-                                      f"device {device_name!r}", log, stdout=stdout)
+        status = workers.run(job, stdout=stdout, environment=environment)
     if status != 0:
         raise InferenceError(f"device {device_name!r}, model {model_name!r}: the traced "
                              f"repeat failed (exit {status}); see log")

@@ -20,6 +20,11 @@ def require(package: str, backend: str, pin: str):
                              f" (pip install {pin}; it is in requirements.txt)") from error
 
 
+def preimport() -> None:
+    """Nothing: an exported runtime's process starts in about a second; each repeat is a
+    fresh process (PREFORK False)."""
+
+
 def environment(device: dict) -> dict:
     """Nothing to set before import: an exported runtime's settings are session options."""
     return {}

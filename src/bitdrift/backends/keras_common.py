@@ -30,6 +30,25 @@ def import_keras(backend: str):
     return keras
 
 
+# Modules Keras imports if they are installed and works without (each import is in a
+# `try: ... except ImportError`): its scikit-learn wrapper, matplotlib for its image
+# gallery, pandas for DataFrame inputs, and the frameworks of the other backends.
+# A worker process of one backend uses none of them; leaving them out halves its import
+# (TensorFlow 8.5 -> 5.1 s, torch 9.2 -> 5.2 s, JAX 5.5 -> 2.4 s; benchmarks/startup.py).
+OPTIONAL_MODULES = ("sklearn", "matplotlib", "pandas", "jax", "torch", "tensorflow")
+
+
+def preimport(backend: str) -> None:
+    """What a worker process of ``backend`` imports before its job (bitdrift.prefork):
+    Keras on the backend, with the optional modules it does not use marked absent
+    (``sys.modules[name] = None`` makes ``import name`` raise ImportError). Only worker
+    processes call this: a process that later wants matplotlib must not."""
+    for name in OPTIONAL_MODULES:
+        if name != backend and name not in sys.modules:
+            sys.modules[name] = None
+    import_keras(backend)
+
+
 def keras_environment(backend: str) -> dict:
     return {"KERAS_BACKEND": backend}
 

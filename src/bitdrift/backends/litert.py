@@ -15,6 +15,7 @@ from bitdrift.backends.exported import (  # noqa: F401
     configure_determinism,
     configure_threads,
     environment,
+    preimport,
     strategy_scope,
 )
 from bitdrift.errors import AcceleratorMissing
@@ -22,6 +23,7 @@ from bitdrift.errors import AcceleratorMissing
 NAME = "litert"
 PIN = "ai-edge-litert==2.3.0"
 TRAINS = False
+PREFORK = False
 RESOLVERS = {"xnnpack": "AUTO", "builtin": "BUILTIN_WITHOUT_DEFAULT_DELEGATES",
              "reference": "BUILTIN_REF"}
 

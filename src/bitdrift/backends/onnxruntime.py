@@ -12,6 +12,7 @@ from bitdrift.backends.exported import (  # noqa: F401
     configure_determinism,
     configure_threads,
     environment,
+    preimport,
     strategy_scope,
 )
 from bitdrift.errors import AcceleratorMissing
@@ -19,6 +20,7 @@ from bitdrift.errors import AcceleratorMissing
 NAME = "onnxruntime"
 PIN = "onnxruntime==1.32.0"
 TRAINS = False
+PREFORK = False
 PROVIDERS = {"cpu": "CPUExecutionProvider", "gpu": "CUDAExecutionProvider"}
 LEVELS = {"disable_all": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
           "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}

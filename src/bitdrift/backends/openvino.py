@@ -12,6 +12,7 @@ from bitdrift.backends.exported import (  # noqa: F401
     configure_determinism,
     configure_threads,
     environment,
+    preimport,
     strategy_scope,
 )
 from bitdrift.errors import AcceleratorMissing
@@ -19,6 +20,7 @@ from bitdrift.errors import AcceleratorMissing
 NAME = "openvino"
 PIN = "openvino==2026.4.1"
 TRAINS = False
+PREFORK = False
 PLUGINS = {"cpu": "CPU", "gpu": "GPU"}
 
 

@@ -13,10 +13,17 @@ from bitdrift.errors import AcceleratorMissing
 
 NAME = "tensorflow"
 TRAINS = True
+# Children forked from a parent that imported Keras (bitdrift.prefork); measured bit for
+# bit equal to fresh processes for every default device (tests/unit/test_prefork.py).
+PREFORK = True
 
 
 def environment(device: dict) -> dict:
     return keras_environment(NAME)
+
+
+def preimport() -> None:
+    keras_common.preimport(NAME)
 
 
 def import_keras():

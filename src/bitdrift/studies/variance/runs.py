@@ -23,9 +23,10 @@ import h5py
 import numpy as np
 
 from bitdrift.atomic import atomic_output
-from bitdrift.devices import run_in_fresh_process, worker_main
+from bitdrift.devices import worker_main
 from bitdrift.errors import TrainingRunError
 from bitdrift.paths import RUN_FILES
+from bitdrift.prefork import FreshProcesses
 from bitdrift.training import cross_entropy, fit, run_seeds, save_model_and_history
 
 RUN_FORMAT = 2  # 2: init_sha256, the digest of the initial weights
@@ -98,8 +99,9 @@ def train_run(*, plan_name: str, plan: dict, arm: str, device_name: str, device:
            "dataset_path": str(dataset_path), "out_dir": str(out_dir)}
     print(f"bitdrift: {plan_name}/{arm} run {run} on {device_name} in a fresh process",
           file=log, flush=True)
-    status = run_in_fresh_process("bitdrift.studies.variance.runs", job, device,
-                                  f"plan {plan_name!r}, device {device_name!r}", log)
+    # One run per job: a pre-imported parent would import as much as a fresh process.
+    status = FreshProcesses("bitdrift.studies.variance.runs:run_worker", device,
+                            f"plan {plan_name!r}, device {device_name!r}", log).run(job)
     if status != 0:
         raise TrainingRunError(f"plan {plan_name!r}, arm {arm!r}, device {device_name!r}, run "
                                f"{run}: training failed (exit {status}); see log")

@@ -1,0 +1,193 @@
+"""Worker processes: a fresh process per job, or a child forked from a pre-imported parent.
+
+Every inference repeat and training run starts from a process in which nothing has run
+yet (the reference study's protocol: autotuning, thread pools and CPU dispatch are decided
+per process). Most of such a process's life here is importing its framework. A runtime
+whose module says ``PREFORK = True`` instead gets one parent per device and job, started
+with the device's environment, that imports the framework and nothing else (no op runs,
+no thread pool of the framework starts, no accelerator is initialised) and forks a child
+per repeat: the child starts where a fresh process would be after its import.
+``tests/unit/test_prefork.py`` compares a forked child's outputs with a fresh process's,
+bit for bit, for every default device of those runtimes.
+
+    python -m bitdrift.prefork MODULE:FUNCTION BACKEND   # the parent; jobs on stdin
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+from bitdrift import backends
+from bitdrift.errors import AcceleratorMissing, BitdriftError
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+WORK_LINE = "bitdrift: work {seconds:.3f} s"  # benchmarks/first_run.py sums these from logs
+
+
+def run_job(function, job: dict, timed: bool = False) -> int:
+    """``function(job)``; the exit status a worker reports for it (0, a bitdrift error's
+    status with one line in the log, or 1 with the traceback). ``timed``: the log gets the
+    seconds the job itself took (load, compute, write: the work, not the start-up)."""
+    started = time.perf_counter()
+    try:
+        function(job)
+        if timed:
+            print(WORK_LINE.format(seconds=time.perf_counter() - started), file=sys.stderr)
+    except BitdriftError as error:
+        print(f"bitdrift: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except SystemExit as error:
+        return error.code if isinstance(error.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the child must report, never unwind into the parent's loop
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def exit_now(status: int) -> None:
+    """End a worker once its outputs are written (atomically, closed): flush Python's and
+    C's buffered output (a traced repeat's kernel log), then exit without the frameworks'
+    teardown, which takes 1-2 s a process and changes nothing written."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ctypes.CDLL(None).fflush(None)
+    os._exit(status)
+
+
+def _accelerator_missing(status: int, device: dict, what: str) -> None:
+    if status == AcceleratorMissing.exit_code:
+        raise AcceleratorMissing(f"{what} asks for a {device['accelerator'].upper()} that the "
+                                 "process cannot see; refusing to fall back to the CPU "
+                                 "(details in the log)")
+
+
+class FreshProcesses:
+    """``python -m MODULE JOB_JSON`` per job, with the device's environment."""
+
+    def __init__(self, target: str, device: dict, what: str, log):
+        self.module = target.split(":")[0]
+        self.device, self.what, self.log = device, what, log
+
+    def run(self, job: dict, stdout=None, environment: dict | None = None) -> int:
+        from bitdrift.devices import device_environment
+
+        device = {**self.device, "env": {**self.device.get("env", {}), **(environment or {})}}
+        completed = subprocess.run([sys.executable, "-m", self.module, json.dumps(job)],
+                                   env=device_environment(device),
+                                   stdout=self.log if stdout is None else stdout,
+                                   stderr=self.log)
+        _accelerator_missing(completed.returncode, self.device, self.what)
+        return completed.returncode
+
+    def close(self, failed: bool = False) -> None:
+        pass
+
+
+class ForkedChildren:
+    """One parent (``python -m bitdrift.prefork``) with the device's environment that has
+    imported the framework; each job is a child it forks. Its stderr is the log; jobs go
+    in on its stdin, and each child's exit status comes back on its stdout."""
+
+    def __init__(self, target: str, device: dict, what: str, log):
+        from bitdrift.devices import device_environment
+
+        self.device, self.what = device, what
+        self.parent = subprocess.Popen(
+            [sys.executable, "-m", "bitdrift.prefork", target, device["backend"]],
+            env=device_environment(device), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=log, text=True)
+
+    def run(self, job: dict, stdout=None, environment: dict | None = None) -> int:
+        request = {"job": job, "stdout": stdout.name if stdout is not None else None,
+                   "environment": environment or {}}
+        try:
+            self.parent.stdin.write(json.dumps(request) + "\n")
+            self.parent.stdin.flush()
+            answer = self.parent.stdout.readline()
+        except BrokenPipeError:
+            answer = ""
+        if not answer:
+            status = self.parent.wait()
+            _accelerator_missing(status, self.device, self.what)
+            raise BitdriftError(f"{self.what}: the pre-imported parent process ended (exit "
+                                f"{status}) before its job ran; see log")
+        status = int(answer)
+        _accelerator_missing(status, self.device, self.what)
+        return status
+
+    def close(self, failed: bool = False) -> None:
+        """End the parent: after the last job, by closing its input; after an error or a
+        signal, by killing it (its running child dies with it: PR_SET_PDEATHSIG)."""
+        if self.parent.poll() is None and not failed:
+            self.parent.stdin.close()
+            try:
+                self.parent.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                failed = True
+        if self.parent.poll() is None:
+            self.parent.kill()
+            self.parent.wait()
+
+
+@contextlib.contextmanager
+def worker_processes(target: str, device: dict, what: str, log):
+    """Where ``device``'s jobs run: ``target`` (``module:function``) in children of a
+    pre-imported parent when its runtime says PREFORK, else in fresh processes. Either
+    way ``run(job, stdout=None, environment=None)`` returns the job's exit status and
+    raises AcceleratorMissing (naming ``what``) for a worker that could not see its
+    accelerator."""
+    kind = ForkedChildren if backends.get(device["backend"]).PREFORK else FreshProcesses
+    workers = kind(target, device, what, log)
+    try:
+        yield workers
+    except BaseException:
+        workers.close(failed=True)
+        raise
+    workers.close()
+
+
+def parent_main(target: str, backend: str) -> None:
+    """The pre-imported parent: import the framework, then fork a child per job line."""
+    module_name, function_name = target.split(":")
+    libc = ctypes.CDLL(None)
+    control = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what the parent or a child prints goes to the log, not the control pipe
+    try:
+        backends.get(backend).preimport()
+        function = getattr(importlib.import_module(module_name), function_name)
+    except BitdriftError as error:
+        print(f"bitdrift: error: {error}", file=sys.stderr)
+        exit_now(error.exit_code)
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a killed parent takes its child
+            os.environ.update(request["environment"])
+            if request["stdout"]:
+                output = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(output, 1)
+                os.close(output)
+            exit_now(run_job(function, request["job"], timed=True))
+        _, wait_status = os.waitpid(pid, 0)
+        control.write(f"{os.waitstatus_to_exitcode(wait_status)}\n")
+        control.flush()
+    exit_now(0)
+
+
+if __name__ == "__main__":
+    parent_main(sys.argv[1], sys.argv[2])
