@@ -177,7 +177,8 @@ def device_job(folder: Path, model: Path, dataset: Path, backend: str,
                        "reference": None, "export": None, "trace": repeat == 2}
                 if workers.run(job) != 0:
                     raise RuntimeError(f"{backend}: repeat {repeat} failed")
-    how = "fresh processes" if before or not backends.get(backend).PREFORK \
+    how = "fresh processes (with the lean import and quick exit)" if before \
+        else "fresh processes" if not backends.get(backend).PREFORK \
         else "forked from one pre-imported parent"
     return how, time.perf_counter() - started
 

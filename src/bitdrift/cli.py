@@ -294,10 +294,40 @@ def cmd_plot_divergence(args) -> None:
     plot_divergence(pairs_apart(layers), kinds, args.out)
 
 
+def cmd_index(args) -> int:
+    from bitdrift.atlas import Index
+    from bitdrift.record import open_records
+
+    index = Index.build(open_records(args.files), args.layer)
+    index.write(args.out)
+    print(f"{args.out}: {len(index.labels)} records, {len(index.entries)} keys (model, "
+          f"inputs, sample, format) of layer {args.layer!r}")
+    return 0
+
+
+def cmd_identify_indexed(args) -> int:
+    from bitdrift.atlas import Index
+    from bitdrift.record import Record
+
+    found = Index.read(args.index).identify(Record(args.record))
+    if found.matched:
+        print(f"{args.record}: matched, bitwise on {found.keys} sample(s): "
+              f"{', '.join(found.records)}")
+        return 0
+    print(f"{args.record}: no match; nearest by remaining precision "
+          f"({found.remaining_precision:g} bits over {found.keys} sample(s)): "
+          f"{', '.join(found.records)}")
+    return 1
+
+
 def cmd_identify(args) -> int:
     from bitdrift.explain import identify
     from bitdrift.record import open_records
 
+    if bool(args.against) == bool(args.index):
+        raise ConfigError("identify: give either --against RECORDS or --index ATLAS")
+    if args.index:
+        return cmd_identify_indexed(args)
     eqc = None
     if args.eqc:
         from bitdrift.atomic import read_table
@@ -519,10 +549,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("identify", help="which known class a record of unknown origin is in "
                        "(exit 0: matched, 1: no match)")
     p.add_argument("record", help="the record to identify (same model and inputs)")
-    p.add_argument("--against", nargs="+", required=True, help="known records")
+    p.add_argument("--against", nargs="+", help="known records")
+    p.add_argument("--index", help="an atlas index of known records (`bitdrift index`): "
+                   "exact match by look-up, nearest by a vectorised search")
     p.add_argument("--eqc", help="eqc.csv of the known records: its class numbers are used "
                    "(default: numbered by first appearance over --against)")
     p.set_defaults(func=cmd_identify)
+
+    p = sub.add_parser("index", help="an atlas index of records for `identify --index`")
+    p.add_argument("files", nargs="+", help="the records")
+    p.add_argument("--layer", default="output", help="the layer indexed (default: the "
+                   "final output)")
+    p.add_argument("--out", required=True, help="the index (HDF5)")
+    p.set_defaults(func=cmd_index)
     for study in STUDIES:
         importlib.import_module(f"bitdrift.studies.{study}.cli").add_commands(sub)
     return parser
@@ -530,10 +569,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Commands whose outputs are records, models or datasets; every other command writes tables
 # (CSV) or figures (PDF), never over an HDF5 or Keras file.
-WRITES_DATA = {"prepare-dataset", "train", "infer", "train-run", "export"}
+WRITES_DATA = {"prepare-dataset", "train", "infer", "train-run", "export", "index"}
 INPUT_OPTIONS = ("files", "table", "tables", "eqc", "config", "model_file", "dataset_file",
                  "classes", "eqc_layers", "precision_table", "record", "against", "reference",
-                 "export", "divergence", "coverage")
+                 "export", "divergence", "coverage", "index")
 OUTPUT_OPTIONS = ("out", "layers_out", "out_model", "out_history", "out_logits", "flags_out",
                   "classes_out", "table_out", "coverage_out")
 

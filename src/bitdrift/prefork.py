@@ -65,6 +65,12 @@ def exit_now(status: int) -> None:
     os._exit(status)
 
 
+def _die_with_parent() -> None:
+    """In a new process before it runs: SIGKILL when the process that started it ends (a
+    job killed with SIGKILL leaves no parent or child computing on)."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _accelerator_missing(status: int, device: dict, what: str) -> None:
     if status == AcceleratorMissing.exit_code:
         raise AcceleratorMissing(f"{what} asks for a {device['accelerator'].upper()} that the "
@@ -106,7 +112,7 @@ class ForkedChildren:
         self.parent = subprocess.Popen(
             [sys.executable, "-m", "bitdrift.prefork", target, device["backend"]],
             env=device_environment(device), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=log, text=True)
+            stderr=log, text=True, preexec_fn=_die_with_parent)
 
     def run(self, job: dict, stdout=None, environment: dict | None = None) -> int:
         request = {"job": job, "stdout": stdout.name if stdout is not None else None,
@@ -160,7 +166,6 @@ def worker_processes(target: str, device: dict, what: str, log):
 def parent_main(target: str, backend: str) -> None:
     """The pre-imported parent: import the framework, then fork a child per job line."""
     module_name, function_name = target.split(":")
-    libc = ctypes.CDLL(None)
     control = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what the parent or a child prints goes to the log, not the control pipe
     try:
@@ -176,7 +181,7 @@ def parent_main(target: str, backend: str) -> None:
         pid = os.fork()
         if pid == 0:
             control.close()
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a killed parent takes its child
+            _die_with_parent()
             os.environ.update(request["environment"])
             if request["stdout"]:
                 output = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
