@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
@@ -43,7 +43,25 @@ class Entry:
     records: np.ndarray  # indices into Index.labels
     digests: list[bytes]
     bits: np.ndarray  # (rows, elements) raw bits as unsigned integers
-    lookup: dict[bytes, list[int]]  # digest -> rows
+    lookup: dict[bytes, list[int]] = field(init=False)  # digest -> rows
+
+    def __post_init__(self):
+        self.lookup = {}
+        for row, digest in enumerate(self.digests):
+            self.lookup.setdefault(digest, []).append(row)
+
+
+def _indexed(record: Record, sample: int, layer: str) -> tuple[tuple, np.ndarray, str]:
+    """The index key of one record's tensor, its representative (the majority of its
+    repeats, as the classes use) and its float format."""
+    from bitdrift.eqc import summarize_repeats
+
+    tensor = record.tensor(sample, layer)
+    float_format = tensor.float_format
+    _, representative = summarize_repeats(record.device, tensor.values, float_format)
+    key = (record.attr("model_sha256"), record.attr("input_sha256"), int(sample),
+           float_format, tuple(representative.shape))
+    return key, representative, float_format
 
 
 @dataclass
@@ -62,29 +80,20 @@ class Index:
 
     @classmethod
     def build(cls, records: list[Record], layer: str = OUTPUT) -> Index:
-        from bitdrift.eqc import summarize_repeats
         from bitdrift.precision import integer_view
 
         labels, rows = [], {}
         for number, record in enumerate(records):
             labels.append(f"{record.device} ({record.path})")
             for sample in record.samples:
-                tensor = record.tensor(sample, layer)
-                _, representative = summarize_repeats(record.device, tensor.values,
-                                                      tensor.float_format)
-                key = (record.attr("model_sha256"), record.attr("input_sha256"), int(sample),
-                       tensor.float_format, tuple(representative.shape))
+                key, representative, float_format = _indexed(record, sample, layer)
                 rows.setdefault(key, []).append(
-                    (number, output_digest(representative, tensor.float_format),
-                     integer_view(representative, tensor.float_format).ravel()))
-        entries = {}
-        for key, found in rows.items():
-            lookup: dict[bytes, list[int]] = {}
-            for row, (_, digest, _) in enumerate(found):
-                lookup.setdefault(digest, []).append(row)
-            entries[key] = Entry(np.array([number for number, _, _ in found]),
-                                 [digest for _, digest, _ in found],
-                                 np.stack([bits for _, _, bits in found]), lookup)
+                    (number, output_digest(representative, float_format),
+                     integer_view(representative, float_format).ravel()))
+        entries = {key: Entry(np.array([number for number, _, _ in found]),
+                              [digest for _, digest, _ in found],
+                              np.stack([bits for _, _, bits in found]))
+                   for key, found in rows.items()}
         return cls(labels, layer, entries)
 
     def write(self, path: str | Path) -> None:
@@ -114,12 +123,9 @@ class Index:
                 for group in handle["entries"].values():
                     key = json.loads(group.attrs["key"])
                     key = (key[0], key[1], int(key[2]), key[3], tuple(key[4]))
-                    digests = [bytes(row) for row in group["digests"][()]]
-                    lookup: dict[bytes, list[int]] = {}
-                    for row, digest in enumerate(digests):
-                        lookup.setdefault(digest, []).append(row)
-                    entries[key] = Entry(group["records"][()], digests, group["bits"][()],
-                                         lookup)
+                    entries[key] = Entry(group["records"][()],
+                                         [bytes(row) for row in group["digests"][()]],
+                                         group["bits"][()])
         except (OSError, KeyError, ValueError) as error:
             raise RecordError(f"{path}: not a readable atlas index ({error})") from error
         return cls(labels, layer, entries)
@@ -127,7 +133,6 @@ class Index:
     def identify(self, query: Record) -> Match:
         """The indexed records whose outputs equal the query's bitwise on every sample it
         shares with the index; else those nearest by remaining precision (all tied)."""
-        from bitdrift.eqc import summarize_repeats
         from bitdrift.precision import MANTISSA_BITS, bit_length, integer_view
 
         candidates: set[int] | None = None
@@ -141,20 +146,16 @@ class Index:
                               f"({len(models)} model digest(s)); it is never matched across "
                               "models")
         for sample in query.samples:
-            tensor = query.tensor(sample, self.layer)
-            _, representative = summarize_repeats(query.device, tensor.values,
-                                                  tensor.float_format)
-            key = (query.attr("model_sha256"), query.attr("input_sha256"), int(sample),
-                   tensor.float_format, tuple(representative.shape))
+            key, representative, float_format = _indexed(query, sample, self.layer)
             entry = self.entries.get(key)
             if entry is None:
                 continue
             compared += 1
-            mantissa = MANTISSA_BITS[tensor.float_format]
-            rows = entry.lookup.get(output_digest(representative, tensor.float_format), [])
+            mantissa = MANTISSA_BITS[float_format]
+            rows = entry.lookup.get(output_digest(representative, float_format), [])
             matching = {int(entry.records[row]) for row in rows}
             candidates = matching if candidates is None else candidates & matching
-            bits = integer_view(representative, tensor.float_format).ravel()
+            bits = integer_view(representative, float_format).ravel()
             per_row = bit_length(np.bitwise_xor(entry.bits, bits)).max(axis=1) \
                 if bits.size else np.zeros(len(entry.records), dtype=np.int64)
             np.maximum.at(dropped, entry.records, per_row)

@@ -91,11 +91,9 @@ def run_repeat(job: dict) -> None:
             "checked": {layer: spec for layer, (spec, _) in session.checked.items()},
             "fingerprint": fingerprint(device, session.accelerator) if first else None,
             "bfloat16": device["precision"] == "bfloat16"}
+    # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
+    # (bitdrift.prefork.exit_now), fresh or forked.
     np.savez(job["out"], meta=json.dumps(meta), **arrays, **weights)
-    if job.get("trace"):
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)  # the libraries' lines, before the process ends
 
 
 TEMP_PREFIX = "bitdrift-infer-"

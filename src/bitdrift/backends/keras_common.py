@@ -34,7 +34,7 @@ def import_keras(backend: str):
 # `try: ... except ImportError`): its scikit-learn wrapper, matplotlib for its image
 # gallery, pandas for DataFrame inputs, and the frameworks of the other backends.
 # A worker process of one backend uses none of them; leaving them out halves its import
-# (TensorFlow 8.5 -> 5.1 s, torch 9.2 -> 5.2 s, JAX 5.5 -> 2.4 s; benchmarks/startup.py).
+# (TensorFlow 7.5 -> 3.2 s, torch 6.7 -> 4.0 s, JAX 4.4 -> 1.8 s; benchmarks/startup.py).
 OPTIONAL_MODULES = ("sklearn", "matplotlib", "pandas", "jax", "torch", "tensorflow")
 
 
