@@ -33,6 +33,7 @@ include: "rules/analysis.smk"
 include: "rules/maxpool.smk"
 include: "rules/variance.smk"
 include: "rules/ablation.smk"
+include: "rules/probes.smk"
 
 
 rule all:

@@ -19,6 +19,7 @@ from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.provenance import infer_command
 from bitdrift.studies.ablation.cli import ABLATION_TABLES, ablation_inputs, study_config
 from bitdrift.studies.ablation.config import variant_models
+from bitdrift.studies.probes.config import evaluation_devices
 from bitdrift.studies.variance.plans import gallery_plan, plan_runs, resolve_plans
 
 # ---- validation and constants: core -------------------------------------------------------
@@ -100,6 +101,9 @@ ALL_MODELS = MODELS + list(ABLATION_MODELS)
 MAXPOOL = config.get("maxpool")
 PLANS = resolve_plans(config)
 GALLERY_PLAN, GALLERY_ARM, GALLERY_TOP_K = gallery_plan(config, PLANS)
+PROBES = config.get("probes") or {}
+PROBE_MODEL = PROBES.get("model")
+PROBE_DEVICES = evaluation_devices(config) if PROBES else []
 VARIANCE_DEVICES = sorted({d for plan in PLANS.values() for d in plan["devices"]})
 
 
@@ -223,6 +227,17 @@ def ablation_targets():
     )
 
 
+def probe_targets():
+    """The probe study's tables and figure (`snakemake probes`; not part of `all`)."""
+    if not PROBES:
+        return []
+    return (
+        probe_evaluation_inputs()["records"]
+        + [paths.table_file(name) for name in paths.PROBE_TABLES.values()]
+        + [paths.figure_file("probes")]
+    )
+
+
 def all_targets():
     return (
         maxpool_targets()
@@ -247,6 +262,12 @@ def canonical(entry):
 def record_files(wildcards=None):
     """Every record, devices in config order (this order numbers the classes)."""
     return [paths.record_file(model, device) for model in MODELS for device in DEVICES]
+
+
+def dataset_source_files(wildcards):
+    """A dataset made from a workflow output (a probe file) depends on it."""
+    spec = config["datasets"][wildcards.dataset]
+    return [spec["path"]] if spec["source"] == "probes" else []
 
 
 def dataset_spec(wildcards):
@@ -284,6 +305,47 @@ def inference_export_inputs(wildcards):
 
 def device_threads(wildcards):
     return config["devices"][wildcards.device]["threads"] or 1
+
+
+# ---- input and params functions: probes study ---------------------------------------------
+def probe_section(wildcards):
+    return canonical(PROBES)
+
+
+def probe_search_devices(wildcards):
+    return {d: canonical(config["devices"][d]) for d in PROBES["search_devices"]}
+
+
+def probe_model_file(wildcards):
+    return paths.model_file(config, PROBE_MODEL)
+
+
+def probe_dataset_file(wildcards):
+    return paths.dataset_file(config["models"][PROBE_MODEL]["dataset"])
+
+
+def probe_search_inputs(wildcards):
+    """The exported models and TensorFlow's reference the search devices need, as
+    KIND_DEVICE (the rule's script gives them back per device)."""
+    return {
+        f"{kind}_{device}": path
+        for device in PROBES["search_devices"]
+        for kind, path in export.inference_inputs(
+            PROBE_MODEL, config["devices"][device]["backend"]
+        ).items()
+    }
+
+
+def probe_search_threads(wildcards):
+    return max(config["devices"][d]["threads"] or 1 for d in PROBES["search_devices"])
+
+
+def probe_evaluation_inputs(wildcards=None):
+    return {
+        "records": [paths.probe_record_file(PROBE_MODEL, d) for d in PROBE_DEVICES],
+        "probes": paths.probe_file(PROBE_MODEL),
+        "evaluation": paths.probe_evaluation_file(PROBE_MODEL),
+    }
 
 
 # ---- input and params functions: ablation study -------------------------------------------

@@ -1,4 +1,6 @@
 rule prepare_dataset:
+    input:
+        dataset_source_files,
     output:
         paths.dataset_file(),
     log:

@@ -353,6 +353,10 @@ def load_source(spec: dict) -> dict:
         if "path" not in spec:
             raise DatasetError("mnist dataset needs 'path' (folder of the IDX files)")
         data = load_mnist(spec["path"], spec.get("mirror", MNIST_MIRROR))
+    elif source == "probes":
+        if "path" not in spec:
+            raise DatasetError("probes dataset needs 'path' (the probe file of `bitdrift probe`)")
+        data = load_probes(spec["path"])
     elif source == "deepweeds":
         if "path" not in spec:
             raise DatasetError("deepweeds dataset needs 'path' (folder with labels.csv)")
@@ -432,6 +436,30 @@ def count_test_images(path: str | Path) -> int:
             return handle["x_test"].shape[0]
     except (OSError, KeyError) as error:
         raise DatasetError(f"{path}: cannot read the test set ({error})") from error
+
+
+def test_image_shape(path: str | Path) -> tuple:
+    """The shape of one test image of a prepared dataset file."""
+    try:
+        with h5py.File(path, "r") as handle:
+            return tuple(handle["x_test"].shape[1:])
+    except (OSError, KeyError) as error:
+        raise DatasetError(f"{path}: cannot read the test set ({error})") from error
+
+
+def load_probes(path: str | Path) -> dict:
+    """A probe file from `bitdrift probe` as a dataset: its test set is the probes (the
+    labels are the search devices' first classes), no training set."""
+    data = read_dataset(path)
+    if data["attrs"].get("source") != "probes":
+        raise DatasetError(f"{path}: not a probe file from `bitdrift probe` (source "
+                           f"{data['attrs'].get('source')!r})")
+    return {"x_train": data["x_train"], "y_train": data["y_train"],
+            "x_test": data["x_test"], "y_test": data["y_test"],
+            "class_names": json.loads(data["attrs"]["class_names"]),
+            "source_sha256": file_digest(path),
+            "source_description": f"probes {Path(path).name}: "
+                                  f"{data['attrs']['source_description']}"}
 
 
 def check_samples(path: str | Path, samples: list[int]) -> None:

@@ -24,11 +24,17 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.datasets import check_samples, count_test_images, file_digest, read_test_images
+from bitdrift.datasets import (
+    check_samples,
+    count_test_images,
+    file_digest,
+    read_test_images,
+    test_image_shape,
+)
 from bitdrift.devices import worker_main
 from bitdrift.effective_precision import refuse_reduced
 from bitdrift.errors import InferenceError
-from bitdrift.models import model_digest
+from bitdrift.models import model_digest, model_input_shape
 from bitdrift.prefork import ForkedChildren, worker_processes
 from bitdrift.progress import progress
 from bitdrift.provenance import input_sha256
@@ -107,6 +113,11 @@ def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> N
         if not Path(path).is_file():
             raise InferenceError(f"{path}: {kind} file does not exist")
     check_samples(dataset_path, samples)
+    expected = model_input_shape(model_path)
+    images = test_image_shape(dataset_path)
+    if expected is not None and None not in expected and tuple(expected) != images:
+        raise InferenceError(f"{dataset_path}: images of shape {images}, but model "
+                             f"{model_path} takes inputs of shape {tuple(expected)}")
     folder = Path(out).resolve().parent
     try:
         folder.mkdir(parents=True, exist_ok=True)

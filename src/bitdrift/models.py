@@ -354,6 +354,22 @@ def _hash_weights(digest, handle) -> None:
     handle.visititems(visit)
 
 
+def model_input_shape(path) -> tuple | None:
+    """The input shape (without the batch) a `.keras` file declares, read from its
+    config without Keras; None for other files or a model with several inputs."""
+    path = Path(path)
+    if not zipfile.is_zipfile(path):
+        return None
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read("config.json"))
+    shapes = [layer["config"].get("batch_shape")
+              for layer in config.get("config", {}).get("layers", [])
+              if layer.get("class_name") == "InputLayer"]
+    if len(shapes) != 1 or not shapes[0]:
+        return None
+    return tuple(shapes[0][1:])
+
+
 def model_digest(path) -> str:
     """SHA-256 of what a saved model computes: its architecture and its weights.
 

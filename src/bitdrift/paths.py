@@ -77,6 +77,26 @@ def figure_png(name: str) -> str:
     return f"{FIGURES}/{name}.png"
 
 
+# -- probes study ----------------------------------------------------------------------------
+def probe_file(model="{model}") -> str:
+    """The probes of a model: a dataset file whose test set is the probes."""
+    return f"{RESULTS}/probes/{model}/probes.h5"
+
+
+def probe_evaluation_file(model="{model}") -> str:
+    """The probes, then the natural test samples: what every device runs to judge them."""
+    return f"{RESULTS}/probes/{model}/evaluation.h5"
+
+
+def probe_record_file(model="{model}", device="{device}") -> str:
+    return f"{RESULTS}/probes/{model}/records/{device}.h5"
+
+
+# The tables `bitdrift probe-evaluate` writes, by key; its figure is `probes`.
+PROBE_TABLES = {"classes": "probe_classes", "summary": "probe_summary",
+                "identify": "probe_identify"}
+
+
 # -- MaxPool study ----------------------------------------------------------------------------
 def maxpool_variation_file(precision="{precision}") -> str:
     return f"{RESULTS}/maxpool/variation/{precision}.csv"

@@ -1,0 +1,46 @@
+"""Checks of the `probes` config section beyond its schema, and its held-out devices."""
+
+from __future__ import annotations
+
+from bitdrift.errors import ConfigError
+
+
+def held_out_devices(config: dict) -> list[str]:
+    """Every scheduled device of the search devices' precision that the search never runs."""
+    section = config["probes"]
+    search = section["search_devices"]
+    precisions = {config["devices"][d]["precision"] for d in search}
+    return [name for name, device in config["devices"].items()
+            if name not in search and not device["external"]
+            and device["precision"] in precisions]
+
+
+def evaluation_devices(config: dict) -> list[str]:
+    return [*config["probes"]["search_devices"], *held_out_devices(config)]
+
+
+def check(config: dict) -> None:
+    """The model and devices the section names exist; the search devices share one
+    precision (outputs of two precisions are never bitwise equal: no finding); two
+    devices are left to hold out."""
+    section = config.get("probes")
+    if not section:
+        return
+    if section["model"] not in config["models"]:
+        raise ConfigError(f"config key probes.model: unknown model {section['model']!r} "
+                          f"(models: {sorted(config['models'])})")
+    for device in section["search_devices"]:
+        if device not in config["devices"]:
+            raise ConfigError(f"config key probes.search_devices: unknown device {device!r} "
+                              f"(devices: {sorted(config['devices'])})")
+        if config["devices"][device]["external"]:
+            raise ConfigError(f"config key probes.search_devices: device {device!r} is "
+                              "external (measured elsewhere); the search must run it")
+    precisions = {config["devices"][d]["precision"] for d in section["search_devices"]}
+    if len(precisions) > 1:
+        raise ConfigError(f"config key probes.search_devices: devices of precisions "
+                          f"{sorted(precisions)}; the search compares one precision")
+    if len(held_out_devices(config)) < 2:
+        raise ConfigError("config key probes.search_devices: fewer than two scheduled "
+                          "devices of that precision are left to hold out; the probes "
+                          "must be judged on devices the search never ran")
