@@ -193,27 +193,36 @@ def plot_probes(per_input: list[dict], summary: list[dict], probe_images: np.nda
 
     by = {row["measure"]: row["classes"] for row in summary}
     n_probes = len(probe_images)
-    figure = plt.figure(figsize=(10, max(3.2, 1.6 * n_probes)))
-    grid = figure.add_gridspec(n_probes, 3, width_ratios=[3.2, 1, 1])
+    figure = plt.figure(figsize=(11, max(3.6, 1.6 * n_probes)))
+    grid = figure.add_gridspec(n_probes, 3, width_ratios=[3.4, 1, 1])
     left = figure.add_subplot(grid[:, 0])
     natural = [r["classes_held_out"] for r in per_input if r["kind"] == "natural"]
     probes = [r["classes_held_out"] for r in per_input if r["kind"] == "probe"]
-    bins = np.arange(0.5, by["held-out devices"] + 1.5)
-    left.hist(natural, bins=bins, color="0.65", label=f"natural test samples ({len(natural)})")
+    natural_all = [r["classes_all"] for r in per_input if r["kind"] == "natural"]
+    probes_all = [r["classes_all"] for r in per_input if r["kind"] == "probe"]
+    devices_all = max(natural_all + probes_all)
+    bins = np.arange(0.5, max(devices_all, by["held-out devices"]) + 1.5)
+    left.hist([natural, natural_all], bins=bins, color=["0.55", "C0"], alpha=0.8,
+              label=[f"natural samples ({len(natural)}): held-out devices",
+                     "natural samples: all devices (search + held out)"])
     top = left.get_ylim()[1]
-    for k, value in enumerate(probes):
-        left.plot(value, top * (0.55 + 0.1 * k), "v", color="C3", ms=9,
-                  label="probes (searched on other devices)" if k == 0 else None)
-        left.annotate(f"probe {k}", (value, top * (0.55 + 0.1 * k)), xytext=(6, -3),
-                      textcoords="offset points", fontsize=7, color="C3")
+    for k, (value, value_all) in enumerate(zip(probes, probes_all, strict=True)):
+        height = top * (0.5 + 0.1 * k)
+        left.plot(value - 0.2, height, "v", color="C3", ms=9,
+                  label="probes, held-out devices" if k == 0 else None)
+        left.plot(value_all + 0.2, height, "v", color="C1", ms=9,
+                  label="probes, all devices" if k == 0 else None)
+        left.annotate(f"probe {k}", (value_all + 0.2, height), xytext=(6, -3),
+                      textcoords="offset points", fontsize=7, color="C1")
     finest = by["finest partition, all natural samples"]
-    left.axvline(finest, color="C0", ls="--",
-                 label=f"finest partition over all natural samples ({finest})")
+    left.axvline(finest, color="0.3", ls="--",
+                 label=f"held out: finest partition over all natural samples ({finest})")
     left.axvline(by["held-out devices"], color="k", ls=":",
                  label=f"held-out devices ({by['held-out devices']})")
-    left.set_xlabel("bitwise classes among the held-out devices")
+    left.set_xlabel("bitwise classes the input splits the devices into")
     left.set_ylabel("inputs")
-    left.set_title("classes per input, on devices the search never ran")
+    left.set_title("classes per input; the probes were searched without the held-out devices",
+                   fontsize=9)
     left.legend(fontsize=7, loc="upper left")
     flat = natural_images.reshape(len(natural_images), -1)
     for k, probe in enumerate(probe_images):
