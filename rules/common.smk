@@ -485,6 +485,9 @@ TRAINING_RESOURCES = scheduling_resources(
     lambda wildcards: config["models"][wildcards.model]["train"].get("resources", {}),
 )
 ANALYSIS_RESOURCES = config["analysis"].get("resources", {})
+# The probe search runs its devices in one job: the node of its first device (the config
+# check makes every search device ask for the same one).
+PROBE_SEARCH_RESOURCES = device_resources(PROBES["search_devices"][0]) if PROBES else {}
 MAXPOOL_RESOURCES = (MAXPOOL or {}).get("resources", {})
 VARIANCE_RESOURCES = scheduling_resources(
     [

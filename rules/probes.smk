@@ -16,7 +16,7 @@ rule search_probes:
     # The search devices run one after another in this job, each with its own threads.
     threads: probe_search_threads
     resources:
-        **ANALYSIS_RESOURCES,
+        **PROBE_SEARCH_RESOURCES,
     params:
         section=probe_section,
         devices=probe_search_devices,

@@ -36,6 +36,15 @@ def check(config: dict) -> None:
         if config["devices"][device]["external"]:
             raise ConfigError(f"config key probes.search_devices: device {device!r} is "
                               "external (measured elsewhere); the search must run it")
+    # The search runs its devices one after another in one job: on a cluster that job
+    # lands on one node, so the devices must ask for the same node.
+    places = {(config["devices"][d]["accelerator"],
+               repr(sorted(config["devices"][d].get("resources", {}).items())))
+              for d in section["search_devices"]}
+    if len(places) > 1:
+        raise ConfigError("config key probes.search_devices: devices of different "
+                          "accelerators or resources; the search runs them in one job on "
+                          "one node (search GPU devices and CPU devices separately)")
     precisions = {config["devices"][d]["precision"] for d in section["search_devices"]}
     if len(precisions) > 1:
         raise ConfigError(f"config key probes.search_devices: devices of precisions "
