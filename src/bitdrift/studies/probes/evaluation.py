@@ -22,7 +22,7 @@ import numpy as np
 from bitdrift.datasets import read_dataset
 from bitdrift.errors import StudyError
 from bitdrift.record import OUTPUT, Record
-from bitdrift.studies.probes.search import PADDING_ROWS, greedy_order, write_images
+from bitdrift.studies.probes.search import PADDING_ROWS, greedy_order, partition, write_images
 
 IDENTIFY_INPUTS = (1, 2, 3)
 
@@ -80,15 +80,6 @@ def read_outputs(records: list) -> dict:
     return outputs
 
 
-def partition(outputs: dict, devices: list[str], rows: list[int]) -> list[list[str]]:
-    """Devices grouped by equal outputs (bit for bit) on every row together."""
-    groups: dict[tuple, list[str]] = {}
-    for device in devices:
-        key = tuple(outputs[device][row].tobytes() for row in rows)
-        groups.setdefault(key, []).append(device)
-    return list(groups.values())
-
-
 def classes(outputs: dict, devices: list[str], row: int) -> int:
     return len(partition(outputs, devices, [row]))
 
@@ -116,25 +107,21 @@ def probe_tables(outputs: dict, probe_rows: list[int], natural_rows: list[int],
     1, 2, 3 inputs, on the held-out devices (every device not searched on)."""
     devices = list(outputs)
     held_out = [d for d in devices if d not in search_devices]
-    missing = [d for d in search_devices if d not in outputs]
+    searched = [d for d in search_devices if d in outputs]
     if len(held_out) < 2:
         raise StudyError(f"held-out devices {held_out}: at least two are needed to count "
                          "classes on them (every other device was searched on)")
     natural_indices = natural_indices or list(range(len(natural_rows)))
-    per_input = []
-    for k, row in enumerate(probe_rows):
-        per_input.append({"input": f"probe {k}", "kind": "probe", "test_index": -1,
-                          "classes_held_out": classes(outputs, held_out, row),
-                          "classes_search": classes(outputs, [d for d in search_devices
-                                                              if d in outputs], row),
-                          "classes_all": classes(outputs, devices, row)})
-    for index, row in zip(natural_indices, natural_rows, strict=True):
-        per_input.append({"input": f"test sample {index}", "kind": "natural",
-                          "test_index": index,
-                          "classes_held_out": classes(outputs, held_out, row),
-                          "classes_search": classes(outputs, [d for d in search_devices
-                                                              if d in outputs], row),
-                          "classes_all": classes(outputs, devices, row)})
+    label = {row: f"probe {k}" for k, row in enumerate(probe_rows)} | {
+        row: f"test sample {index}" for index, row in zip(natural_indices, natural_rows,
+                                                          strict=True)}
+    test_index = dict(zip(natural_rows, natural_indices, strict=True))
+    per_input = [{"input": label[row], "kind": "natural" if row in test_index else "probe",
+                  "test_index": test_index.get(row, -1),
+                  "classes_held_out": classes(outputs, held_out, row),
+                  "classes_search": classes(outputs, searched, row),
+                  "classes_all": classes(outputs, devices, row)}
+                 for row in probe_rows + natural_rows]
     natural = [r for r in per_input if r["kind"] == "natural"]
     best_natural = max(natural, key=lambda r: r["classes_held_out"])
     best_probe = max(per_input[: len(probe_rows)], key=lambda r: r["classes_held_out"])
@@ -158,25 +145,19 @@ def probe_tables(outputs: dict, probe_rows: list[int], natural_rows: list[int],
     # Identify: probes in the search's order; natural samples chosen the same way (greedy,
     # on the search devices only), so neither side sees a held-out device when chosen.
     truth = partition(outputs, devices, natural_rows + probe_rows)
-    searched = [d for d in search_devices if d in outputs]
     natural_order = greedy_order(outputs, searched, natural_rows, max(IDENTIFY_INPUTS))
     identify_rows = []
     for count in IDENTIFY_INPUTS:
         for kind, order in (("probes", probe_rows), ("natural samples", natural_order)):
             if count > len(order):
                 continue
+            which = ", ".join(label[row] for row in order[:count])
             for queries, asked in (("held-out", held_out), ("all", devices)):
                 result = identify(outputs, devices, order[:count], asked, truth)
-                identify_rows.append({"inputs": kind, "count": count, "queried": queries,
-                                      **result})
-    for row in identify_rows:
-        if row["inputs"] == "natural samples":
-            row["which"] = ", ".join(f"test sample {natural_indices[natural_rows.index(r)]}"
-                                     for r in natural_order[: row["count"]])
-        else:
-            row["which"] = ", ".join(f"probe {k}" for k in range(row["count"]))
+                identify_rows.append({"inputs": kind, "count": count, "which": which,
+                                      "queried": queries, **result})
     return {"per_input": per_input, "summary": summary, "identify": identify_rows,
-            "held_out": held_out, "missing_search_devices": missing}
+            "held_out": held_out}
 
 
 def plot_probes(per_input: list[dict], summary: list[dict], probe_images: np.ndarray,

@@ -78,10 +78,19 @@ def evaluate(natural: np.ndarray, candidates: np.ndarray | None, *, model_name: 
     return outputs
 
 
+def partition(outputs: dict, devices: list[str], rows: list[int]) -> list[list[str]]:
+    """Devices grouped by equal outputs (bit for bit) on every row together."""
+    groups: dict[tuple, list[str]] = {}
+    for device in devices:
+        key = tuple(outputs[device][row].tobytes() for row in rows)
+        groups.setdefault(key, []).append(device)
+    return list(groups.values())
+
+
 def classes_per_input(outputs: dict, devices: list[str]) -> np.ndarray:
-    """Per input row, the number of distinct outputs (bit for bit) among ``devices``."""
+    """Per input row, the number of bitwise classes among ``devices``."""
     n = len(next(iter(outputs.values())))
-    return np.array([len({outputs[d][row].tobytes() for d in devices}) for row in range(n)])
+    return np.array([len(partition(outputs, devices, [row])) for row in range(n)])
 
 
 def spread(outputs: dict, devices: list[str]) -> np.ndarray:
@@ -197,7 +206,7 @@ def search_probes(*, model_name: str, model_path, dataset_path, devices: dict,
             images = np.concatenate([images, children])
             origins += child_origins
             outputs = {d: np.concatenate([outputs[d], child_outputs[d]]) for d in names}
-            scores = classes_per_input(outputs, names)
+            scores = np.concatenate([scores, classes_per_input(child_outputs, names)])
             history.append((generation, int(scores[-population:].max())))
             print(f"bitdrift: probes: generation {generation}: best child "
                   f"{history[-1][1]} classes", file=log, flush=True)
