@@ -231,8 +231,12 @@ def probe_targets():
     """The probe study's tables and figure (`snakemake probes`; not part of `all`)."""
     if not PROBES:
         return []
+    # Every intermediate file as a target too (see core_targets): a probe file lost to a
+    # killed search would otherwise never be made again while the tables exist.
+    inputs = probe_evaluation_inputs()
     return (
-        probe_evaluation_inputs()["records"]
+        inputs["records"]
+        + [inputs["probes"], inputs["evaluation"]]
         + [paths.table_file(name) for name in paths.PROBE_TABLES.values()]
         + [paths.figure_file("probes")]
     )

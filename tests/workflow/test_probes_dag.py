@@ -27,3 +27,8 @@ def test_the_probe_dag_runs_the_search_once_and_every_float32_device_on_the_prob
                        if job["rule"] == "run_probe_inference")
     assert evaluated == sorted(float32)
     assert "run_inference" not in rules  # the probes need no record of the default samples
+    # The probe and evaluation files are targets themselves: one deleted by a killed job is
+    # made again even while the tables after it exist.
+    target = output[output.index("rule probes:"):].split("\n")[1]
+    assert "results/probes/cifar10_small/probes.h5" in target
+    assert "results/probes/cifar10_small/evaluation.h5" in target
