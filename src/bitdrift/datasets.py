@@ -280,6 +280,99 @@ def load_deepweeds(folder: str | Path, image_size: int = 224) -> dict:
     }
 
 
+# -- generated text (the batch-invariance study's transformer) ------------------------------
+# A small English-like grammar with number agreement and relative clauses: a language a
+# small transformer learns in minutes, with no download. Token 0 is the padding token.
+GRAMMAR_WORDS = {
+    "determiner_singular": ["a", "every", "the", "this"],
+    "determiner_plural": ["the", "some", "these", "two"],
+    "noun_singular": ["cat", "dog", "bird", "child", "teacher", "farmer"],
+    "noun_plural": ["cats", "dogs", "birds", "children", "teachers", "farmers"],
+    "adjective": ["small", "big", "red", "old", "quiet"],
+    "intransitive_singular": ["sleeps", "runs", "sings", "waits"],
+    "intransitive_plural": ["sleep", "run", "sing", "wait"],
+    "transitive_singular": ["sees", "likes", "chases", "follows"],
+    "transitive_plural": ["see", "like", "chase", "follow"],
+    "preposition": ["near", "with", "behind"],
+}
+PAD_TOKEN = "<pad>"
+GRAMMAR_VOCABULARY = [PAD_TOKEN, ".", "that", "and"] + sorted(
+    {word for words in GRAMMAR_WORDS.values() for word in words})
+
+
+def _noun_phrase(rng, plural: bool, depth: int) -> list[str]:
+    number = "plural" if plural else "singular"
+    words = [rng.choice(GRAMMAR_WORDS[f"determiner_{number}"])]
+    if rng.random() < 0.4:
+        words.append(rng.choice(GRAMMAR_WORDS["adjective"]))
+    words.append(rng.choice(GRAMMAR_WORDS[f"noun_{number}"]))
+    if depth < 2 and rng.random() < 0.25:
+        words += ["that", *_verb_phrase(rng, plural, depth + 1)]
+    elif depth < 2 and rng.random() < 0.2:
+        words += [rng.choice(GRAMMAR_WORDS["preposition"]),
+                  *_noun_phrase(rng, bool(rng.random() < 0.5), depth + 1)]
+    return words
+
+
+def _verb_phrase(rng, plural: bool, depth: int) -> list[str]:
+    number = "plural" if plural else "singular"
+    if rng.random() < 0.5:
+        return [rng.choice(GRAMMAR_WORDS[f"intransitive_{number}"])]
+    return [rng.choice(GRAMMAR_WORDS[f"transitive_{number}"]),
+            *_noun_phrase(rng, bool(rng.random() < 0.5), depth + 1)]
+
+
+def grammar_sentence(rng: np.random.Generator) -> list[str]:
+    """One sentence: a noun phrase, a verb phrase agreeing with it in number, maybe a
+    second clause joined by "and", and a full stop."""
+    plural = bool(rng.random() < 0.5)
+    words = [*_noun_phrase(rng, plural, 0), *_verb_phrase(rng, plural, 0)]
+    if rng.random() < 0.2:
+        plural = bool(rng.random() < 0.5)
+        words += ["and", *_noun_phrase(rng, plural, 1), *_verb_phrase(rng, plural, 1)]
+    return [*words, "."]
+
+
+def tokenize(text: str, vocabulary: list[str] = GRAMMAR_VOCABULARY) -> list[int]:
+    """Token ids of a space-separated text ("." may touch the word before it); a word
+    outside the vocabulary is a DatasetError naming it."""
+    ids = {word: index for index, word in enumerate(vocabulary)}
+    words = text.replace(".", " . ").split()
+    unknown = [word for word in words if word not in ids]
+    if unknown:
+        raise DatasetError(f"words outside the vocabulary: {unknown} (it has "
+                           f"{len(vocabulary)} words: {' '.join(vocabulary[1:])})")
+    return [ids[word] for word in words]
+
+
+def detokenize(tokens, vocabulary: list[str] = GRAMMAR_VOCABULARY) -> str:
+    return " ".join(vocabulary[int(token)] for token in tokens)
+
+
+def load_grammar(sequence_length: int = 32, train_sequences: int = 4000,
+                 test_sequences: int = 256, seed: int = 0) -> dict:
+    """Sequences cut from one stream of generated sentences: x holds sequence_length
+    token ids (as float32, the input every runtime takes; the model's embedding casts
+    them back to integers, exact below 2**24), y the next token at every position.
+    Train and test sequences come from separate parts of the stream."""
+    rng = np.random.default_rng(seed)
+    needed = (train_sequences + test_sequences) * (sequence_length + 1)
+    ids = {word: index for index, word in enumerate(GRAMMAR_VOCABULARY)}
+    stream: list[int] = []
+    while len(stream) < needed:
+        stream += [ids[word] for word in grammar_sentence(rng)]
+    windows = np.asarray(stream[:needed], dtype=np.int64).reshape(-1, sequence_length + 1)
+    x, y = windows[:, :-1].astype(np.float32), windows[:, 1:]
+    return {
+        "x_train": x[:train_sequences], "y_train": y[:train_sequences],
+        "x_test": x[train_sequences:], "y_test": y[train_sequences:],
+        "class_names": list(GRAMMAR_VOCABULARY),
+        "source_sha256": hashlib.sha256(windows.tobytes()).hexdigest(),
+        "source_description": f"generated grammar (seed {seed}): {train_sequences} + "
+                              f"{test_sequences} sequences of {sequence_length} tokens",
+    }
+
+
 # -- common ---------------------------------------------------------------------------------
 MNIST_FILES = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
                "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
@@ -357,6 +450,9 @@ def load_source(spec: dict) -> dict:
         if "path" not in spec:
             raise DatasetError("probes dataset needs 'path' (the probe file of `bitdrift probe`)")
         data = load_probes(spec["path"])
+    elif source == "grammar":
+        data = load_grammar(spec.get("sequence_length", 32), spec.get("train_sequences", 4000),
+                            spec.get("test_sequences", 256), spec.get("seed", 0))
     elif source == "deepweeds":
         if "path" not in spec:
             raise DatasetError("deepweeds dataset needs 'path' (folder with labels.csv)")

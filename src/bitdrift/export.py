@@ -74,9 +74,10 @@ def inference_inputs(model: str, backend: str) -> dict:
 
 def _probe(model_path):
     from bitdrift import backends
-    from bitdrift.models import layer_probe
+    from bitdrift.models import layer_probe, register_layers
 
     keras = backends.get("tensorflow").import_keras()
+    register_layers(keras)
     try:
         model = keras.saving.load_model(str(model_path), compile=False)
     except Exception as error:  # Keras raises ValueError, OSError, zipfile errors, ...
@@ -90,7 +91,8 @@ def export_model(model_path: str | Path, format: str, out: str | Path) -> None:
     """The model's layer probe in ``format`` (a key of FORMATS), written atomically."""
     keras, model, probe, layers = _probe(model_path)
     keras_format, runtimes = FORMATS[format]
-    probe(np.zeros((1, *model.inputs[0].shape[1:]), np.float32))  # Keras exports called models
+    # Keras exports called models; an open axis (a sequence length) is called at 1
+    probe(np.zeros((1, *(size or 1 for size in model.inputs[0].shape[1:])), np.float32))
     with atomic_output(out) as tmp:
         try:
             probe.export(str(tmp), format=keras_format, verbose=False)

@@ -238,12 +238,102 @@ def resnet_v2(keras, input_shape, classes, depth=29, **_):
     return keras.Model(inputs, outputs, name=f"resnet{depth}_v2")
 
 
+_CUSTOM_LAYERS: dict = {}
+
+
+def register_layers(keras) -> dict:
+    """bitdrift's own Keras layers, registered for loading (``bitdrift>Name`` in a saved
+    model's config); every process that loads a model calls this first."""
+    if _CUSTOM_LAYERS:
+        return _CUSTOM_LAYERS
+
+    @keras.saving.register_keras_serializable(package="bitdrift")
+    class PositionEmbedding(keras.layers.Layer):
+        """A learned embedding per position, added to its input (batch, length, width);
+        ``context`` positions exist, so a sequence may be any length up to it."""
+
+        def __init__(self, context, embeddings_initializer="glorot_uniform", **kwargs):
+            super().__init__(**kwargs)
+            self.context = int(context)
+            self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+
+        def build(self, input_shape):
+            self.embeddings = self.add_weight(
+                shape=(self.context, int(input_shape[-1])), name="embeddings",
+                initializer=self.embeddings_initializer)
+
+        def call(self, inputs):
+            # A gather of positions 0..length-1 (LiteRT has no built-in slice of a length
+            # known only at run time; a gather and a range it has).
+            positions = keras.ops.take(self.embeddings,
+                                       keras.ops.arange(keras.ops.shape(inputs)[1]), axis=0)
+            return inputs + keras.ops.expand_dims(keras.ops.cast(positions, inputs.dtype), 0)
+
+        def compute_output_shape(self, input_shape):
+            return input_shape
+
+        def get_config(self):
+            return {**super().get_config(), "context": self.context,
+                    "embeddings_initializer":
+                        keras.initializers.serialize(self.embeddings_initializer)}
+
+    @keras.saving.register_keras_serializable(package="bitdrift")
+    class CausalMask(keras.layers.Layer):
+        """The causal attention mask of a (batch, length, ...) input: (1, length, length),
+        True where a position may attend (itself and earlier positions). Built here, not
+        by MultiHeadAttention's ``use_causal_mask``, whose mask LiteRT cannot run without
+        TensorFlow's own kernels (a 4-D strided slice)."""
+
+        def call(self, inputs):
+            positions = keras.ops.arange(keras.ops.shape(inputs)[1])
+            return keras.ops.expand_dims(keras.ops.expand_dims(positions, 1)
+                                         >= keras.ops.expand_dims(positions, 0), 0)
+
+        def compute_output_spec(self, inputs):
+            return keras.KerasTensor((1, inputs.shape[1], inputs.shape[1]), dtype="bool")
+
+    _CUSTOM_LAYERS.update(PositionEmbedding=PositionEmbedding, CausalMask=CausalMask)
+    return _CUSTOM_LAYERS
+
+
+def tiny_transformer(keras, input_shape, classes, blocks=2, embedding_size=64, heads=4,
+                     context=64, **_):
+    """A small decoder-only transformer (the batch-invariance study's model): token and
+    position embeddings, ``blocks`` pre-norm blocks of causal multi-head self-attention
+    and a SiLU MLP (4x wide; not GELU, whose erfc tf2onnx cannot export) with residual
+    additions, a final LayerNorm and the vocabulary head (``classes`` logits per
+    position). Inputs are token ids as floats (every runtime takes float32; the
+    embedding casts them to integers), of any length up to ``context``: the sequence
+    axis is left open so the same model runs padded."""
+    layers = keras.layers
+    custom = register_layers(keras)
+    inputs = keras.Input((None,), name="tokens")
+    mask = custom["CausalMask"](name="causal_mask")(inputs)
+    x = layers.Embedding(classes, embedding_size, name="token_embedding")(inputs)
+    x = custom["PositionEmbedding"](context, name="position_embedding")(x)
+    for block in range(1, blocks + 1):
+        name = f"block{block}"
+        h = layers.LayerNormalization(epsilon=1e-5, name=f"{name}_norm1")(x)
+        h = layers.MultiHeadAttention(heads, embedding_size // heads,
+                                      name=f"{name}_attention")(h, h, attention_mask=mask)
+        x = layers.Add(name=f"{name}_add1")([x, h])
+        h = layers.LayerNormalization(epsilon=1e-5, name=f"{name}_norm2")(x)
+        h = layers.Dense(4 * embedding_size, name=f"{name}_mlp_up")(h)
+        h = layers.Activation("silu", name=f"{name}_silu")(h)
+        h = layers.Dense(embedding_size, name=f"{name}_mlp_down")(h)
+        x = layers.Add(name=f"{name}_add2")([x, h])
+    x = layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
+    outputs = layers.Dense(classes, name="logits")(x)
+    return keras.Model(inputs, outputs, name="tiny_transformer")
+
+
 ARCHITECTURES = {"cifar10_small": cifar10_small, "resnet18": resnet18, "resnet50": resnet50,
                  "resnet50v2": resnet50v2, "small_cnn": small_cnn, "medium_cnn": medium_cnn,
-                 "resnet_v2": resnet_v2}
+                 "resnet_v2": resnet_v2, "tiny_transformer": tiny_transformer}
 # Options an architecture entry may carry (config keys passed on to the builder).
 ARCHITECTURE_OPTIONS = ("activation", "pooling", "batch_norm", "kernel_size", "width", "depth",
-                        "dropout", "batch_norm_momentum")
+                        "dropout", "batch_norm_momentum", "blocks", "embedding_size", "heads",
+                        "context")
 
 
 def build_model(keras, spec: dict, input_shape, classes: int, dropout_seed: int | None = None):
@@ -317,8 +407,8 @@ def layer_probe(keras, model):
             output = layer.output
         except (AttributeError, ValueError):
             continue  # a layer used several times has no single output to record
-        if isinstance(output, list | tuple):
-            continue
+        if isinstance(output, list | tuple) or "float" not in str(output.dtype):
+            continue  # several outputs, or no values to compare (a boolean mask)
         outputs.append(output)
         names.append((layer.name, layer.__class__.__name__))
     # A single input as a tensor, not a one-element list: called with a batch, a list

@@ -107,6 +107,12 @@ def _layers(model):
     for layer in model.layers:
         if hasattr(layer, "layers") and layer.layers:  # a nested model
             yield from _layers(layer)
+        elif layer.weights and not any(variable in layer.weights for variable in
+                                       getattr(layer, "_trainable_variables", [])):
+            # A layer whose weights all live in sublayers (MultiHeadAttention's query,
+            # key, value and output projections): each sublayer has its own initialiser.
+            yield from (sub for sub in layer._flatten_layers(include_self=False)
+                        if sub.weights)
         else:
             yield layer
 
@@ -285,4 +291,4 @@ def train_model(*, spec: dict, seed: int, dataset_path: str | Path, out_model: s
         handle.attrs.update({
             "seed": seed, "backend": backend, "deterministic": settings["deterministic"],
             "init_sha256": trained.init_sha256,
-            "test_accuracy": float(np.mean(trained.logits.argmax(1) == data["y_test"]))})
+            "test_accuracy": float(np.mean(trained.logits.argmax(-1) == data["y_test"]))})

@@ -57,12 +57,13 @@ def open_session(runtime, job: dict, name: str):
     """The job's ``.keras`` model on a Keras backend: cast to the device's precision, built
     in the runtime's strategy scope, with a probe returning every recorded layer."""
     from bitdrift.backends import Session
-    from bitdrift.models import cast_model, layer_probe
+    from bitdrift.models import cast_model, layer_probe, register_layers
 
     device = job["device"]
     keras = runtime.import_keras()
     runtime.configure_threads(device.get("threads"))
     accelerator = runtime.check_accelerator(name, device)
+    register_layers(keras)
     with runtime.strategy_scope(accelerator):
         model = keras.saving.load_model(job["model_path"], compile=False)
         model = cast_model(keras, model, device["precision"])
