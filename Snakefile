@@ -34,6 +34,7 @@ include: "rules/maxpool.smk"
 include: "rules/variance.smk"
 include: "rules/ablation.smk"
 include: "rules/probes.smk"
+include: "rules/batching.smk"
 
 
 rule all:

@@ -19,6 +19,8 @@ from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.provenance import infer_command
 from bitdrift.studies.ablation.cli import ABLATION_TABLES, ablation_inputs, study_config
 from bitdrift.studies.ablation.config import variant_models
+from bitdrift.studies.batching.cli import run_arguments
+from bitdrift.studies.batching.config import batching_models
 from bitdrift.studies.probes.config import evaluation_devices
 from bitdrift.studies.variance.plans import gallery_plan, plan_runs, resolve_plans
 
@@ -97,7 +99,14 @@ _check_samples()
 ABLATION = config.get("ablation")
 ABLATION_MODELS = variant_models(config)
 config["models"].update(ABLATION_MODELS)
-ALL_MODELS = MODELS + list(ABLATION_MODELS)
+# The batching study's own models join the same way (trained and exported by the spine's
+# rules, never part of its tables).
+BATCHING = config.get("batching") or {}
+BATCHING_MODELS = batching_models(config)
+config["models"].update(BATCHING_MODELS)
+BATCHING_MODEL = BATCHING.get("model")
+BATCHING_DEVICES = BATCHING.get("devices", [])
+ALL_MODELS = MODELS + list(ABLATION_MODELS) + list(BATCHING_MODELS)
 MAXPOOL = config.get("maxpool")
 PLANS = resolve_plans(config)
 GALLERY_PLAN, GALLERY_ARM, GALLERY_TOP_K = gallery_plan(config, PLANS)
@@ -242,6 +251,17 @@ def probe_targets():
     )
 
 
+def batching_targets():
+    """The batch-invariance runs, tables and figure (`snakemake batching`; not in `all`)."""
+    if not BATCHING:
+        return []
+    return (
+        batching_run_files()
+        + [paths.table_file(name) for name in paths.BATCHING_TABLES.values()]
+        + [paths.figure_file("batching")]
+    )
+
+
 def all_targets():
     return (
         maxpool_targets()
@@ -353,6 +373,28 @@ def probe_evaluation_inputs(wildcards=None):
 
 
 # ---- input and params functions: ablation study -------------------------------------------
+def batching_run_files(wildcards=None):
+    return [
+        paths.batching_run_file(BATCHING_MODEL, device) for device in BATCHING_DEVICES
+    ]
+
+
+def batching_model_file(wildcards=None):
+    return paths.model_file(config, BATCHING_MODEL)
+
+
+def batching_dataset_file(wildcards):
+    return paths.dataset_file(config["models"][BATCHING_MODEL]["dataset"])
+
+
+def batching_arguments(wildcards):
+    """run_device's settings for the device (the files come from the rule's input)."""
+    arguments = run_arguments(config, wildcards.device)
+    for key in ("model_path", "dataset_path", "reference", "export", "out"):
+        arguments.pop(key)
+    return arguments
+
+
 def ablation_files(wildcards=None):
     """Every record and test-logits file the ablation tables read."""
     inputs = ablation_inputs(config)
@@ -484,7 +526,7 @@ INFERENCE_RESOURCES = scheduling_resources(
 TRAINING_RESOURCES = scheduling_resources(
     [
         config["models"][model]["train"].get("resources", {})
-        for model in TRAINED_MODELS + list(ABLATION_MODELS)
+        for model in TRAINED_MODELS + list(ABLATION_MODELS) + list(BATCHING_MODELS)
     ],
     lambda wildcards: config["models"][wildcards.model]["train"].get("resources", {}),
 )

@@ -460,6 +460,27 @@ def model_input_shape(path) -> tuple | None:
     return tuple(shapes[0][1:])
 
 
+def layer_inbound(path) -> dict[str, list[str]]:
+    """{layer: the layers whose outputs it takes} of a `.keras` file, read from its
+    config without Keras (every tensor a layer's call receives, masks included)."""
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read("config.json"))
+
+    def sources(node):
+        if isinstance(node, dict):
+            history = node.get("config", {}).get("keras_history") \
+                if node.get("class_name") == "__keras_tensor__" else None
+            if history:
+                return [history[0]]
+            return [name for value in node.values() for name in sources(value)]
+        if isinstance(node, list):
+            return [name for value in node for name in sources(value)]
+        return []
+
+    return {layer["config"]["name"]: list(dict.fromkeys(sources(layer.get("inbound_nodes"))))
+            for layer in config.get("config", {}).get("layers", [])}
+
+
 def model_digest(path) -> str:
     """SHA-256 of what a saved model computes: its architecture and its weights.
 

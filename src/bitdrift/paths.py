@@ -98,6 +98,15 @@ PROBE_TABLES = {"classes": "probe_classes", "summary": "probe_summary",
 
 
 # -- MaxPool study ----------------------------------------------------------------------------
+def batching_run_file(model="{model}", device="{device}") -> str:
+    """One device's batch-invariance run (JSON)."""
+    return f"{RESULTS}/batching/{model}/{device}.json"
+
+
+BATCHING_TABLES = {"layers": "batching_layers", "decoding": "batching_decoding",
+                   "summary": "batching_summary"}
+
+
 def maxpool_variation_file(precision="{precision}") -> str:
     return f"{RESULTS}/maxpool/variation/{precision}.csv"
 

@@ -103,14 +103,21 @@ def initial_values(keras, initializer, shape, rng: np.random.Generator) -> np.nd
         "bitdrift.training.initial_values; add it there")
 
 
+def _sublayers_own_every_weight(layer) -> bool:
+    own = [*getattr(layer, "_trainable_variables", []),
+           *getattr(layer, "_non_trainable_variables", [])]
+    subs = [sub for sub in layer._flatten_layers(include_self=False) if sub.weights]
+    return bool(layer.weights) and not own and \
+        sum(len(sub.weights) for sub in subs) == len(layer.weights)
+
+
 def _layers(model):
     for layer in model.layers:
         if hasattr(layer, "layers") and layer.layers:  # a nested model
             yield from _layers(layer)
-        elif layer.weights and not any(variable in layer.weights for variable in
-                                       getattr(layer, "_trainable_variables", [])):
-            # A layer whose weights all live in sublayers (MultiHeadAttention's query,
-            # key, value and output projections): each sublayer has its own initialiser.
+        elif _sublayers_own_every_weight(layer):
+            # MultiHeadAttention's weights live in its query, key, value and output
+            # projections, each with its own initialiser.
             yield from (sub for sub in layer._flatten_layers(include_self=False)
                         if sub.weights)
         else:

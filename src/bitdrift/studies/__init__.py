@@ -6,4 +6,4 @@ imports a study. Each study package has ``cli.add_commands(subparsers)`` for its
 section makes (the schema checks the shapes).
 """
 
-STUDIES = ("ablation", "maxpool", "probes", "variance")
+STUDIES = ("ablation", "batching", "maxpool", "probes", "variance")
