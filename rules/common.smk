@@ -380,7 +380,7 @@ def batching_run_files(wildcards=None):
 
 
 def batching_model_file(wildcards=None):
-    return paths.model_file(config, BATCHING_MODEL)
+    return paths.model_file(config, BATCHING_MODEL) if BATCHING else []
 
 
 def batching_dataset_file(wildcards):
