@@ -11,11 +11,13 @@ import pytest
 from bitdrift.config import load_config, validate_config
 from bitdrift.datasets import GRAMMAR_VOCABULARY, detokenize, load_grammar, tokenize
 from bitdrift.errors import ConfigError, DatasetError
-from bitdrift.studies.batching.analysis import batching_tables, first_divergence, origins
+from bitdrift.studies.batching.analysis import batching_tables, origins
 from bitdrift.studies.batching.runs import (
     batch_settings,
     build_batch,
     compare,
+    decoding_entry,
+    first_divergence,
     greedy_decode,
     layer_verdicts,
 )
@@ -122,10 +124,24 @@ def test_greedy_decoding_and_first_divergence():
                                                    "neighbours": 0}, 7)
     batched = greedy_decode(final, [1, 2], 5, pool, {"batch_size": 8, "position": 3,
                                                      "neighbours": 0}, 7)
-    assert alone == [3, 4, 5, 6, 7]
-    assert batched == [3, 4, 5, 7, 9]
-    assert first_divergence(alone, batched) == 4
-    assert first_divergence(alone, alone) is None
+    assert alone[0] == [3, 4, 5, 6, 7]
+    assert batched[0] == [3, 4, 5, 7, 9]
+    assert first_divergence(alone[0], batched[0]) == 4
+    assert first_divergence(alone[0], alone[0]) is None
+    # one-hot logits: every decision has a gap of 1; up to the divergent step the logits
+    # move by 1 (step 4's one-hot sits on another token), never more
+    entry = decoding_entry(alone, batched)
+    assert entry == {"tokens": [3, 4, 5, 7, 9], "largest_logit_change": 1.0,
+                     "smallest_margin": 1.0}
+    assert decoding_entry(alone, alone)["largest_logit_change"] == 0.0
+
+
+def test_decoding_entry_measures_the_closest_call():
+    alone = ([1, 1], np.array([[0.0, 2.0, 1.5], [0.0, 3.0, 0.0]]))
+    nudged = ([1, 1], np.array([[0.0, 2.0, 1.5001], [0.0, 3.0, 0.0]]))
+    entry = decoding_entry(alone, nudged)
+    assert entry["smallest_margin"] == pytest.approx(0.5)  # 2.0 - 1.5 at step 1
+    assert entry["largest_logit_change"] == pytest.approx(1e-4)
 
 
 def test_tables_count_differing_settings_and_completions(hand_built):
@@ -134,7 +150,9 @@ def test_tables_count_differing_settings_and_completions(hand_built):
            "layers": [[layer, "X"] for layer in LAYERS], "settings": settings,
            "verdicts": verdicts, "prompts": [[1, 2]],
            "decoding": [{"prompt": 0, "setting": s["name"],
-                         "tokens": [3, 4] if s["batch_size"] == 1 else [3, 5]}
+                         "tokens": [3, 4] if s["batch_size"] == 1 else [3, 5],
+                         "largest_logit_change": 0.25 * s["batch_size"],
+                         "smallest_margin": 0.5}
                         for s in settings]}
     tables = batching_tables([run], INBOUND, [str(i) for i in range(10)])
     (summary,) = tables["summary"]
@@ -144,6 +162,8 @@ def test_tables_count_differing_settings_and_completions(hand_built):
     assert summary["origin_layers"] == "ordered_sum;sequence_mean"
     assert summary["first_divergent_token"] == 2
     assert summary["distinct_completions"] == 2
+    assert summary["largest_logit_change"] == 2.0  # 0.25 x batch 8
+    assert summary["smallest_margin"] == 0.5
     cells = {(r["layer"], r["setting"]): r for r in tables["layers"]}
     assert cells[("scale", "batch8_at4")]["verdict"] == "equal"
     assert cells[("ordered_sum", "batch8_at4")]["inputs_differing"] == 2

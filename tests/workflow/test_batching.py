@@ -50,6 +50,8 @@ def test_batching_tables_and_figure(batching_run):
         assert len(rows) == 2 * (len(settings))  # two prompts, every setting
         alone = rows[rows["setting"] == "alone"]
         assert alone["first_divergent_token"].isna().all()
+        assert alone["largest_logit_change"].eq(0).all()  # alone against itself
+        assert rows["smallest_margin"].gt(0).all()  # no exact tie among the top logits
         assert alone["completion"].str.split().str.len().eq(6).all()
     png = results / "figures/batching.png"
     assert png.stat().st_size > 10_000

@@ -8,14 +8,17 @@ from pathlib import Path
 import numpy as np
 
 from bitdrift.errors import RecordError
+from bitdrift.studies.batching.runs import first_divergence
 
 LAYER_COLUMNS = ["device", "backend", "layer", "layer_class", "setting", "inputs",
                  "inputs_differing", "remaining_precision", "differing_share", "verdict",
                  "origin"]
-DECODING_COLUMNS = ["device", "prompt", "setting", "first_divergent_token", "completion"]
+DECODING_COLUMNS = ["device", "prompt", "setting", "first_divergent_token",
+                    "largest_logit_change", "smallest_margin", "completion"]
 SUMMARY_COLUMNS = ["device", "backend", "settings", "settings_differing",
                    "first_layer_differing", "origin_layers", "prompts",
-                   "first_divergent_token", "distinct_completions"]
+                   "first_divergent_token", "distinct_completions",
+                   "largest_logit_change", "smallest_margin"]
 RUN_KEYS = ("device", "backend", "layers", "settings", "verdicts", "decoding", "prompts")
 
 
@@ -42,14 +45,6 @@ def origins(verdicts: list[dict], inbound: dict[str, list[str]]) -> set[tuple]:
                                 for source in inbound.get(layer, []))}
 
 
-def first_divergence(reference: list[int], tokens: list[int]) -> int | None:
-    """1-based index of the first generated token that differs, None if none does."""
-    for index, (a, b) in enumerate(zip(reference, tokens, strict=True), start=1):
-        if a != b:
-            return index
-    return None
-
-
 def batching_tables(runs: list[dict], inbound: dict[str, list[str]], vocabulary: list[str]):
     """{layers, decoding, summary} rows (lists of dicts) of the devices' runs."""
     layer_rows, decoding_rows, summary_rows = [], [], []
@@ -71,6 +66,7 @@ def batching_tables(runs: list[dict], inbound: dict[str, list[str]], vocabulary:
                 "origin": any((setting, e["input"], layer) in started for e in entries)})
         baseline = run["settings"][0]["name"]
         completions: dict[int, dict[str, list[int]]] = {}
+        entries = {(e["prompt"], e["setting"]): e for e in run["decoding"]}
         for entry in run["decoding"]:
             completions.setdefault(entry["prompt"], {})[entry["setting"]] = entry["tokens"]
         firsts = []
@@ -79,9 +75,12 @@ def batching_tables(runs: list[dict], inbound: dict[str, list[str]], vocabulary:
             for setting, tokens in by_setting.items():
                 first = first_divergence(by_setting[baseline], tokens)
                 firsts.append(first)
+                entry = entries[(prompt, setting)]
                 decoding_rows.append({
                     "device": run["device"], "prompt": prompt_text, "setting": setting,
                     "first_divergent_token": first,
+                    "largest_logit_change": entry.get("largest_logit_change"),
+                    "smallest_margin": entry.get("smallest_margin"),
                     "completion": " ".join(vocabulary[t] for t in tokens)})
         logits = [r for r in layer_rows if r["device"] == run["device"]
                   and r["layer"] == run["layers"][-1][0]]
@@ -100,7 +99,11 @@ def batching_tables(runs: list[dict], inbound: dict[str, list[str]], vocabulary:
             "prompts": len(completions),
             "first_divergent_token": min(diverged) if diverged else None,
             "distinct_completions": max((len({tuple(t) for t in by.values()})
-                                         for by in completions.values()), default=0)})
+                                         for by in completions.values()), default=0),
+            "largest_logit_change": max((e.get("largest_logit_change", 0.0)
+                                         for e in run["decoding"]), default=0.0),
+            "smallest_margin": min((e.get("smallest_margin", np.inf)
+                                    for e in run["decoding"]), default=np.inf)})
     return {"layers": layer_rows, "decoding": decoding_rows, "summary": summary_rows}
 
 
@@ -152,7 +155,9 @@ def plot_batching(runs: list[dict], tables: dict, out) -> None:
                        f"{row['settings']} settings\ndecoding: "
                        + (f"first divergent token {first}, up to "
                           f"{row['distinct_completions']} completions" if first
-                          else "every setting gives the batch-of-1 text"), fontsize=8)
+                          else "every setting gives the batch-of-1 text")
+                       + f"\nlogits moved {row['largest_logit_change']:.1e}; closest "
+                         f"top-2 gap {row['smallest_margin']:.1e}", fontsize=8)
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6,
                     label="remaining precision (bits) where not bit-equal")
     figure.suptitle("Batch invariance per layer: green = bit-equal to the input run alone; "

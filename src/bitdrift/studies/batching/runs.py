@@ -114,21 +114,47 @@ def layer_verdicts(run, layers: list[str], inputs: list[int], test: np.ndarray,
 
 
 def greedy_decode(final, prompt: list[int], tokens: int, pool: np.ndarray, setting: dict,
-                  window: int) -> list[int]:
+                  window: int) -> tuple[list[int], np.ndarray]:
     """``tokens`` tokens generated greedily after ``prompt`` in the batch of ``setting``,
     each step running the whole sequence (no cache) right-padded to ``window`` tokens
     (constant shapes; causal attention ignores the padding); ``final(batch)`` gives the
-    logits (batch, length, vocabulary). Ties go to the lowest token id."""
+    logits (batch, length, vocabulary). Ties go to the lowest token id. Returns the
+    tokens and each step's logits (steps x vocabulary, float64)."""
     sequence = np.full(window, PAD, dtype=np.float32)
     sequence[:len(prompt)] = prompt
-    generated = []
+    generated, step_logits = [], []
     for step in range(tokens):
         batch = build_batch(sequence, pool, setting, window)
         logits = np.asarray(final(batch))[setting["position"], len(prompt) + step - 1]
-        token = int(np.argmax(logits.astype(np.float64)))
+        step_logits.append(logits.astype(np.float64))
+        token = int(np.argmax(step_logits[-1]))
         sequence[len(prompt) + step] = token
         generated.append(token)
-    return generated
+    return generated, np.stack(step_logits)
+
+
+def first_divergence(reference: list[int], tokens: list[int]) -> int | None:
+    """1-based index of the first generated token that differs, None if none does."""
+    for index, (a, b) in enumerate(zip(reference, tokens, strict=True), start=1):
+        if a != b:
+            return index
+    return None
+
+
+def decoding_entry(alone: tuple[list[int], np.ndarray],
+                   mine: tuple[list[int], np.ndarray]) -> dict:
+    """How close a setting's decoding came to leaving the batch-of-1 text: the largest
+    change of any logit against alone over the steps whose prefix is still the same (up to
+    and including the first divergent step), and the smallest gap between alone's two
+    highest logits (the closest decision). A token flips only where a change reaches a
+    gap."""
+    (alone_tokens, alone_logits), (tokens, logits) = alone, mine
+    steps = first_divergence(alone_tokens, tokens) or len(tokens)
+    top = np.sort(alone_logits, axis=1)[:, -2:]
+    return {"tokens": tokens,
+            "largest_logit_change": float(np.max(np.abs(logits[:steps]
+                                                        - alone_logits[:steps]))),
+            "smallest_margin": float(np.min(top[:, 1] - top[:, 0]))}
 
 
 def run_worker(job: dict) -> None:
@@ -147,11 +173,13 @@ def run_worker(job: dict) -> None:
     decoding = []
     for prompt_index, prompt in enumerate(job["prompts"]):
         window = len(prompt) + job["tokens"]
+        alone = None
         for setting in settings:
             length = job["padded_length"] if setting["padded"] else window
+            mine = greedy_decode(session.final, prompt, job["tokens"], test, setting, length)
+            alone = alone or mine  # the first setting is the input alone
             decoding.append({"prompt": prompt_index, "setting": setting["name"],
-                             "tokens": greedy_decode(session.final, prompt, job["tokens"],
-                                                     test, setting, length)})
+                             **decoding_entry(alone, mine)})
     with open(job["out"], "w") as handle:
         json.dump({"layers": session.layers, "unmapped": session.unmapped,
                    "settings": settings, "verdicts": verdicts, "decoding": decoding}, handle)
