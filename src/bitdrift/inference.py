@@ -146,7 +146,7 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def _terminate_cleanly():
+def terminate_cleanly():
     """SIGTERM (Snakemake, SLURM's scancel) raises SystemExit, so temporary files are
     removed on the way out instead of left behind."""
     if threading.current_thread() is not threading.main_thread():
@@ -182,7 +182,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                                  f"{model_path}")
     remove_stale_temporaries()
     repeats, weights, classes = [], {}, None
-    with _terminate_cleanly(), tempfile.TemporaryDirectory(
+    with terminate_cleanly(), tempfile.TemporaryDirectory(
             prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp, worker_processes(
             WORKER, device, f"device {device_name!r}", log) as workers:
         how = "a forked child" if isinstance(workers, ForkedChildren) else "a fresh process"

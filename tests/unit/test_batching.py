@@ -246,3 +246,37 @@ def test_transformer_run_on_a_device(transformer, backend):
             assert verdict["equal"], verdict
     assert len(run["decoding"]) == len(settings)
     assert all(len(entry["tokens"]) == 4 for entry in run["decoding"])
+
+
+def test_a_terminated_run_leaves_no_temporary_folder_and_no_output(transformer, tmp_path):
+    """SIGTERM (Snakemake, scancel) mid-run: the worker's folder is removed, no run file."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out, log = tmp_path / "run.json", tmp_path / "log.txt"
+    code = (
+        "from bitdrift.studies.batching.runs import run_device\n"
+        "import sys\n"
+        "run_device(model_name='t', device_name='tf', device={'accelerator': 'cpu', "
+        "'backend': 'tensorflow', 'threads': 1, 'precision': 'float32', 'batch_size': 1, "
+        "'repeats': 1, 'env': {}}, "
+        f"model_path={str(transformer / 'model.keras')!r}, "
+        f"dataset_path={str(transformer / 'grammar.h5')!r}, inputs=[0], batch_sizes=[2], "
+        "positions=['first'], neighbour_sets=1, padded_length=None, prompts=[[1, 2]], "
+        f"tokens=8, out={str(out)!r}, log=sys.stderr)\n")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    with open(log, "w") as handle:
+        process = subprocess.Popen([sys.executable, "-c", code], stderr=handle,
+                                   env={**os.environ, "TMPDIR": str(temporary)})
+        deadline = time.time() + 120
+        while "batch settings" not in log.read_text() and time.time() < deadline:
+            time.sleep(0.2)
+        assert list(temporary.glob("bitdrift-batching-*"))  # the run is under way
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) != 0
+    assert not list(temporary.glob("bitdrift-batching-*"))
+    assert not out.exists()
