@@ -151,13 +151,13 @@ def plot_batching(runs: list[dict], tables: dict, out) -> None:
         axis.set_xticks(range(len(settings)), settings, rotation=90, fontsize=6)
         row = summary[run["device"]]
         first = row["first_divergent_token"]
-        axis.set_title(f"{run['device']}: logits differ in {row['settings_differing']}/"
-                       f"{row['settings']} settings\ndecoding: "
+        axis.set_title(f"{run['device']}: test inputs' logits differ in "
+                       f"{row['settings_differing']}/{row['settings']} settings\ndecoding: "
                        + (f"first divergent token {first}, up to "
                           f"{row['distinct_completions']} completions" if first
                           else "every setting gives the batch-of-1 text")
-                       + f"\nlogits moved {row['largest_logit_change']:.1e}; closest "
-                         f"top-2 gap {row['smallest_margin']:.1e}", fontsize=8)
+                       + f"\ndecoding logits moved up to {row['largest_logit_change']:.1e}; "
+                         f"closest top-2 gap {row['smallest_margin']:.1e}", fontsize=8)
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6,
                     label="remaining precision (bits) where not bit-equal")
     figure.suptitle("Batch invariance per layer: green = bit-equal to the input run alone; "
