@@ -199,9 +199,13 @@ def test_config_errors_name_the_value_before_any_job(change, message):
 
 @pytest.fixture(scope="module")
 def transformer(tmp_path_factory):
-    """A one-block transformer trained for one epoch on short grammar sequences."""
+    """A one-block transformer trained for one epoch on short grammar sequences, by Keras
+    on TensorFlow in a process of its own (this one may hold Keras on another backend)."""
+    import os
+    import subprocess
+    import sys
+
     from bitdrift.datasets import prepare_dataset
-    from bitdrift.training import train_model
 
     folder = tmp_path_factory.mktemp("transformer")
     dataset = folder / "grammar.h5"
@@ -212,9 +216,14 @@ def transformer(tmp_path_factory):
             "train": {"epochs": 1, "batch_size": 32, "learning_rate": 0.003,
                       "optimizer": "adam", "seeds": [1], "deterministic": True,
                       "backend": "tensorflow"}}
-    train_model(spec=spec, seed=1, dataset_path=dataset, out_model=folder / "model.keras",
-                out_history=folder / "history.csv", out_logits=folder / "logits.h5",
-                threads=1)
+    code = ("import json, sys; from bitdrift.training import train_model; "
+            "folder = sys.argv[2]; "
+            "train_model(spec=json.loads(sys.argv[1]), seed=1, "
+            "dataset_path=folder + '/grammar.h5', out_model=folder + '/model.keras', "
+            "out_history=folder + '/history.csv', out_logits=folder + '/logits.h5', "
+            "threads=1)")
+    subprocess.run([sys.executable, "-c", code, json.dumps(spec), str(folder)], check=True,
+                   env={**os.environ, "KERAS_BACKEND": "tensorflow"})
     return folder
 
 
