@@ -51,8 +51,11 @@ def batching_tables(runs: list[dict], inbound: dict[str, list[str]], vocabulary:
     for run in runs:
         classes = dict(map(tuple, run["layers"]))
         started = origins(run["verdicts"], inbound)
+        baseline = run["settings"][0]["name"]  # alone: each input against itself
         cells: dict[tuple, list[dict]] = {}
         for verdict in run["verdicts"]:
+            if verdict["setting"] == baseline:
+                continue
             cells.setdefault((verdict["layer"], verdict["setting"]), []).append(verdict)
         for (layer, setting), entries in cells.items():
             differing = [e for e in entries if not e["equal"]]
@@ -64,7 +67,6 @@ def batching_tables(runs: list[dict], inbound: dict[str, list[str]], vocabulary:
                 "differing_share": max(e["differing_share"] for e in entries),
                 "verdict": "differs" if differing else "equal",
                 "origin": any((setting, e["input"], layer) in started for e in entries)})
-        baseline = run["settings"][0]["name"]
         completions: dict[int, dict[str, list[int]]] = {}
         entries = {(e["prompt"], e["setting"]): e for e in run["decoding"]}
         for entry in run["decoding"]:
