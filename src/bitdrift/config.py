@@ -146,6 +146,20 @@ def expand_device_matrices(config: dict) -> None:
     config["devices"] = expanded
 
 
+def scheduled_device(config: dict, device: str, key: str, purpose: str) -> dict:
+    """The entry of ``device``, named at config key ``key``, which the workflow itself
+    must run (``purpose`` says why): a ConfigError for an unknown device or an external
+    one (measured elsewhere)."""
+    entry = config["devices"].get(device)
+    if entry is None:
+        raise ConfigError(f"config key {key}: unknown device {device!r} (devices: "
+                          f"{sorted(config['devices'])})")
+    if entry["external"]:
+        raise ConfigError(f"config key {key}: device {device!r} is external (measured "
+                          f"elsewhere); {purpose}")
+    return entry
+
+
 def _check_references(config: dict, trained_files: list[str]) -> None:
     import importlib
 

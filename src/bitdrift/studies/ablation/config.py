@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+from bitdrift.config import scheduled_device
 from bitdrift.errors import ConfigError
 
 # Architectures whose builders take `activation` and `pooling` (Table SUP-7's variants).
@@ -76,13 +77,8 @@ def check(config: dict) -> None:
                                   f"{variant_name(base, variant)!r} is taken by a model")
     for key in ("devices", "cross_framework"):
         for device in section.get(key, []):
-            entry = config["devices"].get(device)
-            if entry is None:
-                raise ConfigError(f"config key ablation.{key}: unknown device {device!r} "
-                                  f"(devices: {sorted(config['devices'])})")
-            if entry["external"]:
-                raise ConfigError(f"config key ablation.{key}: {device!r} is external; the "
-                                  "workflow cannot run the variants on it")
+            entry = scheduled_device(config, device, f"ablation.{key}",
+                                     "the workflow cannot run the variants on it")
             if entry["precision"] != config["analysis"]["precision"]:
                 raise ConfigError(f"config key ablation.{key}: {device!r} computes in "
                                   f"{entry['precision']}; the variants are compared at the "

@@ -4,6 +4,7 @@ longer than the model's context, prompt words outside the vocabulary)."""
 
 from __future__ import annotations
 
+from bitdrift.config import scheduled_device
 from bitdrift.errors import ConfigError
 
 TRANSFORMER_DEFAULTS = {"context": 64}
@@ -52,12 +53,7 @@ def check(config: dict) -> None:
             raise ConfigError(f"{key}.models.{name}.dataset: unknown dataset "
                               f"{model['dataset']!r} (datasets: {sorted(config['datasets'])})")
     for device in section["devices"]:
-        if device not in config["devices"]:
-            raise ConfigError(f"{key}.devices: unknown device {device!r} (devices: "
-                              f"{sorted(config['devices'])})")
-        if config["devices"][device]["external"]:
-            raise ConfigError(f"{key}.devices: device {device!r} is external (measured "
-                              "elsewhere); the study must run it")
+        scheduled_device(config, device, "batching.devices", "the study must run it")
     _, model = studied_model(config)
     dataset = config["datasets"][model["dataset"]]
     if dataset["source"] != "grammar":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bitdrift.config import scheduled_device
 from bitdrift.errors import ConfigError
 
 
@@ -30,12 +31,7 @@ def check(config: dict) -> None:
         raise ConfigError(f"config key probes.model: unknown model {section['model']!r} "
                           f"(models: {sorted(config['models'])})")
     for device in section["search_devices"]:
-        if device not in config["devices"]:
-            raise ConfigError(f"config key probes.search_devices: unknown device {device!r} "
-                              f"(devices: {sorted(config['devices'])})")
-        if config["devices"][device]["external"]:
-            raise ConfigError(f"config key probes.search_devices: device {device!r} is "
-                              "external (measured elsewhere); the search must run it")
+        scheduled_device(config, device, "probes.search_devices", "the search must run it")
     # The search runs its devices one after another in one job: on a cluster that job
     # lands on one node, so the devices must ask for the same node.
     places = {(config["devices"][d]["accelerator"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bitdrift.backends import EXPORTED_RUNTIMES
+from bitdrift.config import scheduled_device
 from bitdrift.errors import ConfigError, PlanError
 from bitdrift.studies.variance.plans import arm_switches, ensemble_plan_name
 
@@ -26,13 +27,8 @@ def check(config: dict) -> None:
                               f"{entry['model']!r} (training_variance.models: "
                               f"{sorted(section['models'])})")
         for device in entry["devices"]:
-            if device not in config["devices"]:
-                raise ConfigError(f"config key training_variance.{key}.devices: unknown device "
-                                  f"{device!r} (devices: {sorted(config['devices'])})")
-            if config["devices"][device]["external"]:
-                raise ConfigError(f"config key training_variance.{key}.devices: {device!r} is "
-                                  "external (measured off-cluster), so the workflow cannot "
-                                  "train on it")
+            scheduled_device(config, device, f"training_variance.{key}.devices",
+                             "the workflow cannot train on it")
             if config["devices"][device]["backend"] in EXPORTED_RUNTIMES:
                 raise ConfigError(f"config key training_variance.{key}.devices: {device!r} runs "
                                   f"backend {config['devices'][device]['backend']!r}, an "
