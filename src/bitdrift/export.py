@@ -72,6 +72,16 @@ def inference_inputs(model: str, backend: str) -> dict:
     return inputs
 
 
+def command_inputs(model: str, backend: str) -> dict:
+    """inference_inputs for a command run by hand: a Keras runtime runs without the
+    reference when there is none (only its argmax check is left out, as in `bitdrift
+    infer`); an exported runtime keeps both, and fails on a missing one."""
+    inputs = inference_inputs(model, backend)
+    if "export" not in inputs and not Path(inputs.get("reference", ".")).is_file():
+        inputs.pop("reference", None)
+    return inputs
+
+
 def _probe(model_path):
     from bitdrift import backends
     from bitdrift.models import layer_probe, register_layers

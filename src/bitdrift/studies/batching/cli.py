@@ -10,10 +10,8 @@ from bitdrift.errors import ConfigError
 def run_arguments(config: dict, device_name: str) -> dict:
     """The keyword arguments of runs.run_device for a validated config's `batching`
     section and one of its devices (the workflow's model, dataset and exports)."""
-    from pathlib import Path
-
     from bitdrift import paths
-    from bitdrift.export import inference_inputs
+    from bitdrift.export import command_inputs
     from bitdrift.studies.batching.config import prompt_tokens, studied_model
 
     section = config.get("batching")
@@ -25,9 +23,7 @@ def run_arguments(config: dict, device_name: str) -> dict:
     model_name, model = studied_model(config)
     config = {**config, "models": {**config["models"], model_name: model}}
     device = config["devices"][device_name]
-    inputs = inference_inputs(model_name, device["backend"])
-    if "export" not in inputs and not Path(inputs.get("reference", ".")).is_file():
-        inputs.pop("reference", None)  # a Keras runtime runs without it
+    inputs = command_inputs(model_name, device["backend"])
     return {"model_name": model_name, "device_name": device_name, "device": device,
             "model_path": paths.model_file(config, model_name),
             "dataset_path": paths.dataset_file(model["dataset"]),

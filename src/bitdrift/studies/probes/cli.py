@@ -8,25 +8,12 @@ import sys
 from bitdrift.errors import ConfigError
 
 
-def _inputs(model: str, device: dict) -> dict:
-    """The exported model and TensorFlow's reference a device needs; a Keras runtime runs
-    without the reference when there is none (only its argmax check is left out, as in
-    `bitdrift infer`)."""
-    from pathlib import Path
-
-    from bitdrift.export import inference_inputs
-
-    inputs = inference_inputs(model, device["backend"])
-    if "export" not in inputs and not Path(inputs.get("reference", ".")).is_file():
-        inputs.pop("reference", None)
-    return inputs
-
-
 def search_arguments(config: dict, model_path: str | None = None,
                      dataset_path: str | None = None) -> dict:
     """The keyword arguments of search_probes for a validated config's `probes` section
     (the workflow's model and dataset files unless given)."""
     from bitdrift import paths
+    from bitdrift.export import command_inputs
 
     section = config.get("probes")
     if not section:
@@ -37,7 +24,8 @@ def search_arguments(config: dict, model_path: str | None = None,
         "model_name": model, "devices": devices,
         "model_path": model_path or paths.model_file(config, model),
         "dataset_path": dataset_path or paths.dataset_file(config["models"][model]["dataset"]),
-        "inputs": {name: _inputs(model, device) for name, device in devices.items()},
+        "inputs": {name: command_inputs(model, device["backend"])
+                   for name, device in devices.items()},
         "probes": section["probes"], "seed": section["seed"],
         "generations": section["generations"], "population": section["population"],
         "pool": section.get("natural_pool"), "noise": section["noise"],
