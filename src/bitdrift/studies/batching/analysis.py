@@ -57,9 +57,10 @@ def batching_tables(runs: list[dict], inbound: dict[str, list[str]], vocabulary:
             if verdict["setting"] == baseline:
                 continue
             cells.setdefault((verdict["layer"], verdict["setting"]), []).append(verdict)
+        mine = []
         for (layer, setting), entries in cells.items():
             differing = [e for e in entries if not e["equal"]]
-            layer_rows.append({
+            mine.append({
                 "device": run["device"], "backend": run["backend"], "layer": layer,
                 "layer_class": classes.get(layer, ""), "setting": setting,
                 "inputs": len(entries), "inputs_differing": len(differing),
@@ -67,45 +68,42 @@ def batching_tables(runs: list[dict], inbound: dict[str, list[str]], vocabulary:
                 "differing_share": max(e["differing_share"] for e in entries),
                 "verdict": "differs" if differing else "equal",
                 "origin": any((setting, e["input"], layer) in started for e in entries)})
-        completions: dict[int, dict[str, list[int]]] = {}
-        entries = {(e["prompt"], e["setting"]): e for e in run["decoding"]}
+        layer_rows += mine
+        by_prompt: dict[int, dict[str, dict]] = {}
         for entry in run["decoding"]:
-            completions.setdefault(entry["prompt"], {})[entry["setting"]] = entry["tokens"]
+            by_prompt.setdefault(entry["prompt"], {})[entry["setting"]] = entry
         firsts = []
-        for prompt, by_setting in completions.items():
+        for prompt, by_setting in by_prompt.items():
             prompt_text = " ".join(vocabulary[t] for t in run["prompts"][prompt])
-            for setting, tokens in by_setting.items():
-                first = first_divergence(by_setting[baseline], tokens)
+            for setting, entry in by_setting.items():
+                first = first_divergence(by_setting[baseline]["tokens"], entry["tokens"])
                 firsts.append(first)
-                entry = entries[(prompt, setting)]
                 decoding_rows.append({
                     "device": run["device"], "prompt": prompt_text, "setting": setting,
                     "first_divergent_token": first,
-                    "largest_logit_change": entry.get("largest_logit_change"),
-                    "smallest_margin": entry.get("smallest_margin"),
-                    "completion": " ".join(vocabulary[t] for t in tokens)})
-        logits = [r for r in layer_rows if r["device"] == run["device"]
-                  and r["layer"] == run["layers"][-1][0]]
-        differing_layers = [layer for layer, _ in run["layers"]
-                            if any(r["device"] == run["device"] and r["layer"] == layer
-                                   and r["verdict"] == "differs" for r in layer_rows)]
+                    "largest_logit_change": entry["largest_logit_change"],
+                    "smallest_margin": entry["smallest_margin"],
+                    "completion": " ".join(vocabulary[t] for t in entry["tokens"])})
+        differing_layers = {r["layer"] for r in mine if r["verdict"] == "differs"}
+        first_differing = [layer for layer, _ in run["layers"] if layer in differing_layers]
         diverged = [first for first in firsts if first is not None]
         summary_rows.append({
             "device": run["device"], "backend": run["backend"],
             "settings": len(run["settings"]) - 1,
-            "settings_differing": sum(r["verdict"] == "differs" for r in logits),
-            "first_layer_differing": differing_layers[0] if differing_layers else "",
+            "settings_differing": sum(r["verdict"] == "differs" for r in mine
+                                      if r["layer"] == run["layers"][-1][0]),
+            "first_layer_differing": first_differing[0] if first_differing else "",
             "origin_layers": ";".join(dict.fromkeys(
                 layer for layer, _ in run["layers"]
                 if any(key[2] == layer for key in started))),
-            "prompts": len(completions),
+            "prompts": len(by_prompt),
             "first_divergent_token": min(diverged) if diverged else None,
-            "distinct_completions": max((len({tuple(t) for t in by.values()})
-                                         for by in completions.values()), default=0),
-            "largest_logit_change": max((e.get("largest_logit_change", 0.0)
-                                         for e in run["decoding"]), default=0.0),
-            "smallest_margin": min((e.get("smallest_margin", np.inf)
-                                    for e in run["decoding"]), default=np.inf)})
+            "distinct_completions": max((len({tuple(e["tokens"]) for e in by.values()})
+                                         for by in by_prompt.values()), default=0),
+            "largest_logit_change": max((e["largest_logit_change"] for e in run["decoding"]),
+                                        default=0.0),
+            "smallest_margin": min((e["smallest_margin"] for e in run["decoding"]),
+                                   default=np.inf)})
     return {"layers": layer_rows, "decoding": decoding_rows, "summary": summary_rows}
 
 
