@@ -1,5 +1,7 @@
 # bitdrift: how neural-network results drift when only the tooling changes.
 # Table of contents: config + validation, then one include per stage, then `all`.
+import sys
+
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -35,6 +37,18 @@ include: "rules/variance.smk"
 include: "rules/ablation.smk"
 include: "rules/probes.smk"
 include: "rules/batching.smk"
+
+
+# A device that failed left a failure record and the others went on (bitdrift.failures):
+# the run names each one, removes its failure record so the next run retries it, and ends
+# non-zero.
+onsuccess:
+    if end_of_run(scheduled_record_files()):
+        sys.exit(1)
+
+
+onerror:
+    end_of_run(scheduled_record_files())
 
 
 rule all:

@@ -333,3 +333,52 @@ rule plot_kernels:
         "../envs/bitdrift.yaml"
     script:
         "../workflow/scripts/plot_kernels.py"
+
+
+rule tabulate_device_failures:
+    input:
+        records=record_files,
+    output:
+        table=paths.table_file("device_failures"),
+        html=report(
+            paths.table_html("device_failures"),
+            caption="../workflow/report/device_failures_table.rst",
+            category="Findings",
+            labels={"kind": "table", "name": "device_failures"},
+        ),
+    log:
+        "logs/tabulate_device_failures/all.log",
+    localrule: True
+    conda:
+        "../envs/bitdrift.yaml"
+    script:
+        "../workflow/scripts/tabulate_device_failures.py"
+
+
+rule write_findings:
+    input:
+        unpack(findings_study_tables),
+        records=record_files,
+        eqc=rules.cluster_equivalence_classes.output.final,
+        eqc_layers=rules.cluster_equivalence_classes.output.layers,
+        explain=rules.explain_equivalence_classes.output.explain,
+        divergence=rules.locate_divergence.output.table,
+        kernel_coverage=rules.tabulate_kernels.output.coverage,
+        effective_precision=rules.check_effective_precision.output.table,
+        argmax_agreement=rules.tabulate_argmax_agreement.output.table,
+        device_failures=rules.tabulate_device_failures.output.table,
+    output:
+        markdown=report(
+            paths.findings_file("md"),
+            caption="../workflow/report/findings.rst",
+            category="Findings",
+            labels={"kind": "text", "name": "findings"},
+        ),
+        rst=paths.findings_file("rst"),
+    log:
+        "logs/write_findings/all.log",
+    localrule: True
+    conda:
+        "../envs/bitdrift.yaml"
+    script:
+        "../workflow/scripts/write_findings.py"

@@ -16,6 +16,7 @@ from snakemake.exceptions import WorkflowError
 from bitdrift import export, paths
 from bitdrift.config import ConfigError, validate_config
 from bitdrift.datasets import DatasetError, check_samples
+from bitdrift.failures import end_of_run
 from bitdrift.provenance import infer_command
 from bitdrift.studies.ablation.cli import ABLATION_TABLES, ablation_inputs, study_config
 from bitdrift.studies.ablation.config import variant_models
@@ -167,6 +168,8 @@ def core_targets():
         paths.table_file("eqc_table"),
         paths.figure_file("eqc_table"),
         paths.figure_file("divergence"),
+        paths.table_file("device_failures"),
+        paths.findings_file("md"),
     ]
 
 
@@ -286,6 +289,30 @@ def canonical(entry):
 def record_files(wildcards=None):
     """Every record, devices in config order (this order numbers the classes)."""
     return [paths.record_file(model, device) for model in MODELS for device in DEVICES]
+
+
+def scheduled_record_files():
+    """Every record a device job of this workflow may write (the studies' models too):
+    where the end of a run looks for failure records."""
+    return [
+        paths.record_file(model, device)
+        for model in ALL_MODELS
+        for device in SCHEDULED_DEVICES
+    ]
+
+
+def findings_study_tables(wildcards):
+    """The studies' summaries the findings quote, where a study has run (`snakemake probes`,
+    `snakemake batching`): a study run later changes the inputs, and the findings are
+    written again by the next run."""
+    names = {"probe_summary": paths.PROBE_TABLES["summary"]} if PROBES else {}
+    if BATCHING:
+        names["batching_summary"] = paths.BATCHING_TABLES["summary"]
+    return {
+        key: paths.table_file(name)
+        for key, name in names.items()
+        if os.path.exists(paths.table_file(name))
+    }
 
 
 def dataset_source_files(wildcards):

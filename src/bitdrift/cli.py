@@ -131,6 +131,14 @@ def _open_checked(args):
     for model, model_path, dataset_path in args.expect:
         if not check_provenance(records, model, model_path, dataset_path):
             raise RecordError(f"--expect {model}: no record of that model among the files")
+        if getattr(args, "recheck", False):
+            # The tables that report effective precision recompute it with the model at
+            # hand instead of reading what the inference wrote
+            for record in records:
+                if record.model == model:
+                    warning = record.recheck_effective_precision(model_path, dataset_path)
+                    if warning:
+                        print(f"bitdrift: warning: {warning}", file=sys.stderr)
     return records
 
 
@@ -218,13 +226,38 @@ def cmd_plot_kernels(args) -> None:
 
 def cmd_effective_precision(args) -> None:
     from bitdrift.atomic import write_csv
-    from bitdrift.effective_precision import TABLE_COLUMNS, effective_precision_table
+    from bitdrift.effective_precision import TABLE_COLUMNS, effective_precision_table, summary
 
-    rows = effective_precision_table(_open_checked(args))
+    records = _open_checked(args)
+    rows = effective_precision_table(records)
     write_csv(rows, args.out, columns=TABLE_COLUMNS)
-    reduced = sorted({f"{row['device']} ({row['model']})" for row in rows if row.get("reduced")})
-    print(f"bitdrift: {len(rows)} layer checks; computed below the declared precision: "
-          f"{', '.join(reduced) or 'none'} -> {args.out}", file=sys.stderr)
+    reduced = [f"{record.device} ({record.model}): {summary(record.effective_precision)}"
+               for record in records if summary(record.effective_precision).startswith("red")]
+    source = "recomputed from the records and the model files" if args.expect else \
+        "as the records say (give --expect MODEL MODEL_FILE DATASET_FILE to recompute)"
+    print(f"bitdrift: {len(rows)} layer checks, {source}; computed below the declared "
+          f"precision: {'; '.join(reduced) or 'none'} -> {args.out}", file=sys.stderr)
+
+
+def cmd_failures(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.failures import TABLE_COLUMNS, failure_rows
+
+    rows = failure_rows(args.files)
+    write_csv(rows, args.out, columns=TABLE_COLUMNS)
+    print(f"bitdrift: {len(rows)} failed device(s) among {len(args.files)} files -> "
+          f"{args.out}", file=sys.stderr)
+
+
+def cmd_findings(args) -> None:
+    from pathlib import Path
+
+    from bitdrift.findings import STUDY_TABLES, TABLES, write_findings
+
+    tables = {name: Path(args.tables) / f"{name}.csv" for name in (*TABLES, *STUDY_TABLES)}
+    sections = write_findings(tables, args.files, args.out, args.rst_out)
+    print(f"bitdrift: {sum(len(lines) for _, lines in sections)} findings in "
+          f"{len(sections)} sections -> {args.out}", file=sys.stderr)
 
 
 def cmd_plot_eqc(args) -> None:
@@ -447,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="final-output table (CSV)")
     p.add_argument("--layers-out", help="per-layer table (CSV)")
     _expect_option(p)
-    p.set_defaults(func=cmd_eqc)
+    p.set_defaults(func=cmd_eqc, recheck=True)
 
     p = sub.add_parser("precision", help="remaining precision per layer")
     p.add_argument("files", nargs="+", help="records of one model and sample set")
@@ -462,14 +495,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=_default_workers(),
                    help="processes analysing layers in parallel, each holding one layer over "
                    "all devices (default: the CPUs available, at most 4)")
-    p.set_defaults(func=cmd_precision)
+    p.set_defaults(func=cmd_precision, recheck=True)
 
     p = sub.add_parser("effective-precision", help="did each device compute in its declared "
                        "precision: every Dense/Conv layer recomputed from the record")
     p.add_argument("files", nargs="+", help="records")
     p.add_argument("--out", required=True, help="effective_precision.csv")
     _expect_option(p)
-    p.set_defaults(func=cmd_effective_precision)
+    p.set_defaults(func=cmd_effective_precision, recheck=True)
 
     p = sub.add_parser("kernels", help="which kernel ran in every layer (the traced "
                        "repeats): one row per device, layer and kernel call")
@@ -497,6 +530,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="argmax_agreement.csv")
     _expect_option(p)
     p.set_defaults(func=cmd_agreement)
+
+    p = sub.add_parser("failures", help="the devices that did not run: their failure "
+                       "records' reasons (device_failures.csv)")
+    p.add_argument("files", nargs="+", help="the record paths (failure records among them)")
+    p.add_argument("--out", required=True, help="device_failures.csv")
+    p.set_defaults(func=cmd_failures)
+
+    p = sub.add_parser("findings", help="what this machine showed, in sentences generated "
+                       "from the tables (findings.md)")
+    p.add_argument("files", nargs="+", help="records (the first that ran names the machine)")
+    p.add_argument("--tables", required=True, help="the folder of the run's tables "
+                   "(results/tables)")
+    p.add_argument("--out", required=True, help="findings.md")
+    p.add_argument("--rst-out", help="the same as reStructuredText (the report's first "
+                   "section)")
+    p.set_defaults(func=cmd_findings)
 
     p = sub.add_parser("plot-eqc", help="EQC grid and dendrogram (PDF)")
     p.add_argument("files", nargs="+", help="the records the table was made from")
@@ -573,8 +622,8 @@ WRITES_DATA = {"prepare-dataset", "train", "infer", "train-run", "export", "inde
 INPUT_OPTIONS = ("files", "table", "tables", "eqc", "config", "model_file", "dataset_file",
                  "classes", "eqc_layers", "precision_table", "record", "against", "reference",
                  "export", "divergence", "coverage", "index")
-OUTPUT_OPTIONS = ("out", "layers_out", "out_model", "out_history", "out_logits", "flags_out",
-                  "classes_out", "table_out", "coverage_out")
+OUTPUT_OPTIONS = ("out", "rst_out", "layers_out", "out_model", "out_history", "out_logits",
+                  "flags_out", "classes_out", "table_out", "coverage_out")
 
 
 def refuse_overwriting(inputs: dict, outputs: dict) -> None:

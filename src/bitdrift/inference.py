@@ -32,7 +32,7 @@ from bitdrift.datasets import (
     test_image_shape,
 )
 from bitdrift.devices import worker_main
-from bitdrift.effective_precision import refuse_reduced
+from bitdrift.effective_precision import describe_reduced
 from bitdrift.errors import InferenceError
 from bitdrift.models import model_digest, model_input_shape
 from bitdrift.prefork import ForkedChildren, worker_processes
@@ -199,7 +199,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             status = workers.run(job)
             if status != 0:
                 raise InferenceError(f"device {device_name!r}, model {model_name!r}: repeat "
-                                     f"{repeat + 1} failed (exit {status}); see log")
+                                     f"{repeat + 1} failed (exit {status}){_why(log)}")
             with np.load(job["out"]) as data:
                 meta = json.loads(str(data["meta"]))
                 if repeat == 0:
@@ -232,8 +232,9 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     effective = check_effective_precision(meta.get("checked", {}), weights, samples_content,
                                           sample_images, device["precision"]) \
         if layers else None
-    if effective:
-        refuse_reduced(effective, device, device_name, model_name)
+    finding = describe_reduced(effective or {}, device, device_name, model_name)
+    if finding:
+        print(finding, file=log, flush=True)
     attrs = {
         "model": model_name, "device": device_name, "backend": device["backend"],
         "precision": device["precision"], "fingerprint": meta["fingerprint"],
@@ -248,9 +249,24 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     if export:
         attrs["export_sha256"] = file_digest(export)
     if reference and classes is not None:
-        agreement = check_agreement(classes, expected, device, device_name, model_name)
+        reduced = bool(finding) or (meta["fingerprint"] or {}).get("accelerator", {}).get(
+            "final_output_mapping") == "reduced"
+        agreement = check_agreement(classes, expected, device, device_name, model_name,
+                                    reduced=reduced)
         attrs["argmax_agreement"] = json.dumps(agreement, sort_keys=True)
     write_record(out, attrs, samples_content, kernels=traced)
+
+
+def _why(log) -> str:
+    """': <the worker's one-line error>' from the job's log, where the log is a file;
+    else '; see log'."""
+    name = getattr(log, "name", None)
+    if not isinstance(name, str) or not Path(name).is_file():
+        return "; see log"
+    log.flush()
+    with open(name, errors="replace") as written:
+        lines = [line.strip() for line in written if line.startswith("bitdrift: error:")]
+    return f": {lines[-1][len('bitdrift: error:'):].strip()}" if lines else "; see log"
 
 
 def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list, job: dict,
@@ -310,17 +326,21 @@ def _majority(arrays: list[np.ndarray]) -> np.ndarray:
 
 
 def check_agreement(classes, reference, device: dict, device_name: str,
-                    model_name: str) -> dict:
+                    model_name: str, reduced: bool = False) -> dict:
     """The device's agreement with TensorFlow's classes; a float32 or float64 device below
-    ARGMAX_AGREEMENT is a bug in a runtime or an export, not a class of its own."""
-    from bitdrift.export import ARGMAX_AGREEMENT, argmax_agreement
+    ARGMAX_AGREEMENT is a bug in a runtime or an export, not a class of its own. A device
+    found computing in a narrower format (``reduced``) must still reach
+    ARGMAX_AGREEMENT_REDUCED: a wrong export classes near chance."""
+    from bitdrift.export import ARGMAX_AGREEMENT, ARGMAX_AGREEMENT_REDUCED, argmax_agreement
 
     agreement = argmax_agreement(classes, reference)
-    if device["precision"] in ("float32", "float64") and agreement["share"] < ARGMAX_AGREEMENT:
+    floor = ARGMAX_AGREEMENT_REDUCED if reduced else ARGMAX_AGREEMENT
+    if device["precision"] in ("float32", "float64") and agreement["share"] < floor:
+        computed = " (it computes in a narrower format)" if reduced else ""
         raise InferenceError(
             f"device {device_name!r}, model {model_name!r}: its class agrees with "
             f"TensorFlow's on {agreement['agreeing']} of {agreement['images']} test images "
-            f"({agreement['share']:.1%}, below {ARGMAX_AGREEMENT:.0%}): a bug in the runtime "
+            f"({agreement['share']:.1%}, below {floor:.0%}{computed}): a bug in the runtime "
             "or the export, not a class of its own")
     return agreement
 

@@ -18,19 +18,35 @@ from bitdrift.errors import BitdriftError
 
 
 @contextlib.contextmanager
-def workflow_job(log_path):
-    """``with workflow_job(snakemake.log[0]):`` around a script's one call."""
+def workflow_job(log_path, on_failure=None):
+    """``with workflow_job(snakemake.log[0]):`` around a script's one call.
+
+    ``on_failure(reason) -> line``: a device's job (bitdrift.failures) that fails for any
+    reason but an interruption records the failure and ends successfully, so that the
+    other devices' analysis goes on; the line goes to the log and the terminal."""
     terminal = os.fdopen(os.dup(2), "w", buffering=1)
     log = open(log_path, "w", buffering=1)
     os.dup2(log.fileno(), 2)
     sys.stderr = log
     try:
         yield log
-    except BitdriftError as error:
-        message = "bitdrift: error: " + " ".join(str(error).split())
-        print(message, file=log)
-        print(message, file=terminal)
-        raise SystemExit(error.exit_code) from None
+    except Exception as error:  # noqa: BLE001 - a device's failure is recorded, never lost
+        if on_failure is None and not isinstance(error, BitdriftError):
+            raise
+        reason = " ".join(str(error).split()) or type(error).__name__
+        if not isinstance(error, BitdriftError):
+            import traceback
+
+            traceback.print_exc(file=log)
+            reason = f"{type(error).__name__}: {reason}"
+        if on_failure is None:
+            message = f"bitdrift: error: {reason}"
+            print(message, file=log)
+            print(message, file=terminal)
+            raise SystemExit(error.exit_code) from None
+        line = on_failure(reason)
+        print(line, file=log)
+        print(line, file=terminal)
     except SystemExit as done:
         # A command-line call (cli.main) returned its status and wrote its one line to
         # the log: the terminal gets that line too.

@@ -354,8 +354,10 @@ def coverage(records, divergence, eqc) -> list[dict]:
 
     table = divergence if "kernels_differ" in divergence.columns \
         else divergence_kernels(records, divergence)
-    table = table.astype({"first_layer": str, "kernels_differ": str}).replace(
-        {"first_layer": {"nan": ""}, "kernels_differ": {"nan": ""}})
+    # A pair bit-identical at every layer has no first layer: empty in memory, NaN when
+    # read back from the CSV (pandas 3 keeps NaN through astype(str))
+    table = table.assign(**{column: table[column].fillna("").astype(str).replace("nan", "")
+                            for column in ("first_layer", "kernels_differ")})
     rows = []
     for model, group in group_by_model(records):
         attributes, _ = attribute_table(group)

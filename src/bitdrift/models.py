@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -479,6 +480,51 @@ def layer_inbound(path) -> dict[str, list[str]]:
 
     return {layer["config"]["name"]: list(dict.fromkeys(sources(layer.get("inbound_nodes"))))
             for layer in config.get("config", {}).get("layers", [])}
+
+
+def _snake_case(name: str) -> str:
+    """Keras' own name of a layer class in its weights file (keras.src.utils.naming)."""
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def keras_file_layers(path) -> list[dict]:
+    """Every top-level layer of a `.keras` file, read without Keras, in model order:
+    ``{"name", "class_name", "config", "inbound": [layer names], "weights": [arrays]}``.
+
+    Keras stores a functional model's weights under ``layers/<class in snake case>[_k]``
+    (the k-th layer of that class), not under the layer's own name; the shapes are
+    checked against the config's units/filters so a file laid out otherwise is refused."""
+    from bitdrift.errors import RecordError
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            config = json.loads(archive.read("config.json"))
+            weights_bytes = archive.read("model.weights.h5")
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as error:
+        raise RecordError(f"{path}: not a readable .keras model ({error})") from error
+    inbound = layer_inbound(path)
+    layers, used = [], {}
+    with h5py.File(io.BytesIO(weights_bytes), "r") as weights:
+        for entry in config.get("config", {}).get("layers", []):
+            key = _snake_case(entry["class_name"])
+            used[key] = used.get(key, -1) + 1
+            key = f"{key}_{used[key]}" if used[key] else key
+            group = weights.get(f"layers/{key}/vars")
+            values = [np.asarray(group[str(index)]) for index in range(len(group))] \
+                if isinstance(group, h5py.Group) else []
+            layer = {"name": entry["config"]["name"], "class_name": entry["class_name"],
+                     "config": entry["config"], "inbound": inbound.get(entry["config"]["name"],
+                                                                       []),
+                     "weights": values}
+            size = entry["config"].get("units") or entry["config"].get("filters")
+            if size and values and values[0].shape[-1] != size:
+                raise RecordError(f"{path}: weights of layer {layer['name']!r} have shape "
+                                  f"{values[0].shape}, not {size} outputs (another Keras "
+                                  "weights layout)")
+            layers.append(layer)
+    return layers
 
 
 def model_digest(path) -> str:

@@ -57,6 +57,12 @@ def record_file(model="{model}", device="{device}") -> str:
     return f"{RESULTS}/inference/{model}/{device}.h5"
 
 
+def findings_file(suffix: str = "md") -> str:
+    """What this machine showed, in sentences generated from the tables (bitdrift.findings):
+    findings.md, and findings.rst for the report's first section."""
+    return f"{RESULTS}/findings.{suffix}"
+
+
 def table_file(name: str) -> str:
     """A table of the results (CSV), by its name without extension."""
     return f"{TABLES}/{name}.csv"

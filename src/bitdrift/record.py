@@ -115,6 +115,40 @@ def write_record(path: str | Path, attrs: dict, samples: dict[int, dict],
                     dataset.attrs[BFLOAT16_ATTR] = True
 
 
+# A failure record: the root attribute ``failed`` holds why the device did not run, with
+# model, device and backend; it has no samples. The job that makes it succeeds, so the
+# other devices' tables are built; the analysis leaves it out and names it, and the run
+# ends non-zero naming it (bitdrift.failures).
+FAILED = "failed"
+FAILURE_ATTRS = ("model", "device", "backend", "log")
+
+
+class FailedDevice(RecordError):
+    """A failure record where a record was expected."""
+
+
+def write_failure(path: str | Path, attrs: dict, reason: str) -> None:
+    """A failure record at ``path`` (atomically): the device did not produce a result."""
+    with atomic_output(path) as tmp, h5py.File(tmp, "w") as handle:
+        for key in FAILURE_ATTRS:
+            handle.attrs[key] = str(attrs.get(key, ""))
+        handle.attrs[FAILED] = reason
+        handle.attrs["format_version"] = FORMAT_VERSION
+
+
+def read_failure(path: str | Path) -> dict | None:
+    """{model, device, backend, log, reason, path} of a failure record; None for anything
+    else (a record, a missing or unreadable file)."""
+    try:
+        with h5py.File(path, "r") as handle:
+            if FAILED not in handle.attrs:
+                return None
+            found = {key: _text(handle.attrs.get(key, "")) for key in FAILURE_ATTRS}
+            return {**found, "reason": _text(handle.attrs[FAILED]), "path": str(path)}
+    except OSError:
+        return None
+
+
 @dataclass
 class LayerInfo:
     name: str  # dataset name inside the file
@@ -162,6 +196,9 @@ class Record:
         # per layer, and each HDF5 attribute read costs far more than a dict look-up.
         attrs = {key: value for key, value in self._file.attrs.items()}
         self._attrs = attrs
+        if FAILED in attrs:
+            raise FailedDevice(f"{self.path}: device {_text(attrs.get('device', '?'))!r} did "
+                               f"not run ({_text(attrs[FAILED])}); a failure record, no result")
         missing = [key for key in REQUIRED_ATTRS if key not in attrs]
         if missing:
             raise self._fail(f"missing root attribute(s) {', '.join(missing)}")
@@ -232,6 +269,26 @@ class Record:
                 raise self._fail(f"attribute 'effective_precision' is not JSON ({error})") \
                     from error
         return self._effective
+
+    def recheck_effective_precision(self, model_path, dataset_path) -> str | None:
+        """Replace the effective precision the inference wrote by its recomputation from
+        this record's activations and the model file (bitdrift.effective_precision.recheck):
+        the tables then report what the record shows, not what it claims. Returns a
+        warning line when the two disagree on which layers are reduced."""
+        from bitdrift.effective_precision import recheck, reduced_layers
+
+        claimed = self.effective_precision
+        found = recheck(self, model_path, dataset_path)
+        if not found and claimed is None:
+            return None  # nothing recorded to check (a record without layers)
+        self._effective = found
+        if claimed is not None and reduced_layers(claimed) == reduced_layers(self._effective):
+            return None
+        said = "no check" if claimed is None else \
+            f"reduced {', '.join(reduced_layers(claimed)) or 'none'}"
+        return (f"{self.path}: effective precision recomputed from {model_path}: reduced "
+                f"{', '.join(reduced_layers(self._effective)) or 'none'} (the record says "
+                f"{said}); the tables use the recomputation")
 
     # -- data -----------------------------------------------------------------------------
     def layers(self, sample: int) -> list[LayerInfo]:
@@ -356,12 +413,23 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def open_records(paths: list[str | Path]) -> list[Record]:
-    """Open and validate all records; on any error close those already open."""
+def open_records(paths: list[str | Path], leave_out_failed: bool = True) -> list[Record]:
+    """Open and validate all records; on any error close those already open. Failure
+    records (a device that did not run) are left out with one line each on stderr, unless
+    ``leave_out_failed`` is False (then they are an error like any other file)."""
+    import sys
+
     records: list[Record] = []
     try:
         for path in paths:
-            records.append(Record(path))
+            try:
+                records.append(Record(path))
+            except FailedDevice as failed:
+                if not leave_out_failed:
+                    raise
+                print(f"bitdrift: left out: {failed}", file=sys.stderr)
+        if not records and paths:
+            raise RecordError(f"no record among the {len(paths)} files: every device failed")
     except Exception:
         for record in records:
             record.close()

@@ -6,12 +6,12 @@ import torch
 
 from bitdrift.effective_precision import (
     check_layer,
+    describe_reduced,
     effective_precision_table,
     error_bound,
-    refuse_reduced,
+    round_significand,
     summary,
 )
-from bitdrift.errors import InferenceError
 from bitdrift.record import Record, write_record
 from tests.utils import BASE_ATTRS
 
@@ -53,6 +53,7 @@ def test_float32_layer_with_tf32_inputs_is_flagged():
     assert not check_layer(DENSE, x, honest, kernel, bias, "float32")["reduced"]
     result = check_layer(DENSE, x, reduced, kernel, bias, "float32")
     assert result["reduced"] and result["effective_bits"] < 14
+    assert result["format"] == "tf32" and result["format_test"] == "operands"
 
 
 @pytest.mark.parametrize(("padding", "strides", "dilation", "groups"),
@@ -109,14 +110,76 @@ def test_bound_grows_with_fan_in():
     assert error_bound(10_000, "bfloat16") == np.inf  # 8 bits: no bound left to test
 
 
-def test_refusal_names_the_layer_unless_allowed():
-    effective = {"conv": {"reduced": False, "effective_bits": 23.0, "bound_bits": 19.0},
-                 "dense": {"reduced": True, "effective_bits": 11.2, "bound_bits": 17.0}}
-    device = {"precision": "float32"}
-    with pytest.raises(InferenceError, match="layer 'dense' computed below its declared"):
-        refuse_reduced(effective, device, "gpu_tf32", "net")
-    refuse_reduced(effective, {**device, "allow_reduced_precision": True}, "gpu_tf32", "net")
-    assert summary(effective) == "reduced:dense" and summary(None) == "unchecked"
+def test_a_reduced_device_is_a_finding_named_by_its_format():
+    effective = {"conv": {"reduced": False, "effective_bits": 23.0, "bound_bits": 19.0,
+                          "format": "float32"},
+                 "dense": {"reduced": True, "effective_bits": 7.9, "bound_bits": 17.0,
+                           "format": "bfloat16"}}
+    line = describe_reduced(effective, {"precision": "float32"}, "ov", "net")
+    assert "'ov'" in line and "bfloat16-like, 7.9 effective bits in dense" in line
+    assert summary(effective) == "reduced: bfloat16-like, 7.9 bits (1 of 2 layers)"
+    assert summary(None) == "unchecked"
+    assert describe_reduced({"conv": effective["conv"]}, {"precision": "float32"}, "a",
+                            "b") == ""
+
+
+def test_rounding_to_a_significand_matches_the_formats_own_casts():
+    """round_significand against ml_dtypes' bfloat16, numpy's float16 (subnormals
+    included) and TF32 as a bit mask (truncation) on random float32 values."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(5)
+    values = (rng.standard_normal(20_000) * np.exp2(rng.integers(-20, 12, 20_000))).astype(
+        np.float32)
+    wide = values.astype(np.float64)
+    assert np.array_equal(round_significand(wide, 8), values.astype(ml_dtypes.bfloat16)
+                          .astype(np.float64))
+    assert np.array_equal(round_significand(wide, 11, min_exponent=-14),
+                          values.astype(np.float16).astype(np.float64))
+    truncated = (values.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    assert np.array_equal(round_significand(wide, 11, "zero"), truncated.astype(np.float64))
+
+
+def _rounded(values, fmt):
+    import ml_dtypes
+
+    dtype = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16,
+             "float32": np.float32}[fmt]
+    return values.astype(dtype).astype(np.float64)
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_a_float32_layer_with_narrow_operands_is_named_by_that_format(fmt):
+    """Operands rounded to bfloat16 / float16 by the formats' own casts, products summed
+    in float32 (as AMX, AVX512_BF16 and XNNPACK's fp16 paths do): flagged, and named."""
+    rng = np.random.default_rng(7)
+    x, kernel, bias = (a.astype(np.float32) for a in _dense_case(rng, n=120, units=16))
+    narrow = (_rounded(x, fmt) @ _rounded(kernel, fmt)).astype(np.float32) + bias
+    result = check_layer(DENSE, x, narrow, kernel, bias, "float32")
+    assert result["reduced"] and result["format_test"] == "operands"
+    # float16 and TF32 share 11 bits: both explain a float16 layer of normal values
+    assert result["format"] == ("bfloat16" if fmt == "bfloat16" else "tf32/float16")
+    honest = (x.astype(np.float64) @ kernel.astype(np.float64) + bias).astype(np.float32)
+    assert check_layer(DENSE, x, honest, kernel, bias, "float32")["format"] == "float32"
+
+
+def test_a_float64_layer_in_float32_is_named_float32_and_noise_only_by_its_bound():
+    rng = np.random.default_rng(8)
+    x, kernel, bias = _dense_case(rng, n=80, units=12)
+    in_float32 = (x.astype(np.float32) @ kernel.astype(np.float32)
+                  + bias.astype(np.float32)).astype(np.float64)
+    result = check_layer(DENSE, x, in_float32, kernel, bias, "float64")
+    assert result["reduced"] and result["format"] == "float32"
+    # relative noise of 2**-9 that no operand rounding explains: only the loose reading,
+    # the widest format whose worst-case bound gamma(n + 2) covers the error
+    exact = x @ kernel + bias
+    noisy = exact * (1 + 2.0**-9 * rng.choice([-1, 1], exact.shape))
+    loose = check_layer(DENSE, x, noisy, kernel, bias, "float64")
+    worst = np.max(np.abs(noisy - exact) / (np.abs(x) @ np.abs(kernel) + np.abs(bias)))
+    assert loose["relative_error"] == pytest.approx(worst, rel=1e-6)
+    gamma = {bits: 82 * 2.0**-bits / (1 - 82 * 2.0**-bits) for bits in (24, 11, 8)}
+    assert gamma[24] < worst <= gamma[11]
+    assert loose["reduced"] and loose["format_test"] == "bound" and loose["format"] == "tf32"
 
 
 def test_table_lists_unchecked_records(tmp_path):
@@ -133,3 +196,62 @@ def test_table_lists_unchecked_records(tmp_path):
         rows = effective_precision_table([a, b])
     assert rows[0]["device"] == "old" and "without the check" in rows[0]["unchecked"]
     assert rows[1]["layer"] == "d" and rows[1]["reduced"] is True
+
+
+def test_recheck_catches_a_float64_record_rounded_to_float32(tmp_path):
+    """A real float64 record (torch, the model's weights cast up) and a copy whose every
+    layer was rounded to float32 and stored back as float64, still claiming the check it
+    passed at inference. `bitdrift effective-precision --expect` recomputes from the
+    activations and the .keras file: the honest one passes, the copy is reduced,
+    float32-like, and the command says the record claimed otherwise."""
+    import json
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from bitdrift.inference import infer
+    from tests.utils import small_model_assets
+
+    dataset, model = small_model_assets(tmp_path)
+    device = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float64",
+              "env": {}, "repeats": 1, "external": False, "backend": "torch"}
+    # --expect checks the workflow's layout: MODEL/DEVICE.h5
+    honest = tmp_path / "honest" / "small" / "torch_f64.h5"
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="small", device_name="torch_f64", device=device, model_path=model,
+              dataset_path=dataset, samples=[0, 3], out=honest, log=log, kernels=False)
+    rounded = tmp_path / "rounded" / "small" / "torch_f64.h5"
+    with Record(honest) as record:
+        attrs = {key: record.attr(key) for key in record._attrs}
+        attrs["fingerprint"] = json.loads(attrs["fingerprint"])
+        claimed = json.loads(attrs["effective_precision"])
+        samples = {}
+        for sample in record.samples:
+            layers = [(info.name, record.tensor(sample, info).values.astype(np.float32)
+                       .astype(np.float64)) for info in record.layers(sample) if not info.final]
+            samples[sample] = {"output": record.tensor(sample, "output").values,
+                               "layers": layers}
+    assert claimed and not any(result["reduced"] for result in claimed.values())
+    attrs.pop("format_version")
+    write_record(rounded, attrs, samples)
+
+    def check(path, *expect):
+        out = path.parent.parent / "effective.csv"
+        done = subprocess.run([sys.executable, "-m", "bitdrift", "effective-precision",
+                               str(path), "--out", str(out), *expect],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return pd.read_csv(out), done.stderr
+
+    expect = ("--expect", "small", str(model), str(dataset))
+    honest_rows, _ = check(honest, *expect)
+    rounded_rows, said = check(rounded, *expect)
+    assert set(honest_rows["layer"]) == set(rounded_rows["layer"]) == set(claimed)
+    assert not honest_rows["reduced"].any()
+    assert rounded_rows["reduced"].all() and set(rounded_rows["format"]) == {"float32"}
+    assert f"{rounded}: effective precision recomputed" in said
+    assert "the record says reduced none" in said
+    # without the model the command can only read what the record says, and says so
+    _, plain = check(rounded)
+    assert "as the records say" in plain and "below the declared precision: none" in plain

@@ -135,9 +135,45 @@ def test_mapping_against_a_hand_built_reference():
                           check_indices=[0, 1], check_outputs=[first, second],
                           argmax_indices=[], argmax=np.array([]), model_sha256="")
     close = [first + 1e-7, second.astype(np.float32)]
-    assert mapped_positions(close, reference) == [True, True]
-    assert mapped_positions([first, second + 0.1], reference) == [True, False]
-    assert mapped_positions([first[:, :3], second], reference) == [False, True]  # shape
+    assert mapped_positions(close, reference) == ["float32", "float32"]
+    assert mapped_positions([first, second + 0.1], reference) == ["float32", None]
+    assert mapped_positions([first[:, :3], second], reference) == [None, "float32"]  # shape
+    # a runtime computing in bfloat16: every value rounded to 8 significant bits maps, as
+    # reduced; another layer's values of the same shape never do
+    import ml_dtypes
+
+    in_bf16 = [value.astype(ml_dtypes.bfloat16).astype(np.float64) for value in (first, second)]
+    assert mapped_positions(in_bf16, reference) == ["reduced", "reduced"]
+    assert mapped_positions([first[::-1], second], reference) == [None, "float32"]
+
+
+def test_openvinos_own_default_precision_is_a_finding_not_a_failure(assets, tmp_path):
+    """OpenVINO at its plugin's default (bfloat16 on a CPU with native bf16) and with the
+    hint bf16: the record is written either way. Where the plugin says it computes in
+    bfloat16 (its own property, in the fingerprint), the check recomputing every layer in
+    numpy must name bfloat16 for every checked layer; where it says float32, none is
+    reduced. The values stay within a bfloat16 runtime's error of Keras' own."""
+    _, _, _, keras_layers = assets
+    for name, extra in (("openvino_default", {}),
+                        ("openvino_bf16", {"inference_precision_hint": "bf16"})):
+        out = run(assets, tmp_path, name, {**CPU, "backend": "openvino", **extra})
+        with Record(out) as record:
+            chose = record.fingerprint["accelerator"]["inference_precision"]
+            effective = record.effective_precision
+            assert sorted(effective) == ["conv2d", "conv2d_1", "dense_1", "dense_2",
+                                         "dense_3"]
+            formats = {result["format"] for result in effective.values()}
+            if chose == "bfloat16":
+                assert formats == {"bfloat16"}
+                assert all(result["reduced"] for result in effective.values())
+            else:
+                assert chose == "float32" and formats == {"float32"}, (chose, formats)
+            for row, sample in enumerate(SAMPLES):
+                for layer, expected in keras_layers.items():
+                    values = record.tensor(sample, layer).values[0].astype(np.float64)
+                    scale = np.abs(expected[row]).max()
+                    assert np.abs(values - expected[row]).max() <= 16 * 2.0**-8 * scale
+            assert json.loads(record.attr("argmax_agreement"))["share"] >= 0.9
 
 
 def test_a_runtime_that_disagrees_with_tensorflow_fails(assets, tmp_path):

@@ -120,52 +120,82 @@ def small_model(tmp_path_factory):
     return small_model_assets(tmp_path_factory.mktemp("traced"))
 
 
-@pytest.mark.parametrize(("backend", "env", "conv"), [
-    ("tensorflow", {}, "gemm_api@"),
-    ("torch", {}, "brg_conv_fwd:"),
-    ("torch", {"ONEDNN_MAX_CPU_ISA": "SSE41"}, "gemm:jit")])
-def test_a_traced_repeat_names_every_compute_layers_kernel(small_model, tmp_path, backend,
-                                                           env, conv):
-    """A real traced repeat (fresh process, the libraries' logs at the file-descriptor
-    level): every Conv and Dense layer has a named kernel (no `unknown`), the second
-    convolution's follows the ISA cap (torch's oneDNN leaves its BRGEMM convolution for a
-    GEMM-based one under SSE4.1, as measured on this project's machine), and logging
-    changed no output bit: the traced outputs equal the measured ones, and the record
-    equals one written without tracing."""
-    import numpy as np
+# Tokens of oneDNN's kernel names and the CPU flag each one needs (avx10_1_512 is oneDNN's
+# name for AVX-512 on recent CPUs; avx512_core and avx512 contain "avx", which needs avx).
+ISA_TOKENS = {"amx": "amx_tile", "avx10_1_512": "avx512f", "avx512": "avx512f",
+              "avx2": "avx2", "avx": "avx"}
 
+
+def cpu_flags() -> set[str]:
+    """This machine's CPU flags as the kernel reports them (/proc/cpuinfo)."""
+    with open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def isa_tokens(name: str) -> set[str]:
+    return {token for token in ISA_TOKENS if token in name.lower()}
+
+
+def _traced(model, dataset, tmp_path, backend, env, kernels=True, tag=""):
     from bitdrift.inference import infer
     from bitdrift.record import Record
 
-    dataset, model = small_model
     device = {"accelerator": "cpu", "threads": 2, "batch_size": 1, "precision": "float32",
               "env": env, "repeats": 1, "external": False, "backend": backend}
-    outputs = {}
-    for kernels in (True, False):
-        out = tmp_path / f"{kernels}.h5"
-        with open(tmp_path / "log", "w") as log:
-            infer(model_name="small", device_name="d", device=device, model_path=model,
-                  dataset_path=dataset, samples=[0, 6], out=out, log=log, kernels=kernels)
-        with Record(out) as record:
-            outputs[kernels] = [record.tensor(sample, info).values for sample in (0, 6)
-                                for info in record.layers(sample)]
-            if kernels:
-                traced = record.kernels
-            else:
-                assert record.kernels is None
-    assert all(np.array_equal(a, b) for a, b in zip(outputs[True], outputs[False], strict=True))
-    assert traced["traced"] and traced["outputs_match"]
-    assert traced["order"][:3] == ["conv2d", "activation", "pooling2d"]
-    signatures = {layer: entry["signature"] for layer, entry in traced["layers"].items()}
-    compute = [layer for layer, layer_class in traced["layer_classes"].items()
-               if layer_class in ("Conv2D", "Dense")]
-    assert len(compute) == 5
-    assert not any(signatures[layer] in ("unknown", "none", "") for layer in compute)
-    assert conv in signatures["conv2d_1"], signatures
-    if env:
-        assert traced["header"]["onednn.isa"].startswith("Intel SSE4.1")
-    dense = "eigen" if backend == "tensorflow" else "mkl sgemm"
-    assert signatures["dense_1"].startswith(dense)
+    out = tmp_path / f"{backend}{tag}{kernels}.h5"
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="small", device_name="d", device=device, model_path=model,
+              dataset_path=dataset, samples=[0, 6], out=out, log=log, kernels=kernels)
+    with Record(out) as record:
+        outputs = [record.tensor(sample, info).values for sample in (0, 6)
+                   for info in record.layers(sample)]
+        return outputs, record.kernels
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_a_traced_repeat_names_kernels_this_cpu_can_run_and_the_isa_cap_changes_them(
+        small_model, tmp_path, backend):
+    """Real traced repeats (fresh processes, the libraries' logs at the file-descriptor
+    level), as properties that hold on any x86-64 CPU with AVX2 or more:
+    - every Conv and Dense layer has a named kernel (no `unknown`);
+    - every ISA a oneDNN kernel name carries is one this CPU's flags have;
+    - capping oneDNN at SSE4.1 changes the second convolution's kernel, and no oneDNN
+      kernel of the capped run names an ISA above SSE4.1 (its header says SSE4.1);
+    - logging changes no output bit: the traced outputs equal the measured ones, and the
+      record equals one written without tracing."""
+    import numpy as np
+
+    dataset, model = small_model
+    flags = cpu_flags()
+    assert "avx2" in flags, "this test needs an AVX2 CPU (the cap must have room to act)"
+    outputs, traced = _traced(model, dataset, tmp_path, backend, {})
+    untraced, none = _traced(model, dataset, tmp_path, backend, {}, kernels=False)
+    assert none is None
+    assert all(np.array_equal(a, b) for a, b in zip(outputs, untraced, strict=True))
+    _, capped = _traced(model, dataset, tmp_path, backend, {"ONEDNN_MAX_CPU_ISA": "SSE41"},
+                        tag="sse41")
+    for kernels in (traced, capped):
+        assert kernels["traced"] and kernels["outputs_match"]
+        assert kernels["order"][:3] == ["conv2d", "activation", "pooling2d"]
+        compute = [layer for layer, layer_class in kernels["layer_classes"].items()
+                   if layer_class in ("Conv2D", "Dense")]
+        assert len(compute) == 5
+        signatures = {layer: kernels["layers"][layer]["signature"] for layer in compute}
+        assert not any(name in ("unknown", "none", "") for name in signatures.values())
+    onednn = [call["implementation"] for entry in traced["layers"].values()
+              for call in entry["calls"] if call["library"] == "onednn"]
+    assert onednn, "oneDNN ran no layer"
+    for name in onednn:
+        assert {ISA_TOKENS[token] for token in isa_tokens(name)} <= flags, (name, flags)
+    capped_names = [call["implementation"] for entry in capped["layers"].values()
+                    for call in entry["calls"] if call["library"] == "onednn"]
+    assert capped_names and not any(isa_tokens(name) for name in capped_names), capped_names
+    assert capped["header"]["onednn.isa"].startswith("Intel SSE4.1")
+    assert traced["layers"]["conv2d_1"]["signature"] != capped["layers"]["conv2d_1"][
+        "signature"]
 
 
 def _records(tmp_path):
@@ -299,3 +329,25 @@ def test_a_kernels_table_names_the_records_without_kernels(tmp_path):
     table = pd.read_csv(tmp_path / "k.csv")
     assert list(table["layer"]) == ["conv", "dense"]
     assert list(table["implementation"]) == ["brg_conv_fwd:avx2", "mkl sgemm CNR:OFF"]
+
+
+def test_coverage_from_the_csv_files_equals_the_in_memory_count(tmp_path):
+    """The workflow hands coverage the CSVs: a class pair bit-identical at every layer has
+    an empty first layer, read back as NaN, and must not count as a divergence (it did with
+    pandas 3: 213 counted where there were 181)."""
+    from bitdrift.atomic import read_table, write_csv
+    from bitdrift.divergence import divergence_table
+    from bitdrift.eqc import EQC_COLUMNS, eqc_tables
+    from bitdrift.kernels import coverage
+
+    records = _records(tmp_path)
+    divergence = divergence_table(records)
+    eqc, _ = eqc_tables(records)
+    assert (divergence["first_layer"] == "").any()  # b never parts from a
+    write_csv(divergence, tmp_path / "divergence.csv")
+    write_csv(eqc, tmp_path / "eqc.csv")
+    from_files = coverage(records, read_table(tmp_path / "divergence.csv",
+                                              ["model", "first_layer"], "divergence"),
+                          read_table(tmp_path / "eqc.csv", EQC_COLUMNS, "eqc"))
+    assert from_files == coverage(records, divergence, eqc)
+    assert from_files[0]["first_divergences"] == int((divergence["first_layer"] != "").sum())

@@ -1,8 +1,17 @@
 import sys
 
+from bitdrift.failures import failure_recorder
 from bitdrift.jobs import workflow_job
 
-with workflow_job(snakemake.log[0]):
+# A device that fails leaves a failure record, and the other devices go on (bitdrift.failures)
+on_failure = failure_recorder(
+    snakemake.output[0],
+    snakemake.wildcards.model,
+    snakemake.wildcards.device,
+    snakemake.params.device["backend"],
+    snakemake.log[0],
+)
+with workflow_job(snakemake.log[0], on_failure=on_failure):
     from bitdrift.inference import infer
 
     infer(

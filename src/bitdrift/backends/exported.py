@@ -67,8 +67,12 @@ def open_session(runtime, job: dict, name: str):
     mapped = mapped_positions(compiled(check), reference)
     if not mapped[-1]:
         raise InferenceError(f"device {name!r}: the final output of {job['export']} does not "
-                             f"match the Keras model's on {runtime.NAME} (wrong export or "
-                             "runtime); refusing to record it")
+                             f"match the Keras model's on {runtime.NAME}, not even within a "
+                             "bfloat16 runtime's error (wrong export or runtime); refusing to "
+                             "record it")
+    # The final output only within a narrower format's error: the argmax check then asks
+    # what a reduced-precision device must give (bitdrift.inference.check_agreement).
+    accelerator["final_output_mapping"] = mapped[-1]
     positions = [position for position, ok in enumerate(mapped) if ok]
     layers = [reference.layers[position] for position in positions]
     unmapped = [layer for (layer, _), ok in zip(reference.layers, mapped, strict=True) if not ok]

@@ -22,6 +22,8 @@ PIN = "openvino==2026.4.1"
 TRAINS = False
 PREFORK = False
 PLUGINS = {"cpu": "CPU", "gpu": "GPU"}
+# OpenVINO's element types by the names bitdrift uses for formats
+PRECISION_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
 
 def _ov():
@@ -54,7 +56,8 @@ def compile(path, device: dict, accelerator: dict):
     compiled = core.compile_model(core.read_model(str(path)), accelerator["plugin"], settings)
     # The precision the plugin chose (it may ignore a hint the hardware cannot do): the
     # effective-precision check verifies the layers either way.
-    accelerator["inference_precision"] = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+    chosen = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    accelerator["inference_precision"] = PRECISION_NAMES.get(chosen, chosen)
     outputs = compiled.outputs
 
     def run(batch):

@@ -1,0 +1,278 @@
+"""Findings, generated per machine: sentences written from the run's own tables about the
+CPU it ran on (``results/findings.md``, and the report's first section). Nothing here is a
+fact about CPUs in general: another machine's run writes its own findings.
+
+Only pandas and h5py: the tables are read as written, and one record's fingerprint names
+the machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+# CPU flags (py-cpuinfo's names) that decide which kernels oneDNN, OpenBLAS, MLAS, XNNPACK
+# and OpenVINO pick, in the order of their generations.
+INSTRUCTION_SETS = [("SSE4.1", ("sse4_1",)), ("AVX", ("avx",)), ("AVX2", ("avx2",)),
+                    ("FMA", ("fma",)), ("AVX-512", ("avx512f",)),
+                    ("AVX512_VNNI", ("avx512_vnni", "avx512vnni")),
+                    ("AVX512_BF16", ("avx512_bf16",)), ("AVX512_FP16", ("avx512_fp16",)),
+                    ("AMX", ("amx_bf16", "amx_tile"))]
+TABLES = ("eqc", "eqc_layers", "explain", "divergence", "kernel_coverage",
+          "effective_precision", "argmax_agreement", "device_failures")
+STUDY_TABLES = ("probe_summary", "batching_summary")
+
+
+def machine(fingerprint: dict) -> list[str]:
+    """Sentences naming the CPU and the instruction sets that matter, from a record's
+    fingerprint (what the device's process saw)."""
+    cpu = fingerprint.get("cpu", {})
+    flags = set(cpu.get("flags") or [])
+    have = [name for name, names in INSTRUCTION_SETS if flags & set(names)]
+    lack = [name for name, names in INSTRUCTION_SETS if not flags & set(names)]
+    emulated = fingerprint.get("emulation") or {}
+    lines = [f"CPU: {cpu.get('brand') or 'unknown'} ({cpu.get('vendor') or '?'}, family "
+             f"{cpu.get('family')}, model {cpu.get('model')}; {cpu.get('count')} CPUs, "
+             f"{cpu.get('arch')}) on {fingerprint.get('platform', '?')}.",
+             f"Instruction sets that steer the kernels: {', '.join(have) or 'none'}"
+             + (f"; not present: {', '.join(lack)}." if lack else ".")]
+    if emulated:
+        lines.append(f"This record ran under QEMU emulating {emulated.get('model')}; the host "
+                     f"is {emulated.get('host_brand', 'unknown')}.")
+    return lines
+
+
+def _samples(rows: pd.DataFrame) -> str:
+    return ", ".join(f"#{sample}" for sample in sorted(rows["sample"].unique()))
+
+
+def classes(eqc: pd.DataFrame, precisions: dict) -> list[str]:
+    """Classes per model and precision, and the devices that agree bit for bit on every
+    sample."""
+    lines = []
+    for model, rows in eqc.groupby("model", sort=False):
+        rows = rows.assign(precision=rows["device"].map(precisions).fillna("unknown"))
+        for precision, part in rows.groupby("precision", sort=False):
+            devices = list(dict.fromkeys(part["device"]))
+            per_sample = part.groupby("sample")["eqc"].nunique()
+            counts = "/".join(str(per_sample[sample]) for sample in sorted(per_sample.index))
+            lines.append(f"{model}, {precision}: {counts} classes among {len(devices)} "
+                         f"devices on test samples {_samples(part)} (final output).")
+            # the same class on every sample: bit for bit identical outputs throughout
+            signature = part.pivot_table(index="device", columns="sample", values="eqc",
+                                         aggfunc="first")
+            groups = {}
+            for device in devices:
+                groups.setdefault(tuple(signature.loc[device]), []).append(device)
+            together = [members for members in groups.values() if len(members) > 1]
+            alone = [members[0] for members in groups.values() if len(members) == 1]
+            if together:
+                lines.append(f"{model}, {precision}: bit for bit identical on every sample: "
+                             + "; ".join("{" + ", ".join(g) + "}" for g in together)
+                             + (f". In a class of their own: {', '.join(alone)}."
+                                if alone else "."))
+            elif len(devices) > 1:
+                lines.append(f"{model}, {precision}: no two devices agree bit for bit on every "
+                             "sample.")
+            nondeterministic = part.loc[~part["deterministic"].astype(bool), "device"].unique()
+            if len(nondeterministic):
+                lines.append(f"{model}, {precision}: not deterministic across repeats: "
+                             f"{', '.join(nondeterministic)}.")
+    return lines
+
+
+def explanations(explain: pd.DataFrame) -> list[str]:
+    """What explain names as determining the final output's classes."""
+    lines = []
+    final = explain[explain["layer"].astype(str) == "output"] if "layer" in explain else explain
+    for (model, attributes), rows in final.groupby(["model", "attributes"], sort=False):
+        determined = rows["determined"].astype(bool).all()
+        named = ", ".join(f"`{name}`" for name in str(attributes).split(";") if name) or \
+            "nothing (one class)"
+        lines.append(f"{model}, samples {_samples(rows)}: the classes are "
+                     f"{'determined' if determined else 'not fully determined'} by {named} "
+                     f"({rows['search'].iloc[0]} search).")
+    return lines
+
+
+def reduced_precision(effective: pd.DataFrame) -> list[str]:
+    """Devices that compute below their declared format, with the format their errors
+    are consistent with (the recomputed effective-precision check)."""
+    if effective.empty or "reduced" not in effective:
+        return ["No effective-precision check in the records."]
+    reduced = effective[effective["reduced"].astype(str).str.lower() == "true"]
+    if reduced.empty:
+        checked = effective["device"].nunique()
+        return [f"None: every checked Dense/Conv layer of the {checked} devices is within its "
+                "declared format's error bound."]
+    lines = []
+    for (model, device), rows in reduced.groupby(["model", "device"], sort=False):
+        formats = sorted(set(rows["format"].astype(str)), key=list(rows["format"]).index)
+        lines.append(f"{device} ({model}) declares {rows['precision'].iloc[0]} but computes "
+                     f"{' and '.join(f + '-like' for f in formats)}: "
+                     f"{rows['effective_bits'].min():.1f} effective bits at worst, in "
+                     f"{len(rows)} of {len(effective[effective['device'] == device])} "
+                     f"checked layers ({', '.join(rows['layer'].astype(str))}).")
+    return lines
+
+
+def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
+    """Where pairs of classes part first, and which kernels differ there."""
+    lines = []
+    parted = table[table["first_layer"].notna() & (table["first_layer"].astype(str) != "")]
+    for model, rows in parted.groupby("model", sort=False):
+        counts = rows["first_layer"].value_counts()
+        lines.append(f"{model}: of {len(rows)} (class pair, sample) first divergences, "
+                     + ", ".join(f"{count} at `{layer}`" for layer, count in counts.items())
+                     + ".")
+        if "kernels_differ" in rows:
+            differ = rows[rows["kernels_differ"].astype(str) == "yes"]
+            pairs = differ.apply(lambda row: " vs ".join(sorted(
+                [str(row["kernels_a"]), str(row["kernels_b"])])), axis=1).value_counts()
+            if len(pairs):
+                lines.append(f"{model}: kernels at the first divergent layer, most often: "
+                             + "; ".join(f"`{pair}` ({count})" for pair, count in
+                                         pairs.head(3).items()) + ".")
+    for row in coverage.to_dict("records"):
+        lines.append(f"{row['model']}: of {row['first_divergences']} first divergences the "
+                     f"recorded kernels differ at {row['kernels_differ']}, the same kernels "
+                     f"with other settings (threads, batch) at "
+                     f"{row['same_kernels_other_settings']}, {row['unexplained']} unexplained, "
+                     f"{row['untraced']} involve a runtime that logs no kernels.")
+    return lines or ["No two classes: nothing parts."]
+
+
+def agreement(table: pd.DataFrame) -> list[str]:
+    shares = pd.to_numeric(table["share"], errors="coerce")
+    checked = table[shares.notna()].assign(share=shares[shares.notna()])
+    if checked.empty:
+        return []
+    low = checked.sort_values("share").iloc[0]
+    return [f"Against TensorFlow's classes on {int(low['images'])} test images: every "
+            f"checked device agrees on at least {low['share']:.1%} (lowest: {low['device']}, "
+            f"{low['model']})."]
+
+
+def failures(table: pd.DataFrame) -> list[str]:
+    if table.empty:
+        return ["None: every scheduled device ran."]
+    return [f"{row['device']} ({row['model']}): {row['reason']} (log: {row['log']})"
+            for row in table.to_dict("records")]
+
+
+def probes(summary: pd.DataFrame) -> list[str]:
+    by = {row["measure"]: row for row in summary.to_dict("records")}
+    held = by.get("held-out devices", {})
+    best, natural = by.get("best probe", {}), by.get("best natural sample", {})
+    return [f"Forensic probes on {held.get('classes')} held-out devices: the best probe "
+            f"splits them into {best.get('classes')} classes, the best natural test sample "
+            f"into {natural.get('classes')}."]
+
+
+def batching(summary: pd.DataFrame) -> list[str]:
+    lines = []
+    for row in summary.to_dict("records"):
+        origin = row.get("origin_layers")
+        origin = "" if pd.isna(origin) or origin == "" else f"; differences start at {origin}"
+        lines.append(f"Batching, {row['device']}: {row['settings_differing']} of "
+                     f"{row['settings']} batch settings change the studied outputs{origin}.")
+    tokens = summary["first_divergent_token"]
+    diverged = tokens[pd.to_numeric(tokens, errors="coerce").notna()]
+    lines.append("Batching: greedy decoding " + (
+        f"diverged on {len(diverged)} device(s)." if len(diverged)
+        else "gave the same tokens in every setting on every device."))
+    return lines
+
+
+def _read(path) -> pd.DataFrame:
+    return pd.read_csv(path) if path and Path(path).is_file() else pd.DataFrame()
+
+
+def findings(tables: dict, fingerprint: dict | None) -> list[tuple[str, list[str]]]:
+    """(heading, sentences) sections from the tables (``tables``: name -> CSV path)."""
+    read = {name: _read(tables.get(name)) for name in (*TABLES, *STUDY_TABLES)}
+    precisions = dict(zip(read["eqc_layers"].get("device", []),
+                          read["eqc_layers"].get("precision", []), strict=False)) \
+        if not read["eqc_layers"].empty else {}
+    eqc = read["eqc"]
+    ran = sorted(set(eqc["device"])) if not eqc.empty else []
+    sections = [("Machine", (machine(fingerprint) if fingerprint else ["No record ran."])
+                 + [f"Devices that ran: {len(ran)}; failed: {len(read['device_failures'])}."])]
+    sections.append(("Equivalence classes", classes(eqc, precisions) if not eqc.empty
+                     else ["No classes: no record."]))
+    if not read["explain"].empty:
+        sections.append(("What explains the classes", explanations(read["explain"])))
+    sections.append(("Devices computing below their declared format",
+                     reduced_precision(read["effective_precision"])))
+    if not read["divergence"].empty:
+        sections.append(("Where devices part", divergence(read["divergence"],
+                                                          read["kernel_coverage"])))
+    if not read["argmax_agreement"].empty:
+        sections.append(("Runtimes against TensorFlow", agreement(read["argmax_agreement"])))
+    sections.append(("Devices that failed", failures(read["device_failures"])))
+    if not read["probe_summary"].empty:
+        sections.append(("Forensic probes", probes(read["probe_summary"])))
+    if not read["batching_summary"].empty:
+        sections.append(("Batch invariance", batching(read["batching_summary"])))
+    return sections
+
+
+TITLE = "Findings on this machine"
+PREAMBLE = ("Written by the run from its own tables (results/tables/): what this machine "
+            "showed. Another CPU, runtime version or configuration gives other findings.")
+
+
+def markdown(sections) -> str:
+    out = [f"# {TITLE}", "", PREAMBLE, ""]
+    for heading, sentences in sections:
+        out += [f"## {heading}", ""] + [f"- {sentence}" for sentence in sentences] + [""]
+    return "\n".join(out)
+
+
+def restructured_text(sections) -> str:
+    """The same sections as reStructuredText, for the report's first screen."""
+    import re
+
+    def literal(sentence: str) -> str:  # reST's literal is double backticks
+        return re.sub(r"`([^`]+)`", r"``\1``", sentence)
+
+    out = [TITLE, "=" * len(TITLE), "", PREAMBLE, ""]
+    for heading, sentences in sections:
+        out += [heading, "-" * len(heading), ""] + [f"- {literal(sentence)}"
+                                                     for sentence in sentences] + [""]
+    return "\n".join(out)
+
+
+def first_fingerprint(records) -> dict | None:
+    """The fingerprint of the first record that is not a failure record."""
+    import h5py
+
+    from bitdrift.record import FAILED
+
+    for path in records:
+        try:
+            with h5py.File(path, "r") as handle:
+                if FAILED in handle.attrs or "fingerprint" not in handle.attrs:
+                    continue
+                value = handle.attrs["fingerprint"]
+                found = json.loads(value.decode() if isinstance(value, bytes) else value)
+        except (OSError, ValueError):
+            continue
+        if found:
+            return found
+    return None
+
+
+def write_findings(tables: dict, records, out_markdown, out_rst=None) -> list:
+    """findings.md (and the report's .rst) from the tables and the first record."""
+    from bitdrift.atomic import atomic_output
+
+    sections = findings(tables, first_fingerprint(records))
+    for path, text in ((out_markdown, markdown(sections)),
+                       (out_rst, restructured_text(sections) if out_rst else None)):
+        if path:
+            with atomic_output(path) as tmp:
+                Path(tmp).write_text(text)
+    return sections

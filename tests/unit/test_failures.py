@@ -1,0 +1,94 @@
+"""A failing device costs nothing else: its job writes a failure record, the analysis
+leaves it out and names it, and the end of the run names it and removes it for a retry."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bitdrift.errors import RecordError
+from bitdrift.failures import end_of_run, failure_rows
+from bitdrift.record import FailedDevice, Record, open_records, read_failure, write_record
+from tests.utils import BASE_ATTRS
+
+ATTRS = {"model": "m", "device": "ov_gpu", "backend": "openvino", "log": "logs/x.log"}
+
+
+def _record(path, device):
+    write_record(path, {**BASE_ATTRS, "model": "m", "device": device},
+                 {0: {"output": np.zeros((1, 3), np.float32)}})
+    return path
+
+
+def test_a_failure_record_is_named_and_left_out(tmp_path, capsys):
+    from bitdrift.record import write_failure
+
+    good = _record(tmp_path / "good.h5", "tf")
+    failed = tmp_path / "failed.h5"
+    write_failure(failed, ATTRS, "device 'ov_gpu' asks for a GPU but OpenVINO sees CPU")
+    assert read_failure(good) is None and read_failure(tmp_path / "missing.h5") is None
+    found = read_failure(failed)
+    assert found["device"] == "ov_gpu" and found["reason"].startswith("device 'ov_gpu' asks")
+    with pytest.raises(FailedDevice, match="did not run .*asks for a GPU"):
+        Record(failed)
+    records = open_records([good, failed])
+    assert [record.device for record in records] == ["tf"]
+    assert "left out" in capsys.readouterr().err
+    with pytest.raises(FailedDevice):
+        open_records([good, failed], leave_out_failed=False)
+    with pytest.raises(RecordError, match="every device failed"):
+        open_records([failed])
+    rows = failure_rows([good, failed])
+    assert rows == [{"model": "m", "device": "ov_gpu", "backend": "openvino",
+                     "reason": found["reason"], "log": "logs/x.log"}]
+
+
+def test_the_end_of_a_run_names_each_failure_and_clears_it_for_a_retry(tmp_path, capsys):
+    from bitdrift.record import write_failure
+
+    good = _record(tmp_path / "good.h5", "tf")
+    failed = tmp_path / "failed.h5"
+    write_failure(failed, ATTRS, "runtime crashed (exit 139)")
+    assert [found["device"] for found in end_of_run([good, failed, tmp_path / "none.h5"],
+                                                    sys.stderr)] == ["ov_gpu"]
+    said = capsys.readouterr().err
+    assert "1 device(s) failed" in said and "ov_gpu (model m): runtime crashed (exit 139)" in said
+    assert not failed.exists() and good.exists()  # the next run makes it again
+    assert end_of_run([good], sys.stderr) == [] and capsys.readouterr().err == ""
+
+
+SCRIPT = """
+import sys
+from bitdrift.failures import failure_recorder
+from bitdrift.jobs import workflow_job
+out, log, kind = sys.argv[1:]
+with workflow_job(log, on_failure=failure_recorder(out, "m", "d", "openvino", log)):
+    if kind == "domain":
+        from bitdrift.errors import InferenceError
+        raise InferenceError("device 'd': the runtime is missing")
+    if kind == "bug":
+        raise ZeroDivisionError("division by zero")
+    raise KeyboardInterrupt
+"""
+
+
+@pytest.mark.parametrize("kind", ["domain", "bug", "interrupt"])
+def test_a_device_job_records_its_failure_but_never_an_interruption(tmp_path, kind):
+    """A domain error or a crash in a device's job: the job ends 0 with a failure record
+    and one line on the terminal; an interruption is no failure of the device: the job
+    fails and writes nothing."""
+    out, log = tmp_path / "d.h5", tmp_path / "d.log"
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(out), str(log), kind],
+                          capture_output=True, text=True)
+    if kind == "interrupt":
+        assert done.returncode != 0 and not out.exists()
+        return
+    assert done.returncode == 0, done.stderr
+    found = read_failure(out)
+    expected = "the runtime is missing" if kind == "domain" else \
+        "ZeroDivisionError: division by zero"
+    assert expected in found["reason"]
+    assert f"device 'd' (model 'm') failed: {found['reason']}" in done.stderr
+    if kind == "bug":
+        assert "Traceback" in log.read_text()  # a bug keeps its traceback in the log

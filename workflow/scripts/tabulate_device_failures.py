@@ -1,0 +1,8 @@
+import sys
+
+from bitdrift.jobs import workflow_job
+
+with workflow_job(snakemake.log[0]):
+    from bitdrift.cli import main
+
+    sys.exit(main(["failures", *snakemake.input.records, "--out", snakemake.output.table]))
