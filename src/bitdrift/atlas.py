@@ -97,9 +97,14 @@ class Index:
         return cls(labels, layer, entries)
 
     def write(self, path: str | Path) -> None:
-        from bitdrift.atomic import atomic_output
+        import io
 
-        with atomic_output(path) as tmp, h5py.File(tmp, "w") as handle:
+        from bitdrift.atomic import write_bytes
+
+        # Built in memory, written in one plain write: on a full disk h5py's own file
+        # handling crashed the process (segmentation fault in its object teardown)
+        buffer = io.BytesIO()
+        with h5py.File(buffer, "w") as handle:
             handle.attrs.update({"format": INDEX_FORMAT, "layer": self.layer,
                                  "labels": json.dumps(self.labels)})
             for number, (key, entry) in enumerate(self.entries.items()):
@@ -109,6 +114,7 @@ class Index:
                 group.create_dataset("digests", data=np.frombuffer(b"".join(entry.digests),
                                                                     np.uint8).reshape(-1, 32))
                 group.create_dataset("bits", data=entry.bits)
+        write_bytes(path, buffer.getvalue())
 
     @classmethod
     def read(cls, path: str | Path) -> Index:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,15 +17,44 @@ from bitdrift.errors import OutputError
 WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
 
 
+# The outputs of one command, renamed into place together at its end (output_group): a
+# command that cannot write its last output leaves none of them looking complete.
+_GROUP: contextvars.ContextVar[list | None] = contextvars.ContextVar("outputs", default=None)
+
+
+@contextlib.contextmanager
+def output_group() -> Iterator[None]:
+    """Every atomic_output inside is renamed into place only when the whole block
+    succeeds; on any error none is, and their temporaries are removed."""
+    pending: list[tuple[Path, Path]] = []
+    token = _GROUP.set(pending)
+    try:
+        yield
+        for tmp, path in pending:
+            os.replace(tmp, path)
+    finally:
+        _GROUP.reset(token)
+        for tmp, _ in pending:
+            if tmp.exists():
+                tmp.unlink()
+
+
+def _output_error(path: Path, error: OSError) -> OutputError:
+    return OutputError(f"{path}: cannot be written ({os.strerror(error.errno)}); nothing of "
+                       "this command's output was left")
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it into place only on success.
+    """Yield a temporary path beside ``path``; rename it into place only on success (at
+    the end of the enclosing output_group, if there is one).
 
     The temporary name keeps the suffix (Keras and h5py look at it) and lives in the same
     directory so that ``os.replace`` is an atomic rename on the same filesystem.
     """
     path = Path(path)
     tmp = None
+    group = _GROUP.get()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, tmp_name = tempfile.mkstemp(
@@ -33,15 +64,26 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         tmp = Path(tmp_name)
         tmp.unlink()  # writers create the file themselves (h5py, keras refuse existing ones)
         yield tmp
-        os.replace(tmp, path)
+        if group is None:
+            os.replace(tmp, path)
+        else:
+            group.append((tmp, path))
+            tmp = None  # the group renames or removes it
     except OSError as error:
         if getattr(error, "errno", None) not in WRITE_ERRNOS or isinstance(error, OutputError):
             raise
-        raise OutputError(f"{path}: cannot be written ({os.strerror(error.errno)})") \
-            from error
+        raise _output_error(path, error) from error
     finally:
         if tmp is not None and tmp.exists():
             tmp.unlink()
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """``data`` at ``path``, atomically: writers that build their file in memory first
+    (HDF5 files, figures) meet a full disk here, in one plain write, instead of deep in
+    h5py's or matplotlib's own file handling."""
+    with atomic_output(path) as tmp:
+        Path(tmp).write_bytes(data)
 
 
 def read_table(path: str | Path, columns, producer: str):
@@ -73,11 +115,20 @@ def save_figure(figure, out: str | Path, **options) -> None:
     formats = [(out, out.suffix.lstrip(".").lower() or "pdf")]
     if out.suffix.lower() != ".png":
         formats.append((out.with_suffix(".png"), "png"))
-    for path, kind in formats:
-        with atomic_output(path) as tmp:
-            figure.savefig(tmp, format=kind, **({"dpi": 110} if kind == "png" else {}),
+    import io
+
+    rendered = []
+    try:
+        for path, kind in formats:  # rendered in memory: the disk is met in one write
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format=kind, **({"dpi": 110} if kind == "png" else {}),
                            **options)
-    plt.close(figure)
+            rendered.append((path, buffer.getvalue()))
+    finally:
+        plt.close(figure)
+    with output_group() if _GROUP.get() is None else contextlib.nullcontext():
+        for path, data in rendered:
+            write_bytes(path, data)
 
 
 def write_csv(table, path: str | Path, columns: list[str] | None = None,
@@ -102,10 +153,11 @@ def write_csv(table, path: str | Path, columns: list[str] | None = None,
     writer.writerow(columns)
     writer.writerows(rows)
     data = text.getvalue().encode()
-    with atomic_output(path) as tmp:
-        Path(tmp).write_bytes(data)
-    if html and path.suffix.lower() != ".html":
-        write_table_html(columns, rows, path.with_suffix(".html"), path.name, csv_bytes=data)
+    with output_group() if _GROUP.get() is None else contextlib.nullcontext():
+        write_bytes(path, data)
+        if html and path.suffix.lower() != ".html":
+            write_table_html(columns, rows, path.with_suffix(".html"), path.name,
+                             csv_bytes=data)
 
 
 def write_tables(tables: dict, names: dict[str, str], out_dir: str | Path) -> None:
@@ -180,3 +232,33 @@ def is_data_file(path: str | Path) -> bool:
     with open(path, "rb") as handle:
         head = handle.read(8)
     return head == HDF5_SIGNATURE or head.startswith(b"PK\x03\x04")
+
+
+WORK_MARK = ".work-"
+
+
+@contextlib.contextmanager
+def work_folder(out: str | Path) -> Iterator[Path]:
+    """A temporary folder for the worker processes of the job that writes ``out``, beside
+    it (``.NAME.work-PID-XXXX``), removed on the way out. A job killed outright (SIGKILL)
+    leaves it where the job's output belongs, not in /tmp; the next start of the same job
+    removes the folders of such dead jobs."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{out.name}{WORK_MARK}"
+    for stale in out.parent.glob(f"{prefix}*"):
+        pid = stale.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-", dir=out.parent) as tmp:
+        yield Path(tmp)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -440,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="config file (config.yaml or a preset)")
     p.add_argument("--dataset", required=True, help="a key of datasets")
     p.add_argument("--out", help="dataset HDF5 (default results/datasets/DATASET.h5)")
-    p.set_defaults(func=cmd_prepare_dataset)
+    p.set_defaults(func=cmd_prepare_dataset, writes_data=True)
 
     p = sub.add_parser("train", help="train one model with one seed")
     p.add_argument("--config", required=True, help="config file (config.yaml or a preset)")
@@ -452,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-history", help="default results/models/MODEL/seed_SEED/history.csv")
     p.add_argument("--out-logits",
                    help="default results/models/MODEL/seed_SEED/test_logits.h5")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, writes_data=True)
 
     p = sub.add_parser("infer", help="run one device: all repeats, every layer, one record")
     p.add_argument("--config", required=True, help="config file (config.yaml or a preset)")
@@ -465,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "workflow's results/exports/MODEL/reference.npz)")
     p.add_argument("--export", help="the exported model an exported runtime runs (default: "
                    "the workflow's results/exports/MODEL/model.onnx or .tflite)")
-    p.set_defaults(func=cmd_infer)
+    p.set_defaults(func=cmd_infer, writes_data=True)
 
     p = sub.add_parser("export", help="export a model for the exported runtimes (ONNX, "
                        "LiteRT) and write TensorFlow's reference, at the workflow's paths")
@@ -473,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="a key of models")
     p.add_argument("--model-file", help="model to export (default: the workflow's trained model)")
     p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=cmd_export, writes_data=True)
 
     p = sub.add_parser("eqc", help="equivalence classes of inference records")
     p.add_argument("files", nargs="+", help="records; devices are ordered as given")
@@ -610,18 +610,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", default="output", help="the layer indexed (default: the "
                    "final output)")
     p.add_argument("--out", required=True, help="the index (HDF5)")
-    p.set_defaults(func=cmd_index)
+    p.set_defaults(func=cmd_index, writes_data=True)
     for study in STUDIES:
         importlib.import_module(f"bitdrift.studies.{study}.cli").add_commands(sub)
     return parser
 
 
-# Commands whose outputs are records, models or datasets; every other command writes tables
-# (CSV) or figures (PDF), never over an HDF5 or Keras file.
-WRITES_DATA = {"prepare-dataset", "train", "infer", "train-run", "export", "index"}
+# A command whose outputs are records, models, datasets or probe files says so with
+# `set_defaults(writes_data=True)` beside its parser (the studies' too); every other
+# command writes tables (CSV) or figures (PDF), never over an HDF5 or Keras file.
 INPUT_OPTIONS = ("files", "table", "tables", "eqc", "config", "model_file", "dataset_file",
                  "classes", "eqc_layers", "precision_table", "record", "against", "reference",
-                 "export", "divergence", "coverage", "index")
+                 "export", "divergence", "coverage", "index", "probes", "evaluation",
+                 "records")
 OUTPUT_OPTIONS = ("out", "rst_out", "layers_out", "out_model", "out_history", "out_logits",
                   "flags_out", "classes_out", "table_out", "coverage_out")
 
@@ -662,7 +663,7 @@ def check_outputs(args) -> None:
                for option in OUTPUT_OPTIONS if getattr(args, option, None)}
     refuse_overwriting(inputs, outputs)
     for flag, out in outputs.items():
-        if args.command not in WRITES_DATA and is_data_file(out):
+        if not getattr(args, "writes_data", False) and is_data_file(out):
             raise ConfigError(f"{flag} {out} is a record, model or dataset file (HDF5/Keras); "
                               "this command writes a table or figure, refusing to overwrite it")
     out_dir = getattr(args, "out_dir", None)
@@ -672,9 +673,13 @@ def check_outputs(args) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from bitdrift.atomic import output_group
+
     try:
         check_outputs(args)
-        status = args.func(args)
+        # A command's outputs appear together or not at all (a full disk at the last one)
+        with output_group():
+            status = args.func(args)
     except BitdriftError as error:
         # One line naming the file or key; anything else is a bug and keeps its traceback.
         message = " ".join(str(error).split())

@@ -67,6 +67,11 @@ def validate_config(config: dict) -> dict:
         message = best.message
         if best.validator == "oneOf" and _key_path(best).startswith("models."):
             message = "a model needs exactly one of 'architecture' or 'file'"
+        if best.validator == "enum" and len(best.validator_value) > 12:
+            # a long list (QEMU's CPU models) is named by its start, not dumped whole
+            message = (f"{best.instance!r} is not one of the {len(best.validator_value)} "
+                       f"accepted values ({', '.join(map(str, best.validator_value[:6]))}, "
+                       "...: the schema's description says which and why)")
         key = _key_path(best)
         if best.validator is None and list(best.relative_schema_path)[-1:] == ["properties"]:
             # A `false` subschema: a key that belongs to another runtime. jsonschema leaves
@@ -167,6 +172,10 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
 
     for study in STUDIES:  # each study checks the names its own section refers to
         importlib.import_module(f"bitdrift.studies.{study}.config").check(config)
+    from bitdrift.emulation import check_device
+
+    for name, device in config["devices"].items():
+        check_device(name, device)
     recorded = {model["dataset"] for model in config["models"].values()}
     for name, dataset in config["datasets"].items():
         limit = dataset.get("limit_test") if name in recorded else None

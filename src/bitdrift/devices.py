@@ -35,6 +35,11 @@ def device_environment(device: dict, base: dict | None = None) -> dict:
     if device.get("threads"):
         env["OMP_NUM_THREADS"] = str(device["threads"])
     env.update(device.get("env", {}))
+    # An emulated device's process must know it: py-cpuinfo's usual answer (and its cache)
+    # is the host's, and its fingerprint names the CPU it sees through CPUID instead
+    env.pop(EMULATED, None)
+    if device.get("emulate"):
+        env[EMULATED] = device["emulate"]
     return env
 
 
@@ -88,10 +93,24 @@ def cpu_info() -> dict:
     return info
 
 
+EMULATED = "BITDRIFT_EMULATED_CPU"
+
+
 def fingerprint(device: dict, accelerator_info: dict) -> dict:
     """Where and with what a result was computed (stored as JSON in every record): the
-    device's own runtime's versions, never those of a framework the process only loaded."""
-    info = cpu_info()
+    device's own runtime's versions, never those of a framework the process only loaded.
+    Under emulation, the CPU the process sees (CPUID), and the emulated model."""
+    emulated = os.environ.get(EMULATED)
+    if emulated:
+        from bitdrift.emulation import seen_cpu
+
+        seen = seen_cpu()
+        info = {"brand_raw": seen["brand"], "vendor_id_raw": seen["vendor"],
+                "family": seen["family"], "model": seen["model"],
+                "stepping": seen["stepping"], "arch": platform.machine().upper(),
+                "count": os.cpu_count(), "flags": seen["flags"]}
+    else:
+        info = cpu_info()
     versions = {"python": platform.python_version()}
     for module in ("keras", "numpy", "h5py"):
         if module in sys.modules:
@@ -111,7 +130,21 @@ def fingerprint(device: dict, accelerator_info: dict) -> dict:
         "threads": device.get("threads"),
         "environment": dict(device.get("env", {})),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        **({"emulation": {"model": emulated}} if emulated else {}),
     }
+
+
+def emulation_host(fingerprint_: dict) -> dict:
+    """An emulated record's fingerprint completed by the parent (native) process: QEMU's
+    version and the host CPU the emulation ran on."""
+    if not fingerprint_ or "emulation" not in fingerprint_:
+        return fingerprint_
+    from bitdrift.emulation import qemu_version
+
+    host = cpu_info()
+    fingerprint_["emulation"].update({"qemu": qemu_version(), "host_brand": host.get("brand_raw"),
+                                      "host_flags": sorted(host.get("flags", []))})
+    return fingerprint_
 
 
 def describe(device: dict) -> str:

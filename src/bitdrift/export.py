@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,42 @@ class Reference:
     argmax_indices: list[int]
     argmax: np.ndarray
     model_sha256: str
+
+
+REBUILD = "make it again with `snakemake --forcerun"
+# A LiteRT (TFLite) FlatBuffer carries its file identifier at bytes 4-8.
+TFLITE_IDENTIFIER = b"TFL3"
+
+
+def check_export_file(path: str | Path, runtime: str) -> None:
+    """The exported file a runtime is about to read: missing, empty, or the other format
+    (an ONNX file given to LiteRT, a .tflite to ONNX Runtime) is one line naming the file,
+    what it should be and how to make it again. (A damaged file of the right kind is
+    caught where the runtime parses it: bitdrift.backends.exported.)"""
+    path = Path(path)
+    expected = format_of(runtime)
+    what = {"onnx": "an ONNX model (Keras' ONNX export)",
+            "tflite": "a LiteRT FlatBuffer (.tflite)"}[expected]
+    rebuild = f"{REBUILD} export_model` (or `bitdrift export`)"
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError as error:
+        raise InferenceError(f"{path}: cannot be read ({error.strerror}); {runtime} needs "
+                             f"{what}; {rebuild}") from error
+    is_tflite = head[4:8] == TFLITE_IDENTIFIER
+    if not head or is_tflite != (expected == "tflite"):
+        found = "empty" if not head else "a LiteRT FlatBuffer" if is_tflite else \
+            "not a LiteRT FlatBuffer"
+        raise InferenceError(f"{path}: {found}, but {runtime} needs {what}; {rebuild}")
+
+
+def unreadable_export(path, runtime: str, error: Exception) -> InferenceError:
+    """A runtime's own parse error of an exported file, as one line."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    what = "an ONNX model" if format_of(runtime) == "onnx" else "a LiteRT FlatBuffer"
+    return InferenceError(f"{path}: {runtime} cannot read it as {what}, damaged or "
+                          f"truncated ({first[:200]}); {REBUILD} export_model`")
 
 
 def format_of(runtime: str) -> str:
@@ -165,8 +202,10 @@ def read_reference(path: str | Path) -> Reference:
             check = [data[f"check/{position}"] for position in range(len(meta["layers"]))]
             weights = {key: data[key] for key in data.files if key.startswith("weights/")}
             argmax = data["argmax"]
-    except (OSError, ValueError, KeyError) as error:
-        raise RecordError(f"{path}: not a bitdrift export reference ({error})") from error
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+        raise RecordError(f"{path}: not a bitdrift export reference, damaged or of another "
+                          f"kind ({type(error).__name__}: {error}); {REBUILD} "
+                          "export_reference") from error
     checked = {layer: (spec, [weights[f"weights/{layer}/{index}"]
                               for index in range(_count(weights, layer))])
                for layer, spec in meta["checked"].items()}

@@ -32,15 +32,26 @@ def machine(fingerprint: dict) -> list[str]:
     flags = set(cpu.get("flags") or [])
     have = [name for name, names in INSTRUCTION_SETS if flags & set(names)]
     lack = [name for name, names in INSTRUCTION_SETS if not flags & set(names)]
-    emulated = fingerprint.get("emulation") or {}
     lines = [f"CPU: {cpu.get('brand') or 'unknown'} ({cpu.get('vendor') or '?'}, family "
              f"{cpu.get('family')}, model {cpu.get('model')}; {cpu.get('count')} CPUs, "
              f"{cpu.get('arch')}) on {fingerprint.get('platform', '?')}.",
              f"Instruction sets that steer the kernels: {', '.join(have) or 'none'}"
              + (f"; not present: {', '.join(lack)}." if lack else ".")]
-    if emulated:
-        lines.append(f"This record ran under QEMU emulating {emulated.get('model')}; the host "
-                     f"is {emulated.get('host_brand', 'unknown')}.")
+    return lines
+
+
+def emulated(fingerprints: dict) -> list[str]:
+    """The devices that ran under QEMU, the CPU each one saw and what it lacked."""
+    lines = []
+    for device, found in fingerprints.items():
+        emulation = found.get("emulation")
+        if not emulation:
+            continue
+        flags = set(found.get("cpu", {}).get("flags") or [])
+        have = [name for name, names in INSTRUCTION_SETS if flags & set(names)]
+        lines.append(f"{device} ran under QEMU {emulation.get('qemu', '')} as "
+                     f"{emulation.get('model')} ({found.get('cpu', {}).get('brand')}): it "
+                     f"saw {', '.join(have) or 'none of the sets above'}.")
     return lines
 
 
@@ -190,8 +201,11 @@ def _read(path) -> pd.DataFrame:
     return pd.read_csv(path) if path and Path(path).is_file() else pd.DataFrame()
 
 
-def findings(tables: dict, fingerprint: dict | None) -> list[tuple[str, list[str]]]:
-    """(heading, sentences) sections from the tables (``tables``: name -> CSV path)."""
+def findings(tables: dict, fingerprints: dict) -> list[tuple[str, list[str]]]:
+    """(heading, sentences) sections from the tables (``tables``: name -> CSV path) and the
+    records' fingerprints ({device: fingerprint}: the first native one names the machine)."""
+    fingerprint = next((found for found in fingerprints.values()
+                        if not found.get("emulation")), None)
     read = {name: _read(tables.get(name)) for name in (*TABLES, *STUDY_TABLES)}
     precisions = dict(zip(read["eqc_layers"].get("device", []),
                           read["eqc_layers"].get("precision", []), strict=False)) \
@@ -199,7 +213,8 @@ def findings(tables: dict, fingerprint: dict | None) -> list[tuple[str, list[str
     eqc = read["eqc"]
     ran = sorted(set(eqc["device"])) if not eqc.empty else []
     sections = [("Machine", (machine(fingerprint) if fingerprint else ["No record ran."])
-                 + [f"Devices that ran: {len(ran)}; failed: {len(read['device_failures'])}."])]
+                 + [f"Devices that ran: {len(ran)}; failed: {len(read['device_failures'])}."]
+                 + emulated(fingerprints))]
     sections.append(("Equivalence classes", classes(eqc, precisions) if not eqc.empty
                      else ["No classes: no record."]))
     if not read["explain"].empty:
@@ -245,31 +260,33 @@ def restructured_text(sections) -> str:
     return "\n".join(out)
 
 
-def first_fingerprint(records) -> dict | None:
-    """The fingerprint of the first record that is not a failure record."""
+def fingerprints(records) -> dict:
+    """{device: fingerprint} of the records that ran (failure records have none)."""
     import h5py
 
     from bitdrift.record import FAILED
 
+    found = {}
     for path in records:
         try:
             with h5py.File(path, "r") as handle:
                 if FAILED in handle.attrs or "fingerprint" not in handle.attrs:
                     continue
-                value = handle.attrs["fingerprint"]
-                found = json.loads(value.decode() if isinstance(value, bytes) else value)
-        except (OSError, ValueError):
+                value, device = handle.attrs["fingerprint"], handle.attrs["device"]
+                value = json.loads(value.decode() if isinstance(value, bytes) else value)
+                device = device.decode() if isinstance(device, bytes) else str(device)
+        except (OSError, ValueError, KeyError):
             continue
-        if found:
-            return found
-    return None
+        if value:
+            found.setdefault(device, value)
+    return found
 
 
 def write_findings(tables: dict, records, out_markdown, out_rst=None) -> list:
     """findings.md (and the report's .rst) from the tables and the first record."""
     from bitdrift.atomic import atomic_output
 
-    sections = findings(tables, first_fingerprint(records))
+    sections = findings(tables, fingerprints(records))
     for path, text in ((out_markdown, markdown(sections)),
                        (out_rst, restructured_text(sections) if out_rst else None)):
         if path:

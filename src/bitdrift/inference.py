@@ -14,16 +14,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+from bitdrift.atomic import work_folder
 from bitdrift.datasets import (
     check_samples,
     count_test_images,
@@ -102,7 +101,6 @@ def run_repeat(job: dict) -> None:
     np.savez(job["out"], meta=json.dumps(meta), **arrays, **weights)
 
 
-TEMP_PREFIX = "bitdrift-infer-"
 WORKER = "bitdrift.inference:run_repeat"
 
 
@@ -125,24 +123,6 @@ def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> N
         raise InferenceError(f"{out}: cannot create its folder ({error})") from error
     if not os.access(folder, os.W_OK):
         raise InferenceError(f"{out}: folder {folder} is not writable")
-
-
-def remove_stale_temporaries(root: str | Path | None = None) -> None:
-    """Temporary folders of inference processes that were killed (SIGKILL leaves them)."""
-    for folder in Path(root or tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
-        pid = folder.name[len(TEMP_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextlib.contextmanager
@@ -180,10 +160,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         if expected.model_sha256 != model_digest(model_path):
             raise InferenceError(f"{reference}: the export reference of another model than "
                                  f"{model_path}")
-    remove_stale_temporaries()
     repeats, weights, classes = [], {}, None
-    with terminate_cleanly(), tempfile.TemporaryDirectory(
-            prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp, worker_processes(
+    with terminate_cleanly(), work_folder(out) as tmp, worker_processes(
             WORKER, device, f"device {device_name!r}", log) as workers:
         how = "a forked child" if isinstance(workers, ForkedChildren) else "a fresh process"
         for repeat in progress(range(device["repeats"]), f"{model_name} on {device_name}: "
@@ -235,9 +213,11 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     finding = describe_reduced(effective or {}, device, device_name, model_name)
     if finding:
         print(finding, file=log, flush=True)
+    from bitdrift.devices import emulation_host
+
     attrs = {
         "model": model_name, "device": device_name, "backend": device["backend"],
-        "precision": device["precision"], "fingerprint": meta["fingerprint"],
+        "precision": device["precision"], "fingerprint": emulation_host(meta["fingerprint"]),
         "model_sha256": model_digest(model_path), "input_sha256": input_sha256(sample_images),
         "accelerator": device["accelerator"], "batch_size": device["batch_size"],
         "repeats": device["repeats"], "device_config": json.dumps(device, sort_keys=True),

@@ -27,6 +27,7 @@ import time
 import traceback
 
 from bitdrift import backends
+from bitdrift.emulation import command_prefix
 from bitdrift.errors import AcceleratorMissing, BitdriftError
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -89,7 +90,8 @@ class FreshProcesses:
         from bitdrift.devices import device_environment
 
         device = {**self.device, "env": {**self.device.get("env", {}), **(environment or {})}}
-        completed = subprocess.run([sys.executable, "-m", self.module, json.dumps(job)],
+        completed = subprocess.run([*command_prefix(self.device), sys.executable, "-m",
+                                    self.module, json.dumps(job)],
                                    env=device_environment(device),
                                    stdout=self.log if stdout is None else stdout,
                                    stderr=self.log)
@@ -110,7 +112,8 @@ class ForkedChildren:
 
         self.device, self.what = device, what
         self.parent = subprocess.Popen(
-            [sys.executable, "-m", "bitdrift.prefork", target, device["backend"]],
+            [*command_prefix(device), sys.executable, "-m", "bitdrift.prefork", target,
+             device["backend"]],
             env=device_environment(device), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=log, text=True, preexec_fn=_die_with_parent)
 

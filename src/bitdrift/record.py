@@ -251,10 +251,35 @@ class Record:
                 self._kernels = None
             else:
                 try:
-                    self._kernels = json.loads(_text(self._file[KERNELS][()]))
+                    found = json.loads(_text(self._file[KERNELS][()]))
                 except (TypeError, ValueError) as error:
                     raise self._fail(f"dataset 'kernels' is not JSON ({error})") from error
+                self._kernels = self._checked_kernels(found)
         return self._kernels
+
+    def _checked_kernels(self, found):
+        """The kernels dataset's structure (bitdrift.inference.traced_repeat): valid JSON of
+        another shape is refused here, naming what is wrong, not deep in the analysis."""
+        def wrong(what: str) -> RecordError:
+            return self._fail(f"dataset 'kernels' is not a kernel record ({what})")
+
+        if not isinstance(found, dict):
+            raise wrong(f"a JSON {type(found).__name__}, not an object")
+        layers = found.get("layers", {})
+        if not isinstance(layers, dict):
+            raise wrong("'layers' is not an object")
+        for layer, entry in layers.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("signature", ""), str) \
+                    or not isinstance(entry.get("calls", []), list) or not all(
+                        isinstance(call, dict) for call in entry.get("calls", [])):
+                raise wrong(f"layer {layer!r}: not {{signature: text, calls: [objects]}}")
+        for key in ("order",):
+            if key in found and not isinstance(found[key], list):
+                raise wrong(f"{key!r} is not a list")
+        for key in ("layer_classes", "header"):
+            if key in found and not isinstance(found[key], dict):
+                raise wrong(f"{key!r} is not an object")
+        return found
 
     @property
     def effective_precision(self) -> dict | None:

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bitdrift.atomic import WORK_MARK, work_folder
 from bitdrift.cli import main
 from bitdrift.config import ConfigError, validate_config
 from bitdrift.eqc import eqc_tables, precision_table
-from bitdrift.inference import TEMP_PREFIX, remove_stale_temporaries
 from bitdrift.record import open_records
 
 A = np.array([1.0, 2.0, 3.0], np.float32)
@@ -263,33 +263,57 @@ def test_plot_eqc_table_refuses_a_device_without_a_record(make_record, tmp_path,
 
 
 # -- 11. interrupted jobs and flipped bits ------------------------------------------------
-def test_sigterm_leaves_no_temporary_folder(trained, tmp_path):
+def _start_infer(trained, tmp_path):
+    """`bitdrift infer` under way: its repeats' work folder beside its output exists."""
     folder, config, dataset, model = trained
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
     command = [sys.executable, "-m", "bitdrift.cli", "infer", "--config", str(config),
                "--model", "m", "--device", "cpu", "--dataset-file", str(dataset),
                "--model-file", str(model), "--out", str(tmp_path / "r.h5")]
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
-    while not list(tmp_path.glob(f"{TEMP_PREFIX}*")) and time.time() < deadline:
+    while not list(tmp_path.glob(WORK)) and time.time() < deadline:
         time.sleep(0.1)
-    assert list(tmp_path.glob(f"{TEMP_PREFIX}*")), "infer never started its repeats"
+    assert list(tmp_path.glob(WORK)), "infer never started its repeats"
+    return process, command
+
+
+WORK = f".r.h5{WORK_MARK}*"
+
+
+def test_sigterm_leaves_no_temporary_folder(trained, tmp_path):
+    process, _ = _start_infer(trained, tmp_path)
     process.terminate()
     process.wait(timeout=60)
     assert process.returncode != 0
-    assert not list(tmp_path.glob(f"{TEMP_PREFIX}*"))
+    assert not list(tmp_path.glob(WORK))
     assert not (tmp_path / "r.h5").exists()
+
+
+def test_the_folder_of_a_killed_job_is_beside_its_output_and_gone_at_its_next_start(
+        trained, tmp_path):
+    """SIGKILL cannot be handled: the work folder stays, beside the job's output (never in
+    /tmp), and the next start of the same job removes it before making its own."""
+    process, command = _start_infer(trained, tmp_path)
+    (left,) = tmp_path.glob(WORK)
+    process.kill()
+    process.wait(timeout=60)
+    assert left.exists() and not (tmp_path / "r.h5").exists()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not left.exists() and not list(tmp_path.glob(WORK))
+    assert (tmp_path / "r.h5").exists()
 
 
 def test_folders_of_killed_jobs_are_removed_by_the_next_one(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = tmp_path / f"{TEMP_PREFIX}{dead.pid}-abc"
+    stale = tmp_path / f".r.h5{WORK_MARK}{dead.pid}-abc"
     stale.mkdir()
-    live = tmp_path / f"{TEMP_PREFIX}{os.getpid()}-xyz"
+    live = tmp_path / f".r.h5{WORK_MARK}{os.getpid()}-xyz"
     live.mkdir()
-    remove_stale_temporaries(tmp_path)
-    assert not stale.exists() and live.exists()
+    with work_folder(tmp_path / "r.h5") as mine:
+        assert mine.parent == tmp_path and mine.exists()
+    assert not stale.exists() and live.exists() and not mine.exists()
 
 
 def test_one_flipped_bit_in_a_record_is_refused(make_record, tmp_path, capsys):
@@ -378,6 +402,76 @@ def test_a_read_only_or_full_disk_is_one_line_and_leaves_no_part(make_record, mo
     one_line_error(capsys)
 
 
+def _layered(make_record, device, value, layers=40):
+    """A record with many layers: its per-layer table takes several KiB."""
+    outputs = {0: repeats(value), 1: repeats(value)}
+    return make_record(device, outputs, layers={sample: [(f"layer_{i}", repeats(value))
+                                                         for i in range(layers)]
+                                                for sample in outputs})
+
+
+def _left(folder):
+    return sorted(path.name for path in folder.iterdir() if path.name != "filler")
+
+
+def _room(full, nbytes):
+    """Fill the disk again, then free ``nbytes``: a writer gets that far and no further."""
+    filler = full / "filler"
+    with open(filler, "ab", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 4096)
+        except OSError:
+            pass
+    os.truncate(filler, filler.stat().st_size - nbytes)
+
+
+def test_every_writer_on_a_full_disk_is_one_line_and_leaves_none_of_its_outputs(
+        make_record, mounted, tmp_path):
+    """On a disk with a little room left, each writer runs out midway: `index` (h5py
+    crashed in its teardown: exit 139 and dozens of tracebacks), `plot-eqc-table`
+    (matplotlib's AttributeError), and `eqc` with room for its first table only (it left
+    eqc.csv written and --layers-out missing). Each: exit 6, one line, nothing left."""
+    _, full = mounted
+    first, second = _layered(make_record, "d1", A), _layered(make_record, "d2", B)
+    many = [make_record(f"r{i}", {0: repeats(np.full(64, i, np.float32)),
+                                  1: repeats(np.full(64, -i, np.float32))})
+            for i in range(60)]
+    classes = tmp_path / "classes.csv"
+    eqc = tmp_path / "eqc.csv"
+    assert main(["eqc", str(first), str(second), "--out", str(eqc)]) == 0
+    assert main(["explain", str(first), str(second), "--out", str(tmp_path / "x.csv"),
+                 "--classes-out", str(classes)]) == 0
+    commands = [["index", *map(str, many), "--out", str(full / "atlas.h5")],
+                ["plot-eqc-table", str(first), str(second), "--eqc", str(eqc), "--classes",
+                 str(classes), "--out", str(full / "t.pdf"), "--table-out",
+                 str(full / "t.csv")],
+                ["eqc", str(first), str(second), "--out", str(full / "eqc.csv"),
+                 "--layers-out", str(full / "layers.csv")]]
+    for command in commands:
+        _room(full, 8192)
+        done = subprocess.run([sys.executable, "-m", "bitdrift", *command],
+                              capture_output=True, text=True)
+        assert done.returncode == 6, (command[0], done.returncode, done.stderr[-2000:])
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "No space left on device" in lines[0], done.stderr
+        assert _left(full) == [], command[0]
+
+
+def test_a_kernels_dataset_of_the_wrong_shape_is_one_line(make_record, tmp_path, capsys):
+    path = make_record("d1", {0: repeats(A)})
+    with h5py.File(path, "r+") as handle:
+        handle.create_dataset("kernels", data='["a", "list"]')
+    assert main(["kernels", str(path), "--out", str(tmp_path / "k.csv")]) == 3
+    assert "dataset 'kernels' is not a kernel record (a JSON list, not an object)" in \
+        one_line_error(capsys)
+    with h5py.File(path, "r+") as handle:
+        del handle["kernels"]
+        handle.create_dataset("kernels", data='{"traced": true, "layers": {"c": "x"}}')
+    assert main(["kernels", str(path), "--out", str(tmp_path / "k.csv")]) == 3
+    assert "layer 'c': not {signature: text, calls: [objects]}" in one_line_error(capsys)
+
+
 @pytest.mark.parametrize("name", ["01", "٦", "²", "+1"])
 def test_sample_groups_that_are_no_ascii_index_are_refused(make_record, name, capsys):
     path = make_record("d1", {0: repeats(A)})
@@ -407,3 +501,21 @@ def test_provenance_with_a_missing_or_foreign_model_file_is_one_line(trained, ma
     assert main(["eqc", str(folder_record), "--out", str(tmp_path / "e.csv"),
                  "--expect", "m", str(model), str(model)]) == 3  # a model as the dataset
     one_line_error(capsys)
+
+
+@pytest.mark.parametrize("command", [
+    ["probe", "--config", "c.yaml", "--out", "new.h5"],
+    ["probe-set", "probes.h5", "--dataset", "d.h5", "--out", "ev.h5"],
+    ["index", "a.h5", "--out", "atlas.h5"]])
+def test_commands_that_write_data_files_may_name_them(command, tmp_path, monkeypatch):
+    """The out-is-input guard knows each command's output kind: the probe commands' and
+    index's documented HDF5 outputs are theirs to write (they were refused)."""
+    from bitdrift.cli import build_parser, check_outputs
+
+    monkeypatch.chdir(tmp_path)
+    check_outputs(build_parser().parse_args(command))
+    with pytest.raises(ConfigError, match="is a record, model or dataset file"):
+        check_outputs(build_parser().parse_args(["eqc", "a.h5", "--out", "b.h5"]))
+    with pytest.raises(ConfigError, match="also an input"):
+        check_outputs(build_parser().parse_args(["probe-set", "p.h5", "--dataset", "d.h5",
+                                                 "--out", "p.h5"]))

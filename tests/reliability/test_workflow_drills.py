@@ -207,3 +207,37 @@ def test_a_preset_writes_into_its_own_folder(tmp_path):
     assert not any((tmp_path / "results").iterdir())
     for preset in PRESETS:
         assert yaml.safe_load(preset.read_text())["workdir"] == f"runs/{preset.stem}"
+
+
+def test_one_failing_device_costs_nothing_else(own_run):
+    """A device whose job fails (an ONNX Runtime device asking for a GPU this machine does
+    not have: refused, never a CPU fallback) beside the session run's devices: every other
+    device's tables, findings and report are complete, the failure is named with its one
+    line on the terminal, in device_failures.csv, findings.md and the report, the run
+    exits non-zero, and the next run tries the device again."""
+    workdir, config = own_run
+    settings = yaml.safe_load(config.read_text())
+    others = list(settings["devices"])
+    settings["devices"]["ort_gpu"] = {"accelerator": "gpu", "backend": "onnxruntime",
+                                      "threads": 1}
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    result = snakemake(workdir, "all", configfile=config, check=False)
+    said = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "bitdrift: 1 device(s) failed" in said
+    assert "ort_gpu (model small): device 'ort_gpu' asks for a GPU" in said
+    eqc = pd.read_csv(workdir / "results/tables/eqc.csv")
+    assert set(eqc["device"]) == set(others)  # every other device, and only them
+    precision = pd.read_csv(workdir / "results/tables/precision.csv")
+    assert (precision["n_devices"] > 0).all()
+    failures = pd.read_csv(workdir / "results/tables/device_failures.csv")
+    assert failures["device"].tolist() == ["ort_gpu"]
+    assert "refusing to fall back to the CPU" in failures["reason"].iloc[0]
+    findings = (workdir / "results/findings.md").read_text()
+    assert "- ort_gpu (small): device 'ort_gpu' asks for a GPU" in findings
+    assert not (workdir / "results/inference/small/ort_gpu.h5").exists()  # cleared: retried
+    report = workdir / "results/report.html"
+    snakemake(workdir, "--report", str(report), configfile=config)
+    assert "ort_gpu" in report.read_text(errors="replace")
+    planned = jobs(snakemake(workdir, "all", "-n", configfile=config))
+    assert planned.get("run_inference") == 1

@@ -284,8 +284,9 @@ def test_a_terminated_run_leaves_no_temporary_folder_and_no_output(transformer, 
         deadline = time.time() + 120
         while "batch settings" not in log.read_text() and time.time() < deadline:
             time.sleep(0.2)
-        assert list(temporary.glob("bitdrift-batching-*"))  # the run is under way
+        work = f".{out.name}.work-*"
+        assert list(out.parent.glob(work))  # the run is under way, beside its output
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) != 0
-    assert not list(temporary.glob("bitdrift-batching-*"))
+    assert not list(out.parent.glob(work)) and not list(temporary.iterdir())
     assert not out.exists()

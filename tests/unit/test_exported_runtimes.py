@@ -220,3 +220,39 @@ def test_a_runtime_that_is_not_installed_names_the_package(assets, tmp_path):
     assert "backend 'openvino' needs the Python package 'openvino' (pip install " \
            "openvino==2026.4.1" in log
     assert "Traceback" not in log
+
+
+@pytest.mark.parametrize(("runtime", "damage", "message"), [
+    ("onnxruntime", "truncated", "onnxruntime cannot read it as an ONNX model, damaged or "
+     "truncated"),
+    ("litert", "random", "not a LiteRT FlatBuffer, but litert needs a LiteRT FlatBuffer"),
+    ("litert", "other", "not a LiteRT FlatBuffer, but litert needs a LiteRT FlatBuffer"),
+    ("onnxruntime", "other", "a LiteRT FlatBuffer, but onnxruntime needs an ONNX model"),
+    ("openvino", "empty", "empty, but openvino needs an ONNX model")])
+def test_a_damaged_or_wrong_model_file_is_one_line_naming_it_and_the_fix(
+        assets, tmp_path, runtime, damage, message):
+    folder = assets[0]
+    right = folder / FILES[runtime]
+    other = folder / ("model.tflite" if right.suffix == ".onnx" else "model.onnx")
+    bad = tmp_path / f"bad{right.suffix}"
+    data = {"truncated": right.read_bytes()[: right.stat().st_size // 2],
+            "random": np.random.default_rng(0).bytes(5000), "other": other.read_bytes(),
+            "empty": b""}[damage]
+    bad.write_bytes(data)
+    with pytest.raises(InferenceError) as error:
+        run(assets, tmp_path, runtime, {**CPU, "backend": runtime}, export=bad)
+    text = str(error.value)
+    assert message in text and str(bad) in text and "\n" not in text
+    assert "snakemake --forcerun export_model" in text
+
+
+def test_a_truncated_reference_is_one_line(assets, tmp_path):
+    folder = assets[0]
+    data = (folder / "reference.npz").read_bytes()
+    truncated = tmp_path / "reference.npz"
+    truncated.write_bytes(data[: len(data) // 3])
+    from bitdrift.errors import RecordError
+
+    with pytest.raises(RecordError, match=r"not a bitdrift export reference, damaged or of "
+                       r"another kind \(BadZipFile.*snakemake --forcerun export_reference"):
+        run(assets, tmp_path, "ort", {**CPU, "backend": "onnxruntime"}, reference=truncated)

@@ -41,8 +41,12 @@ FINGERPRINT = {"platform": "Linux", "cpu": {
     "arch": "X86_64", "flags": ["sse4_1", "avx", "avx2", "fma", "avx512f", "avx512_bf16"]}}
 
 
+HASWELL = {"cpu": {"brand": "Intel Core Processor (Haswell)", "flags": ["avx", "avx2", "fma"]},
+           "emulation": {"model": "Haswell-v4", "qemu": "7.2"}}
+
+
 def test_findings_say_what_the_tables_hold(tmp_path):
-    sections = dict(findings(_tables(tmp_path), FINGERPRINT))
+    sections = dict(findings(_tables(tmp_path), {"a": FINGERPRINT, "haswell": HASWELL}))
     classes = sections["Equivalence classes"]
     # sample 0: {a, b}, c, d -> 3 classes; sample 1: {a, b}, {c, d} -> 2
     assert "m, float32: 3/2 classes among 4 devices on test samples #0, #1 (final output)." \
@@ -55,7 +59,10 @@ def test_findings_say_what_the_tables_hold(tmp_path):
                               "effective bits at worst, in 1 of 2 checked layers (conv)")
     assert sections["Devices that failed"] == ["ov_gpu (m): asks for a GPU (log: logs/x.log)"]
     assert "Devices that ran: 5; failed: 1." in sections["Machine"]
-    text = markdown(findings(_tables(tmp_path), FINGERPRINT))
+    assert "haswell ran under QEMU 7.2 as Haswell-v4 (Intel Core Processor (Haswell)): it saw " \
+        "AVX, AVX2, FMA." in sections["Machine"]
+    assert "Test CPU" in sections["Machine"][0]  # the machine is the native record's
+    text = markdown(findings(_tables(tmp_path), {"a": FINGERPRINT, "haswell": HASWELL}))
     assert text.startswith("# Findings on this machine") and "## Devices that failed" in text
 
 
@@ -70,7 +77,7 @@ def test_no_failure_and_the_report_text_is_valid_rest(tmp_path):
     from docutils.core import publish_parts
     from docutils.utils import Reporter
 
-    sections = findings(_tables(tmp_path, failed=False), FINGERPRINT)
+    sections = findings(_tables(tmp_path, failed=False), {"a": FINGERPRINT})
     assert dict(sections)["Devices that failed"] == ["None: every scheduled device ran."]
     html = publish_parts(restructured_text(sections), writer="html",
                          settings_overrides={"halt_level": Reporter.WARNING_LEVEL})["body"]

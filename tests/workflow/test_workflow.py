@@ -393,3 +393,38 @@ def test_runtimes_agree_and_kernels_are_named(run):
     assert row.kernels_a == expected
     coverage = pd.read_csv(tables / "kernel_coverage.csv")
     assert coverage["first_divergences"].iloc[0] == len(divergence.dropna(subset=["first_layer"]))
+
+
+def test_an_emulated_cpu_is_a_device_of_the_workflow(run):
+    """torch_haswell ran under `qemu-x86_64 -cpu Haswell-v4`: its record names the CPU it
+    saw through CPUID (no AVX-512, whatever the host has), its oneDNN kernels name no
+    AVX-512 or AMX, it is a column of the class tables, and the findings say it was
+    emulated."""
+    workdir, _ = run
+    with Record(workdir / "results/inference/small/torch_haswell.h5") as record:
+        flags = set(record.fingerprint["cpu"]["flags"])
+        assert record.fingerprint["emulation"]["model"] == "Haswell-v4"
+    assert "avx2" in flags and not any(flag.startswith("avx512") for flag in flags)
+    kernels = pd.read_csv(workdir / "results/tables/kernels.csv")
+    onednn = kernels[(kernels["device"] == "torch_haswell") & (kernels["library"] == "onednn")]
+    assert len(onednn) and not onednn["implementation"].str.contains("avx512|amx").any()
+    assert "torch_haswell" in set(pd.read_csv(workdir / "results/tables/eqc.csv")["device"])
+    findings = (workdir / "results/findings.md").read_text()
+    assert "torch_haswell ran under QEMU" in findings and "as Haswell-v4" in findings
+
+
+def test_findings_open_the_report_and_name_this_machine(run):
+    """findings.md is written from the tables of this run: its class counts are those of
+    eqc.csv, and the report's first section is the findings."""
+    workdir, _ = run
+    findings = (workdir / "results/findings.md").read_text()
+    eqc = pd.read_csv(workdir / "results/tables/eqc.csv")
+    counts = "/".join(str(n) for _, n in sorted(eqc.groupby("sample")["eqc"].nunique().items()))
+    assert f"small, float32: {counts} classes among {eqc['device'].nunique()} devices" in findings
+    with open("/proc/cpuinfo") as handle:
+        brand = next(line.split(":", 1)[1].strip() for line in handle
+                     if line.startswith("model name"))
+    assert brand in findings
+    assert "None: every scheduled device ran." in findings
+    report = (workdir / "results/report.html").read_text(errors="replace")
+    assert "Findings on this machine" in report

@@ -8,7 +8,7 @@ import importlib
 
 import numpy as np
 
-from bitdrift.errors import ConfigError, InferenceError
+from bitdrift.errors import BitdriftError, ConfigError, InferenceError
 
 
 def require(package: str, backend: str, pin: str):
@@ -54,7 +54,12 @@ def open_session(runtime, job: dict, name: str):
     are recorded, the others listed as unmapped."""
     from bitdrift.backends import Session
     from bitdrift.datasets import read_test_images
-    from bitdrift.export import mapped_positions, read_reference
+    from bitdrift.export import (
+        check_export_file,
+        mapped_positions,
+        read_reference,
+        unreadable_export,
+    )
 
     device = job["device"]
     if not job.get("export") or not job.get("reference"):
@@ -62,7 +67,13 @@ def open_session(runtime, job: dict, name: str):
                              "exported (bitdrift.export) and its reference")
     reference = read_reference(job["reference"])
     accelerator = runtime.check_accelerator(name, device)
-    compiled = runtime.compile(job["export"], device, accelerator)
+    check_export_file(job["export"], runtime.NAME)
+    try:
+        compiled = runtime.compile(job["export"], device, accelerator)
+    except BitdriftError:
+        raise
+    except Exception as error:  # each runtime's parser raises its own kinds
+        raise unreadable_export(job["export"], runtime.NAME, error) from error
     check = read_test_images(job["dataset_path"], reference.check_indices).astype(np.float32)
     mapped = mapped_positions(compiled(check), reference)
     if not mapped[-1]:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from bitdrift.atomic import atomic_output
+from bitdrift.atomic import atomic_output, work_folder
 from bitdrift.errors import InferenceError
 from bitdrift.precision import MANTISSA_BITS, remaining_precision
 
@@ -205,8 +204,7 @@ def run_device(*, model_name: str, device_name: str, device: dict, model_path, d
            "positions": list(positions), "neighbour_sets": neighbour_sets,
            "padded_length": padded_length, "prompts": [list(p) for p in prompts],
            "tokens": tokens}
-    with terminate_cleanly(), tempfile.TemporaryDirectory(
-            prefix="bitdrift-batching-") as tmp, worker_processes(
+    with terminate_cleanly(), work_folder(out) as tmp, worker_processes(
             WORKER, device, f"device {device_name!r}", log) as workers:
         job["out"] = str(Path(tmp) / "result.json")
         print(f"bitdrift: {model_name} on {device_name}: batch settings", file=log, flush=True)

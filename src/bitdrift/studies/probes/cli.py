@@ -78,14 +78,14 @@ def add_commands(sub) -> None:
     p.add_argument("--model-file", help="model (default: the workflow's trained model)")
     p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
     p.add_argument("--out", help="probe file (default results/probes/MODEL/probes.h5)")
-    p.set_defaults(func=cmd_probe)
+    p.set_defaults(func=cmd_probe, writes_data=True)
     p = sub.add_parser("probe-set", help="the probes then the natural test samples, as one "
                        "dataset file every device runs", description=cmd_probe_set.__doc__)
     p.add_argument("probes", help="probe file")
     p.add_argument("--dataset", required=True, help="the model's dataset HDF5")
     p.add_argument("--natural-pool", type=int, help="the first N test samples (default all)")
     p.add_argument("--out", required=True, help="evaluation file (HDF5)")
-    p.set_defaults(func=cmd_probe_set)
+    p.set_defaults(func=cmd_probe_set, writes_data=True)
     p = sub.add_parser("probe-evaluate", help="classes per input and identify with 1-3 inputs "
                        "on the held-out devices; the probes figure",
                        description=cmd_probe_evaluate.__doc__)

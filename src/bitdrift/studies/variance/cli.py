@@ -108,7 +108,7 @@ def add_commands(sub) -> None:
     p.add_argument("--run", type=int, required=True, help="run index, 0..runs-1")
     p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
     p.add_argument("--out-dir", help="default results/training/PLAN/ARM/DEVICE/run_RUN")
-    p.set_defaults(func=cmd_train_run)
+    p.set_defaults(func=cmd_train_run, writes_data=True)
 
     p = sub.add_parser("training-stats", help="spread, churn, weight distance, sub-groups and "
                        "determinism cost from run files (run.h5)",

@@ -1,0 +1,112 @@
+"""Emulated CPUs as devices (QEMU user mode): real runs under qemu-x86_64, checked against
+the host forced to the same kernels, and the config's refusals."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bitdrift.config import validate_config
+from bitdrift.emulation import FAMILIES, check_device, command_prefix, seen_cpu
+from bitdrift.errors import ConfigError, InferenceError
+
+CPU = {"accelerator": "cpu", "threads": 2, "batch_size": 1, "precision": "float32",
+       "env": {}, "repeats": 1, "external": False}
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    from tests.utils import small_model_assets
+
+    return small_model_assets(tmp_path_factory.mktemp("emulated"))
+
+
+def _run(small_model, tmp_path, name, device):
+    from bitdrift.inference import infer
+    from bitdrift.record import Record
+
+    dataset, model = small_model
+    out = tmp_path / f"{name}.h5"
+    with open(tmp_path / f"{name}.log", "w") as log:
+        infer(model_name="small", device_name=name, device={**CPU, **device}, model_path=model,
+              dataset_path=dataset, samples=[0, 6], out=out, log=log, kernels=True)
+    with Record(out) as record:
+        values = {(sample, info.label): record.tensor(sample, info).values
+                  for sample in (0, 6) for info in record.layers(sample)}
+        return values, record.kernels, record.fingerprint
+
+
+def test_an_emulated_haswell_equals_the_host_forced_to_avx2_bit_for_bit(small_model, tmp_path):
+    """torch's oneDNN and MKL under `qemu-x86_64 -cpu Haswell-v4` give, in every layer,
+    the bits of the host with both libraries capped at AVX2 (ONEDNN_MAX_CPU_ISA,
+    MKL_ENABLE_INSTRUCTIONS): the emulation is faithful. The traced repeat's kernels name
+    no instruction set the emulated CPU lacks, and the record names the emulated CPU (its
+    CPUID), QEMU and the host."""
+    emulated, kernels, fingerprint = _run(small_model, tmp_path, "haswell",
+                                          {"backend": "torch", "emulate": "Haswell-v4"})
+    capped, capped_kernels, _ = _run(small_model, tmp_path, "capped", {
+        "backend": "torch", "env": {"ONEDNN_MAX_CPU_ISA": "AVX2",
+                                    "MKL_ENABLE_INSTRUCTIONS": "AVX2"}})
+    assert emulated.keys() == capped.keys()
+    for key, values in emulated.items():
+        assert np.array_equal(values, capped[key]), key
+    flags = set(fingerprint["cpu"]["flags"])
+    assert {"avx2", "fma"} <= flags and not any(flag.startswith("avx512") for flag in flags)
+    assert "Haswell" in fingerprint["cpu"]["brand"]
+    assert fingerprint["emulation"]["model"] == "Haswell-v4"
+    assert fingerprint["emulation"]["qemu"] and fingerprint["emulation"]["host_flags"]
+    names = [call["implementation"] for entry in kernels["layers"].values()
+             for call in entry["calls"] if call["library"] == "onednn"]
+    assert names and not any("avx512" in name or "amx" in name for name in names), names
+    assert kernels["layers"]["conv2d_1"]["signature"] == \
+        capped_kernels["layers"]["conv2d_1"]["signature"]
+
+
+@pytest.mark.parametrize("family", ["Penryn", "Nehalem", "SandyBridge", "IvyBridge", "Haswell",
+                                    "EPYC-Rome"])
+def test_the_instruction_sets_of_a_family_are_what_qemu_shows(family):
+    """The table the config check reads against CPUID inside QEMU."""
+    code = "import json; from bitdrift.emulation import seen_cpu; print(json.dumps(seen_cpu()))"
+    done = subprocess.run([*command_prefix({"emulate": family}), sys.executable, "-c", code],
+                          capture_output=True, text=True, check=True)
+    flags = set(json.loads(done.stdout.strip().splitlines()[-1])["flags"])
+    for name in ("sse4_1", "sse4_2", "avx", "f16c", "avx2", "fma"):
+        assert (name in flags) == (name in FAMILIES[family]), (family, name)
+    assert not any(flag.startswith("avx512") for flag in flags)
+
+
+def test_the_host_is_seen_natively():
+    assert seen_cpu()["flags"]  # the same reader, without QEMU: the host's own CPUID
+
+
+@pytest.mark.parametrize(("device", "message"), [
+    ({"backend": "torch", "accelerator": "cpu", "emulate": "Skylake-Server-v4"},
+     "not a CPU model QEMU emulates in full"),
+    ({"backend": "torch", "accelerator": "gpu", "emulate": "Haswell-v4"},
+     "an emulated CPU runs on the CPU"),
+    ({"backend": "tensorflow", "accelerator": "cpu", "emulate": "Nehalem-v2"},
+     "backend 'tensorflow' needs AVX, which Nehalem-v2 lacks"),
+    ({"backend": "openvino", "accelerator": "cpu", "emulate": "Penryn"},
+     "backend 'openvino' needs SSE4.2, which Penryn lacks")])
+def test_an_emulated_device_that_cannot_run_is_refused_naming_the_key(device, message):
+    with pytest.raises(ConfigError, match="devices.d.emulate") as error:
+        check_device("d", device)
+    assert message in str(error.value)
+
+
+def test_the_schema_offers_only_models_qemu_emulates_in_full():
+    config = {"samples": [0], "datasets": {"digits": {"source": "digits"}},
+              "models": {"m": {"architecture": "cifar10_small", "dataset": "digits"}},
+              "devices": {"d": {"accelerator": "cpu", "backend": "torch",
+                                "emulate": "Icelake-Server"}}}
+    with pytest.raises(ConfigError, match="devices.d.emulate"):
+        validate_config(config)
+
+
+def test_qemu_missing_is_one_line_naming_the_fix(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(InferenceError, match="qemu-x86_64, which is not on the PATH; install "
+                       "Debian's qemu-user"):
+        command_prefix({"emulate": "Haswell-v4"})
