@@ -382,3 +382,24 @@ rule write_findings:
         "../envs/bitdrift.yaml"
     script:
         "../workflow/scripts/write_findings.py"
+
+
+rule plot_cpu_generations:
+    input:
+        records=record_files,
+        eqc=rules.cluster_equivalence_classes.output.final,
+    output:
+        pdf=paths.figure_file("cpu_generations"),
+        png=report(
+            paths.figure_png("cpu_generations"),
+            caption="../workflow/report/cpu_generations_figure.rst",
+            category="Equivalence classes",
+            labels={"kind": "figure", "name": "cpu_generations"},
+        ),
+    log:
+        "logs/plot_cpu_generations/all.log",
+    localrule: True
+    conda:
+        "../envs/bitdrift.yaml"
+    script:
+        "../workflow/scripts/plot_cpu_generations.py"

@@ -150,27 +150,36 @@ def core_targets():
         for model in MODELS
         for device in SCHEDULED_DEVICES
     ]
-    return scheduled_records + [
-        paths.table_file("eqc"),
-        paths.table_file("eqc_layers"),
-        paths.table_file("precision"),
-        paths.figure_file("eqc"),
-        paths.figure_file("remaining_precision"),
-        paths.table_file("explain"),
-        paths.table_file("divergence"),
-        paths.table_file("effective_precision"),
-        paths.table_file("argmax_agreement"),
-        paths.table_file("kernels"),
-        paths.table_file("kernel_coverage"),
-        paths.figure_file("kernels"),
-        paths.table_file("flag_groups"),
-        paths.table_file("device_classes"),
-        paths.table_file("eqc_table"),
-        paths.figure_file("eqc_table"),
-        paths.figure_file("divergence"),
-        paths.table_file("device_failures"),
-        paths.findings_file("md"),
-    ]
+    return (
+        scheduled_records
+        + [
+            paths.table_file("eqc"),
+            paths.table_file("eqc_layers"),
+            paths.table_file("precision"),
+            paths.figure_file("eqc"),
+            paths.figure_file("remaining_precision"),
+            paths.table_file("explain"),
+            paths.table_file("divergence"),
+            paths.table_file("effective_precision"),
+            paths.table_file("argmax_agreement"),
+            paths.table_file("kernels"),
+            paths.table_file("kernel_coverage"),
+            paths.figure_file("kernels"),
+            paths.table_file("flag_groups"),
+            paths.table_file("device_classes"),
+            paths.table_file("eqc_table"),
+            paths.figure_file("eqc_table"),
+            paths.figure_file("divergence"),
+            paths.table_file("device_failures"),
+            paths.findings_file("md"),
+        ]
+        + (
+            # CPU generations: a figure where some devices run on emulated CPUs
+            [paths.figure_file("cpu_generations")]
+            if any(config["devices"][d].get("emulate") for d in SCHEDULED_DEVICES)
+            else []
+        )
+    )
 
 
 def maxpool_targets():

@@ -260,6 +260,39 @@ def cmd_findings(args) -> None:
           f"{len(sections)} sections -> {args.out}", file=sys.stderr)
 
 
+def cmd_plot_generations(args) -> None:
+    import json
+
+    from bitdrift.atomic import read_table
+    from bitdrift.eqc import EQC_COLUMNS
+    from bitdrift.figures import plot_generations
+    from bitdrift.record import open_records
+
+    devices = {}
+    for record in open_records(args.files):
+        config = json.loads(record.attr("device_config")) if record.has_attr(
+            "device_config") else {}
+        devices[record.device] = (record.attr("backend"), config.get("emulate") or "host")
+    plot_generations(read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"), devices, args.out)
+
+
+def cmd_emulation_check(args) -> int:
+    from bitdrift.atomic import write_csv
+    from bitdrift.emulation_check import COLUMNS, MismatchError, check
+
+    try:
+        rows = check(args.kernels, args.models)
+    except MismatchError as error:
+        write_csv(error.rows, args.out, columns=COLUMNS)  # the evidence, then the error
+        print(f"bitdrift: error: {error}", file=sys.stderr)
+        return error.exit_code
+    write_csv(rows, args.out, columns=COLUMNS)
+    faithful = sum(row["verdict"] == "faithful" for row in rows)
+    print(f"bitdrift: emulation check: {faithful} forced kernel(s) faithful, bit for bit; "
+          f"{len(rows) - faithful} informational -> {args.out}", file=sys.stderr)
+    return 0
+
+
 def cmd_plot_eqc(args) -> None:
     from bitdrift.atomic import read_table
     from bitdrift.eqc import EQC_COLUMNS
@@ -546,6 +579,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rst-out", help="the same as reStructuredText (the report's first "
                    "section)")
     p.set_defaults(func=cmd_findings)
+
+    p = sub.add_parser("plot-generations", help="classes by CPU generation (emulated "
+                       "models and the host) and runtime (PDF)")
+    p.add_argument("files", nargs="+", help="the records the table was made from")
+    p.add_argument("--eqc", required=True, help="table from `bitdrift eqc`")
+    p.add_argument("--out", required=True, help="figure (PDF, and PNG beside it)")
+    p.set_defaults(func=cmd_plot_generations)
+
+    from bitdrift.emulation_check import CLASSES, KERNELS
+
+    p = sub.add_parser("emulation-check", help="are emulated CPUs faithful: small kernels "
+                       "under QEMU against the host forced to that CPU class's kernels")
+    p.add_argument("--kernels", nargs="+", choices=list(KERNELS), default=list(KERNELS),
+                   help="default: all")
+    p.add_argument("--models", nargs="+", choices=list(CLASSES), default=list(CLASSES),
+                   help="emulated CPU models (default: all)")
+    p.add_argument("--out", required=True, help="the table (CSV)")
+    p.set_defaults(func=cmd_emulation_check)
 
     p = sub.add_parser("plot-eqc", help="EQC grid and dendrogram (PDF)")
     p.add_argument("files", nargs="+", help="the records the table was made from")

@@ -39,9 +39,12 @@ FAMILIES = {
 # no TSX), as `qemu-x86_64 -cpu help` lists them.
 MODEL = re.compile(r"(?P<family>[A-Za-z0-9_]+(?:-[A-Z][a-z]+)?)(?:-(?:IBRS|IBPB|noTSX|noTSX-IBRS|"
                    r"v[0-9]+))?")
-# The least instruction set each runtime's wheel needs (measured under QEMU: TensorFlow
-# dies of an illegal instruction and jaxlib refuses without AVX; OpenVINO needs SSE4.2).
-RUNTIME_NEEDS = {"tensorflow": "avx", "jax": "avx", "openvino": "sse4_2"}
+# The least instruction set each runtime's wheels need (measured under QEMU 7.2: without
+# AVX TensorFlow dies of an illegal instruction and jaxlib refuses to start; below SSE4.2,
+# on Conroe, numpy 2 itself (x86-64-v2) and so every runtime dies the same way).
+BASELINE = "sse4_2"
+RUNTIME_NEEDS = {"tensorflow": "avx", "jax": "avx", "torch": BASELINE,
+                 "onnxruntime": BASELINE, "openvino": BASELINE, "litert": BASELINE}
 # Instruction sets above which QEMU's TCG cannot go: a model needing them is refused.
 BEYOND_TCG = ("avx512", "amx", "fma4", "xop")
 

@@ -414,3 +414,48 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
                   title_fontsize=7)
     figure.tight_layout(rect=(0, 0, 0.8, 1))
     save_figure(figure, out)
+
+
+def generations_grid(eqc: pd.DataFrame, devices: dict) -> tuple[pd.DataFrame, list, list]:
+    """Runtime x CPU grid of each device's classes over the samples (``devices``: device ->
+    (backend, CPU: the emulated model or ``host``)): the cell holds the classes, sample by
+    sample ("1/1/2"); devices with equal cells agree bit for bit on every sample."""
+    signature = eqc.pivot_table(index="device", columns="sample", values="eqc",
+                                aggfunc="first")
+    rows, columns = [], []
+    for backend, cpu in devices.values():
+        rows += [backend] if backend not in rows else []
+        columns += [cpu] if cpu not in columns else []
+    grid = pd.DataFrame("", index=rows, columns=columns)
+    for device, (backend, cpu) in devices.items():
+        if device in signature.index:
+            grid.loc[backend, cpu] = "/".join(str(int(v)) for v in signature.loc[device])
+    return grid, rows, columns
+
+
+def plot_generations(eqc: pd.DataFrame, devices: dict, out: str | Path) -> None:
+    """Classes by CPU generation (columns: the host, then each emulated model) and runtime
+    (rows): one colour per distinct cell, so a row of one colour is a runtime whose output
+    does not depend on the CPU generation."""
+    grid, rows, columns = generations_grid(eqc, devices)
+    cells = sorted({value for value in grid.to_numpy().ravel() if value})
+    colours = plt.get_cmap("tab20", max(len(cells), 1))
+    figure, axis = plt.subplots(figsize=(1.3 * len(columns) + 2.5, 0.55 * len(rows) + 2.2))
+    for i, backend in enumerate(rows):
+        for j, cpu in enumerate(columns):
+            value = grid.loc[backend, cpu]
+            colour = colours(cells.index(value)) if value else (0.95, 0.95, 0.95)
+            axis.add_patch(plt.Rectangle((j, i), 1, 1, color=colour))
+            axis.text(j + 0.5, i + 0.5, value or "cannot run", ha="center", va="center",
+                      fontsize=8 if value else 6.5, color="black" if value else "grey")
+    axis.set_xlim(0, len(columns))
+    axis.set_ylim(len(rows), 0)
+    axis.set_xticks(np.arange(len(columns)) + 0.5, columns, rotation=30, ha="right")
+    axis.set_yticks(np.arange(len(rows)) + 0.5, rows)
+    axis.set_xlabel("CPU (host, then emulated by QEMU)")
+    samples = sorted(eqc["sample"].unique())
+    axis.set_title("Equivalence class of the final output per runtime and CPU generation\n"
+                   f"cell: class on test samples {', '.join(f'#{s}' for s in samples)}; "
+                   "one colour = bit-identical on every sample", fontsize=9)
+    figure.tight_layout()
+    save_figure(figure, out)

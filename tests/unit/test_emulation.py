@@ -110,3 +110,44 @@ def test_qemu_missing_is_one_line_naming_the_fix(monkeypatch):
     with pytest.raises(InferenceError, match="qemu-x86_64, which is not on the PATH; install "
                        "Debian's qemu-user"):
         command_prefix({"emulate": "Haswell-v4"})
+
+
+def test_the_emulation_check_finds_faithful_kernels_and_fails_on_a_wrong_class(
+        tmp_path, monkeypatch):
+    """`bitdrift emulation-check` on OpenBLAS and torch's oneDNN and MKL under Haswell-v4:
+    each equals the host forced to AVX2-class kernels (exit 0). Told that Haswell's class
+    is OpenBLAS's Nehalem kernel, the check must fail loudly, naming kernel and model."""
+    import pandas as pd
+
+    from bitdrift import emulation_check
+
+    out = tmp_path / "check.csv"
+    done = subprocess.run([sys.executable, "-m", "bitdrift", "emulation-check", "--kernels",
+                           "openblas_sgemm", "onednn_torch_conv", "mkl_torch_sgemm",
+                           "--models", "Haswell-v4", "--out", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = pd.read_csv(out)
+    assert table["verdict"].eq("faithful").all() and len(table) == 3
+    monkeypatch.setitem(emulation_check.CLASSES, "Haswell-v4",
+                        {"openblas": "Nehalem", "onednn": "AVX2", "mkl": "AVX2"})
+    with pytest.raises(emulation_check.MismatchError,
+                       match="openblas_sgemm under Haswell-v4 differs from the host with "
+                             "OPENBLAS_CORETYPE=Nehalem"):
+        emulation_check.check(["openblas_sgemm"], ["Haswell-v4"])
+
+
+def test_the_generations_grid_is_read_from_the_class_table():
+    import pandas as pd
+
+    from bitdrift.figures import generations_grid
+
+    eqc = pd.DataFrame({"device": ["t_h", "t_n", "o_h", "t_h", "t_n", "o_h"],
+                        "sample": [0, 0, 0, 1, 1, 1], "eqc": [1, 2, 1, 1, 1, 2]})
+    devices = {"t_h": ("torch", "host"), "t_n": ("torch", "Nehalem-v2"),
+               "o_h": ("onnxruntime", "host"), "o_x": ("onnxruntime", "Nehalem-v2")}
+    grid, rows, columns = generations_grid(eqc, devices)
+    assert rows == ["torch", "onnxruntime"] and columns == ["host", "Nehalem-v2"]
+    assert grid.loc["torch", "host"] == "1/1" and grid.loc["torch", "Nehalem-v2"] == "2/1"
+    assert grid.loc["onnxruntime", "host"] == "1/2"
+    assert grid.loc["onnxruntime", "Nehalem-v2"] == ""  # no record: cannot run
