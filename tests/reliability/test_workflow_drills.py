@@ -140,26 +140,37 @@ def test_samples_beyond_a_prepared_test_set_stop_before_any_job(own_run):
 def test_a_bitdrift_error_in_a_job_is_one_line_in_its_log_and_on_the_terminal(tmp_path):
     """Workflow scripts call the library directly: a BitdriftError there used to end in a
     traceback, and Snakemake showed none of it. Now its one line is in the job's log and
-    in Snakemake's own output, with the error's exit status."""
+    in Snakemake's own output, with the error's exit status. A device's job is different:
+    its failure is recorded, named at the end, and the run exits non-zero."""
     (tmp_path / "broken.keras").write_text("not a model")
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({
         "samples": [0], "datasets": {"digits": {"source": "digits", "limit_train": 32,
                                                 "limit_test": 8}},
         "models": {"m": {"file": "broken.keras", "dataset": "digits"}},
-        # TensorFlow: its inference job is the first to read the model (a torch device
-        # waits for TensorFlow's export reference, which reads it before).
         "devices": {"cpu": {"accelerator": "cpu", "backend": "tensorflow", "threads": 1,
                             "repeats": 1}}}))
-    result = snakemake(tmp_path, "results/inference/m/cpu.h5", configfile=config,
+    # The export reference (an analysis-side job) reads the model first: one line, status 4
+    result = snakemake(tmp_path, "results/exports/m/reference.npz", configfile=config,
                        check=False)
     assert result.returncode != 0
-    line = "bitdrift: error: device 'cpu', model 'm': repeat 1 failed (exit 1); see log"
+    line = "bitdrift: error: broken.keras: cannot load the model"
     assert line in result.stdout + result.stderr
-    log = (tmp_path / "logs/run_inference/m/cpu.log").read_text()
-    assert log.rstrip().endswith(line)
+    log = (tmp_path / "logs/export_reference/m.log").read_text()
+    assert log.rstrip().splitlines()[-1].startswith(line)
     assert "returned non-zero exit status 4" in result.stdout + result.stderr  # its status
-    assert not (tmp_path / "results/inference/m/cpu.h5").exists()
+    assert not (tmp_path / "results/exports/m/reference.npz").exists()
+    # The device's job: its one line names the device, on the terminal and in its log
+    result = snakemake(tmp_path, "results/inference/m/cpu.h5", configfile=config,
+                       check=False)
+    said = result.stdout + result.stderr
+    assert result.returncode != 0
+    failed = "bitdrift: device 'cpu' (model 'm') failed: device 'cpu', model 'm': repeat 1 " \
+        "failed (exit 1)"
+    assert failed in said and "cpu (model m): device 'cpu', model 'm': repeat 1 failed" in said
+    log = (tmp_path / "logs/run_inference/m/cpu.log").read_text()
+    assert log.rstrip().splitlines()[-1].startswith(failed)
+    assert not (tmp_path / "results/inference/m/cpu.h5").exists()  # retried next time
 
 
 def test_samples_beyond_a_dataset_not_yet_prepared_stop_before_training(tmp_path):
