@@ -13,7 +13,7 @@ os.environ.update(BITDRIFT_SOURCE=workflow.basedir)
 
 from snakemake.exceptions import WorkflowError
 
-from bitdrift import export, paths
+from bitdrift import export, paths, reference
 from bitdrift.config import ConfigError, validate_config
 from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.failures import end_of_run
@@ -35,7 +35,7 @@ MODELS = list(config["models"])
 DEVICES = list(config["devices"])
 SCHEDULED_DEVICES = [d for d in DEVICES if not config["devices"][d]["external"]]
 TRAINED_MODELS = [m for m in MODELS if "architecture" in config["models"][m]]
-EXPORT_FORMATS = list(export.FORMATS)
+EXPORT_FORMATS = list(reference.FORMATS)
 
 # (model, model file, dataset file) per model: every record, external ones included, is
 # checked against the files the workflow itself uses (`bitdrift eqc --expect ...`).

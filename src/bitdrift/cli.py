@@ -76,8 +76,8 @@ def cmd_infer(args) -> None:
     export = args.export or inputs.get("export")
     unchecked = None
     if reference and not args.reference and "export" not in inputs and Path(reference).is_file():
-        from bitdrift.export import read_reference
         from bitdrift.models import model_digest
+        from bitdrift.reference import read_reference
 
         if read_reference(reference).model_sha256 != model_digest(model_path):
             # The workflow's reference is of the workflow's model; --model-file ran another.
@@ -102,7 +102,8 @@ def cmd_infer(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from bitdrift.export import FORMATS, export_model, write_reference
+    from bitdrift.export import export_model, write_reference
+    from bitdrift.reference import FORMATS
 
     config = _config(args.config)
     spec = _model_spec(config, args.model)
@@ -182,7 +183,8 @@ def cmd_kernels(args) -> None:
     from bitdrift.atomic import read_table, write_csv
     from bitdrift.eqc import EQC_COLUMNS
     from bitdrift.errors import RecordError
-    from bitdrift.kernels import COVERAGE_COLUMNS, TABLE_COLUMNS, coverage, kernels_table
+    from bitdrift.explain import COVERAGE_COLUMNS, coverage
+    from bitdrift.kernels import TABLE_COLUMNS, kernels_table
 
     records = _open_checked(args)
     rows, lacking = kernels_table(records)
@@ -213,8 +215,9 @@ def cmd_kernels(args) -> None:
 def cmd_plot_kernels(args) -> None:
     from bitdrift.atomic import read_table
     from bitdrift.eqc import EQC_COLUMNS
+    from bitdrift.explain import COVERAGE_COLUMNS
     from bitdrift.figures import plot_kernels
-    from bitdrift.kernels import COVERAGE_COLUMNS, TABLE_COLUMNS
+    from bitdrift.kernels import TABLE_COLUMNS
 
     plot_kernels(read_table(args.table, TABLE_COLUMNS, "bitdrift kernels"),
                  read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"),

@@ -150,14 +150,3 @@ def emulation_host(fingerprint_: dict) -> dict:
 def describe(device: dict) -> str:
     return json.dumps(device, sort_keys=True)
 
-
-# -- the entry point of a worker process -------------------------------------------------
-def worker_main(function) -> None:
-    """A fresh worker process: ``function(job)`` with the job from argv, after the same
-    import a pre-imported parent does (bitdrift.prefork); a bitdrift error becomes one line
-    in the log and the error's exit status for the parent."""
-    from bitdrift.prefork import exit_now, run_job
-
-    job = json.loads(sys.argv[1])
-    status = run_job(lambda job: backends.get(job["device"]["backend"]).preimport(), job)
-    exit_now(status if status else run_job(function, job, timed=True))

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from bitdrift.backends import KNOBS
-from bitdrift.kernels import record_signatures
+from bitdrift.kernels import UNTRACED, divergence_kernels, record_signatures
 from bitdrift.record import Record
 
 MISSING = "missing"
@@ -508,3 +508,69 @@ def class_table(records: list[Record], eqc: pd.DataFrame,
     columns = [column for column in out.columns if "#" in column]
     out[columns] = out[columns].fillna("-")
     return out.drop(columns="_order").reset_index(drop=True)
+
+
+# The kernels against the classes: kernel_coverage.csv
+COVERAGE_COLUMNS = ["model", "first_divergences", "kernels_differ", "same_kernels_other_settings",
+                    "unexplained", "untraced", "share_kernels_differ",
+                    "share_same_kernels_other_settings", "share_unexplained",
+                    "adjusted_rand_index_mean", "adjusted_rand_index_min",
+                    "adjusted_rand_index_max", "traced_devices"]
+
+
+def coverage(records, divergence, eqc) -> list[dict]:
+    """Per model: of all (pair, sample) first divergences, the share where the recorded
+    kernels differ at that layer, where they are the same but another attribute differs
+    (threads, batch size: same kernel, other blocking or reduction order), and the share
+    left unexplained; pairs with an untraced device are counted apart. And the adjusted
+    Rand index between each traced device's kernel signature over all layers and its
+    final-output class, per sample (mean, min, max)."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from bitdrift.record import group_by_model
+
+    table = divergence if "kernels_differ" in divergence.columns \
+        else divergence_kernels(records, divergence)
+    # A pair bit-identical at every layer has no first layer: empty in memory, NaN when
+    # read back from the CSV (pandas 3 keeps NaN through astype(str))
+    table = table.assign(**{column: table[column].fillna("").astype(str).replace("nan", "")
+                            for column in ("first_layer", "kernels_differ")})
+    rows = []
+    for model, group in group_by_model(records):
+        attributes, _ = attribute_table(group)
+        settings = [name for name in attributes.columns if not name.startswith("kernel.")]
+        part = table[(table["model"] == model) & (table["first_layer"] != "")]
+        counts = {"kernels_differ": 0, "same_kernels_other_settings": 0, "unexplained": 0,
+                  "untraced": 0}
+        for row in part.itertuples(index=False):
+            if row.kernels_differ == "yes":
+                counts["kernels_differ"] += 1
+            elif row.kernels_differ == "no":
+                apart = attributes.loc[row.device_a, settings] != \
+                    attributes.loc[row.device_b, settings]
+                key = "same_kernels_other_settings" if apart.any() else "unexplained"
+                counts[key] += 1
+            else:
+                counts["untraced"] += 1
+        traced_total = len(part) - counts["untraced"]
+        signatures = {record.device: record_signatures(record) for record in group}
+        traced = [device for device, value in signatures.items()
+                  if value and not any(s.startswith(UNTRACED) for s in value.values())]
+        labels = {device: "|".join(f"{layer}={name}" for layer, name in
+                                   sorted(signatures[device].items())) for device in traced}
+        scores = []
+        for _, final in eqc[eqc["model"] == model].groupby("sample"):
+            final = final[final["device"].isin(traced)]
+            if len(final) >= 2:
+                scores.append(adjusted_rand_score(final["eqc"].tolist(),
+                                                  [labels[d] for d in final["device"]]))
+        rows.append({"model": model, "first_divergences": len(part), **counts,
+                     **{f"share_{key}": (counts[key] / traced_total if traced_total else None)
+                        for key in ("kernels_differ", "same_kernels_other_settings",
+                                    "unexplained")},
+                     "adjusted_rand_index_mean": float(sum(scores) / len(scores))
+                     if scores else None,
+                     "adjusted_rand_index_min": min(scores) if scores else None,
+                     "adjusted_rand_index_max": max(scores) if scores else None,
+                     "traced_devices": len(traced)})
+    return rows

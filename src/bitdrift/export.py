@@ -21,86 +21,21 @@ from __future__ import annotations
 
 import json
 import re
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from bitdrift.atomic import atomic_output
 from bitdrift.datasets import count_test_images, read_test_images
-from bitdrift.errors import InferenceError, RecordError
+from bitdrift.errors import InferenceError
+from bitdrift.reference import FORMATS, Reference, format_of
 
-# Format -> (Keras' export format, the runtimes that read it).
-FORMATS = {"onnx": ("onnx", ("onnxruntime", "openvino")),  # suffix: (Keras format, readers)
-           "tflite": ("litert", ("litert",))}
 CHECK_IMAGES = 8  # test images on which every layer's mapping is checked
 ARGMAX_IMAGES = 1000  # test images (at most) on which each runtime's class is compared
 ARGMAX_AGREEMENT = 0.99  # the least share of those a float32/float64 device must agree on
 ARGMAX_AGREEMENT_REDUCED = 0.9  # for a device that computes in a narrower format (bf16)
-# A runtime's layer output matches the reference within this share of the layer's largest
-# magnitude: float32 runtimes differ by ~1e-6 of it, another layer's values by ~1.
-MAPPING_TOLERANCE = 1e-3
-# A runtime computing in a narrower format (OpenVINO's bfloat16 default on a CPU with
-# native bf16: 2e-3 to 6e-3 on cifar10_small) still maps within 16 units of bfloat16's
-# rounding (2**-8) of the layer's largest magnitude; a wrong export's values are ~1 off.
-REDUCED_MAPPING_TOLERANCE = 16 * 2.0**-8
-
-
 class ExportError(InferenceError):
     """A model that a runtime's converter cannot export."""
-
-
-@dataclass
-class Reference:
-    layers: list[tuple[str, str]]
-    checked: dict  # {layer: (spec, weights)}
-    check_indices: list[int]
-    check_outputs: list[np.ndarray]  # per recorded layer, on the check images
-    argmax_indices: list[int]
-    argmax: np.ndarray
-    model_sha256: str
-
-
-REBUILD = "make it again with `snakemake --forcerun"
-# A LiteRT (TFLite) FlatBuffer carries its file identifier at bytes 4-8.
-TFLITE_IDENTIFIER = b"TFL3"
-
-
-def check_export_file(path: str | Path, runtime: str) -> None:
-    """The exported file a runtime is about to read: missing, empty, or the other format
-    (an ONNX file given to LiteRT, a .tflite to ONNX Runtime) is one line naming the file,
-    what it should be and how to make it again. (A damaged file of the right kind is
-    caught where the runtime parses it: bitdrift.backends.exported.)"""
-    path = Path(path)
-    expected = format_of(runtime)
-    what = {"onnx": "an ONNX model (Keras' ONNX export)",
-            "tflite": "a LiteRT FlatBuffer (.tflite)"}[expected]
-    rebuild = f"{REBUILD} export_model` (or `bitdrift export`)"
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-    except OSError as error:
-        raise InferenceError(f"{path}: cannot be read ({error.strerror}); {runtime} needs "
-                             f"{what}; {rebuild}") from error
-    is_tflite = head[4:8] == TFLITE_IDENTIFIER
-    if not head or is_tflite != (expected == "tflite"):
-        found = "empty" if not head else "a LiteRT FlatBuffer" if is_tflite else \
-            "not a LiteRT FlatBuffer"
-        raise InferenceError(f"{path}: {found}, but {runtime} needs {what}; {rebuild}")
-
-
-def unreadable_export(path, runtime: str, error: Exception) -> InferenceError:
-    """A runtime's own parse error of an exported file, as one line."""
-    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    what = "an ONNX model" if format_of(runtime) == "onnx" else "a LiteRT FlatBuffer"
-    return InferenceError(f"{path}: {runtime} cannot read it as {what}, damaged or "
-                          f"truncated ({first[:200]}); {REBUILD} export_model`")
-
-
-def format_of(runtime: str) -> str:
-    """The exported format runtime ``runtime`` reads."""
-    return next(name for name, (_, runtimes) in FORMATS.items() if runtime in runtimes)
 
 
 def inference_inputs(model: str, backend: str) -> dict:
@@ -192,51 +127,6 @@ def _export_failure(error: Exception, layers: list[str], runtimes: str, model_pa
                                                     str(error))]
     where = f"layer {max(named, key=len)!r}" if named else "the model"
     return f"{model_path}: {where} cannot be exported for {runtimes} ({first})"
-
-
-def read_reference(path: str | Path) -> Reference:
-    """The reference ``export_model`` wrote; RecordError naming the file if it is not one."""
-    try:
-        with np.load(path) as data:
-            meta = json.loads(str(data["meta"]))
-            check = [data[f"check/{position}"] for position in range(len(meta["layers"]))]
-            weights = {key: data[key] for key in data.files if key.startswith("weights/")}
-            argmax = data["argmax"]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
-        raise RecordError(f"{path}: not a bitdrift export reference, damaged or of another "
-                          f"kind ({type(error).__name__}: {error}); {REBUILD} "
-                          "export_reference") from error
-    checked = {layer: (spec, [weights[f"weights/{layer}/{index}"]
-                              for index in range(_count(weights, layer))])
-               for layer, spec in meta["checked"].items()}
-    return Reference(layers=[tuple(layer) for layer in meta["layers"]], checked=checked,
-                     check_indices=meta["check_indices"], check_outputs=check,
-                     argmax_indices=meta["argmax_indices"], argmax=argmax,
-                     model_sha256=meta["model_sha256"])
-
-
-def _count(weights: dict, layer: str) -> int:
-    return sum(1 for key in weights if key.rsplit("/", 1)[0] == f"weights/{layer}")
-
-
-def mapped_positions(outputs: list[np.ndarray], reference: Reference) -> list[str | None]:
-    """Per recorded layer: whether the runtime's output at that position is the layer's
-    (same shape): ``float32`` within MAPPING_TOLERANCE of the layer's largest magnitude,
-    ``reduced`` only within REDUCED_MAPPING_TOLERANCE (a runtime computing in a narrower
-    format: the effective-precision check names which), None for values unrelated to the
-    layer (a wrong export)."""
-    mapped = []
-    for value, expected in zip(outputs, reference.check_outputs, strict=True):
-        value = np.asarray(value, dtype=np.float64)
-        expected = np.asarray(expected, dtype=np.float64)
-        if value.shape != expected.shape:
-            mapped.append(None)
-            continue
-        scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-30)
-        error = float(np.max(np.abs(value - expected))) / scale if value.size else 0.0
-        mapped.append("float32" if error <= MAPPING_TOLERANCE else
-                      "reduced" if error <= REDUCED_MAPPING_TOLERANCE else None)
-    return mapped
 
 
 def argmax_agreement(classes: np.ndarray, reference: Reference) -> dict:

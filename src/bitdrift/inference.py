@@ -30,11 +30,10 @@ from bitdrift.datasets import (
     read_test_images,
     test_image_shape,
 )
-from bitdrift.devices import worker_main
 from bitdrift.effective_precision import describe_reduced
 from bitdrift.errors import InferenceError
 from bitdrift.models import model_digest, model_input_shape
-from bitdrift.prefork import ForkedChildren, worker_processes
+from bitdrift.prefork import ForkedChildren, worker_main, worker_processes
 from bitdrift.progress import progress
 from bitdrift.provenance import input_sha256
 from bitdrift.record import OUTPUT, write_record
@@ -81,7 +80,7 @@ def run_repeat(job: dict) -> None:
     # against TensorFlow, see bitdrift.export) and describes the machine; py-cpuinfo
     # takes about a second per call, so the other repeats skip both.
     if first and job.get("reference"):
-        from bitdrift.export import read_reference
+        from bitdrift.reference import read_reference
 
         reference = read_reference(job["reference"])
         test = read_test_images(job["dataset_path"], reference.argmax_indices).astype(dtype)
@@ -154,7 +153,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     check_before_repeats(model_path, dataset_path, samples, out)
     expected = None
     if reference:
-        from bitdrift.export import read_reference
+        from bitdrift.reference import read_reference
 
         expected = read_reference(reference)
         if expected.model_sha256 != model_digest(model_path):

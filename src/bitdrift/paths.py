@@ -45,7 +45,7 @@ def model_file(config: dict, model: str) -> str:
 
 
 def export_file(model="{model}", format="{format}") -> str:
-    """The model exported for the runtimes that read ``format`` (bitdrift.export.FORMATS)."""
+    """The model exported for the runtimes that read ``format`` (bitdrift.reference.FORMATS)."""
     return f"{RESULTS}/exports/{model}/model.{format}"
 
 

@@ -197,5 +197,14 @@ def parent_main(target: str, backend: str) -> None:
     exit_now(0)
 
 
+def worker_main(function) -> None:
+    """A fresh worker process: ``function(job)`` with the job from argv, after the same
+    import a pre-imported parent does; a bitdrift error becomes one line in the log and the
+    error's exit status for the parent."""
+    job = json.loads(sys.argv[1])
+    status = run_job(lambda job: backends.get(job["device"]["backend"]).preimport(), job)
+    exit_now(status if status else run_job(function, job, timed=True))
+
+
 if __name__ == "__main__":
     parent_main(sys.argv[1], sys.argv[2])

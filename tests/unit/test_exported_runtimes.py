@@ -11,9 +11,9 @@ import pytest
 
 from bitdrift.datasets import prepare_dataset, read_test_images
 from bitdrift.errors import AcceleratorMissing, InferenceError
-from bitdrift.export import Reference, mapped_positions, read_reference
 from bitdrift.inference import infer
 from bitdrift.record import Record
+from bitdrift.reference import Reference, mapped_positions, read_reference
 
 CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
        "env": {}, "repeats": 2, "external": False}

@@ -250,7 +250,7 @@ def test_coverage_against_a_hand_count(tmp_path):
 
     from bitdrift.divergence import divergence_table
     from bitdrift.eqc import eqc_tables
-    from bitdrift.kernels import coverage
+    from bitdrift.explain import coverage
 
     records = _records(tmp_path)
     divergence = divergence_table(records)
@@ -338,7 +338,7 @@ def test_coverage_from_the_csv_files_equals_the_in_memory_count(tmp_path):
     from bitdrift.atomic import read_table, write_csv
     from bitdrift.divergence import divergence_table
     from bitdrift.eqc import EQC_COLUMNS, eqc_tables
-    from bitdrift.kernels import coverage
+    from bitdrift.explain import coverage
 
     records = _records(tmp_path)
     divergence = divergence_table(records)

@@ -54,7 +54,7 @@ def open_session(runtime, job: dict, name: str):
     are recorded, the others listed as unmapped."""
     from bitdrift.backends import Session
     from bitdrift.datasets import read_test_images
-    from bitdrift.export import (
+    from bitdrift.reference import (
         check_export_file,
         mapped_positions,
         read_reference,

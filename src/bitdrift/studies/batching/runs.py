@@ -221,6 +221,6 @@ def run_device(*, model_name: str, device_name: str, device: dict, model_path, d
 
 
 if __name__ == "__main__":
-    from bitdrift.devices import worker_main
+    from bitdrift.prefork import worker_main
 
     worker_main(run_worker)

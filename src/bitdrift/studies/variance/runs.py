@@ -23,10 +23,9 @@ import h5py
 import numpy as np
 
 from bitdrift.atomic import atomic_output
-from bitdrift.devices import worker_main
 from bitdrift.errors import TrainingRunError
 from bitdrift.paths import RUN_FILES
-from bitdrift.prefork import FreshProcesses
+from bitdrift.prefork import FreshProcesses, worker_main
 from bitdrift.training import cross_entropy, fit, run_seeds, save_model_and_history
 
 RUN_FORMAT = 2  # 2: init_sha256, the digest of the initial weights
