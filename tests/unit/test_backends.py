@@ -9,9 +9,6 @@ from bitdrift import backends
 from bitdrift.errors import ConfigError
 
 SOURCE = Path(backends.__file__).parents[1]
-INTERFACE = ("NAME", "TRAINS", "environment", "import_keras", "configure_threads",
-             "configure_determinism", "check_accelerator", "strategy_scope", "versions",
-             "open_session")
 
 
 def test_the_dispatch_refuses_an_unknown_backend():
@@ -23,9 +20,24 @@ def test_the_dispatch_refuses_an_unknown_backend():
 
 @pytest.mark.parametrize("name", backends.RUNTIMES)
 def test_every_runtime_has_the_whole_interface(name):
+    """Each runtime module against the Backend protocol, member by member (a missing one
+    is named), its functions callable."""
     module = backends.get(name)
     assert module.NAME == name
-    assert all(hasattr(module, member) for member in INTERFACE)
+    members = [member for member in backends.Backend.__annotations__] + [
+        member for member in vars(backends.Backend) if not member.startswith("_")]
+    missing = [member for member in members if not hasattr(module, member)]
+    assert not missing, f"{name} lacks {missing}"
+    assert isinstance(module, backends.Backend)
+    assert all(callable(getattr(module, member)) for member in vars(backends.Backend)
+               if not member.startswith("_"))
+
+
+def test_explains_frameworks_are_the_runtimes():
+    from bitdrift.explain import FRAMEWORKS
+
+    assert set(FRAMEWORKS.values()) == set(backends.RUNTIMES)
+    assert set(backends.KNOBS) <= set(backends.RUNTIMES)
 
 
 def test_the_schema_names_exactly_the_runtimes():

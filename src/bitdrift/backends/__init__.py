@@ -31,12 +31,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from bitdrift.errors import ConfigError
 
-# Each name is a module of this package and an entry of the config schema's `backend`.
+# The one list of runtimes: each name is a module of this package; the config schema's
+# `backend` enum and explain's frameworks are checked against it (test_backends.py).
 KERAS_RUNTIMES = ("tensorflow", "torch", "jax")
 EXPORTED_RUNTIMES = ("onnxruntime", "openvino", "litert")
 RUNTIMES = KERAS_RUNTIMES + EXPORTED_RUNTIMES
@@ -46,6 +48,27 @@ KNOBS = {"jax": ("xla_flags", "matmul_precision"),
          "onnxruntime": ("graph_optimization_level",),
          "openvino": ("execution_mode", "inference_precision_hint"),
          "litert": ("op_resolver",)}
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The interface every runtime module has (the module docstring says what each does);
+    tests/unit/test_backends.py checks each module against it."""
+
+    NAME: str
+    TRAINS: bool
+    PREFORK: bool
+
+    def environment(self, device: dict) -> dict: ...
+    def preimport(self) -> None: ...
+    def import_keras(self): ...
+    def configure_threads(self, threads: int | None) -> None: ...
+    def configure_determinism(self, deterministic: bool) -> None: ...
+    def check_accelerator(self, name: str, device: dict) -> dict: ...
+    def strategy_scope(self, accelerator: dict): ...
+    def versions(self) -> dict: ...
+    def open_session(self, job: dict, name: str): ...
+    def trace_environment(self, device: dict) -> dict | None: ...
 
 
 @dataclass

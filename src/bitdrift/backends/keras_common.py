@@ -53,6 +53,13 @@ def keras_environment(backend: str) -> dict:
     return {"KERAS_BACKEND": backend}
 
 
+def members(backend: str):
+    """(environment, preimport, import_keras) of a Keras backend whose process needs
+    nothing set but Keras' own backend variable: tensorflow and torch."""
+    return (lambda device: keras_environment(backend), lambda: preimport(backend),
+            lambda: import_keras(backend))
+
+
 def open_session(runtime, job: dict, name: str):
     """The job's ``.keras`` model on a Keras backend: cast to the device's precision, built
     in the runtime's strategy scope, with a probe returning every recorded layer."""

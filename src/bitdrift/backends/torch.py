@@ -8,8 +8,6 @@ import os
 import sys
 
 from bitdrift.backends import keras_common
-from bitdrift.backends.keras_common import import_keras as _import_keras
-from bitdrift.backends.keras_common import keras_environment
 from bitdrift.errors import AcceleratorMissing
 
 NAME = "torch"
@@ -18,17 +16,7 @@ TRAINS = True
 # bit equal to fresh processes for every default device (tests/unit/test_prefork.py).
 PREFORK = True
 
-
-def environment(device: dict) -> dict:
-    return keras_environment(NAME)
-
-
-def preimport() -> None:
-    keras_common.preimport(NAME)
-
-
-def import_keras():
-    return _import_keras(NAME)
+environment, preimport, import_keras = keras_common.members(NAME)
 
 
 def configure_threads(threads: int | None) -> None:
