@@ -253,7 +253,7 @@ def _reduced_at(records: list[Record], info) -> list[str]:
 
 
 def eqc_tables(records: list[Record], layers: bool = True):
-    """(final-output table, per-layer table) as documented in README, as DataFrames."""
+    """(final-output table, per-layer table) as documented in docs/analysis.md, as DataFrames."""
     import pandas as pd  # imported here: `bitdrift precision` writes rows without pandas
 
     from bitdrift.effective_precision import summary as effective_summary

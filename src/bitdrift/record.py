@@ -1,6 +1,6 @@
 """The inference record: one HDF5 file per (model, device). This is a public format.
 
-Layout (documented in README, "The inference record"):
+Layout (documented in docs/record-format.md):
 
     /                       attrs: model, device, backend, precision, fingerprint (JSON),
                                    model_sha256, input_sha256, format_version,
