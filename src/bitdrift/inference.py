@@ -170,13 +170,15 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                    "layers": layers, "out": str(Path(tmp) / f"repeat{repeat}.npz"),
                    "fingerprint": repeat == 0,
                    "reference": str(reference) if reference else None,
-                   "export": str(export) if export else None}
+                   "export": str(export) if export else None,
+                   "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
+                   "log_is_terminal": log is sys.__stderr__}
             print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
                   f"{device['repeats']} in {how}", file=log, flush=True)
             status = workers.run(job)
             if status != 0:
                 raise InferenceError(f"device {device_name!r}, model {model_name!r}: repeat "
-                                     f"{repeat + 1} failed (exit {status}){_why(log)}")
+                                     f"{repeat + 1} failed (exit {status}){_why(job)}")
             with np.load(job["out"]) as data:
                 meta = json.loads(str(data["meta"]))
                 if repeat == 0:
@@ -236,16 +238,13 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     write_record(out, attrs, samples_content, kernels=traced)
 
 
-def _why(log) -> str:
-    """': <the worker's one-line error>' from the job's log, where the log is a file;
-    else '; see log'."""
-    name = getattr(log, "name", None)
-    if not isinstance(name, str) or not Path(name).is_file():
+def _why(job: dict) -> str:
+    """': <the worker's one-line error>' (bitdrift.prefork writes it beside the job's
+    files), else '; see log'."""
+    path = Path(job.get("error_file") or "")
+    if not path.is_file():
         return "; see log"
-    log.flush()
-    with open(name, errors="replace") as written:
-        lines = [line.strip() for line in written if line.startswith("bitdrift: error:")]
-    return f": {lines[-1][len('bitdrift: error:'):].strip()}" if lines else "; see log"
+    return f": {path.read_text(errors='replace').strip()}"
 
 
 def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list, job: dict,

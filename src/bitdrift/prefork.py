@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from bitdrift import backends
 from bitdrift.emulation import command_prefix
@@ -46,14 +47,33 @@ def run_job(function, job: dict, timed: bool = False) -> int:
         if timed:
             print(WORK_LINE.format(seconds=time.perf_counter() - started), file=sys.stderr)
     except BitdriftError as error:
-        print(f"bitdrift: error: {error}", file=sys.stderr)
+        # its one line: to the parent, which reports it, and to the log unless the log is
+        # the terminal the parent reports on (a command run by hand: one line, not two)
+        told = _tell_parent(job, " ".join(str(error).split()))
+        if not (told and job.get("log_is_terminal")):
+            print(f"bitdrift: error: {error}", file=sys.stderr)
         return error.exit_code
     except SystemExit as error:
         return error.code if isinstance(error.code, int) else 1
-    except BaseException:  # noqa: BLE001 - the child must report, never unwind into the parent's loop
+    except BaseException as error:  # noqa: BLE001 - the child must report, never unwind into the parent's loop
         traceback.print_exc()
+        _tell_parent(job, f"{type(error).__name__}: {' '.join(str(error).split())}")
         return 1
     return 0
+
+
+def _tell_parent(job: dict, line: str) -> bool:
+    """The one line of a failed job in ``job['error_file']``, where the parent finds it
+    whatever the log is (a file, or the terminal of a command run by hand); whether it
+    was written there."""
+    if not isinstance(job, dict) or not job.get("error_file"):
+        return False
+    try:
+        with open(job["error_file"], "w") as handle:
+            handle.write(line[:2000])
+    except OSError:
+        return False
+    return True
 
 
 def exit_now(status: int) -> None:
@@ -72,11 +92,14 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _accelerator_missing(status: int, device: dict, what: str) -> None:
+def _accelerator_missing(status: int, device: dict, what: str, job: dict | None = None) -> None:
     if status == AcceleratorMissing.exit_code:
+        said = Path((job or {}).get("error_file") or "")
+        details = f": {said.read_text(errors='replace').strip()}" if said.is_file() else \
+            " (details in the log)"
         raise AcceleratorMissing(f"{what} asks for a {device['accelerator'].upper()} that the "
-                                 "process cannot see; refusing to fall back to the CPU "
-                                 "(details in the log)")
+                                 "process cannot see; refusing to fall back to the CPU"
+                                 f"{details}")
 
 
 class FreshProcesses:
@@ -95,7 +118,7 @@ class FreshProcesses:
                                    env=device_environment(device),
                                    stdout=self.log if stdout is None else stdout,
                                    stderr=self.log)
-        _accelerator_missing(completed.returncode, self.device, self.what)
+        _accelerator_missing(completed.returncode, self.device, self.what, job)
         return completed.returncode
 
     def close(self, failed: bool = False) -> None:
@@ -128,11 +151,11 @@ class ForkedChildren:
             answer = ""
         if not answer:
             status = self.parent.wait()
-            _accelerator_missing(status, self.device, self.what)
+            _accelerator_missing(status, self.device, self.what, job)
             raise BitdriftError(f"{self.what}: the pre-imported parent process ended (exit "
                                 f"{status}) before its job ran; see log")
         status = int(answer)
-        _accelerator_missing(status, self.device, self.what)
+        _accelerator_missing(status, self.device, self.what, job)
         return status
 
     def close(self, failed: bool = False) -> None:

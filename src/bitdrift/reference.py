@@ -92,7 +92,7 @@ def read_reference(path: str | Path) -> Reference:
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
         raise RecordError(f"{path}: not a bitdrift export reference, damaged or of another "
                           f"kind ({type(error).__name__}: {error}); {REBUILD} "
-                          "export_reference") from error
+                          "export_reference`") from error
     checked = {layer: (spec, [weights[f"weights/{layer}/{index}"]
                               for index in range(_count(weights, layer))])
                for layer, spec in meta["checked"].items()}
