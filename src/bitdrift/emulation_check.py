@@ -46,7 +46,11 @@ a = torch.from_numpy(rng.standard_normal((64, 320)).astype(np.float32))
 b = torch.from_numpy(rng.standard_normal((320, 128)).astype(np.float32))
 out = (a @ b).numpy()
 """),
+    # TensorFlow decides from CPUID whether to use oneDNN at all (under an emulated Haswell
+    # it does not, and runs Eigen): switched on here, so the check compares oneDNN's kernel
     "onednn_tensorflow_conv": ("oneDNN (TensorFlow)", """
+import os
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
 import numpy as np, tensorflow as tf
 rng = np.random.default_rng(0)
 x = rng.standard_normal((1, 32, 32, 16)).astype(np.float32)
