@@ -120,10 +120,10 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
     dendrogram_inches, gap_inches = 2.4, 0.5
     width = (label_inches + grid_inches + 0.2
              + len(groups) * (gap_inches + dendrogram_inches + leaf_inches))
-    height = max(1.5 + 0.35 * len(devices), 3)
+    height = max(1.8 + 0.35 * len(devices), 3.3)  # 0.3 in more on top: a two-line header
     figure = plt.figure(figsize=(width, height))
     grid_axes = figure.add_axes([label_inches / width, 1.2 / height, grid_inches / width,
-                                 1 - 1.7 / height])
+                                 1 - 2.0 / height])
     colours = _class_colours(grid)
     count = int(np.nanmax(colours)) + 1 if np.isfinite(colours).any() else 1
     # tab20, then tab20b and tab20c: up to 60 groups without a colour used twice (tab20
@@ -136,12 +136,16 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
     for (i, j), text in np.ndenumerate(marks):
         grid_axes.text(j, i, text, ha="center", va="center", fontsize=8)
     grid_axes.set_yticks(range(len(devices)), labels, fontsize=8)
-    grid_axes.set_xticks(range(len(columns)), [f"{m}\n#{s}" for m, s in columns], fontsize=7)
+    grid_axes.set_xticks(range(len(columns)), [f"{m}\ntest #{s}" for m, s in columns],
+                         fontsize=7)
+    grid_axes.set_xlabel("model, test sample (index in its test set)", fontsize=7)
     grid_axes.set_title("Classes of the final output" + (
         f"\n(first {len(columns)} samples; {left_out} more in eqc.csv)" if left_out else ""),
         fontsize=9)
-    figure.text(0.01, 1 - 0.12 / height, "* = non-deterministic; a colour follows a group of "
-                "devices across the columns" + (f"; all on {hardware}" if hardware else ""),
+    header = ("Equal numbers in a column: bit-identical outputs (an equivalence class); a "
+              "colour follows a group of devices across the columns; * = non-deterministic"
+              + (f"; all on {hardware}" if hardware else ""))
+    figure.text(0.01, 1 - 0.08 / height, "\n".join(textwrap.wrap(header, int(width * 13))),
                 fontsize=8, va="top")
     outside = [device for device in devices
                if not any(device in names for names, *_ in trees.values())]
@@ -150,7 +154,7 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         left = (label_inches + grid_inches + gap_inches
                 + k * (gap_inches + dendrogram_inches + leaf_inches))
         # Its leaves span the grid rows of its devices (the top rows, in the same order).
-        rows_height = 1 - 1.7 / height
+        rows_height = 1 - 2.0 / height
         share = len(names) / len(devices)
         axes = figure.add_axes([left / width, 1.2 / height + rows_height * (1 - share),
                                 dendrogram_inches / width, rows_height * share])
