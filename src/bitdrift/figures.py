@@ -426,10 +426,16 @@ def generations_grid(eqc: pd.DataFrame, devices: dict) -> tuple[pd.DataFrame, li
     sample ("1/1/2"); devices with equal cells agree bit for bit on every sample."""
     signature = eqc.pivot_table(index="device", columns="sample", values="eqc",
                                 aggfunc="first")
+    from bitdrift.emulation import FAMILIES, family
+
     rows, columns = [], []
     for backend, cpu in devices.values():
         rows += [backend] if backend not in rows else []
         columns += [cpu] if cpu not in columns else []
+    # the host, then the emulated models by generation (the families' order), then by name
+    generations = list(FAMILIES)
+    columns.sort(key=lambda cpu: (cpu != "host", generations.index(family(cpu))
+                                  if family(cpu) in generations else len(generations), cpu))
     grid = pd.DataFrame("", index=rows, columns=columns)
     for device, (backend, cpu) in devices.items():
         if device in signature.index:

@@ -41,18 +41,21 @@ def machine(fingerprint: dict) -> list[str]:
 
 
 def emulated(fingerprints: dict) -> list[str]:
-    """The devices that ran under QEMU, the CPU each one saw and what it lacked."""
-    lines = []
+    """The devices that ran under QEMU, grouped by the CPU they saw, with its instruction
+    sets."""
+    groups: dict[tuple, list[str]] = {}
     for device, found in fingerprints.items():
         emulation = found.get("emulation")
         if not emulation:
             continue
         flags = set(found.get("cpu", {}).get("flags") or [])
         have = [name for name, names in INSTRUCTION_SETS if flags & set(names)]
-        lines.append(f"{device} ran under QEMU {emulation.get('qemu', '')} as "
-                     f"{emulation.get('model')} ({found.get('cpu', {}).get('brand')}): it "
-                     f"saw {', '.join(have) or 'none of the sets above'}.")
-    return lines
+        key = (emulation.get("model"), found.get("cpu", {}).get("brand"),
+               ", ".join(have) or "none of the sets above",
+               str(emulation.get("qemu", "")).split(" ")[0])
+        groups.setdefault(key, []).append(device)
+    return [f"Emulated by QEMU {qemu} as {model} ({brand}; it saw {sets}): "
+            f"{', '.join(devices)}." for (model, brand, sets, qemu), devices in groups.items()]
 
 
 def _samples(rows: pd.DataFrame) -> str:

@@ -59,8 +59,8 @@ def test_findings_say_what_the_tables_hold(tmp_path):
                               "effective bits at worst, in 1 of 2 checked layers (conv)")
     assert sections["Devices that failed"] == ["ov_gpu (m): asks for a GPU (log: logs/x.log)"]
     assert "Devices that ran: 5; failed: 1." in sections["Machine"]
-    assert "haswell ran under QEMU 7.2 as Haswell-v4 (Intel Core Processor (Haswell)): it saw " \
-        "AVX, AVX2, FMA." in sections["Machine"]
+    assert "Emulated by QEMU 7.2 as Haswell-v4 (Intel Core Processor (Haswell); it saw AVX, " \
+        "AVX2, FMA): haswell." in sections["Machine"]
     assert "Test CPU" in sections["Machine"][0]  # the machine is the native record's
     text = markdown(findings(_tables(tmp_path), {"a": FINGERPRINT, "haswell": HASWELL}))
     assert text.startswith("# Findings on this machine") and "## Devices that failed" in text

@@ -410,7 +410,8 @@ def test_an_emulated_cpu_is_a_device_of_the_workflow(run):
     assert len(onednn) and not onednn["implementation"].str.contains("avx512|amx").any()
     assert "torch_haswell" in set(pd.read_csv(workdir / "results/tables/eqc.csv")["device"])
     findings = (workdir / "results/findings.md").read_text()
-    assert "torch_haswell ran under QEMU" in findings and "as Haswell-v4" in findings
+    assert "Emulated by QEMU" in findings and "as Haswell-v4" in findings
+    assert "): torch_haswell." in findings
 
 
 def test_findings_open_the_report_and_name_this_machine(run):
