@@ -53,3 +53,27 @@ def test_every_option_has_help_and_the_version_prints(capsys):
     with pytest.raises(SystemExit) as exit_info:
         parser.parse_args(["--version"])
     assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("bitdrift ")
+
+
+def test_each_command_is_registered_beside_its_handler():
+    """The core's commands follow the studies' pattern: a module's add_commands registers
+    only handlers of that module, and no command is registered twice."""
+    import argparse
+    import importlib
+
+    from bitdrift.commands import MODULES
+    from bitdrift.studies import STUDIES
+
+    seen = set()
+    for package in ([f"bitdrift.commands.{m}" for m in MODULES]
+                    + [f"bitdrift.studies.{s}.cli" for s in STUDIES]):
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers()
+        importlib.import_module(package).add_commands(sub)
+        assert sub.choices, f"{package} registers no command"
+        for name, command in sub.choices.items():
+            handler = command.get_default("func")
+            assert handler.__module__ == package, (name, handler.__module__, package)
+            assert name not in seen, f"{name} registered twice"
+            seen.add(name)
+    assert seen == set(build_parser()._subparsers._group_actions[0].choices)

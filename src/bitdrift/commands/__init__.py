@@ -1,0 +1,6 @@
+"""The core's ``bitdrift`` subcommands, grouped in modules as the studies' are: each module
+holds its commands' handlers and, in ``add_commands(subparsers)``, their parsers. Handlers
+import what they need when they run, so a command pays only for its own imports."""
+
+# In the order `bitdrift --help` lists them: make the data, analyse it, explain it, draw it
+MODULES = ("run", "tables", "kernels", "figures", "atlas", "emulation")

@@ -1,0 +1,83 @@
+"""What several commands share: the config, the records checked against the workflow's
+files, the `--expect` option, and the guard that no output overwrites an input."""
+
+from __future__ import annotations
+
+import sys
+
+from bitdrift.errors import ConfigError
+
+PRECISIONS = ("float16", "bfloat16", "float32", "float64")
+
+
+def read_config(path):
+    from bitdrift.config import load_config
+
+    return load_config(path)
+
+
+def model_spec(config, model):
+    if model not in config["models"]:
+        raise ConfigError(f"unknown model {model!r} (config has {sorted(config['models'])})")
+    return config["models"][model]
+
+
+def expect_option(parser) -> None:
+    parser.add_argument(
+        "--expect", nargs=3, action="append", metavar=("MODEL", "MODEL_FILE", "DATASET_FILE"),
+        help="refuse records of MODEL not produced from this model file and dataset "
+             "(repeatable; the workflow passes its own files)")
+
+
+def default_workers() -> int:
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cpus or 1, 4))
+
+
+def open_checked(args):
+    """Open the records; with --expect, check them against the workflow's files."""
+    from bitdrift.record import RecordError, open_records
+
+    records = open_records(args.files)
+    if not args.expect:
+        return records
+    # Only here: provenance reads models and datasets (~20 ms of imports).
+    from bitdrift.provenance import check_layout, check_provenance
+
+    check_layout(records, [model for model, _, _ in args.expect])
+    for model, model_path, dataset_path in args.expect:
+        if not check_provenance(records, model, model_path, dataset_path):
+            raise RecordError(f"--expect {model}: no record of that model among the files")
+        if getattr(args, "recheck", False):
+            # The tables that report effective precision recompute it with the model at
+            # hand instead of reading what the inference wrote
+            for record in records:
+                if record.model == model:
+                    warning = record.recheck_effective_precision(model_path, dataset_path)
+                    if warning:
+                        print(f"bitdrift: warning: {warning}", file=sys.stderr)
+    return records
+
+
+def refuse_overwriting(inputs: dict, outputs: dict) -> None:
+    """No output may be an input (named or defaulted) or another output: `infer --out`
+    equal to the default model file replaced the model with a record, and `eqc --out X
+    --layers-out X` wrote one table over the other. Both maps: flag -> path."""
+    from pathlib import Path
+
+    seen = {}
+    for flag, path in inputs.items():
+        for one in path if isinstance(path, list) else [path]:
+            if one:
+                seen.setdefault(Path(one).resolve(), flag)
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            other = seen[resolved]
+            what = "also an input" if other in inputs else f"also the output of {other}"
+            raise ConfigError(f"{flag} {path} is {what} ({other}); refusing to overwrite it")
+        seen[resolved] = flag

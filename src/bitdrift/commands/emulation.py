@@ -1,0 +1,36 @@
+"""Emulated CPUs: is QEMU faithful to the kernels a CPU class runs."""
+
+from __future__ import annotations
+
+import sys
+
+
+def cmd_emulation_check(args) -> int:
+    from bitdrift.atomic import write_csv
+    from bitdrift.emulation_check import COLUMNS, MismatchError, check
+
+    try:
+        rows = check(args.kernels, args.models)
+    except MismatchError as error:
+        write_csv(error.rows, args.out, columns=COLUMNS)  # the evidence, then the error
+        print(f"bitdrift: error: {error}", file=sys.stderr)
+        return error.exit_code
+    write_csv(rows, args.out, columns=COLUMNS)
+    faithful = sum(row["verdict"] == "faithful" for row in rows)
+    print(f"bitdrift: emulation check: {faithful} forced kernel(s) faithful, bit for bit; "
+          f"{len(rows) - faithful} informational -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def add_commands(sub) -> None:
+    """Register these commands on the `bitdrift` subparsers."""
+    from bitdrift.emulation_check import CLASSES, KERNELS
+
+    p = sub.add_parser("emulation-check", help="are emulated CPUs faithful: small kernels "
+                       "under QEMU against the host forced to that CPU class's kernels")
+    p.add_argument("--kernels", nargs="+", choices=list(KERNELS), default=list(KERNELS),
+                   help="default: all")
+    p.add_argument("--models", nargs="+", choices=list(CLASSES), default=list(CLASSES),
+                   help="emulated CPU models (default: all)")
+    p.add_argument("--out", required=True, help="the table (CSV)")
+    p.set_defaults(func=cmd_emulation_check)

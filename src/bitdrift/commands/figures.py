@@ -1,0 +1,108 @@
+"""The figures of the analysis tables (PDF, with a PNG beside each)."""
+
+from __future__ import annotations
+
+from bitdrift.commands.common import (
+    PRECISIONS,
+)
+
+
+def cmd_plot_eqc(args) -> None:
+    from bitdrift.atomic import read_table
+    from bitdrift.eqc import EQC_COLUMNS
+    from bitdrift.figures import plot_eqc
+    from bitdrift.record import open_records
+
+    eqc = read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc")
+    plot_eqc(eqc, open_records(args.files), args.out, args.precision)
+
+
+def cmd_plot_precision(args) -> None:
+    from bitdrift.atomic import read_table
+    from bitdrift.eqc import PRECISION_COLUMNS
+    from bitdrift.figures import plot_remaining_precision
+
+    plot_remaining_precision(read_table(args.table, PRECISION_COLUMNS, "bitdrift precision"),
+                             args.out)
+
+
+def cmd_plot_eqc_table(args) -> None:
+    from bitdrift.atomic import read_table, write_csv
+    from bitdrift.eqc import EQC_COLUMNS
+    from bitdrift.explain import class_table
+    from bitdrift.figures import plot_eqc_table
+    from bitdrift.record import open_records
+
+    table = class_table(open_records(args.files),
+                        read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"),
+                        read_table(args.classes, ["model", "device", "device_class"],
+                                   "bitdrift explain --classes-out"))
+    if args.table_out:
+        write_csv(table, args.table_out)
+    plot_eqc_table(table, args.out)
+
+
+def cmd_plot_divergence(args) -> None:
+    from bitdrift.atomic import read_table
+    from bitdrift.divergence import pairs_apart
+    from bitdrift.eqc import EQC_LAYER_COLUMNS
+    from bitdrift.figures import plot_divergence
+
+    layers = read_table(args.eqc_layers, EQC_LAYER_COLUMNS, "bitdrift eqc --layers-out")
+    kinds = read_table(args.precision_table, ["model", "layer", "layer_class"],
+                       "bitdrift precision")
+    plot_divergence(pairs_apart(layers), kinds, args.out)
+
+
+def cmd_plot_generations(args) -> None:
+    import json
+
+    from bitdrift.atomic import read_table
+    from bitdrift.eqc import EQC_COLUMNS
+    from bitdrift.figures import plot_generations
+    from bitdrift.record import open_records
+
+    devices = {}
+    for record in open_records(args.files):
+        config = json.loads(record.attr("device_config")) if record.has_attr(
+            "device_config") else {}
+        devices[record.device] = (record.attr("backend"), config.get("emulate") or "host")
+    plot_generations(read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"), devices, args.out)
+
+
+def add_commands(sub) -> None:
+    """Register these commands on the `bitdrift` subparsers."""
+    p = sub.add_parser("plot-eqc", help="EQC grid and dendrogram (PDF)")
+    p.add_argument("files", nargs="+", help="the records the table was made from")
+    p.add_argument("--eqc", required=True, help="table from `bitdrift eqc`")
+    p.add_argument("--out", required=True, help="figure (PDF)")
+    p.add_argument("--precision", default="float32", choices=list(PRECISIONS),
+                   help="precision whose devices the dendrogram joins (default float32)")
+    p.set_defaults(func=cmd_plot_eqc)
+
+    p = sub.add_parser("plot-precision", help="remaining precision per layer (PDF)")
+    p.add_argument("table", help="table from `bitdrift precision`")
+    p.add_argument("--out", required=True, help="figure (PDF)")
+    p.set_defaults(func=cmd_plot_precision)
+
+    p = sub.add_parser("plot-eqc-table", help="paper-style class table (PDF and CSV)")
+    p.add_argument("files", nargs="+", help="the records the tables were made from")
+    p.add_argument("--eqc", required=True, help="table from `bitdrift eqc`")
+    p.add_argument("--classes", required=True, help="table from `bitdrift explain "
+                   "--classes-out`")
+    p.add_argument("--out", required=True, help="figure (PDF)")
+    p.add_argument("--table-out", help="the same table as CSV")
+    p.set_defaults(func=cmd_plot_eqc_table)
+
+    p = sub.add_parser("plot-divergence", help="share of device pairs apart per layer (PDF)")
+    p.add_argument("eqc_layers", help="table from `bitdrift eqc --layers-out`")
+    p.add_argument("precision_table", help="table from `bitdrift precision` (layer classes)")
+    p.add_argument("--out", required=True, help="figure (PDF)")
+    p.set_defaults(func=cmd_plot_divergence)
+
+    p = sub.add_parser("plot-generations", help="classes by CPU generation (emulated "
+                       "models and the host) and runtime (PDF)")
+    p.add_argument("files", nargs="+", help="the records the table was made from")
+    p.add_argument("--eqc", required=True, help="table from `bitdrift eqc`")
+    p.add_argument("--out", required=True, help="figure (PDF, and PNG beside it)")
+    p.set_defaults(func=cmd_plot_generations)

@@ -1,0 +1,85 @@
+"""Kernel provenance: which kernel ran in every layer, and how many first divergences the
+kernels explain."""
+
+from __future__ import annotations
+
+import sys
+
+from bitdrift.commands.common import (
+    expect_option,
+    open_checked,
+)
+from bitdrift.errors import ConfigError
+
+
+def cmd_kernels(args) -> None:
+    import pandas as pd
+
+    from bitdrift.atomic import read_table, write_csv
+    from bitdrift.eqc import EQC_COLUMNS
+    from bitdrift.errors import RecordError
+    from bitdrift.explain import COVERAGE_COLUMNS, coverage
+    from bitdrift.kernels import TABLE_COLUMNS, kernels_table
+
+    records = open_checked(args)
+    rows, lacking = kernels_table(records)
+    if lacking:
+        print(f"bitdrift: records without kernels (written before format 3, or with "
+              f"analysis.kernels off): {', '.join(lacking)}", file=sys.stderr)
+    if not rows:
+        raise RecordError(f"no record carries kernels: {', '.join(lacking)}")
+    write_csv(rows, args.out, columns=TABLE_COLUMNS)
+    if args.coverage_out:
+        if not args.eqc or not args.divergence:
+            raise ConfigError("--coverage-out needs --eqc and --divergence (the records' "
+                              "eqc.csv and divergence.csv)")
+        traced = [record for record in records if record.kernels is not None]
+        found = coverage(traced, read_table(args.divergence, ["model", "device_a", "device_b",
+                                                              "first_layer"],
+                                            "bitdrift divergence"),
+                         read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"))
+        write_csv(pd.DataFrame(found, columns=COVERAGE_COLUMNS), args.coverage_out)
+        for row in found:
+            print(f"bitdrift: {row['model']}: {row['first_divergences']} first divergences; "
+                  f"kernels differ {row['kernels_differ']}, same kernels but other settings "
+                  f"{row['same_kernels_other_settings']}, unexplained {row['unexplained']}, "
+                  f"untraced {row['untraced']}; ARI {row['adjusted_rand_index_mean']}")
+    print(f"bitdrift: {len(rows)} kernel rows; wrote {args.out}")
+
+
+def cmd_plot_kernels(args) -> None:
+    from bitdrift.atomic import read_table
+    from bitdrift.eqc import EQC_COLUMNS
+    from bitdrift.explain import COVERAGE_COLUMNS
+    from bitdrift.figures import plot_kernels
+    from bitdrift.kernels import TABLE_COLUMNS
+
+    plot_kernels(read_table(args.table, TABLE_COLUMNS, "bitdrift kernels"),
+                 read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"),
+                 read_table(args.divergence, ["model", "class_a", "class_b", "first_layer"],
+                            "bitdrift divergence"),
+                 read_table(args.coverage, COVERAGE_COLUMNS, "bitdrift kernels --coverage-out"),
+                 args.out)
+
+
+def add_commands(sub) -> None:
+    """Register these commands on the `bitdrift` subparsers."""
+    p = sub.add_parser("kernels", help="which kernel ran in every layer (the traced "
+                       "repeats): one row per device, layer and kernel call")
+    p.add_argument("files", nargs="+", help="records")
+    p.add_argument("--out", required=True, help="kernels.csv")
+    p.add_argument("--eqc", help="eqc.csv of the records (needed with --coverage-out)")
+    p.add_argument("--divergence", help="divergence.csv of the records (needed with "
+                   "--coverage-out)")
+    p.add_argument("--coverage-out", help="kernel_coverage.csv: how many first divergences "
+                   "the kernels explain")
+    expect_option(p)
+    p.set_defaults(func=cmd_kernels)
+
+    p = sub.add_parser("plot-kernels", help="devices x layers coloured by kernel (PDF)")
+    p.add_argument("table", help="kernels.csv")
+    p.add_argument("--eqc", required=True, help="eqc.csv")
+    p.add_argument("--divergence", required=True, help="divergence.csv")
+    p.add_argument("--coverage", required=True, help="kernel_coverage.csv")
+    p.add_argument("--out", required=True, help="kernels.pdf (and .png beside it)")
+    p.set_defaults(func=cmd_plot_kernels)

@@ -1,0 +1,147 @@
+"""The commands that make the data: a dataset, a trained model, a device's record, the
+exports. Each imports its framework only when it runs."""
+
+from __future__ import annotations
+
+import sys
+
+from bitdrift import paths
+from bitdrift.commands.common import (
+    model_spec,
+    read_config,
+    refuse_overwriting,
+)
+from bitdrift.errors import ConfigError
+
+
+def cmd_prepare_dataset(args) -> None:
+    from bitdrift.datasets import prepare_dataset
+
+    config = read_config(args.config)
+    prepare_dataset(args.dataset, config["datasets"][args.dataset],
+                    args.out or paths.dataset_file(args.dataset))
+
+
+def cmd_train(args) -> None:
+    from bitdrift.training import train_model
+
+    config = read_config(args.config)
+    spec = model_spec(config, args.model)
+    if "architecture" not in spec:
+        raise ConfigError(f"model {args.model!r} is a file used as is; nothing to train")
+    dataset = args.dataset_file or paths.dataset_file(spec["dataset"])
+    outputs = {"--out-model": args.out_model or paths.trained_model_file(args.model, args.seed),
+               "--out-history": args.out_history or paths.training_history_file(args.model,
+                                                                               args.seed),
+               "--out-logits": args.out_logits or paths.test_logits_file(args.model,
+                                                                         args.seed)}
+    refuse_overwriting({"--config": args.config, "--dataset-file": dataset}, outputs)
+    train_model(spec=spec, seed=args.seed, dataset_path=dataset,
+                out_model=outputs["--out-model"], out_history=outputs["--out-history"],
+                out_logits=outputs["--out-logits"], threads=args.threads, log=sys.stderr)
+
+
+def cmd_infer(args) -> None:
+    from pathlib import Path
+
+    from bitdrift.export import inference_inputs
+    from bitdrift.inference import infer
+
+    config = read_config(args.config)
+    spec = model_spec(config, args.model)
+    if args.device not in config["devices"]:
+        raise ConfigError(f"unknown device {args.device!r} "
+                          f"(config has {sorted(config['devices'])})")
+    model_path = args.model_file or paths.model_file(config, args.model)
+    dataset_path = args.dataset_file or paths.dataset_file(spec["dataset"])
+    out = args.out or paths.record_file(args.model, args.device)
+    refuse_overwriting({"--config": args.config, "--model-file": model_path,
+                        "--dataset-file": dataset_path}, {"--out": out})
+    device = config["devices"][args.device]
+    inputs = inference_inputs(args.model, device["backend"])
+    reference = args.reference or inputs.get("reference")
+    export = args.export or inputs.get("export")
+    unchecked = None
+    if reference and not args.reference and "export" not in inputs and Path(reference).is_file():
+        from bitdrift.models import model_digest
+        from bitdrift.reference import read_reference
+
+        if read_reference(reference).model_sha256 != model_digest(model_path):
+            # The workflow's reference is of the workflow's model; --model-file ran another.
+            unchecked, reference = f"{reference} is of another model", None
+    for option, path in (("--reference", reference), ("--export", export)):
+        if path and not Path(path).is_file():
+            if option == "--reference" and not args.reference and "export" not in inputs:
+                # A Keras runtime without TensorFlow's reference: its run is complete, only
+                # the argmax check is left out (and the record says unchecked).
+                unchecked, reference = f"{path} does not exist", None
+                continue
+            raise ConfigError(f"{option} {path}: file does not exist (backend "
+                              f"{device['backend']!r} needs it; make it with `bitdrift export "
+                              f"--config {args.config} --model {args.model}`)")
+    infer(model_name=args.model, device_name=args.device, device=device,
+          model_path=model_path, dataset_path=dataset_path, samples=config["samples"],
+          out=out, layers=config["analysis"]["layers"], reference=reference, export=export,
+          kernels=config["analysis"]["kernels"])
+    if unchecked:
+        print(f"bitdrift: wrote {out} without the argmax check against TensorFlow ({unchecked}; "
+              "`bitdrift export` makes one)", file=sys.stderr)
+
+
+def cmd_export(args) -> None:
+    from bitdrift.export import export_model, write_reference
+    from bitdrift.reference import FORMATS
+
+    config = read_config(args.config)
+    spec = model_spec(config, args.model)
+    model_path = args.model_file or paths.model_file(config, args.model)
+    dataset_path = args.dataset_file or paths.dataset_file(spec["dataset"])
+    reference = paths.export_reference_file(args.model)
+    write_reference(model_path, dataset_path, reference)
+    written = [reference]
+    for name in FORMATS:
+        export_model(model_path, name, paths.export_file(args.model, name))
+        written.append(paths.export_file(args.model, name))
+    print(f"bitdrift: wrote {', '.join(written)}")
+
+
+def add_commands(sub) -> None:
+    """Register these commands on the `bitdrift` subparsers."""
+    p = sub.add_parser("prepare-dataset", help="load a dataset source into HDF5")
+    p.add_argument("--config", required=True, help="config file (config.yaml or a preset)")
+    p.add_argument("--dataset", required=True, help="a key of datasets")
+    p.add_argument("--out", help="dataset HDF5 (default results/datasets/DATASET.h5)")
+    p.set_defaults(func=cmd_prepare_dataset, writes_data=True)
+
+    p = sub.add_parser("train", help="train one model with one seed")
+    p.add_argument("--config", required=True, help="config file (config.yaml or a preset)")
+    p.add_argument("--model", required=True, help="a key of models with an architecture")
+    p.add_argument("--seed", type=int, required=True, help="seed of every source of randomness")
+    p.add_argument("--threads", type=int, help="framework threads (default: its own)")
+    p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
+    p.add_argument("--out-model", help="default results/models/MODEL/seed_SEED/model.keras")
+    p.add_argument("--out-history", help="default results/models/MODEL/seed_SEED/history.csv")
+    p.add_argument("--out-logits",
+                   help="default results/models/MODEL/seed_SEED/test_logits.h5")
+    p.set_defaults(func=cmd_train, writes_data=True)
+
+    p = sub.add_parser("infer", help="run one device: all repeats, every layer, one record")
+    p.add_argument("--config", required=True, help="config file (config.yaml or a preset)")
+    p.add_argument("--model", required=True, help="a key of models")
+    p.add_argument("--device", required=True, help="a key of devices")
+    p.add_argument("--out", help="record path (default results/inference/MODEL/DEVICE.h5)")
+    p.add_argument("--model-file", help="model to run (default: the workflow's trained model)")
+    p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
+    p.add_argument("--reference", help="TensorFlow's reference of the model (default: the "
+                   "workflow's results/exports/MODEL/reference.npz)")
+    p.add_argument("--export", help="the exported model an exported runtime runs (default: "
+                   "the workflow's results/exports/MODEL/model.onnx or .tflite)")
+    p.set_defaults(func=cmd_infer, writes_data=True)
+
+    p = sub.add_parser("export", help="export a model for the exported runtimes (ONNX, "
+                       "LiteRT) and write TensorFlow's reference, at the workflow's paths")
+    p.add_argument("--config", required=True, help="config file (config.yaml or a preset)")
+    p.add_argument("--model", required=True, help="a key of models")
+    p.add_argument("--model-file", help="model to export (default: the workflow's trained model)")
+    p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
+    p.set_defaults(func=cmd_export, writes_data=True)

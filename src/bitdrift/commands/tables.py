@@ -1,0 +1,178 @@
+"""The analysis tables of a set of records (classes, precision, where devices part, what
+explains them, the argmax check, failures, findings). None imports TensorFlow or torch."""
+
+from __future__ import annotations
+
+import sys
+
+from bitdrift.commands.common import (
+    PRECISIONS,
+    default_workers,
+    expect_option,
+    open_checked,
+)
+
+
+def cmd_eqc(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.eqc import eqc_tables
+
+    records = open_checked(args)
+    final, layers = eqc_tables(records, layers=args.layers_out is not None)
+    write_csv(final, args.out)
+    if args.layers_out:
+        write_csv(layers, args.layers_out)
+    print(f"bitdrift: {final['eqc'].max() if len(final) else 0} classes at most over "
+          f"{final['device'].nunique()} devices -> {args.out}", file=sys.stderr)
+
+
+def cmd_precision(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.eqc import PRECISION_COLUMNS, PRECISION_EXTRA_COLUMNS, precision_rows
+
+    rows = precision_rows(open_checked(args), precision=args.precision,
+                          significant=args.significant_bits, workers=args.workers)
+    write_csv(rows, args.out, columns=PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)
+
+
+def cmd_effective_precision(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.effective_precision import TABLE_COLUMNS, effective_precision_table, summary
+
+    records = open_checked(args)
+    rows = effective_precision_table(records)
+    write_csv(rows, args.out, columns=TABLE_COLUMNS)
+    reduced = [f"{record.device} ({record.model}): {summary(record.effective_precision)}"
+               for record in records if summary(record.effective_precision).startswith("red")]
+    source = "recomputed from the records and the model files" if args.expect else \
+        "as the records say (give --expect MODEL MODEL_FILE DATASET_FILE to recompute)"
+    print(f"bitdrift: {len(rows)} layer checks, {source}; computed below the declared "
+          f"precision: {'; '.join(reduced) or 'none'} -> {args.out}", file=sys.stderr)
+
+
+def cmd_divergence(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.divergence import divergence_table
+
+    write_csv(divergence_table(open_checked(args)), args.out)
+
+
+def cmd_explain(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.explain import explain_table
+
+    explain, flags, classes = explain_table(open_checked(args), layers=args.layers,
+                                            time_budget=args.time_budget)
+    write_csv(explain, args.out)
+    if args.flags_out:
+        write_csv(flags, args.flags_out)
+    if args.classes_out:
+        write_csv(classes, args.classes_out)
+
+
+def cmd_agreement(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.export import AGREEMENT_COLUMNS, agreement_table
+
+    rows = agreement_table(open_checked(args))
+    write_csv(rows, args.out, columns=AGREEMENT_COLUMNS)
+    shares = [row["share"] for row in rows if isinstance(row.get("share"), float)]
+    print(f"bitdrift: {len(shares)} records checked against TensorFlow's classes"
+          + (f"; the lowest agreement {min(shares):.1%}" if shares else "")
+          + f"; wrote {args.out}")
+
+
+def cmd_failures(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.failures import TABLE_COLUMNS, failure_rows
+
+    rows = failure_rows(args.files)
+    write_csv(rows, args.out, columns=TABLE_COLUMNS)
+    print(f"bitdrift: {len(rows)} failed device(s) among {len(args.files)} files -> "
+          f"{args.out}", file=sys.stderr)
+
+
+def cmd_findings(args) -> None:
+    from pathlib import Path
+
+    from bitdrift.findings import STUDY_TABLES, TABLES, write_findings
+
+    tables = {name: Path(args.tables) / f"{name}.csv" for name in (*TABLES, *STUDY_TABLES)}
+    sections = write_findings(tables, args.files, args.out, args.rst_out)
+    print(f"bitdrift: {sum(len(lines) for _, lines in sections)} findings in "
+          f"{len(sections)} sections -> {args.out}", file=sys.stderr)
+
+
+def add_commands(sub) -> None:
+    """Register these commands on the `bitdrift` subparsers."""
+    p = sub.add_parser("eqc", help="equivalence classes of inference records")
+    p.add_argument("files", nargs="+", help="records; devices are ordered as given")
+    p.add_argument("--out", required=True, help="final-output table (CSV)")
+    p.add_argument("--layers-out", help="per-layer table (CSV)")
+    expect_option(p)
+    p.set_defaults(func=cmd_eqc, recheck=True)
+
+    p = sub.add_parser("precision", help="remaining precision per layer")
+    p.add_argument("files", nargs="+", help="records of one model and sample set")
+    p.add_argument("--out", required=True, help="table (CSV)")
+    expect_option(p)
+    p.add_argument("--precision", choices=list(PRECISIONS),
+                   help="devices of this precision enter (default: the one all records share)")
+    p.add_argument("--significant-bits", action="store_true",
+                   help="add the statistical significant bits the devices share per layer "
+                   "(significantdigits: CNH, relative error, base 2) against the model's "
+                   "float64 device where there is one, else the devices' mean")
+    p.add_argument("--workers", type=int, default=default_workers(),
+                   help="processes analysing layers in parallel, each holding one layer over "
+                   "all devices (default: the CPUs available, at most 4)")
+    p.set_defaults(func=cmd_precision, recheck=True)
+
+    p = sub.add_parser("effective-precision", help="did each device compute in its declared "
+                       "precision: every Dense/Conv layer recomputed from the record")
+    p.add_argument("files", nargs="+", help="records")
+    p.add_argument("--out", required=True, help="effective_precision.csv")
+    expect_option(p)
+    p.set_defaults(func=cmd_effective_precision, recheck=True)
+
+    p = sub.add_parser("divergence", help="first layer where two classes differ")
+    p.add_argument("files", nargs="+", help="records with per-layer outputs")
+    p.add_argument("--out", required=True, help="divergence.csv")
+    expect_option(p)
+    p.set_defaults(func=cmd_divergence)
+
+    p = sub.add_parser("explain", help="which device attributes determine the classes")
+    p.add_argument("files", nargs="+", help="records (any tool's; missing keys are fine)")
+    p.add_argument("--out", required=True, help="explain.csv: smallest determining "
+                   "attribute set per (model, sample[, layer])")
+    p.add_argument("--flags-out", help="flag_groups.csv: CPU flags and their groups")
+    p.add_argument("--classes-out", help="device_classes.csv: each device's class under "
+                   "the attributes used anywhere")
+    p.add_argument("--layers", action="store_true", help="explain every layer, not only "
+                   "the final output")
+    p.add_argument("--time-budget", type=float, default=10.0,
+                   help="seconds for the exact search per class pattern, greedy beyond")
+    expect_option(p)
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("agreement", help="does each runtime class the test images as "
+                       "TensorFlow does (the argmax check), and which layers it exposes")
+    p.add_argument("files", nargs="+", help="records")
+    p.add_argument("--out", required=True, help="argmax_agreement.csv")
+    expect_option(p)
+    p.set_defaults(func=cmd_agreement)
+
+    p = sub.add_parser("failures", help="the devices that did not run: their failure "
+                       "records' reasons (device_failures.csv)")
+    p.add_argument("files", nargs="+", help="the record paths (failure records among them)")
+    p.add_argument("--out", required=True, help="device_failures.csv")
+    p.set_defaults(func=cmd_failures)
+
+    p = sub.add_parser("findings", help="what this machine showed, in sentences generated "
+                       "from the tables (findings.md)")
+    p.add_argument("files", nargs="+", help="records (the first that ran names the machine)")
+    p.add_argument("--tables", required=True, help="the folder of the run's tables "
+                   "(results/tables)")
+    p.add_argument("--out", required=True, help="findings.md")
+    p.add_argument("--rst-out", help="the same as reStructuredText (the report's first "
+                   "section)")
+    p.set_defaults(func=cmd_findings)
