@@ -1,0 +1,124 @@
+"""Quiet progress for Snakemake runs of bitdrift (`--logger bitdrift`, the local profile's
+default): one line per finished job with jobs done/total and the elapsed time; errors and
+warnings in full, as Snakemake prints them; dry runs as Snakemake prints them. Snakemake's
+full output is one flag away (`--logger-bitdrift-full`) and always in its own log file
+(`.snakemake/log/`, named at the end of the run).
+
+Snakemake finds logger plugins by module name (`snakemake_logger_plugin_*`); this one ships
+inside the bitdrift distribution.
+"""
+
+# No `from __future__ import annotations`: the settings' field types must be real types
+# (Snakemake builds its command-line flags from them)
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+from snakemake_interface_logger_plugins.base import LogHandlerBase
+from snakemake_interface_logger_plugins.common import LogEvent
+from snakemake_interface_logger_plugins.settings import LogHandlerSettingsBase
+
+# Snakemake's plain messages worth a line in the quiet view (the rest is its chatter)
+KEPT_MESSAGES = ("Nothing to be done", "Complete log", "Will exit after finishing")
+
+
+@dataclass
+class LogHandlerSettings(LogHandlerSettingsBase):
+    full: bool = field(default=False, metadata={
+        "help": "print Snakemake's full output (every job's block) instead of one line per "
+                "finished job"})
+
+
+def job_label(rule: str, wildcards) -> str:
+    """`rule (key=value, ...)`: what a finished job was, in one line."""
+    if not wildcards:
+        return rule
+    items = wildcards.items() if hasattr(wildcards, "items") else []
+    text = ", ".join(f"{key}={value}" for key, value in items)
+    return f"{rule} ({text})" if text else rule
+
+
+def elapsed(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes:2d}:{seconds:02d}"
+
+
+class LogHandler(LogHandlerBase):
+    def __post_init__(self) -> None:
+        from snakemake.logging import DefaultFilter, DefaultFormatter
+
+        settings = self.common_settings
+        self.snakemake_filter = DefaultFilter(settings.quiet, settings.debug_dag,
+                                              settings.verbose, settings.dryrun,
+                                              settings.printshellcmds)
+        self.snakemake_format = DefaultFormatter(settings.quiet, settings.show_failed_logs)
+        self.full = bool(self.settings and self.settings.full) or settings.dryrun
+        self.stream = sys.stdout if getattr(settings, "stdout", False) else sys.stderr
+        self.started = time.monotonic()
+        self.labels: dict[int, str] = {}
+        self.finished: list[int] = []
+
+    def write(self, text: str) -> None:
+        if text:
+            self.stream.write(text.rstrip("\n") + "\n")
+            self.stream.flush()
+
+    def write_as_snakemake(self, record: logging.LogRecord) -> None:
+        if self.snakemake_filter.filter(record):
+            self.write(self.snakemake_format.format(record))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.handle_record(record)
+        except Exception:  # a logger must never stop the run
+            self.handleError(record)
+
+    def handle_record(self, record: logging.LogRecord) -> None:
+        if self.full:
+            self.write_as_snakemake(record)
+            return
+        event = getattr(record, "event", None)
+        if event == LogEvent.JOB_INFO:
+            self.labels[record.jobid] = job_label(record.rule_name, record.wildcards)
+        elif event == LogEvent.JOB_FINISHED:
+            self.finished.append(record.job_id)
+        elif event == LogEvent.PROGRESS:
+            width = len(str(record.total))
+            for job in self.finished:
+                self.write(f"[{record.done:>{width}}/{record.total} "
+                           f"{elapsed(time.monotonic() - self.started)}] done "
+                           f"{self.labels.pop(job, f'job {job}')}")
+            self.finished.clear()
+        elif event == LogEvent.RUN_INFO:
+            total = next((line.split()[-1] for line in str(record.msg or "").splitlines()
+                          if line.strip().startswith("total")), None)
+            if total:
+                self.write(f"bitdrift: {total} jobs to run; one line per finished job "
+                           "(Snakemake's full output: add --logger-bitdrift-full)")
+        elif event in (LogEvent.JOB_ERROR, LogEvent.GROUP_ERROR):
+            self.write(self.snakemake_format.format(record))
+        elif event is None and (record.levelno >= logging.WARNING or str(
+                record.msg or "").startswith(KEPT_MESSAGES)):
+            self.write(self.snakemake_format.format(record))
+
+    @property
+    def writes_to_stream(self) -> bool:
+        return True
+
+    @property
+    def writes_to_file(self) -> bool:
+        return False
+
+    @property
+    def has_filter(self) -> bool:
+        return True
+
+    @property
+    def has_formatter(self) -> bool:
+        return True
+
+    @property
+    def needs_rulegraph(self) -> bool:
+        return False
