@@ -1,3 +1,9 @@
+# The rules of the ablation study; its helpers are in ablation_common.smk.
+
+
+include: "ablation_common.smk"
+
+
 rule tabulate_ablation:
     input:
         ablation_files,

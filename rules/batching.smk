@@ -1,10 +1,16 @@
+# The rules of the batching study; its helpers are in batching_common.smk.
+
+
+include: "batching_common.smk"
+
+
 rule run_batching:
     input:
         unpack(inference_export_inputs),
         model=batching_model_file,
         dataset=batching_dataset_file,
     output:
-        paths.batching_run_file(),
+        batching_paths.batching_run_file(),
     log:
         "logs/run_batching/{model}/{device}.log",
     benchmark:
@@ -28,23 +34,23 @@ rule batching_tables:
         runs=batching_run_files(),
         model=batching_model_file(),
     output:
-        layers=paths.table_file(paths.BATCHING_TABLES["layers"]),
+        layers=paths.table_file(batching_paths.BATCHING_TABLES["layers"]),
         layers_html=report(
-            paths.table_html(paths.BATCHING_TABLES["layers"]),
+            paths.table_html(batching_paths.BATCHING_TABLES["layers"]),
             caption="../workflow/report/batching_layers_table.rst",
             category="Batch invariance",
             labels={"kind": "table", "name": "batching_layers"},
         ),
-        decoding=paths.table_file(paths.BATCHING_TABLES["decoding"]),
+        decoding=paths.table_file(batching_paths.BATCHING_TABLES["decoding"]),
         decoding_html=report(
-            paths.table_html(paths.BATCHING_TABLES["decoding"]),
+            paths.table_html(batching_paths.BATCHING_TABLES["decoding"]),
             caption="../workflow/report/batching_decoding_table.rst",
             category="Batch invariance",
             labels={"kind": "table", "name": "batching_decoding"},
         ),
-        summary=paths.table_file(paths.BATCHING_TABLES["summary"]),
+        summary=paths.table_file(batching_paths.BATCHING_TABLES["summary"]),
         summary_html=report(
-            paths.table_html(paths.BATCHING_TABLES["summary"]),
+            paths.table_html(batching_paths.BATCHING_TABLES["summary"]),
             caption="../workflow/report/batching_summary_table.rst",
             category="Batch invariance",
             labels={"kind": "table", "name": "batching_summary"},

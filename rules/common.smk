@@ -18,12 +18,7 @@ from bitdrift.config import ConfigError, validate_config
 from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.failures import end_of_run
 from bitdrift.provenance import infer_command
-from bitdrift.studies.ablation.cli import ABLATION_TABLES, ablation_inputs, study_config
-from bitdrift.studies.ablation.config import variant_models
-from bitdrift.studies.batching.cli import run_arguments
-from bitdrift.studies.batching.config import batching_models
-from bitdrift.studies.probes.config import evaluation_devices
-from bitdrift.studies.variance.plans import gallery_plan, plan_runs, resolve_plans
+from bitdrift.studies import study_models
 
 # ---- validation and constants: core -------------------------------------------------------
 try:
@@ -93,28 +88,17 @@ def _check_samples():
 
 _check_samples()
 
-# ---- validation and constants: studies ----------------------------------------------------
-# The ablation's model variants join config["models"] after the spine's MODELS are taken:
-# the spine's train and inference rules make them, and the spine's tables stay the
-# config's own models.
-ABLATION = config.get("ablation")
-ABLATION_MODELS = variant_models(config)
-config["models"].update(ABLATION_MODELS)
-# The batching study's own models join the same way (trained and exported by the spine's
-# rules, never part of its tables).
-BATCHING = config.get("batching") or {}
-BATCHING_MODELS = batching_models(config)
-config["models"].update(BATCHING_MODELS)
-BATCHING_MODEL = BATCHING.get("model")
-BATCHING_DEVICES = BATCHING.get("devices", [])
-ALL_MODELS = MODELS + list(ABLATION_MODELS) + list(BATCHING_MODELS)
-MAXPOOL = config.get("maxpool")
-PLANS = resolve_plans(config)
-GALLERY_PLAN, GALLERY_ARM, GALLERY_TOP_K = gallery_plan(config, PLANS)
-PROBES = config.get("probes") or {}
-PROBE_MODEL = PROBES.get("model")
-PROBE_DEVICES = evaluation_devices(config) if PROBES else []
-VARIANCE_DEVICES = sorted({d for plan in PLANS.values() for d in plan["devices"]})
+# ---- the studies' models ------------------------------------------------------------------
+# Models a study adds (the ablation's variants, the batching study's own) join
+# config["models"] after the spine's MODELS are taken: the spine's train, export and
+# inference rules make them, and the spine's tables stay the config's own models.
+STUDY_MODELS = study_models(config)
+config["models"].update(STUDY_MODELS)
+ALL_MODELS = MODELS + list(STUDY_MODELS)
+# What each study's rule file (rules/<study>.smk) adds to `all`, and the summaries of a
+# study the findings quote: {name: table path}, where the study has run.
+STUDY_TARGETS = []
+FINDINGS_TABLES = {}
 
 
 def _choice(names):
@@ -123,11 +107,6 @@ def _choice(names):
 
 wildcard_constraints:
     dataset=_choice(config["datasets"]),
-    setting=_choice((MAXPOOL or {}).get("volume", {}).get("settings", {})),
-    beta=_choice((MAXPOOL or {}).get("training", {}).get("betas", {})),
-    plan=_choice(PLANS),
-    arm=_choice(sorted({arm for plan in PLANS.values() for arm in plan["arms"]})),
-    run=r"\d+",
     model=_choice(ALL_MODELS),
     seed=r"\d+",
 
@@ -182,105 +161,12 @@ def core_targets():
     )
 
 
-def maxpool_targets():
-    if not MAXPOOL:
-        return []
-    targets = [
-        paths.table_file("maxpool_zero_program"),
-        paths.figure_file("backprop_variation"),
-        paths.figure_file("maxpool_training"),
-    ]
-    if MAXPOOL["volume"]["settings"]:
-        targets += [
-            paths.figure_file("bifurcation_volume"),
-            paths.table_file("bifurcation_volume"),
-        ]
-    # Intermediate tables as targets too (see core_targets: deleted ones are made again).
-    return (
-        targets
-        + maxpool_variation_files()
-        + maxpool_volume_files()
-        + maxpool_training_files()
-    )
-
-
-def variance_targets():
-    if not PLANS:
-        return []
-    figures = [
-        "training_variance",
-        "churn",
-        "determinism_cost",
-        "ensemble_disagreement",
-    ]
-    # Every table as a target too: a table deleted (an interrupted job's outputs are
-    # removed) while the figure after it exists would otherwise never be made again.
-    tables = [
-        "training_variance",
-        "training_runs",
-        "training_subgroups",
-        "seed_ratio",
-        "determinism_cost",
-    ]
-    if GALLERY_PLAN:
-        figures.append("divergent_examples")
-        tables += [
-            "example_divergence",
-            "divergence_overlap",
-            "divergence_groups",
-            "divergent_subset_accuracy",
-        ]
-    return (
-        variance_run_files()
-        + [paths.figure_file(name) for name in figures]
-        + [paths.table_file(name) for name in tables]
-    )
-
-
-def ablation_targets():
-    if not ABLATION:
-        return []
-    # Records and trained models as targets too (see core_targets).
-    return (
-        ablation_files()
-        + [paths.table_file(name) for name in ABLATION_TABLES.values()]
-        + [paths.figure_file("ablation_layers"), paths.figure_file("precision_casting")]
-    )
-
-
-def probe_targets():
-    """The probe study's tables and figure (`snakemake probes`; not part of `all`)."""
-    if not PROBES:
-        return []
-    # Every intermediate file as a target too (see core_targets): a probe file lost to a
-    # killed search would otherwise never be made again while the tables exist.
-    inputs = probe_evaluation_inputs()
-    return (
-        inputs["records"]
-        + [inputs["probes"], inputs["evaluation"]]
-        + [paths.table_file(name) for name in paths.PROBE_TABLES.values()]
-        + [paths.figure_file("probes")]
-    )
-
-
-def batching_targets():
-    """The batch-invariance runs, tables and figure (`snakemake batching`; not in `all`)."""
-    if not BATCHING:
-        return []
-    return (
-        batching_run_files()
-        + [paths.table_file(name) for name in paths.BATCHING_TABLES.values()]
-        + [paths.figure_file("batching")]
-    )
-
-
 def all_targets():
+    """The core's targets, then what each study registered in STUDY_TARGETS."""
     return (
-        maxpool_targets()
-        + variance_targets()
-        + ablation_targets()
-        + training_targets()
+        training_targets()
         + core_targets()
+        + [target for targets in STUDY_TARGETS for target in targets()]
     )
 
 
@@ -311,17 +197,10 @@ def scheduled_record_files():
 
 
 def findings_study_tables(wildcards):
-    """The studies' summaries the findings quote, where a study has run (`snakemake probes`,
-    `snakemake batching`): a study run later changes the inputs, and the findings are
-    written again by the next run."""
-    names = {"probe_summary": paths.PROBE_TABLES["summary"]} if PROBES else {}
-    if BATCHING:
-        names["batching_summary"] = paths.BATCHING_TABLES["summary"]
-    return {
-        key: paths.table_file(name)
-        for key, name in names.items()
-        if os.path.exists(paths.table_file(name))
-    }
+    """The studies' summaries the findings quote (FINDINGS_TABLES, which the study rule
+    files fill), where a study has run (`snakemake probes`, `snakemake batching`): a study
+    run later changes the inputs, and the findings are written again by the next run."""
+    return {key: path for key, path in FINDINGS_TABLES.items() if os.path.exists(path)}
 
 
 def dataset_source_files(wildcards):
@@ -365,144 +244,6 @@ def inference_export_inputs(wildcards):
 
 def device_threads(wildcards):
     return config["devices"][wildcards.device]["threads"] or 1
-
-
-# ---- input and params functions: probes study ---------------------------------------------
-def probe_section(wildcards):
-    return canonical(PROBES)
-
-
-def probe_search_devices(wildcards):
-    return {d: canonical(config["devices"][d]) for d in PROBES["search_devices"]}
-
-
-def probe_model_file(wildcards):
-    return paths.model_file(config, PROBE_MODEL)
-
-
-def probe_dataset_file(wildcards):
-    return paths.dataset_file(config["models"][PROBE_MODEL]["dataset"])
-
-
-def probe_search_inputs(wildcards):
-    """The exported models and TensorFlow's reference the search devices need, as
-    KIND_DEVICE (the rule's script gives them back per device)."""
-    return {
-        f"{kind}_{device}": path
-        for device in PROBES["search_devices"]
-        for kind, path in export.inference_inputs(
-            PROBE_MODEL, config["devices"][device]["backend"]
-        ).items()
-    }
-
-
-def probe_search_threads(wildcards):
-    return max(config["devices"][d]["threads"] or 1 for d in PROBES["search_devices"])
-
-
-def probe_evaluation_inputs(wildcards=None):
-    return {
-        "records": [paths.probe_record_file(PROBE_MODEL, d) for d in PROBE_DEVICES],
-        "probes": paths.probe_file(PROBE_MODEL),
-        "evaluation": paths.probe_evaluation_file(PROBE_MODEL),
-    }
-
-
-# ---- input and params functions: ablation study -------------------------------------------
-def batching_run_files(wildcards=None):
-    return [
-        paths.batching_run_file(BATCHING_MODEL, device) for device in BATCHING_DEVICES
-    ]
-
-
-def batching_model_file(wildcards=None):
-    return paths.model_file(config, BATCHING_MODEL) if BATCHING else []
-
-
-def batching_dataset_file(wildcards):
-    return paths.dataset_file(config["models"][BATCHING_MODEL]["dataset"])
-
-
-def batching_arguments(wildcards):
-    """run_device's settings for the device (the files come from the rule's input)."""
-    arguments = run_arguments(config, wildcards.device)
-    for key in ("model_path", "dataset_path", "reference", "export", "out"):
-        arguments.pop(key)
-    return arguments
-
-
-def ablation_files(wildcards=None):
-    """Every record and test-logits file the ablation tables read."""
-    inputs = ablation_inputs(config)
-    return sorted(
-        {file for files in inputs["records"].values() for file in files}
-        | {file for files in inputs["cross_framework"].values() for file in files}
-        | {file for files in inputs["casting"].values() for file in files}
-        | set(inputs["logits"].values())
-    )
-
-
-def ablation_config(wildcards):
-    return canonical(study_config(config))
-
-
-# ---- input and params functions: MaxPool study --------------------------------------------
-def maxpool_dataset_file(wildcards):
-    return paths.dataset_file(MAXPOOL["dataset"])
-
-
-def maxpool_spec(wildcards):
-    return canonical(MAXPOOL)
-
-
-def maxpool_variation_files(wildcards=None):
-    return [
-        paths.maxpool_variation_file(precision)
-        for precision in MAXPOOL["variation"]["precisions"]
-    ]
-
-
-def maxpool_volume_files(wildcards=None):
-    return [paths.maxpool_volume_file(name) for name in MAXPOOL["volume"]["settings"]]
-
-
-def maxpool_training_files(wildcards=None):
-    training = MAXPOOL["training"]
-    return [
-        paths.maxpool_training_file(beta, seed)
-        for beta in training["betas"]
-        for seed in training["seeds"]
-    ]
-
-
-# ---- input and params functions: training-variance study ----------------------------------
-def variance_run_files(wildcards=None):
-    """run.h5 of every training-variance run: one job each, so runs spread over a cluster."""
-    return [paths.run_file("run", *run) for run in plan_runs(PLANS)]
-
-
-def variance_run_plan(wildcards):
-    """What one run depends on: its arm's switches, not the plan's other arms, devices or
-    run count (adding runs or devices must not retrain the existing ones)."""
-    plan = PLANS[wildcards.plan]
-    return canonical(
-        {
-            "study": plan["study"],
-            "model": plan["model"],
-            "spec": plan["spec"],
-            "seed": plan["seed"],
-            "arms": {wildcards.arm: plan["arms"][wildcards.arm]},
-        }
-    )
-
-
-def variance_dataset_file(wildcards):
-    return paths.dataset_file(PLANS[wildcards.plan]["spec"]["dataset"])
-
-
-def gallery_dataset_file(wildcards):
-    """The dataset of the gallery's plan: its images are the test images shown."""
-    return paths.dataset_file(PLANS[GALLERY_PLAN]["spec"]["dataset"])
 
 
 # ---- resources ----------------------------------------------------------------------------
@@ -562,23 +303,8 @@ INFERENCE_RESOURCES = scheduling_resources(
 TRAINING_RESOURCES = scheduling_resources(
     [
         config["models"][model]["train"].get("resources", {})
-        for model in TRAINED_MODELS + list(ABLATION_MODELS) + list(BATCHING_MODELS)
+        for model in TRAINED_MODELS + list(STUDY_MODELS)
     ],
     lambda wildcards: config["models"][wildcards.model]["train"].get("resources", {}),
 )
 ANALYSIS_RESOURCES = config["analysis"].get("resources", {})
-# The probe search runs its devices in one job: the node of its first device (the config
-# check makes every search device ask for the same one).
-PROBE_SEARCH_RESOURCES = device_resources(PROBES["search_devices"][0]) if PROBES else {}
-MAXPOOL_RESOURCES = (MAXPOOL or {}).get("resources", {})
-VARIANCE_RESOURCES = scheduling_resources(
-    [
-        {**device_resources(device), **plan["resources"]}
-        for plan in PLANS.values()
-        for device in plan["devices"]
-    ],
-    lambda wildcards: {
-        **device_resources(wildcards.device),
-        **PLANS[wildcards.plan]["resources"],
-    },
-)

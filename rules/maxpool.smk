@@ -1,3 +1,9 @@
+# The rules of the maxpool study; its helpers are in maxpool_common.smk.
+
+
+include: "maxpool_common.smk"
+
+
 rule compute_zero_programs:
     output:
         table=paths.table_file("maxpool_zero_program"),
@@ -20,7 +26,7 @@ rule compute_backprop_variation:
     input:
         dataset=maxpool_dataset_file,
     output:
-        paths.maxpool_variation_file(),
+        maxpool_paths.maxpool_variation_file(),
     log:
         "logs/compute_backprop_variation/{precision}.log",
     benchmark:
@@ -41,7 +47,7 @@ rule compute_bifurcation_volume_draws:
     input:
         dataset=maxpool_dataset_file,
     output:
-        paths.maxpool_volume_file(),
+        maxpool_paths.maxpool_volume_file(),
     log:
         "logs/compute_bifurcation_volume_draws/{setting}.log",
     benchmark:
@@ -60,7 +66,7 @@ rule train_hybrid_maxpool:
     input:
         dataset=maxpool_dataset_file,
     output:
-        paths.maxpool_training_file(),
+        maxpool_paths.maxpool_training_file(),
     log:
         "logs/train_hybrid_maxpool/beta_{beta}/seed_{seed}.log",
     benchmark:

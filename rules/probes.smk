@@ -1,10 +1,16 @@
+# The rules of the probes study; its helpers are in probes_common.smk.
+
+
+include: "probes_common.smk"
+
+
 rule search_probes:
     input:
         unpack(probe_search_inputs),
         model=probe_model_file,
         dataset=probe_dataset_file,
     output:
-        paths.probe_file(),
+        probe_paths.probe_file(),
     log:
         "logs/search_probes/{model}.log",
     benchmark:
@@ -26,10 +32,10 @@ rule search_probes:
 
 rule probe_evaluation_set:
     input:
-        probes=paths.probe_file(),
+        probes=probe_paths.probe_file(),
         dataset=probe_dataset_file,
     output:
-        paths.probe_evaluation_file(),
+        probe_paths.probe_evaluation_file(),
     log:
         "logs/probe_evaluation_set/{model}.log",
     localrule: True
@@ -45,9 +51,9 @@ rule run_probe_inference:
     input:
         unpack(inference_export_inputs),
         model=probe_model_file,
-        dataset=paths.probe_evaluation_file(),
+        dataset=probe_paths.probe_evaluation_file(),
     output:
-        paths.probe_record_file(),
+        probe_paths.probe_record_file(),
     log:
         "logs/run_probe_inference/{model}/{device}.log",
     benchmark:
@@ -70,23 +76,23 @@ rule evaluate_probes:
     input:
         unpack(probe_evaluation_inputs),
     output:
-        classes=paths.table_file(paths.PROBE_TABLES["classes"]),
+        classes=paths.table_file(probe_paths.PROBE_TABLES["classes"]),
         classes_html=report(
-            paths.table_html(paths.PROBE_TABLES["classes"]),
+            paths.table_html(probe_paths.PROBE_TABLES["classes"]),
             caption="../workflow/report/probe_classes_table.rst",
             category="Forensic probes",
             labels={"kind": "table", "name": "probe_classes"},
         ),
-        summary=paths.table_file(paths.PROBE_TABLES["summary"]),
+        summary=paths.table_file(probe_paths.PROBE_TABLES["summary"]),
         summary_html=report(
-            paths.table_html(paths.PROBE_TABLES["summary"]),
+            paths.table_html(probe_paths.PROBE_TABLES["summary"]),
             caption="../workflow/report/probe_summary_table.rst",
             category="Forensic probes",
             labels={"kind": "table", "name": "probe_summary"},
         ),
-        identify=paths.table_file(paths.PROBE_TABLES["identify"]),
+        identify=paths.table_file(probe_paths.PROBE_TABLES["identify"]),
         identify_html=report(
-            paths.table_html(paths.PROBE_TABLES["identify"]),
+            paths.table_html(probe_paths.PROBE_TABLES["identify"]),
             caption="../workflow/report/probe_identify_table.rst",
             category="Forensic probes",
             labels={"kind": "table", "name": "probe_identify"},

@@ -1,10 +1,16 @@
+# The rules of the variance study; its helpers are in variance_common.smk.
+
+
+include: "variance_common.smk"
+
+
 rule train_variance_run:
     input:
         dataset=variance_dataset_file,
     output:
-        model=paths.run_file("model"),
-        history=paths.run_file("history"),
-        run=paths.run_file("run"),
+        model=variance_paths.run_file("model"),
+        history=variance_paths.run_file("history"),
+        run=variance_paths.run_file("run"),
     log:
         "logs/train_variance_run/{plan}/{arm}/{device}/run_{run}.log",
     benchmark:

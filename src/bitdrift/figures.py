@@ -15,6 +15,7 @@ import pandas as pd  # noqa: E402
 
 from bitdrift.atomic import save_figure  # noqa: E402
 from bitdrift.eqc import summarize_repeats  # noqa: E402
+from bitdrift.kernels import UNTRACED  # noqa: E402
 from bitdrift.models import layer_kind  # noqa: E402
 from bitdrift.precision import MANTISSA_BITS, pairwise_dropped_bits  # noqa: E402
 from bitdrift.record import OUTPUT, Record, group_by_model  # noqa: E402
@@ -193,6 +194,13 @@ def mark_layer_kinds(ax, layers: pd.DataFrame) -> None:
                         textcoords=coordinates,
                         arrowprops={"arrowstyle": "-|>", "lw": 1.5,
                                     "color": "red" if kind == "activation" else "blue"})
+    # The arrows sit in a grey strip below 0 (the axis leaves room for them); no tick
+    # there: precision and counts are never negative
+    bottom, top = ax.get_ylim()
+    if bottom < 0:
+        ax.axhspan(bottom, 0, color="0.94", zorder=0, lw=0)
+        ax.set_yticks([tick for tick in ax.get_yticks() if 0 <= tick <= top])
+        ax.set_ylim(bottom, top)
 
 
 def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
@@ -221,20 +229,31 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
         mantissa = MANTISSA_BITS.get(str(part["precision"].iloc[0]), 23) \
             if "precision" in part else 23
         top.set_ylim(-0.15 * mantissa, mantissa + 0.5)  # room for the layer arrows
-        top.set_ylabel("remaining precision (bits)")
-        top.set_title(f"{model}")
+        top.set_ylabel("remaining precision (mantissa bits)")
+        precision = str(part["precision"].iloc[0]) if "precision" in part else "float32"
+        top.set_title(f"{model}: mantissa bits on which all {int(part['n_devices'].max())} "
+                      f"{precision} devices agree, per layer" if "n_devices" in part
+                      else f"{model}: mantissa bits on which all devices agree, per layer",
+                      fontsize=9)
         if dotted:
-            top.plot([], [], ls=":", color="black", label="significant bits (CNH, mean)")
+            top.plot([], [], ls=":", color="black",
+                     label="significant bits (statistical, mean)")
         # What the arrows at the foot of the upper panel mark.
         top.plot([], [], ls="none", marker="^", color="red", label="activation layer")
         top.plot([], [], ls="none", marker="v", color="blue", label="pooling layer")
         # In the lower panel, whose lower right is empty: the upper one's foot holds arrows.
         bottom.legend(*top.get_legend_handles_labels(), fontsize=7, loc="lower right", ncol=2)
-        bottom.set_ylabel("number of EQCs")
+        bottom.set_ylabel("number of equivalence classes")
         bottom.yaxis.get_major_locator().set_params(integer=True)  # counts
-        bottom.set_xlabel("layer")
+        bottom.set_xlabel("layer (input to output)")
         bottom.set_xticks(layers["position"], layers["layer"], rotation=90, fontsize=6)
-    figure.tight_layout()
+    figure.text(0.01, 0.005, textwrap.fill(
+        "Remaining precision: how many leading mantissa bits every device shares at the layer "
+        f"(all {MANTISSA_BITS.get('float32', 23)} in float32: bit-identical; 0: not even the "
+        "first). Significant bits (dotted): significantdigits' statistical estimate of the "
+        "bits shared (Centred Normal Hypothesis). Equivalence classes: groups of devices "
+        "with bit-identical outputs at the layer.", 170), fontsize=7, va="bottom")
+    figure.tight_layout(rect=(0, 0.06, 1, 1))
     save_figure(figure, out)
 
 
@@ -317,8 +336,20 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
         ax.set_ylim(-0.03, 1.03)
         ax.set_ylabel("share of device pairs in different classes")
         label = f", {precision}" if precision else ""
-        ax.set_title(f"{model}{label}: {int(part['n_pairs'].max())} device pairs",
-                     fontsize=9)
+        pairs = int(part["n_pairs"].max())
+        ax.set_title(f"{model}{label}: {pairs} device pairs", fontsize=9)
+        # Say why a panel is flat, or why it starts high: the reader cannot see it
+        first = part[part["position"] == part["position"].min()]
+        if part["share_apart_so_far"].max() == 0:
+            ax.text(0.5, 0.5, textwrap.fill(f"all {pairs} pairs of {precision or 'these'} "
+                                            "devices agree bit for bit at every layer", 30),
+                    transform=ax.transAxes, ha="center", va="center", fontsize=8)
+        elif first["share_apart"].max() > 0:
+            ax.text(0.02, 0.02, textwrap.fill(
+                f"{first['share_apart'].max():.0%} of pairs already differ at the first "
+                f"layer ({first['layer'].iloc[0]}): their kernels compute it differently "
+                "from its first operation", 40), transform=ax.transAxes, ha="left",
+                va="bottom", fontsize=7)
     if panels:  # one legend for all panels, below them: none covers a line
         handles, names = axes[0][0].get_legend_handles_labels()
         figure.legend(handles, names, loc="lower center", ncol=min(len(names), 5),
@@ -327,14 +358,17 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
         axes[0][0].text(0.5, 0.5, "no two devices share a precision: nothing to compare",
                         ha="center", va="center")
         axes[0][0].set_axis_off()
+    title = textwrap.fill(
+        "Where devices part ways: per layer, the share of device pairs of one precision whose "
+        "outputs differ (solid: at that layer; dashed: at it or any layer before)", 160)
     cross = apart.drop_duplicates(["model", "sample"])
     if len(cross) and cross["cross_format_pairs"].max() > 0:
         total = (cross["cross_format_pairs"] + apart.drop_duplicates(
             ["model", "sample", "precision"]).groupby(["model", "sample"])["n_pairs"].sum()
             .reindex(pd.MultiIndex.from_frame(cross[["model", "sample"]])).to_numpy())
-        figure.suptitle(f"where devices part ways, within one precision; "
-                        f"{int(cross['cross_format_pairs'].max())} of {int(total.max())} "
-                        "pairs mix two precisions and are not compared", fontsize=9)
+        title += (f"\n{int(cross['cross_format_pairs'].max())} of {int(total.max())} pairs "
+                  "mix two precisions and are not compared")
+    figure.suptitle(title, fontsize=9)
     figure.tight_layout(rect=(0, 0.14, 1, 1))
     save_figure(figure, out)
 
@@ -356,16 +390,21 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
         axes[0][0].set_axis_off()
         save_figure(figure, out)
         return
+    # One grey for every runtime that logs no kernels: the row label names the runtime
+    untraced = f"{UNTRACED}: the runtime logs no kernels"
+    signatures = signatures.assign(signature=[
+        untraced if name.startswith(UNTRACED) else name for name in signatures["signature"]])
     names = sorted(set(signatures["signature"]))
     palette = plt.get_cmap("tab20")
     colours = {name: ((0.93, 0.93, 0.93, 1.0) if name == "none" else
-                      (0.6, 0.6, 0.6, 1.0) if name.startswith("untraced") else
+                      (0.6, 0.6, 0.6, 1.0) if name == untraced else
                       palette(index % 20)) for index, name in enumerate(names)}
     used = set()
     for ax, model in zip(axes[:, 0], models, strict=False):
         # One row per layer and device (kernels.csv has one per kernel call).
         part = signatures[signatures["model"] == model].drop_duplicates(["device", "layer"])
         layers = list(dict.fromkeys(part["layer"]))
+        runtimes = part.drop_duplicates("device").set_index("device")["backend"]
         final = eqc[eqc["model"] == model]
         first_sample = final["sample"].min() if len(final) else None
         classes = final[final["sample"] == first_sample].set_index("device")["eqc"] \
@@ -381,7 +420,8 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
                 used.add(name)
         ax.imshow(image, aspect="auto", interpolation="nearest")
         ax.set_yticks(range(len(devices)),
-                      [f"{d} (class {classes[d]})" if d in classes else d for d in devices],
+                      [f"{d} ({runtimes.get(d, '?')}"
+                       + (f", class {classes[d]})" if d in classes else ")") for d in devices],
                       fontsize=6)
         ax.set_xticks(range(len(layers)), layers, rotation=90, fontsize=6)
         for row in range(1, len(devices)):
@@ -393,9 +433,11 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
         for column, layer in enumerate(layers):
             if counts.get(layer, 0):
                 ax.text(column, -0.7, str(int(counts[layer])), ha="center", va="bottom",
-                        fontsize=7, color="darkred")
+                        fontsize=8, fontweight="bold", color="darkred")
+        ax.text(-0.6, -0.7, "first divergences here:", ha="right", va="bottom", fontsize=7,
+                fontweight="bold", color="darkred")
         row = coverage[coverage["model"] == model]
-        text = ""
+        caption = ""
         if len(row):
             row = row.iloc[0]
 
@@ -403,14 +445,22 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
                 return "n/a" if pd.isna(value) else f"{float(value):.0%}"
 
             ari = row["adjusted_rand_index_mean"]
-            text = (f"; first divergences (pair, sample): kernels differ "
-                    f"{share(row['share_kernels_differ'])}, same kernels but other settings "
-                    f"{share(row['share_same_kernels_other_settings'])}, unexplained "
-                    f"{share(row['share_unexplained'])}; ARI(kernel signature, class) "
-                    f"{'n/a' if pd.isna(ari) else f'{float(ari):.2f}'}")
-        ax.set_title(textwrap.fill(f"{model}: kernel per layer (class of sample {first_sample}; "
-                                   "red numbers: class pairs first apart at the layer)"
-                                   + text, 130), fontsize=8, pad=14)
+            caption = (f"Of the first divergences (a pair of classes, a sample): the kernels "
+                       f"differ in {share(row['share_kernels_differ'])}, the same kernels "
+                       f"run with other settings (threads, batch) in "
+                       f"{share(row['share_same_kernels_other_settings'])}, unexplained "
+                       f"{share(row['share_unexplained'])}, the rest involve an untraced "
+                       f"runtime. How well the kernels predict the classes (adjusted Rand "
+                       f"index, 1 = fully, 0 = no better than chance): "
+                       f"{'n/a' if pd.isna(ari) else f'{float(ari):.2f}'}.")
+        ax.set_title(f"{model}: which kernel ran in each compute layer, per device\n"
+                     f"rows grouped by the class of the final output on test sample "
+                     f"#{first_sample} (black lines between classes); red numbers: class "
+                     "pairs that first differ at that layer", fontsize=8, pad=16)
+        if caption:  # below the layer names
+            ax.annotate(textwrap.fill(caption, 150), (0, 0), xycoords="axes fraction",
+                        xytext=(0, -62), textcoords="offset points", ha="left", va="top",
+                        fontsize=7)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[name]) for name in names
                if name in used]
     figure.legend(handles, [textwrap.shorten(name, 40) for name in names if name in used],

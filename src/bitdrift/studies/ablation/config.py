@@ -94,3 +94,8 @@ def check(config: dict) -> None:
     if cross and len({config["devices"][device]["backend"] for device in cross}) < 2:
         raise ConfigError("config key ablation.cross_framework: its devices must span at "
                           "least two backends")
+
+
+def models(config: dict) -> dict[str, dict]:
+    """The models this study adds to the workflow's (bitdrift.studies.study_models)."""
+    return variant_models(config)

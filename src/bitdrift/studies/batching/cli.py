@@ -13,6 +13,7 @@ def run_arguments(config: dict, device_name: str) -> dict:
     from bitdrift import paths
     from bitdrift.export import command_inputs
     from bitdrift.studies.batching.config import prompt_tokens, studied_model
+    from bitdrift.studies.batching.paths import batching_run_file
 
     section = config.get("batching")
     if not section:
@@ -32,7 +33,7 @@ def run_arguments(config: dict, device_name: str) -> dict:
             "padded_length": section["padded_length"] or None,
             "prompts": prompt_tokens(config), "tokens": section["decoding"]["tokens"],
             "reference": inputs.get("reference"), "export": inputs.get("export"),
-            "out": paths.batching_run_file(model_name, device_name)}
+            "out": batching_run_file(model_name, device_name)}
 
 
 def cmd_batching(args) -> None:
@@ -52,8 +53,8 @@ def cmd_batching_tables(args) -> None:
     from pathlib import Path
 
     from bitdrift.datasets import GRAMMAR_VOCABULARY
-    from bitdrift.paths import BATCHING_TABLES
     from bitdrift.studies.batching.analysis import write_batching
+    from bitdrift.studies.batching.paths import BATCHING_TABLES
 
     tables = {key: Path(args.out_dir) / f"{name}.csv" for key, name in BATCHING_TABLES.items()}
     write_batching(args.runs, args.model_file, tables, args.figure, GRAMMAR_VOCABULARY)

@@ -90,3 +90,8 @@ def check(config: dict) -> None:
                 raise ConfigError(
                     f"{key}.decoding: prompt {index} ({len(prompt)} tokens) + {tokens} "
                     f"generated tokens is longer than padded_length ({padded})")
+
+
+def models(config: dict) -> dict[str, dict]:
+    """The models this study adds to the workflow's (bitdrift.studies.study_models)."""
+    return batching_models(config)

@@ -34,13 +34,13 @@ def search_arguments(config: dict, model_path: str | None = None,
 
 def cmd_probe(args) -> None:
     """Search probes on the config's search devices only and write the probe file."""
-    from bitdrift import paths
     from bitdrift.config import load_config
+    from bitdrift.studies.probes import paths as probe_paths
     from bitdrift.studies.probes.search import search_probes
 
     config = load_config(args.config)
     arguments = search_arguments(config, args.model_file, args.dataset_file)
-    out = args.out or paths.probe_file(arguments["model_name"])
+    out = args.out or probe_paths.probe_file(arguments["model_name"])
     provenance = search_probes(**arguments, out=out, log=sys.stderr)
     print(f"bitdrift: wrote {out}: {len(provenance['scores'])} probes, classes on the "
           f"{len(provenance['devices'])} search devices {provenance['scores']}",
@@ -58,11 +58,11 @@ def cmd_probe_evaluate(args) -> None:
     """Classes per input and identify on the held-out devices; the figure."""
     from pathlib import Path
 
-    from bitdrift import paths
+    from bitdrift.studies.probes import paths as probe_paths
     from bitdrift.studies.probes.evaluation import evaluate_probes
 
     out = {key: str(Path(args.out_dir) / f"{name}.csv")
-           for key, name in paths.PROBE_TABLES.items()}
+           for key, name in probe_paths.PROBE_TABLES.items()}
     out["figure"] = args.figure
     tables = evaluate_probes(args.probes, args.evaluation, args.records, out)
     for row in tables["summary"]:

@@ -11,6 +11,7 @@ def cmd_train_run(args) -> None:
     """One run of a training-variance plan on a device, in a fresh process."""
     from bitdrift import paths
     from bitdrift.config import load_config
+    from bitdrift.studies.variance.paths import run_directory
     from bitdrift.studies.variance.plans import resolve_plans
     from bitdrift.studies.variance.runs import train_run
 
@@ -25,14 +26,14 @@ def cmd_train_run(args) -> None:
     train_run(plan_name=args.plan, plan=plan, arm=args.arm, device_name=args.device,
               device=config["devices"][args.device], run=args.run,
               dataset_path=args.dataset_file or paths.dataset_file(plan["spec"]["dataset"]),
-              out_dir=args.out_dir or paths.run_directory(args.plan, args.arm, args.device,
+              out_dir=args.out_dir or run_directory(args.plan, args.arm, args.device,
                                                           args.run))
 
 
 def cmd_training_stats(args) -> None:
     """Spread, churn, weight distance, sub-groups and determinism cost from run files."""
     from bitdrift.atomic import write_tables
-    from bitdrift.paths import TRAINING_TABLES
+    from bitdrift.studies.variance.paths import TRAINING_TABLES
     from bitdrift.studies.variance.stats import training_tables
 
     tables = training_tables(args.files)
@@ -45,8 +46,8 @@ def cmd_example_divergence(args) -> None:
     """Per-example divergence, its overlap between arms/devices/plans, its share per class
     and sub-group, and the runs' accuracy on the most divergent examples, from run files."""
     from bitdrift.atomic import write_tables
-    from bitdrift.paths import EXAMPLE_TABLES
     from bitdrift.studies.variance.examples import example_tables
+    from bitdrift.studies.variance.paths import EXAMPLE_TABLES
 
     tables = example_tables(args.files, args.top_k)
     write_tables(tables, EXAMPLE_TABLES, args.out_dir)
@@ -96,7 +97,7 @@ def cmd_plot(args) -> None:
 
 def add_commands(sub) -> None:
     """Register the training-variance study's subcommands on the `bitdrift` subparsers."""
-    from bitdrift.paths import TRAINING_TABLES
+    from bitdrift.studies.variance.paths import TRAINING_TABLES
 
     p = sub.add_parser("train-run", help="one run of a training-variance plan on a device",
                        description=cmd_train_run.__doc__)
@@ -118,7 +119,7 @@ def add_commands(sub) -> None:
         f"{name}.csv" for name in TRAINING_TABLES.values()))
     p.set_defaults(func=cmd_training_stats)
 
-    from bitdrift.paths import EXAMPLE_TABLES
+    from bitdrift.studies.variance.paths import EXAMPLE_TABLES
 
     p = sub.add_parser("example-divergence", help="which test examples the runs disagree on: "
                        "per-example divergence, overlap, per-class share, subset accuracy",

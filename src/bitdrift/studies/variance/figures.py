@@ -51,8 +51,19 @@ def _bars(ax, rows: pd.DataFrame, column: str, title: str, scale: float = 1.0) -
     ax.set_title(title, fontsize=9)
 
 
+# What the arms mean, on the figures that show them (Zhuang et al.; Morin & Willetts)
+ARMS_CAPTION = ("Arms: ALGO = seeds of initialisation, data order, augmentation and dropout "
+                "differ per run, deterministic ops; IMPL = the same seeds, non-deterministic "
+                "ops (implementation noise only); ALGO+IMPL = both; CONTROL = the same seeds, "
+                "deterministic ops (no noise expected). same seed / different seeds: Morin & "
+                "Willetts' arms. sd: sample standard deviation over the runs of an arm.")
+
+
 def _bar_panels(summary: pd.DataFrame, panels, title: str, out) -> None:
-    """One horizontal bar panel per (column, title, scale), the plans' arms as rows."""
+    """One horizontal bar panel per (column, title, scale), the plans' arms as rows; the
+    arms explained below."""
+    import textwrap
+
     plt = _pyplot()
     rows = _plans(summary)
     # Narrow panels: three of them stay about 1,200 px wide in the report (was 1,700).
@@ -63,24 +74,35 @@ def _bar_panels(summary: pd.DataFrame, panels, title: str, out) -> None:
         _bars(ax, rows, column, panel_title, scale)
     axes[0].invert_yaxis()  # shared y: once for all panels, first row on top
     fig.suptitle(title, fontsize=8)
+    fig.supxlabel(textwrap.fill(ARMS_CAPTION, 40 * len(panels) + 40), fontsize=7, x=0.01,
+                  ha="left")
     _save(fig, out)
 
 
 def plot_training_variance(summary: pd.DataFrame, ratios: pd.DataFrame, out) -> None:
     """sd of test accuracy and loss per arm; the same/different ratios in the title."""
-    def interval(row, measure):
+    def ratio(row, measure):
+        value = row[f"ratio_{measure}"]
         low, high = row.get(f"ratio_{measure}_low"), row.get(f"ratio_{measure}_high")
-        return "" if low is None or pd.isna(low) else f" [{low:.2g}, {high:.2g}]"
+        text = f"{measure} {value:.3g}"
+        if low is not None and not pd.isna(low):
+            text += f" (95 % bootstrap interval {low:.2g} to {high:.2g})"
+        return text
 
-    notes = [f"{r['plan']}{'' if r['scope'] == 'all' else ' @' + r['scope']}: same/different "
-             f"= {r['ratio_accuracy']:.3g}{interval(r, 'accuracy')} (accuracy), "
-             f"{r['ratio_loss']:.3g}{interval(r, 'loss')} (loss), 95 % bootstrap, "
-             f"n = {r['runs_same']} + {r['runs_different']}"
-             for _, r in ratios.iterrows()]
+    def note(row) -> str:
+        text = (f"{row['plan']}{'' if row['scope'] == 'all' else ' on ' + row['scope']}: "
+                f"{ratio(row, 'accuracy')}, {ratio(row, 'loss')}; {row['runs_same']} + "
+                f"{row['runs_different']} runs")
+        if row["ratio_accuracy"] == 0 and row["ratio_loss"] == 0:
+            text += " (0: the same-seed runs were bit-identical on this machine)"
+        return text
+
+    notes = [note(r) for _, r in ratios.iterrows()]
     _bar_panels(summary, [("sd_accuracy", "sd of test accuracy (%)", 100),
                           ("sd_loss", "sd of test loss", 1)],
-                "Spread over training runs (sample sd)\n" + "\n".join(notes)
-                + "\nMorin & Willetts, ResNet on GPU: 0.739 (accuracy), 0.872 (loss)", out)
+                "Spread of test accuracy and loss over training runs\n"
+                "ratio sd(same seed) / sd(different seeds):\n" + "\n".join(notes)
+                + "\nMorin & Willetts, ResNet on GPU: accuracy 0.739, loss 0.872", out)
 
 
 def plot_churn(summary: pd.DataFrame, out) -> None:

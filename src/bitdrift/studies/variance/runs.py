@@ -24,8 +24,8 @@ import numpy as np
 
 from bitdrift.atomic import atomic_output
 from bitdrift.errors import TrainingRunError
-from bitdrift.paths import RUN_FILES
 from bitdrift.prefork import FreshProcesses, worker_main
+from bitdrift.studies.variance.paths import RUN_FILES
 from bitdrift.training import cross_entropy, fit, run_seeds, save_model_and_history
 
 RUN_FORMAT = 2  # 2: init_sha256, the digest of the initial weights
