@@ -207,7 +207,7 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
     """Per model: RP and number of EQCs per layer, one line per sample; activation layers
     marked by red upward arrows and pooling layers by blue downward arrows (Figure SUP-4)."""
     models = list(dict.fromkeys(table["model"]))
-    figure, axes = plt.subplots(2, max(len(models), 1), figsize=(6 * max(len(models), 1), 6),
+    figure, axes = plt.subplots(2, max(len(models), 1), figsize=(6.5 * max(len(models), 1), 6.8),
                                 squeeze=False, sharex="col")
     for k, model in enumerate(models):
         part = table[table["model"] == model]
@@ -224,12 +224,12 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
                 dotted = True
             bottom.plot(rows["position"], rows["n_eqc"], marker="o", ms=3)
         layers = part.drop_duplicates("position").sort_values("position")
-        if "layer_class" in layers:
-            mark_layer_kinds(top, layers)
         mantissa = MANTISSA_BITS.get(str(part["precision"].iloc[0]), 23) \
             if "precision" in part else 23
         top.set_ylim(-0.15 * mantissa, mantissa + 0.5)  # room for the layer arrows
-        top.set_ylabel("remaining precision (mantissa bits)")
+        if "layer_class" in layers:
+            mark_layer_kinds(top, layers)
+        top.set_ylabel("remaining precision (bits)")
         precision = str(part["precision"].iloc[0]) if "precision" in part else "float32"
         top.set_title(f"{model}: mantissa bits on which all {int(part['n_devices'].max())} "
                       f"{precision} devices agree, per layer" if "n_devices" in part
@@ -243,17 +243,18 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
         top.plot([], [], ls="none", marker="v", color="blue", label="pooling layer")
         # In the lower panel, whose lower right is empty: the upper one's foot holds arrows.
         bottom.legend(*top.get_legend_handles_labels(), fontsize=7, loc="lower right", ncol=2)
-        bottom.set_ylabel("number of equivalence classes")
+        bottom.set_ylabel("equivalence classes")
         bottom.yaxis.get_major_locator().set_params(integer=True)  # counts
         bottom.set_xlabel("layer (input to output)")
         bottom.set_xticks(layers["position"], layers["layer"], rotation=90, fontsize=6)
     figure.text(0.01, 0.005, textwrap.fill(
-        "Remaining precision: how many leading mantissa bits every device shares at the layer "
+        "Remaining precision: how many leading mantissa bits all devices share at the layer "
         f"(all {MANTISSA_BITS.get('float32', 23)} in float32: bit-identical; 0: not even the "
         "first). Significant bits (dotted): significantdigits' statistical estimate of the "
         "bits shared (Centred Normal Hypothesis). Equivalence classes: groups of devices "
-        "with bit-identical outputs at the layer.", 170), fontsize=7, va="bottom")
-    figure.tight_layout(rect=(0, 0.06, 1, 1))
+        "with bit-identical outputs at the layer.", int(17 * figure.get_figwidth())),
+        fontsize=7, va="bottom")
+    figure.tight_layout(rect=(0, 0.1, 1, 1))
     save_figure(figure, out)
 
 
@@ -347,9 +348,9 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
         elif first["share_apart"].max() > 0:
             ax.text(0.02, 0.02, textwrap.fill(
                 f"{first['share_apart'].max():.0%} of pairs already differ at the first "
-                f"layer ({first['layer'].iloc[0]}): their kernels compute it differently "
-                "from its first operation", 40), transform=ax.transAxes, ha="left",
-                va="bottom", fontsize=7)
+                f"layer ({first['layer'].iloc[0]}): the same input gives other bits, so "
+                "the layer's own arithmetic differs (kernel, summation order or format)", 40),
+                transform=ax.transAxes, ha="left", va="bottom", fontsize=7)
     if panels:  # one legend for all panels, below them: none covers a line
         handles, names = axes[0][0].get_legend_handles_labels()
         figure.legend(handles, names, loc="lower center", ncol=min(len(names), 5),
@@ -434,8 +435,6 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
             if counts.get(layer, 0):
                 ax.text(column, -0.7, str(int(counts[layer])), ha="center", va="bottom",
                         fontsize=8, fontweight="bold", color="darkred")
-        ax.text(-0.6, -0.7, "first divergences here:", ha="right", va="bottom", fontsize=7,
-                fontweight="bold", color="darkred")
         row = coverage[coverage["model"] == model]
         caption = ""
         if len(row):
@@ -445,19 +444,21 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
                 return "n/a" if pd.isna(value) else f"{float(value):.0%}"
 
             ari = row["adjusted_rand_index_mean"]
-            caption = (f"Of the first divergences (a pair of classes, a sample): the kernels "
-                       f"differ in {share(row['share_kernels_differ'])}, the same kernels "
-                       f"run with other settings (threads, batch) in "
-                       f"{share(row['share_same_kernels_other_settings'])}, unexplained "
-                       f"{share(row['share_unexplained'])}, the rest involve an untraced "
-                       f"runtime. How well the kernels predict the classes (adjusted Rand "
-                       f"index, 1 = fully, 0 = no better than chance): "
+            traced = int(row["first_divergences"]) - int(row["untraced"])
+            caption = (f"{int(row['first_divergences'])} first divergences (a pair of "
+                       f"classes, a sample): {int(row['untraced'])} involve an untraced "
+                       f"runtime; of the other {traced}, the kernels differ in "
+                       f"{share(row['share_kernels_differ'])}, the same kernels run with other "
+                       f"settings (threads, batch) in "
+                       f"{share(row['share_same_kernels_other_settings'])}, unexplained: "
+                       f"{share(row['share_unexplained'])}. How well the kernels predict the "
+                       f"classes (adjusted Rand index, 1 = fully, 0 = no better than chance): "
                        f"{'n/a' if pd.isna(ari) else f'{float(ari):.2f}'}.")
         ax.set_title(f"{model}: which kernel ran in each compute layer, per device\n"
                      f"rows grouped by the class of the final output on test sample "
                      f"#{first_sample} (black lines between classes); red numbers: class "
                      "pairs that first differ at that layer", fontsize=8, pad=16)
-        if caption:  # below the layer names
+        if caption:  # below the layer names; the layout leaves room for it
             ax.annotate(textwrap.fill(caption, 150), (0, 0), xycoords="axes fraction",
                         xytext=(0, -62), textcoords="offset points", ha="left", va="top",
                         fontsize=7)
@@ -466,8 +467,8 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
     figure.legend(handles, [textwrap.shorten(name, 40) for name in names if name in used],
                   loc="center right", ncol=1, fontsize=6, frameon=False, title="kernels",
                   title_fontsize=7)
-    figure.tight_layout(rect=(0, 0, 0.8, 1))
-    save_figure(figure, out)
+    figure.tight_layout(rect=(0, 0.5 / figure.get_figheight(), 0.8, 1))
+    save_figure(figure, out, bbox_inches="tight")  # long device labels, the caption
 
 
 def generations_grid(eqc: pd.DataFrame, devices: dict) -> tuple[pd.DataFrame, list, list]:

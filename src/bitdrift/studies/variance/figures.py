@@ -86,7 +86,7 @@ def plot_training_variance(summary: pd.DataFrame, ratios: pd.DataFrame, out) -> 
         low, high = row.get(f"ratio_{measure}_low"), row.get(f"ratio_{measure}_high")
         text = f"{measure} {value:.3g}"
         if low is not None and not pd.isna(low):
-            text += f" (95 % bootstrap interval {low:.2g} to {high:.2g})"
+            text += f" (95 % bootstrap {low:.2g} to {high:.2g})"
         return text
 
     def note(row) -> str:
@@ -94,8 +94,10 @@ def plot_training_variance(summary: pd.DataFrame, ratios: pd.DataFrame, out) -> 
                 f"{ratio(row, 'accuracy')}, {ratio(row, 'loss')}; {row['runs_same']} + "
                 f"{row['runs_different']} runs")
         if row["ratio_accuracy"] == 0 and row["ratio_loss"] == 0:
-            text += " (0: the same-seed runs were bit-identical on this machine)"
-        return text
+            text += "; 0: the same-seed runs were bit-identical on this machine"
+        return textwrap.fill(text, 110)
+
+    import textwrap
 
     notes = [note(r) for _, r in ratios.iterrows()]
     _bar_panels(summary, [("sd_accuracy", "sd of test accuracy (%)", 100),
