@@ -117,6 +117,16 @@ def digest(kernel: str, environment: dict | None = None, emulate: str | None = N
     return found[0]
 
 
+def host_vendor() -> str:
+    """The host CPU's vendor (``GenuineIntel``, ``AuthenticAMD``), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo
+                         if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
 def check(kernels: list[str], models: list[str], log=None) -> list[dict]:
     """The table of the check (COLUMNS); a forced kernel whose emulated bits differ from the
     host forced to the same class raises StudyError naming the kernel and the model,
@@ -138,6 +148,11 @@ def check(kernels: list[str], models: list[str], log=None) -> list[dict]:
             equal = emulated == (native if native is not None else host[kernel])
             verdict = ("faithful" if equal else "MISMATCH") if native is not None else \
                 ("equals the host's kernel" if equal else "differs from the host's kernel")
+            if verdict == "MISMATCH" and kernel.startswith("mkl") and \
+                    native == host[kernel] and host_vendor() != "GenuineIntel":
+                # Seen on an AMD EPYC: MKL ignores MKL_ENABLE_INSTRUCTIONS there, so the
+                # host cannot be forced and nothing native says what the class computes
+                verdict = "no native reference: MKL's instruction caps act on Intel CPUs only"
             rows.append({"kernel": kernel, "library": KERNELS[kernel][0], "emulated": model,
                          "forced": " ".join(f"{k}={v}" for k, v in (forcing or {}).items())
                          or "no switch: the host's own kernel",

@@ -392,7 +392,7 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
         save_figure(figure, out)
         return
     # One grey for every runtime that logs no kernels: the row label names the runtime
-    untraced = f"{UNTRACED}: the runtime logs no kernels"
+    untraced = f"{UNTRACED}: the runtime names no kernels"
     signatures = signatures.assign(signature=[
         untraced if name.startswith(UNTRACED) else name for name in signatures["signature"]])
     names = sorted(set(signatures["signature"]))

@@ -154,7 +154,7 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
                      f"recorded kernels differ at {row['kernels_differ']}, the same kernels "
                      f"with other settings (threads, batch) at "
                      f"{row['same_kernels_other_settings']}, {row['unexplained']} unexplained, "
-                     f"{row['untraced']} involve a runtime that logs no kernels.")
+                     f"{row['untraced']} involve a runtime that names no kernels (untraced).")
     return lines or ["No two classes: nothing parts."]
 
 

@@ -95,6 +95,8 @@ def run_repeat(job: dict) -> None:
             "checked": {layer: spec for layer, (spec, _) in session.checked.items()},
             "fingerprint": fingerprint(device, session.accelerator) if first else None,
             "bfloat16": device["precision"] == "bfloat16"}
+    if session.kernels is not None:  # an exported runtime's description of its graph
+        meta["runtime_kernels"] = session.kernels
     # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
     # (bitdrift.prefork.exit_now), fresh or forked.
     np.savez(job["out"], meta=json.dumps(meta), **arrays, **weights)
@@ -189,7 +191,9 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         traced = traced_repeat(model_name, device_name, device, repeats, {
             "device": device, "device_name": device_name, "model_path": str(model_path),
             "dataset_path": str(dataset_path), "samples": list(samples), "layers": layers,
-            "out": str(Path(tmp) / "traced.npz"), "fingerprint": False, "reference": None,
+            "out": str(Path(tmp) / "traced.npz"), "fingerprint": False,
+            # an exported runtime maps its outputs to the layers by the reference
+            "reference": str(reference) if reference else None,
             "export": str(export) if export else None, "trace": True},
             Path(tmp) / "trace.txt", workers, how, log) if kernels else None
     meta = repeats[0][0]
@@ -254,7 +258,7 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
     whether its outputs equal the measured majority bit for bit (logging must not change
     what is computed; the record keeps the measured outputs either way)."""
     from bitdrift import backends
-    from bitdrift.kernels import layer_kernels, parse_trace
+    from bitdrift.kernels import KernelCall, layer_kernels, parse_trace
 
     meta = repeats[0][0]
     layer_classes = {name: layer_class for name, layer_class in meta["layers"]}
@@ -271,7 +275,13 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
     if status != 0:
         raise InferenceError(f"device {device_name!r}, model {model_name!r}: the traced "
                              f"repeat failed (exit {status}); see log")
+    with np.load(job["out"]) as data:
+        described = json.loads(str(data["meta"])).get("runtime_kernels")
     trace = parse_trace(trace_path.read_text(errors="replace"))
+    if described is not None:  # the exported runtimes describe their compiled graph
+        trace.layers = {layer: [KernelCall(**call) for call in calls]
+                        for layer, calls in described.items()}
+        trace.header["source"] = f"{device['backend']}'s description of its compiled graph"
     found = layer_kernels(trace, meta["layers"], device["backend"], device["accelerator"])
     unknown = [name for name, entry in found.items() if entry["signature"] == "unknown"]
     if unknown:
@@ -279,7 +289,7 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
               f"{', '.join(unknown)} (recorded as unknown)", file=log, flush=True)
     gpu_calls = [call for entry in found.values() for call in entry["calls"]
                  if call["library"] in ("cudnn", "cublaslt")]
-    if device["accelerator"] == "gpu" and found and not gpu_calls:
+    if device["accelerator"] == "gpu" and described is None and found and not gpu_calls:
         raise InferenceError(f"device {device_name!r}: its traced repeat logged no cuDNN or "
                              f"cuBLASLt call ({', '.join(sorted(environment))} set): the GPU "
                              "libraries are not logging, or the work did not run on the GPU")

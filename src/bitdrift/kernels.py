@@ -18,6 +18,13 @@ Keras layer's call. Its stdout, captured at the file-descriptor level, is parsed
 - cuBLASLt (``CUBLASLT_LOG_LEVEL=5``, to stdout): ``[cublasLt][...][Api][cublasLtMatmul]``
   lines whose ``algo=[algoId=... tile=... splitK=...]`` names the kernel.
 
+The exported runtimes describe their compiled graph instead (each backend's ``describe``):
+ONNX Runtime its optimised model (fused, NCHWc and Gemm nodes), OpenVINO its runtime model
+(each executed node's primitive, such as ``brgconv_avx512_bf16``), LiteRT its execution
+plan (the nodes XNNPACK took, the built-in or reference kernels of the rest); the nodes
+are given to the Keras layers by the exported outputs (``graph_layer_calls``). Nodes that
+only move data (transposes, reshapes, layout reorders) are left out.
+
 TensorFlow's Eigen kernels and torch's own ATen kernels log nothing: on a CPU, a Conv or
 Dense layer with no library line ran them (``eigen``, ``aten``). Anything else with no line
 is ``unknown`` (and a warning in the job log); a line the parser does not understand is kept
@@ -240,6 +247,49 @@ def parse_trace(text: str) -> Trace:
             add(parse_cublaslt(stripped))
     close_cudnn()
     return trace
+
+
+@dataclass
+class GraphNode:
+    """One node of a runtime's own description of its compiled graph (ONNX Runtime's
+    optimised model, OpenVINO's runtime model, LiteRT's execution plan): what it computes
+    (``call``; None for a node that only moves data), the tensors it reads and writes."""
+
+    call: KernelCall | None
+    inputs: tuple
+    outputs: tuple
+
+
+def graph_layer_calls(nodes: list[GraphNode], outputs: list, recorded: dict[int, str]
+                      ) -> dict[str, list[KernelCall]]:
+    """Kernel calls per recorded layer from a compiled graph. ``outputs``: the graph's
+    output tensors in the exported model's order (one per Keras layer, bitdrift.export);
+    ``recorded``: {position: layer} of the positions the record keeps (the mapped ones).
+    A node belongs to the first layer whose output depends on it (the outputs are in model
+    order), and also to every later layer whose output it writes itself (one delegate node
+    can compute several layers)."""
+    producer = {}
+    for node in nodes:
+        for tensor in node.outputs:
+            producer[tensor] = node
+    taken: set[int] = set()
+    calls: dict[str, list[KernelCall]] = {}
+    for position, tensor in enumerate(outputs):
+        mine, stack = [], [tensor]
+        direct = producer.get(tensor)
+        if direct is not None and id(direct) in taken:
+            mine.append(direct)
+        while stack:
+            node = producer.get(stack.pop())
+            if node is None or id(node) in taken:
+                continue
+            taken.add(id(node))
+            mine.append(node)
+            stack.extend(node.inputs)
+        if position in recorded:
+            calls[recorded[position]] = [node.call for node in reversed(mine)
+                                         if node.call is not None]
+    return calls
 
 
 def signature(calls: list[dict] | list[KernelCall]) -> str:

@@ -103,6 +103,45 @@ def test_an_exported_runtime_records_every_layer_as_keras_computes_it(assets, tm
         effective = record.effective_precision
         assert sorted(effective) == ["conv2d", "conv2d_1", "dense_1", "dense_2", "dense_3"]
         assert not any(result["reduced"] for result in effective.values())
+        check_kernels(record.kernels, name, assets[0] / FILES[device["backend"]])
+
+
+PREFIXES = {"onnxruntime": ("ort ",), "openvino": ("ov ",), "litert": ("xnnpack ", "tflite ")}
+
+
+def check_kernels(kernels, name, export):
+    """The runtime's description of its compiled graph, in the record's kernels: a kernel
+    for every Conv and Dense layer, of the runtime's own naming, the traced repeat's
+    outputs equal to the measured ones; and what can be known another way: ONNX Runtime
+    without optimisations runs the file's own MatMul/Add/Gemm nodes, LiteRT's built-in
+    resolver runs no XNNPACK, OpenVINO's ACCURACY mode computes in f32 with kernels of an
+    instruction set this CPU has."""
+    import onnx
+
+    backend = DEVICES[name]["backend"]
+    assert kernels["traced"] and kernels["outputs_match"]
+    compute = {layer: kernels["layers"][layer]["signature"]
+               for layer, layer_class in kernels["layer_classes"].items()
+               if layer_class in ("Conv2D", "Dense")}
+    assert len(compute) == 5
+    for names in compute.values():
+        assert all(part.startswith(PREFIXES[backend]) for part in names.split("+")), names
+    if name == "onnxruntime_disable_all":
+        # the file's own products and sums (its dense layers are alike)
+        file_ops = {node.op_type for node in onnx.load(export).graph.node}
+        dense_ops = "+".join(sorted(f"ort {op}" for op in file_ops & {"MatMul", "Add", "Gemm"}))
+        assert {compute[layer] for layer in ("dense_1", "dense_2", "dense_3")} == {dense_ops}
+    if name == "litert_builtin":
+        assert all(names.startswith("tflite ") and names.endswith("(optimized)")
+                   for names in compute.values()), compute
+    if name == "openvino":
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = set(next(line for line in cpuinfo if line.startswith("flags")).split())
+        for layer, names in compute.items():
+            assert names.endswith("f32"), (layer, names)
+            calls = kernels["layers"][layer]["calls"]
+            assert all(not call["isa"] or any(flag.startswith(call["isa"]) for flag in flags)
+                       for call in calls), calls
 
 
 def test_a_layer_the_export_exposes_wrongly_is_unmapped_never_mislabelled(assets, tmp_path):

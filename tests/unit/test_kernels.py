@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from bitdrift.kernels import layer_kernels, parse_trace, signature
+from bitdrift.kernels import (
+    GraphNode,
+    KernelCall,
+    graph_layer_calls,
+    layer_kernels,
+    parse_trace,
+    signature,
+)
 
 DATA = Path(__file__).parents[1] / "data" / "kernels"
 LAYERS = [("conv2d", "Conv2D"), ("activation", "Activation"), ("pooling2d", "MaxPooling2D"),
@@ -351,3 +358,23 @@ def test_coverage_from_the_csv_files_equals_the_in_memory_count(tmp_path):
                           read_table(tmp_path / "eqc.csv", EQC_COLUMNS, "eqc"))
     assert from_files == coverage(records, divergence, eqc)
     assert from_files[0]["first_divergences"] == int((divergence["first_layer"] != "").sum())
+
+
+def test_a_compiled_graph_gives_each_layer_its_nodes():
+    """A hand-built graph of an exported runtime: input -> conv (a delegate node writes
+    both the conv's and the relu's outputs) -> a reshape that only moves data -> two
+    dense nodes (MatMul, Add) -> the output. The conv layer gets the delegate, the relu
+    layer the delegate too (it writes the relu's output itself), the unrecorded flatten
+    position nothing, the dense layer MatMul and Add in order and not the reshape."""
+    def call(name):
+        return KernelCall(library="x", primitive=name, implementation=f"x {name}")
+
+    delegate = GraphNode(call("DELEGATE"), inputs=("input", "w1"), outputs=("c", "r"))
+    reshape = GraphNode(None, inputs=("r",), outputs=("f",))
+    matmul = GraphNode(call("MatMul"), inputs=("f", "w2"), outputs=("m",))
+    add = GraphNode(call("Add"), inputs=("m", "b2"), outputs=("d",))
+    found = graph_layer_calls([add, reshape, delegate, matmul], ["c", "r", "f", "d"],
+                              {0: "conv", 1: "relu", 3: "dense"})
+    assert {layer: [c.primitive for c in calls] for layer, calls in found.items()} == {
+        "conv": ["DELEGATE"], "relu": ["DELEGATE"], "dense": ["MatMul", "Add"]}
+    assert signature(found["dense"]) == "x Add+x MatMul"

@@ -79,7 +79,8 @@ class Session:
     final output last), or the final output alone when no layers are recorded;
     ``final(batch)`` the final output. ``checked`` holds what the effective-precision
     check needs ({layer: (spec, weights)}); ``unmapped`` the layers an exported runtime
-    could not expose, left out of ``layers``."""
+    could not expose, left out of ``layers``; ``kernels`` what an exported runtime says it
+    runs in each layer (a traced job only)."""
 
     layers: list[tuple[str, str]]
     run: Callable[[np.ndarray], list[np.ndarray]]
@@ -87,6 +88,9 @@ class Session:
     accelerator: dict
     checked: dict = field(default_factory=dict)
     unmapped: list[str] = field(default_factory=list)
+    # An exported runtime's kernels per recorded layer, from its own description of the
+    # compiled graph, when the job traces ({layer: [KernelCall as dict]}); None otherwise
+    kernels: dict | None = None
 
 
 def get(name: str):

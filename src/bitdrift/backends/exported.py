@@ -48,10 +48,18 @@ def import_keras(backend: str):
                       "a .keras file (use tensorflow, torch or jax)")
 
 
+def trace_environment(device: dict) -> dict:
+    """Nothing to set: an exported runtime describes its compiled graph itself (the
+    runtime's ``compile`` with ``trace``), read in the traced repeat."""
+    return {}
+
+
 def open_session(runtime, job: dict, name: str):
-    """``runtime.compile(path, device, accelerator)`` returns a function of a float32 batch
-    giving every exported output in order; the layers whose outputs match the reference
-    are recorded, the others listed as unmapped."""
+    """``runtime.compile(path, device, accelerator, trace)`` returns a function of a
+    float32 batch giving every exported output in order, and a function describing the
+    compiled graph (its nodes and output tensors, bitdrift.kernels.GraphNode) when
+    ``trace``; the layers whose outputs match the reference are recorded, the others
+    listed as unmapped."""
     from bitdrift.backends import Session
     from bitdrift.datasets import read_test_images
     from bitdrift.reference import (
@@ -68,8 +76,9 @@ def open_session(runtime, job: dict, name: str):
     reference = read_reference(job["reference"])
     accelerator = runtime.check_accelerator(name, device)
     check_export_file(job["export"], runtime.NAME)
+    trace = bool(job.get("trace"))
     try:
-        compiled = runtime.compile(job["export"], device, accelerator)
+        compiled, describe = runtime.compile(job["export"], device, accelerator, trace)
     except BitdriftError:
         raise
     except Exception as error:  # each runtime's parser raises its own kinds
@@ -102,6 +111,19 @@ def open_session(runtime, job: dict, name: str):
     def final(batch):
         return compiled(batch)[-1]
 
+    kernels = None
+    if trace:
+        from dataclasses import asdict
+
+        from bitdrift.kernels import graph_layer_calls
+
+        nodes, outputs = describe()
+        if len(outputs) != len(mapped):
+            raise InferenceError(f"device {name!r}: {runtime.NAME} describes {len(outputs)} "
+                                 f"outputs of {job['export']}, the session gives {len(mapped)}")
+        found = graph_layer_calls(nodes, outputs, {position: reference.layers[position][0]
+                                                   for position in positions})
+        kernels = {layer: [asdict(call) for call in calls] for layer, calls in found.items()}
     return Session(layers=layers if job["layers"] else [], run=run, final=final,
                    accelerator=accelerator, checked=checked if job["layers"] else {},
-                   unmapped=unmapped)
+                   unmapped=unmapped, kernels=kernels)

@@ -47,13 +47,19 @@ def check_accelerator(name: str, device: dict) -> dict:
     return {"accelerator": "cpu"}
 
 
-def compile(path, device: dict, accelerator: dict):
+# Nodes that only move or describe data
+LAYOUT_OPS = {"SHAPE", "STRIDED_SLICE", "PACK", "RESHAPE", "TRANSPOSE", "SQUEEZE",
+              "EXPAND_DIMS", "CONCATENATION", "GATHER", "SLICE"}
+
+
+def compile(path, device: dict, accelerator: dict, trace: bool = False):
     interpreter = _interpreter()
-    resolver = getattr(interpreter.OpResolverType,
-                       RESOLVERS[device.get("op_resolver") or "xnnpack"])
-    runner = interpreter.Interpreter(
+    resolver_name = device.get("op_resolver") or "xnnpack"
+    resolver = getattr(interpreter.OpResolverType, RESOLVERS[resolver_name])
+    loaded = interpreter.Interpreter(
         model_path=str(path), num_threads=device.get("threads") or None,
-        experimental_op_resolver_type=resolver).get_signature_runner()
+        experimental_op_resolver_type=resolver)
+    runner = loaded.get_signature_runner()
     # Keras names the outputs output_0, output_1, ... in the probe's order; the signature
     # sorts them as text (output_10 before output_2).
     names = sorted(runner.get_output_details(), key=lambda key: int(key.rsplit("_", 1)[1]))
@@ -63,7 +69,32 @@ def compile(path, device: dict, accelerator: dict):
         results = runner(**{input_name: np.ascontiguousarray(batch)})
         return [results[key] for key in names]
 
-    return run
+    def describe():
+        """The interpreter's nodes after a run (its delegate is applied by then): a node
+        whose outputs a DELEGATE node writes was taken by XNNPACK; the others ran the
+        built-in kernels (optimised, or the reference ones)."""
+        from bitdrift.kernels import GraphNode, KernelCall
+
+        details = loaded._get_ops_details()  # LiteRT's only description of its plan
+        delegated = {int(tensor) for op in details if op["op_name"] == "DELEGATE"
+                     for tensor in op["outputs"]}
+        kernels = "reference" if resolver_name == "reference" else "optimized"
+        nodes = []
+        for op in details:
+            if op["op_name"] == "DELEGATE":
+                continue
+            outputs = tuple(int(tensor) for tensor in op["outputs"])
+            taken = bool(outputs) and set(outputs) <= delegated
+            implementation = f"xnnpack {op['op_name']}" if taken else \
+                f"tflite {op['op_name']} ({kernels})"
+            nodes.append(GraphNode(
+                call=None if op["op_name"] in LAYOUT_OPS else KernelCall(
+                    library="litert", primitive=op["op_name"], implementation=implementation),
+                inputs=tuple(int(tensor) for tensor in op["inputs"]), outputs=outputs))
+        details = runner.get_output_details()
+        return nodes, [int(details[key]["index"]) for key in names]
+
+    return run, describe
 
 
 def versions() -> dict:
@@ -78,6 +109,5 @@ def open_session(job: dict, name: str):
     return exported.open_session(sys.modules[__name__], job, name)
 
 
-def trace_environment(device: dict) -> None:
-    """None: LiteRT logs no kernel per call; its records say untraced."""
-    return None
+def trace_environment(device: dict) -> dict:
+    return exported.trace_environment(device)

@@ -45,7 +45,14 @@ def check_accelerator(name: str, device: dict) -> dict:
     return {"accelerator": device["accelerator"], "provider": provider}
 
 
-def compile(path, device: dict, accelerator: dict):
+# Nodes that only move or describe data: no arithmetic, left out of the kernels
+LAYOUT_OPS = {"Transpose", "Reshape", "Shape", "Gather", "Slice", "Concat", "Identity",
+              "ReorderInput", "ReorderOutput", "Squeeze", "Unsqueeze", "Flatten"}
+DOMAINS = {"": "", "ai.onnx": "", "com.microsoft": "ms:", "com.microsoft.nchwc": "nchwc:"}
+INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 9, 12, 13}  # ONNX TensorProto: (u)int8..64, bool
+
+
+def compile(path, device: dict, accelerator: dict, trace: bool = False):
     ort = _ort()
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(
@@ -55,12 +62,46 @@ def compile(path, device: dict, accelerator: dict):
     options.inter_op_num_threads = 1
     if device.get("deterministic"):
         options.use_deterministic_compute = True
+    optimized = None
+    if trace:  # the graph as ONNX Runtime will run it: fused, NCHWc and Gemm nodes
+        import os
+        import tempfile
+
+        handle, optimized = tempfile.mkstemp(suffix=".optimized.onnx")
+        os.close(handle)
+        options.optimized_model_filepath = optimized
+        options.log_severity_level = 3  # its warning that the file is machine-specific
     session = ort.InferenceSession(str(path), options, providers=[accelerator["provider"]])
     if session.get_providers()[0] != accelerator["provider"]:
         raise AcceleratorMissing(f"ONNX Runtime runs on {session.get_providers()[0]}, not "
                                  f"the {accelerator['provider']} asked for")
     name = session.get_inputs()[0].name
-    return lambda batch: session.run(None, {name: batch})
+
+    def describe():
+        import os
+
+        import onnx
+
+        from bitdrift.kernels import GraphNode, KernelCall
+
+        try:
+            graph = onnx.load(optimized).graph
+        finally:
+            os.unlink(optimized)
+        nodes = []
+        for node in graph.node:
+            casts_integers = node.op_type == "Cast" and any(
+                attribute.name == "to" and attribute.i in INTEGER_TYPES
+                for attribute in node.attribute)
+            kind = f"{DOMAINS.get(node.domain, node.domain + ':')}{node.op_type}"
+            moves_data = node.op_type in LAYOUT_OPS or casts_integers
+            nodes.append(GraphNode(
+                call=None if moves_data else KernelCall(
+                    library="onnxruntime", primitive=kind, implementation=f"ort {kind}"),
+                inputs=tuple(node.input), outputs=tuple(node.output)))
+        return nodes, [output.name for output in session.get_outputs()]
+
+    return (lambda batch: session.run(None, {name: batch})), describe
 
 
 def versions() -> dict:
@@ -72,6 +113,5 @@ def open_session(job: dict, name: str):
     return exported.open_session(sys.modules[__name__], job, name)
 
 
-def trace_environment(device: dict) -> None:
-    """None: ONNX Runtime logs no kernel per call that bitdrift reads; its records say untraced."""
-    return None
+def trace_environment(device: dict) -> dict:
+    return exported.trace_environment(device)

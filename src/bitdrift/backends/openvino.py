@@ -45,7 +45,13 @@ def check_accelerator(name: str, device: dict) -> dict:
     return {"accelerator": device["accelerator"], "plugin": plugin}
 
 
-def compile(path, device: dict, accelerator: dict):
+# Executed nodes that only move data or are none (a Reorder that converts a format stays)
+LAYOUT_TYPES = {"Input", "Output", "Parameter", "Result", "Const", "Transpose", "Reshape",
+                "Squeeze", "Unsqueeze", "Concatenation", "Split", "Gather", "ShapeOf"}
+ISAS = ("amx", "avx512", "avx2", "avx", "sse42", "sse41")
+
+
+def compile(path, device: dict, accelerator: dict, trace: bool = False):
     ov = _ov()
     core = ov.Core()
     settings = {"EXECUTION_MODE_HINT": device.get("execution_mode") or "PERFORMANCE"}
@@ -64,7 +70,37 @@ def compile(path, device: dict, accelerator: dict):
         results = compiled(batch)
         return [results[output] for output in outputs]
 
-    return run
+    def describe():
+        """The runtime model: each executed node's layer type, primitive (its kernel, ISA
+        and precision: ``brgconv_avx512_bf16``) and runtime precision."""
+        from bitdrift.kernels import GraphNode, KernelCall
+
+        model = compiled.get_runtime_model()
+        nodes = []
+        for op in model.get_ordered_ops():
+            info = op.get_rt_info()
+
+            def value(key, info=info):
+                return info[key].astype(str) if key in info else ""
+
+            kind, primitive = value("layerType"), value("primitiveType")
+            converts = kind == "Reorder" and op.get_input_size() and \
+                op.input_value(0).get_element_type() != op.get_output_element_type(0)
+            moves_data = kind in LAYOUT_TYPES or (kind == "Reorder" and not converts)
+            isa = next((name for name in ISAS if name in primitive.lower()), "")
+            nodes.append(GraphNode(
+                call=None if moves_data else KernelCall(
+                    library="openvino", primitive=kind,
+                    implementation=f"ov {kind}:{primitive}", isa=isa),
+                inputs=tuple((source.get_node().get_friendly_name(), source.get_index())
+                             for source in (item.get_source_output() for item in op.inputs())),
+                outputs=tuple((op.get_friendly_name(), index)
+                              for index in range(op.get_output_size()))))
+        results = [(source.get_node().get_friendly_name(), source.get_index())
+                   for source in (result.input_value(0) for result in model.get_results())]
+        return nodes, results
+
+    return run, describe
 
 
 def versions() -> dict:
@@ -76,6 +112,5 @@ def open_session(job: dict, name: str):
     return exported.open_session(sys.modules[__name__], job, name)
 
 
-def trace_environment(device: dict) -> None:
-    """None: OpenVINO logs no kernel per call that bitdrift reads; its records say untraced."""
-    return None
+def trace_environment(device: dict) -> dict:
+    return exported.trace_environment(device)
