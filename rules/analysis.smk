@@ -298,6 +298,13 @@ rule tabulate_kernels:
             category="Why devices differ",
             labels={"kind": "table", "name": "kernel_coverage"},
         ),
+        orders=paths.table_file("accumulation_orders"),
+        orders_html=report(
+            paths.table_html("accumulation_orders"),
+            caption="../workflow/report/accumulation_orders_table.rst",
+            category="Why devices differ",
+            labels={"kind": "table", "name": "accumulation_orders"},
+        ),
     log:
         "logs/tabulate_kernels/all.log",
     benchmark:
@@ -364,6 +371,7 @@ rule write_findings:
         explain=rules.explain_equivalence_classes.output.explain,
         divergence=rules.locate_divergence.output.table,
         kernel_coverage=rules.tabulate_kernels.output.coverage,
+        accumulation_orders=rules.tabulate_kernels.output.orders,
         effective_precision=rules.check_effective_precision.output.table,
         argmax_agreement=rules.tabulate_argmax_agreement.output.table,
         device_failures=rules.tabulate_device_failures.output.table,

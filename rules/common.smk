@@ -143,6 +143,7 @@ def core_targets():
             paths.table_file("argmax_agreement"),
             paths.table_file("kernels"),
             paths.table_file("kernel_coverage"),
+            paths.table_file("accumulation_orders"),
             paths.figure_file("kernels"),
             paths.table_file("flag_groups"),
             paths.table_file("device_classes"),

@@ -98,6 +98,10 @@ def device_attributes(record: Record) -> tuple[dict[str, str], list[str]]:
     # decided by kernel.conv2d" is the answer a framework engineer can act on.
     for layer, name in (record_signatures(record) or {}).items():
         attributes[f"kernel.{layer}"] = name
+    # ... and the order its Dense layers summed in (bitdrift.accumulation): the why below
+    # the kernel's name
+    for layer, entry in (record.accumulation_orders or {}).items():
+        attributes[f"order.{layer}"] = _text(entry.get("order", ""))
     flags = cpu.get("flags")
     return attributes, sorted(set(flags)) if isinstance(flags, list) else []
 
@@ -538,7 +542,8 @@ def coverage(records, divergence, eqc) -> list[dict]:
     rows = []
     for model, group in group_by_model(records):
         attributes, _ = attribute_table(group)
-        settings = [name for name in attributes.columns if not name.startswith("kernel.")]
+        settings = [name for name in attributes.columns
+                    if not name.startswith(("kernel.", "order."))]
         part = table[(table["model"] == model) & (table["first_layer"] != "")]
         counts = {"kernels_differ": 0, "same_kernels_other_settings": 0, "unexplained": 0,
                   "untraced": 0}

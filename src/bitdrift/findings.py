@@ -21,7 +21,7 @@ INSTRUCTION_SETS = [("SSE4.1", ("sse4_1",)), ("AVX", ("avx",)), ("AVX2", ("avx2"
                     ("AVX512_BF16", ("avx512_bf16",)), ("AVX512_FP16", ("avx512_fp16",)),
                     ("AMX", ("amx_bf16", "amx_tile"))]
 TABLES = ("eqc", "eqc_layers", "explain", "divergence", "kernel_coverage",
-          "effective_precision", "argmax_agreement", "device_failures")
+          "accumulation_orders", "effective_precision", "argmax_agreement", "device_failures")
 STUDY_TABLES = ("probe_summary", "batching_summary")
 
 
@@ -158,6 +158,28 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
     return lines or ["No two classes: nothing parts."]
 
 
+def orders(table: pd.DataFrame) -> list[str]:
+    """How the Dense layers sum, per kind of device, and how many replays reproduce the
+    record's bits."""
+    lines = []
+    for model, rows in table.groupby("model", sort=False):
+        replayed = rows[~rows["replay"].astype(str).str.startswith("not ")]
+        same = replayed["replay"].astype(str).str.startswith("bit-identical")
+        lines.append(f"{model}: numpy replaying each Dense layer in its revealed order gives "
+                     f"the record's bits for {int(same.sum())} of {len(replayed)} (device, "
+                     "layer) pairs.")
+        kinds = rows.assign(how=rows["order"].astype(str) + "; replay "
+                            + rows["replay"].astype(str).str.replace(
+                                r"^differs:.*", "differs", regex=True))
+        for how, group in kinds.groupby("how", sort=False):
+            devices = sorted(set(group["device"]))
+            lines.append(f"{model}: {how}: {', '.join(devices)}.")
+        for row in replayed[~same].to_dict("records"):
+            lines.append(f"{model}, {row['device']}, {row['layer']}: not reproduced "
+                         f"({row['replay']}).")
+    return lines
+
+
 def agreement(table: pd.DataFrame) -> list[str]:
     shares = pd.to_numeric(table["share"], errors="coerce")
     checked = table[shares.notna()].assign(share=shares[shares.notna()])
@@ -227,6 +249,8 @@ def findings(tables: dict, fingerprints: dict) -> list[tuple[str, list[str]]]:
     if not read["divergence"].empty:
         sections.append(("Where devices part", divergence(read["divergence"],
                                                           read["kernel_coverage"])))
+    if not read["accumulation_orders"].empty:
+        sections.append(("How the Dense layers sum", orders(read["accumulation_orders"])))
     if not read["argmax_agreement"].empty:
         sections.append(("Runtimes against TensorFlow", agreement(read["argmax_agreement"])))
     sections.append(("Devices that failed", failures(read["device_failures"])))

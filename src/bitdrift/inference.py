@@ -97,12 +97,41 @@ def run_repeat(job: dict) -> None:
             "bfloat16": device["precision"] == "bfloat16"}
     if session.kernels is not None:  # an exported runtime's description of its graph
         meta["runtime_kernels"] = session.kernels
+    if job.get("orders") and session.dense_call is not None:
+        meta["orders"] = reveal_orders(session, device)
     # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
     # (bitdrift.prefork.exit_now), fresh or forked.
     np.savez(job["out"], meta=json.dumps(meta), **arrays, **weights)
 
 
 WORKER = "bitdrift.inference:run_repeat"
+
+
+def reveal_orders(session, device: dict) -> dict:
+    """{layer: {"tree"} or {"error"}}: the order each Dense layer sums in, revealed through
+    this runtime at the layer's shapes and the device's batch size (bitdrift.accumulation);
+    float32 and float64 devices only."""
+    from bitdrift.accumulation import OrderError, reveal_rows, to_flat
+
+    orders = {}
+    computes = session.accelerator.get("inference_precision") or device["precision"]
+    for layer, (terms, units, use_bias) in session.dense_layers.items():
+        if device["precision"] not in ("float32", "float64"):
+            orders[layer] = {"error": f"not revealed in {device['precision']}"}
+            continue
+        if computes != device["precision"]:  # OpenVINO's bfloat16 default: no swamping
+            orders[layer] = {"error": f"not revealed: the runtime computes in {computes}"}
+            continue
+        try:
+            trees = reveal_rows(session.dense_call(terms, units, use_bias,
+                                                   device["batch_size"]),
+                                terms, units, device["precision"], use_bias,
+                                device["batch_size"])
+            orders[layer] = {"trees": [to_flat(tree) for tree in trees], "bias": use_bias,
+                             "terms": trees[0].size}
+        except OrderError as error:
+            orders[layer] = {"error": str(error)}
+    return orders
 
 
 def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> None:
@@ -170,7 +199,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             job = {"device": device, "device_name": device_name, "model_path": str(model_path),
                    "dataset_path": str(dataset_path), "samples": list(samples),
                    "layers": layers, "out": str(Path(tmp) / f"repeat{repeat}.npz"),
-                   "fingerprint": repeat == 0,
+                   "fingerprint": repeat == 0, "orders": repeat == 0 and kernels,
                    "reference": str(reference) if reference else None,
                    "export": str(export) if export else None,
                    "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
@@ -215,6 +244,16 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     effective = check_effective_precision(meta.get("checked", {}), weights, samples_content,
                                           sample_images, device["precision"]) \
         if layers else None
+    orders = meta.get("orders")
+    if orders and layers:
+        from bitdrift.accumulation import replay_layers
+
+        first = {name: np.stack([content_layers[name][0]
+                                 for content_layers in (dict(content["layers"])
+                                                        for content in samples_content.values())])
+                 for name in layer_names}
+        orders = replay_layers(orders, meta.get("checked", {}), weights, first,
+                               device["precision"])
     finding = describe_reduced(effective or {}, device, device_name, model_name)
     if finding:
         print(finding, file=log, flush=True)
@@ -231,6 +270,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         attrs["effective_precision"] = json.dumps(effective, sort_keys=True)
     if meta.get("unmapped"):
         attrs["unmapped_layers"] = json.dumps(meta["unmapped"])
+    if orders:
+        attrs["accumulation_orders"] = json.dumps(orders, sort_keys=True)
     if export:
         attrs["export_sha256"] = file_digest(export)
     if reference and classes is not None:

@@ -282,6 +282,18 @@ class Record:
         return found
 
     @property
+    def accumulation_orders(self) -> dict | None:
+        """The order each Dense layer summed in, as revealed through the device's runtime,
+        and its replay (bitdrift.accumulation); None for a record written without it."""
+        if not self.has_attr("accumulation_orders"):
+            return None
+        try:
+            return json.loads(self.attr("accumulation_orders"))
+        except ValueError as error:
+            raise self._fail(f"attribute 'accumulation_orders' is not JSON ({error})") \
+                from error
+
+    @property
     def effective_precision(self) -> dict | None:
         """The effective-precision check per Dense/Conv layer (see
         bitdrift.effective_precision), or None for a record written without it. Parsed

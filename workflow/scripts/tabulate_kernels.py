@@ -10,6 +10,7 @@ with workflow_job(snakemake.log[0]):
             ["kernels", *snakemake.input.records, "--out", snakemake.output.table]
             + ["--eqc", snakemake.input.eqc, "--divergence", snakemake.input.divergence]
             + ["--coverage-out", snakemake.output.coverage]
+            + ["--orders-out", snakemake.output.orders]
             + snakemake.params.expect
         )
     )

@@ -91,6 +91,11 @@ class Session:
     # An exported runtime's kernels per recorded layer, from its own description of the
     # compiled graph, when the job traces ({layer: [KernelCall as dict]}); None otherwise
     kernels: dict | None = None
+    # The Dense layers whose summation order can be revealed ({layer: (terms, units,
+    # use_bias)}) and how: dense_call(terms, units, use_bias, batch) returns a function of
+    # (kernel, bias) giving a batch of ones through such a layer (bitdrift.accumulation)
+    dense_layers: dict = field(default_factory=dict)
+    dense_call: Callable | None = None
 
 
 def get(name: str):

@@ -111,6 +111,12 @@ def open_session(runtime, job: dict, name: str):
     def final(batch):
         return compiled(batch)[-1]
 
+    dense_layers = {layer: (int(value[1][0].shape[0]), int(value[1][0].shape[1]),
+                            bool(value[0]["use_bias"]))
+                    for layer, value in reference.checked.items()
+                    if value[0]["class_name"] == "Dense" and layer in recorded}
+    dense_call = onnx_dense_call(runtime, device, accelerator, job["export"]) \
+        if runtime.NAME in ONNX_RUNTIMES else None
     kernels = None
     if trace:
         from dataclasses import asdict
@@ -126,4 +132,52 @@ def open_session(runtime, job: dict, name: str):
         kernels = {layer: [asdict(call) for call in calls] for layer, calls in found.items()}
     return Session(layers=layers if job["layers"] else [], run=run, final=final,
                    accelerator=accelerator, checked=checked if job["layers"] else {},
-                   unmapped=unmapped, kernels=kernels)
+                   unmapped=unmapped, kernels=kernels, dense_layers=dense_layers,
+                   dense_call=dense_call)
+
+
+# The runtimes that run the ONNX export: a Dense layer for revealing their summation order
+# is an ONNX graph of its own, built as tf2onnx writes a Dense layer (MatMul, then Add)
+ONNX_RUNTIMES = ("onnxruntime", "openvino")
+
+
+def onnx_dense_call(runtime, device: dict, accelerator: dict, export):
+    """dense_call for an ONNX runtime (see bitdrift.backends.Session): each call builds a
+    one-layer ONNX model with the given kernel and bias as constants (so the runtime packs
+    and fuses them as in the export) and compiles it with the device's settings."""
+    import os
+    import tempfile
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    opset = [entry for entry in onnx.load(str(export), load_external_data=False).opset_import]
+
+    def make(terms: int, units: int, use_bias: bool, batch: int):
+        ones = np.ones((batch, terms), dtype=np.float32)
+
+        def call(kernel, bias):
+            nodes = [helper.make_node("MatMul", ["x", "kernel"], ["product" if use_bias
+                                                                 else "y"])]
+            constants = [numpy_helper.from_array(kernel.astype(np.float32), "kernel")]
+            if use_bias:
+                nodes.append(helper.make_node("Add", ["product", "bias"], ["y"]))
+                constants.append(numpy_helper.from_array(bias.astype(np.float32), "bias"))
+            graph = helper.make_graph(
+                nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                               [None, terms])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, units])],
+                constants)
+            model = helper.make_model(graph, opset_imports=opset)
+            handle, path = tempfile.mkstemp(suffix=".dense.onnx")
+            os.close(handle)
+            try:
+                onnx.save(model, path)
+                run, _ = runtime.compile(path, device, dict(accelerator), False)
+                return np.asarray(run(ones)[-1])
+            finally:
+                os.unlink(path)
+
+        return call
+
+    return make

@@ -6,6 +6,8 @@ import importlib
 import os
 import sys
 
+import numpy as np
+
 
 def import_keras(backend: str):
     """Import Keras with ``backend``; refuse if Keras was already loaded with another."""
@@ -94,8 +96,27 @@ def open_session(runtime, job: dict, name: str):
     def final(batch):
         return keras.ops.convert_to_numpy(model(batch, training=False))
 
+    recorded = {layer for layer, _ in layers}
+    dense_layers = {layer.name: (int(layer.kernel.shape[0]), int(layer.units),
+                                 bool(layer.use_bias))
+                    for layer in model.layers
+                    if type(layer).__name__ == "Dense" and layer.name in recorded}
+
+    def dense_call(terms: int, units: int, use_bias: bool, batch: int):
+        """A Dense layer of the model's shape and format, called as the model calls its
+        layers: for revealing the order it sums in (bitdrift.accumulation)."""
+        probe_layer = keras.layers.Dense(units, use_bias=use_bias, dtype=model.dtype)
+        probe_layer.build((None, terms))
+        ones = np.ones((batch, terms), dtype=model.dtype)
+
+        def call(kernel, bias):
+            probe_layer.set_weights([kernel, bias] if use_bias else [kernel])
+            return keras.ops.convert_to_numpy(probe_layer(ones, training=False))
+
+        return call
+
     return Session(layers=layers, run=run, final=final, accelerator=accelerator,
-                   checked=checked)
+                   checked=checked, dense_layers=dense_layers, dense_call=dense_call)
 
 
 def mark_layers(model) -> None:

@@ -44,6 +44,15 @@ def cmd_kernels(args) -> None:
                   f"kernels differ {row['kernels_differ']}, same kernels but other settings "
                   f"{row['same_kernels_other_settings']}, unexplained {row['unexplained']}, "
                   f"untraced {row['untraced']}; ARI {row['adjusted_rand_index_mean']}")
+    if args.orders_out:
+        from bitdrift.accumulation import TABLE_COLUMNS as ORDER_COLUMNS
+        from bitdrift.accumulation import orders_table
+
+        orders = orders_table(records)
+        write_csv(orders, args.orders_out, columns=ORDER_COLUMNS)
+        same = sum(row["replay"].startswith("bit-identical") for row in orders)
+        print(f"bitdrift: {len(orders)} Dense layers with a revealed order; the replay in "
+              f"that order is bit-identical for {same}; wrote {args.orders_out}")
     print(f"bitdrift: {len(rows)} kernel rows; wrote {args.out}")
 
 
@@ -73,6 +82,8 @@ def add_commands(sub) -> None:
                    "--coverage-out)")
     p.add_argument("--coverage-out", help="kernel_coverage.csv: how many first divergences "
                    "the kernels explain")
+    p.add_argument("--orders-out", help="accumulation_orders.csv: the order each Dense layer "
+                   "summed in and whether numpy replaying it gives the record's bits")
     expect_option(p)
     p.set_defaults(func=cmd_kernels)
 

@@ -1,0 +1,497 @@
+"""The order in which a kernel sums, revealed by testing it (after FPRev: Xie, Gao, Wang,
+Xue, "Revealing Floating-Point Accumulation Orders in Software/Hardware Implementations",
+USENIX ATC 2025).
+
+A sum of n terms is a tree. Give term i the value +M, term j the value -M and every other
+term 1, with M so large that adding any count of ones to ±M changes nothing (swamping).
+Every partial sum that holds one of i, j is then exactly ±M, the node where i and j meet
+gives 0, and only the ones added after that node survive: the output is n minus the
+number of terms under the node where i and j meet. Those sizes for all pairs determine
+the tree. A dot product is such a sum (its terms are the products, exact as long as the
+factors are), and a Dense layer's output columns are independent dot products, so one
+call with one probe pair per column reveals many pairs at once.
+
+A kernel that adds in a wider format (float64 accumulators) does not swamp; the outputs
+are then not the integers this needs, and the revealing stops with an error saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import combinations
+
+import numpy as np
+
+from bitdrift.errors import BitdriftError
+
+# 2**40: a float32 sum of up to 2**15 ones added to it stays exactly ±2**40 (its ulp is
+# 2**17), and 2**40 - 2**40 is exactly 0; in float64, 2**72 (ulp 2**20)
+SWAMP = np.float32(2.0**40)
+SWAMPS = {"float32": 2.0**40, "float64": 2.0**72}
+
+
+class OrderError(BitdriftError):
+    exit_code = 1
+
+
+class RowsDiffer(OrderError):
+    """The rows of one batch are summed in different orders (see reveal_rows)."""
+
+
+def reveal_rows(dense, terms: int, units: int, precision: str, bias: bool,
+                batch: int) -> list[Node]:
+    """The tree of each row of a batch: one tree for all rows where they agree (the
+    usual case), else one per row (a kernel that blocks rows: seen with MKL's sgemm at
+    batch 2 and 10 units)."""
+    try:
+        return [reveal(dense, terms, units, precision, bias)]
+    except RowsDiffer:
+        return [reveal(dense, terms, units, precision, bias, row=row) for row in range(batch)]
+
+
+@dataclass
+class Node:
+    """A node of the summation tree: the terms under it and its children."""
+
+    size: int
+    children: list = field(default_factory=list)  # Node or int (a term's index)
+    terms: tuple = ()
+
+    def as_list(self):
+        """Nested lists of term indices (small trees; deep ones: to_flat)."""
+        return [child.as_list() if isinstance(child, Node) else child
+                for child in self.children]
+
+
+def _post_order(tree: Node) -> list[Node]:
+    """The tree's nodes, children before parents, without recursion (a sequential sum of
+    n terms is n deep)."""
+    order, stack = [], [(tree, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        stack.append((node, True))
+        stack.extend((child, False) for child in reversed(node.children)
+                     if isinstance(child, Node))
+    return order
+
+
+def to_flat(tree: Node) -> list[list[int]]:
+    """How the record keeps a tree: its nodes in post-order, each the list of its
+    children, a child being a term's index (0..n-1) or n + the index of an earlier node."""
+    nodes = _post_order(tree)
+    number = {id(node): tree.size + index for index, node in enumerate(nodes)}
+    return [[number[id(child)] if isinstance(child, Node) else int(child)
+             for child in node.children] for node in nodes]
+
+
+def from_flat(nodes: list[list[int]], terms: int) -> Node:
+    """The tree of to_flat's lists over ``terms`` terms."""
+    built: list[Node] = []
+    for children in nodes:
+        kids = [built[child - terms] if child >= terms else child for child in children]
+        covered = tuple(sorted(t for kid in kids for t in _terms(kid)))
+        built.append(Node(size=len(covered), children=kids, terms=covered))
+    if not built:
+        return Node(size=1, children=[0], terms=(0,))
+    return built[-1]
+
+
+def probe_columns(n: int, pairs: list[tuple[int, int]]) -> np.ndarray:
+    """The weights of one Dense call: an (n, len(pairs)) float32 matrix whose column c
+    holds +M at row i, -M at row j and 1 elsewhere, for pair c = (i, j). With an input row
+    of ones, column c's output is the sum this module needs."""
+    weights = np.ones((n, len(pairs)), dtype=np.float32)
+    for column, (i, j) in enumerate(pairs):
+        weights[i, column] = SWAMP
+        weights[j, column] = -SWAMP
+    return weights
+
+
+def meeting_sizes(dense: Callable[[np.ndarray], np.ndarray], n: int,
+                  columns_per_call: int = 4096) -> np.ndarray:
+    """The n x n matrix of the number of terms under the node where terms i and j meet,
+    from ``dense(weights)`` (a float32 (n, k) matrix -> the k outputs of a row of ones
+    through a Dense layer with these weights and no bias)."""
+    pairs = list(combinations(range(n), 2))
+    sizes = np.zeros((n, n), dtype=np.int64)
+    for start in range(0, len(pairs), columns_per_call):
+        chunk = pairs[start:start + columns_per_call]
+        outputs = np.asarray(dense(probe_columns(n, chunk)), dtype=np.float64).reshape(-1)
+        if outputs.shape[0] != len(chunk):
+            raise OrderError(f"the kernel gave {outputs.shape[0]} outputs for {len(chunk)} "
+                             "probe columns")
+        if not np.all(np.isfinite(outputs)) or np.any(outputs != np.round(outputs)) or \
+                np.any(outputs < 0) or np.any(outputs > n - 2):
+            raise OrderError("the kernel's sums are not counts of the terms left after a "
+                             "cancellation: it does not swamp in float32 (a wider "
+                             "accumulator, or the terms are not summed as given)")
+        for (i, j), value in zip(chunk, outputs, strict=True):
+            sizes[i, j] = sizes[j, i] = n - int(value)
+    if n > 3 and np.all(sizes[np.triu_indices(n, 1)] == 2):
+        # every pair "met first": nothing was swamped, the ones all survived
+        raise OrderError("the kernel's sums keep every term: it does not swamp in float32 "
+                         "(a wider accumulator)")
+    return sizes
+
+
+def build_tree(sizes: np.ndarray) -> Node:
+    """The summation tree from the meeting sizes: clusters join, smallest first, into a
+    node whose size is the number of terms under it (several at once where one node adds
+    more than two operands). Inconsistent sizes are an error."""
+    n = sizes.shape[0]
+    parent = list(range(n))
+    nodes: dict[int, Node | int] = dict(enumerate(range(n)))
+    cluster_size = dict.fromkeys(range(n), 1)
+
+    def root(item):
+        while parent[item] != item:
+            parent[item] = parent[parent[item]]
+            item = parent[item]
+        return item
+
+    for size in sorted({int(v) for v in sizes[np.triu_indices(n, 1)]}):
+        members = np.argwhere(np.triu(sizes == size, 1))
+        groups: dict[int, set[int]] = {}
+        links = {}
+        for i, j in members:
+            a, b = root(int(i)), root(int(j))
+            links.setdefault(a, set()).add(b)
+            links.setdefault(b, set()).add(a)
+        seen = set()
+        for start in links:  # connected groups of current clusters meet at one node
+            if start in seen:
+                continue
+            group, stack = set(), [start]
+            while stack:
+                item = stack.pop()
+                if item in group:
+                    continue
+                group.add(item)
+                stack.extend(links[item] - group)
+            seen |= group
+            groups[start] = group
+        for group in groups.values():
+            total = sum(cluster_size[item] for item in group)
+            if total != size:
+                raise OrderError(f"the meeting sizes are not a summation tree: clusters of "
+                                 f"{total} terms meet at a node said to hold {size}")
+            children = [nodes[item] for item in sorted(group, key=_first_term(nodes))]
+            terms = tuple(sorted(t for child in children for t in _terms(child)))
+            node = Node(size=size, children=children, terms=terms)
+            keep = min(group)
+            for item in group:
+                parent[item] = keep
+            nodes[keep] = node
+            cluster_size[keep] = size
+            for item in group - {keep}:
+                nodes.pop(item, None)
+    roots = {root(item) for item in range(n)}
+    if len(roots) != 1:
+        raise OrderError("the meeting sizes leave terms that never meet")
+    top = nodes[roots.pop()]
+    return top if isinstance(top, Node) else Node(size=1, children=[top], terms=(top,))
+
+
+def _terms(child) -> tuple:
+    return child.terms if isinstance(child, Node) else (child,)
+
+
+def _first_term(nodes):
+    return lambda item: min(_terms(nodes[item]))
+
+
+def describe(tree: Node) -> dict:
+    """A compact form of the tree: its height, the widest node (2: every node adds two
+    operands), and its shape: ``sequential`` (each node adds one term to the running sum,
+    in index order), ``pairwise`` (balanced halves), ``lanes`` (L interleaved partial sums,
+    term k in lane k mod L, then combined), ``blocks`` (contiguous blocks summed apart,
+    then combined), else ``other``."""
+    order = _post_order(tree)
+    heights: dict[int, int] = {}
+    for node in order:
+        heights[id(node)] = 1 + max((heights[id(c)] for c in node.children
+                                     if isinstance(c, Node)), default=0)
+    n = tree.size
+    result = {"terms": n, "height": heights[id(tree)],
+              "widest": max(len(node.children) for node in order), "shape": "other"}
+    nodes = {node.terms for node in order}
+    if _is_sequential(tree):
+        result["shape"] = "sequential"
+    elif _is_pairwise(tree):
+        result["shape"] = "pairwise"
+    else:
+        lanes = next((count for count in range(2, n // 2 + 1)
+                      if all(tuple(range(k, n, count)) in nodes for k in range(count))), None)
+        block = next((size for size in range(2, n // 2 + 1)
+                      if all(tuple(range(first, min(first + size, n))) in nodes
+                             for first in range(0, n, size))), None)
+        if lanes:
+            result.update(shape="lanes", lanes=lanes)
+        elif block:
+            result.update(shape="blocks", block=block, blocks=-(-n // block))
+    return result
+
+
+def _is_sequential(node: Node) -> bool:
+    """Each node adds one term to the sum of the terms before it (index order)."""
+    expected = len(node.terms) - 1
+    while isinstance(node, Node):
+        if len(node.children) != 2:
+            return False
+        inner = [c for c in node.children if isinstance(c, Node)]
+        leaves = [c for c in node.children if not isinstance(c, Node)]
+        if len(leaves) == 2:
+            return sorted(leaves) == [0, 1]
+        if len(leaves) != 1 or leaves[0] != expected:
+            return False
+        node, expected = inner[0], expected - 1
+    return False
+
+
+def _is_pairwise(node) -> bool:
+    if not isinstance(node, Node):
+        return True
+    if len(node.children) != 2:
+        return False
+    sizes = [len(_terms(c)) for c in node.children]
+    return abs(sizes[0] - sizes[1]) <= 1 and all(_is_pairwise(c) for c in node.children)
+
+
+# -- revealing through a Dense call, at the layer's own shapes ----------------------------
+def reveal(dense: Callable[[np.ndarray, np.ndarray], np.ndarray], terms: int, units: int,
+           precision: str = "float32", bias: bool = True, row: int | None = None) -> Node:
+    """The summation tree of a Dense layer's outputs, from ``dense(weights, bias)`` (an
+    (n, units) kernel and a (units,) bias -> the layer's output for a batch of rows of
+    ones, shape (batch, units)), called at the layer's own width: each call holds
+    ``units`` probes. The terms are the n products and, with ``bias``, the bias (term n).
+
+    One term at a time is the pivot (FPRev's recursive search): its meeting sizes with
+    the other terms of its group split them into the subtrees met on its way to the root,
+    each searched the same way, so a sequential sum needs n - 1 probes and a balanced one
+    about n log n. Every row of the batch must give the same sums (else the kernel sums
+    rows in different orders, and the error says so), unless ``row`` picks the row whose
+    order is revealed (see reveal_rows)."""
+    if precision not in SWAMPS:
+        raise OrderError(f"the order is revealed in float32 and float64, not {precision}")
+    dtype = np.float32 if precision == "float32" else np.float64
+    count = terms + (1 if bias else 0)
+    big = SWAMPS[precision]
+
+    def query(pairs):
+        found = {}
+        for start in range(0, len(pairs), units):
+            chunk = pairs[start:start + units]
+            weights = np.ones((terms, units), dtype=dtype)
+            shift = np.ones(units, dtype=dtype) if bias else np.zeros(units, dtype=dtype)
+            for column, pair in enumerate(chunk):
+                for term, sign in zip(pair, (1, -1), strict=True):
+                    if term == terms:
+                        shift[column] = sign * big
+                    else:
+                        weights[term, column] = sign * big
+            outputs = np.asarray(dense(weights, shift), dtype=np.float64)
+            outputs = outputs.reshape(-1, units)
+            if row is None and not np.all(outputs == outputs[0]):
+                raise RowsDiffer("the rows of a batch sum in different orders")
+            values = outputs[row or 0, :len(chunk)]
+            if not np.all(np.isfinite(values)) or np.any(values != np.round(values)) or \
+                    np.any(values < 0) or np.any(values > count - 2):
+                raise OrderError("the kernel's sums are not counts of the terms left after a "
+                                 "cancellation: it does not swamp (a wider accumulator, or "
+                                 "the terms are not summed as given)")
+            for pair, value in zip(chunk, values, strict=True):
+                found[pair] = count - int(value)
+        return found
+
+    def solve(group: list[int], ceiling: int) -> list:
+        """The subtrees the terms of ``group`` form below a node of ``ceiling`` terms."""
+        if len(group) == 1:
+            return [group[0]]
+        pivot, others = group[0], group[1:]
+        sizes = query([(pivot, other) for other in others])
+        current: Node | int = pivot
+        for size in sorted({sizes[(pivot, other)] for other in others} - {ceiling}):
+            if size > ceiling:
+                raise OrderError(f"terms {pivot} and others meet above their node")
+            members = [other for other in others if sizes[(pivot, other)] == size]
+            children = [current, *solve(members, size)]
+            node_terms = tuple(sorted(t for child in children for t in _terms(child)))
+            if len(node_terms) != size:
+                raise OrderError(f"the meeting sizes are not a summation tree: a node of "
+                                 f"{len(node_terms)} terms said to hold {size}")
+            current = Node(size=size, children=children, terms=node_terms)
+        rest = [other for other in others if sizes[(pivot, other)] == ceiling]
+        return [current, *(solve(rest, ceiling) if rest else [])]
+
+    forest = solve(list(range(count)), count)
+    if len(forest) != 1:
+        # every term meets at the root: one node adds them all
+        return Node(size=count, children=forest,
+                    terms=tuple(sorted(t for tree in forest for t in _terms(tree))))
+    top = forest[0]
+    if not isinstance(top, Node) or top.size != count:
+        raise OrderError("the revealed terms do not all meet")
+    return top
+
+
+def summary(tree: Node, bias: bool = True) -> str:
+    """One phrase for ``explain`` and the tables: the shape of the products' sum and where
+    the bias enters (``first`` with the first product, ``last`` after all of them)."""
+    count = tree.size
+    products = tree
+    where = ""
+    if bias:
+        bias_term = count - 1
+        if bias_term in tree.children and len(tree.children) == 2:
+            other = next(child for child in tree.children if child != bias_term)
+            products = other if isinstance(other, Node) else Node(1, [other], (other,))
+            where = ", bias last"
+        else:
+            where = ", bias inside"
+    found = describe(products) if isinstance(products, Node) and products.size > 1 \
+        else {"shape": "single"}
+    name = {"lanes": f"{found.get('lanes')} interleaved lanes",
+            "blocks": f"blocks of {found.get('block')}"}.get(found["shape"], found["shape"])
+    if found["shape"] == "other":
+        name = f"other (height {found['height']})"
+    return name + where
+
+
+# -- replaying a layer in the revealed order -----------------------------------------------
+def replay(tree: Node, inputs: np.ndarray, kernel: np.ndarray, bias_values: np.ndarray | None,
+           fma: bool) -> np.ndarray:
+    """A float32 Dense layer recomputed by numpy in ``tree``'s order: ``inputs`` (rows, n),
+    ``kernel`` (n, units), the bias as term n when given. Without ``fma`` every product is
+    rounded to float32 and every addition is float32's; with ``fma`` a product added to a
+    partial sum is not rounded first (one rounding for the multiply-add), as an FMA unit
+    computes it. A node adding more than two operands adds them in index order."""
+    x = inputs.astype(np.float32)
+    w = kernel.astype(np.float32)
+    n = w.shape[0]
+    exact = x.astype(np.float64)[:, :, None] * w.astype(np.float64)[None]  # exact products
+    rounded = exact.astype(np.float32)
+
+    def leaf(term):
+        if term == n:
+            return np.broadcast_to(bias_values.astype(np.float32), rounded.shape[::2]).copy()
+        return rounded[:, term, :]
+
+    def add_product(partial, term):
+        """partial + product(term), one rounding with an FMA."""
+        if not fma or term == n:
+            return (partial + leaf(term)).astype(np.float32)
+        return _round_sum(partial.astype(np.float64), exact[:, term, :])
+
+    def value(node, values):
+        """A node's value from its children's (computed before it: post-order)."""
+        def of(child):
+            return values.pop(id(child)) if isinstance(child, Node) else leaf(child)
+
+        children = sorted(node.children, key=lambda c: min(_terms(c)))
+        leaves = [c for c in children if not isinstance(c, Node)]
+        inner = [c for c in children if isinstance(c, Node)]
+        if fma and len(children) == 2 and len(inner) == 1:
+            return add_product(of(inner[0]), leaves[0])
+        if fma and len(children) == 2 and not inner:
+            first, second = sorted(leaves)
+            return add_product(leaf(first), second)
+        total = of(children[0])
+        for child in children[1:]:
+            total = (total + of(child)).astype(np.float32)
+        return total
+
+    values: dict[int, np.ndarray] = {}
+    for node in _post_order(tree):
+        values[id(node)] = value(node, values)
+    return values[id(tree)]
+
+
+def _round_sum(partial: np.ndarray, product: np.ndarray) -> np.ndarray:
+    """float32(partial + product) rounded once. The float64 sum and its exact error
+    (TwoSum) give the exact value; rounding the float64 sum to float32 is right unless it
+    lands exactly halfway between two float32 numbers while the error is not 0: then the
+    exact value lies on the error's side of that tie."""
+    total = partial + product
+    virtual = total - partial
+    error = (partial - (total - virtual)) + (product - virtual)
+    nearest = total.astype(np.float32)
+    other = np.nextafter(nearest, np.where(total > nearest, np.inf, -np.inf).astype(np.float32))
+    middle = (nearest.astype(np.float64) + other.astype(np.float64)) / 2
+    tie = (error != 0) & (total == middle) & (total != nearest.astype(np.float64))
+    side = np.where(error > 0, np.maximum(nearest, other), np.minimum(nearest, other))
+    return np.where(tie, side, nearest).astype(np.float32)
+
+
+def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
+                  precision: str) -> dict:
+    """Per Dense layer with a revealed order: the order's summary, and whether numpy
+    replaying the layer in that order, from the recorded input activation and the weights
+    the device used, gives the recorded output bit for bit (with or without FMA).
+    ``outputs``: {layer: array (samples, ...)} of the record (repeat 0); ``weights``:
+    {"weights/LAYER/0": kernel, ".../1": bias} as the device had them."""
+    results = {}
+    for layer, found in orders.items():
+        if "trees" not in found:
+            results[layer] = {"order": "not revealed", "replay": found.get("error", "")}
+            continue
+        trees = [from_flat(tree, found["terms"]) for tree in found["trees"]]
+        names = [summary(tree, found.get("bias", False)) for tree in trees]
+        order = names[0] if len(trees) == 1 else "by batch row: " + "; ".join(
+            f"row {row}: {name}" for row, name in enumerate(names))
+        entry = {"order": order, "terms": found["terms"], "trees": found["trees"]}
+        spec = checked.get(layer)
+        kernel = weights.get(f"weights/{layer}/0")
+        inbound = outputs.get(spec["inbound"]) if spec and spec["inbound"] else None
+        reason = (f"not replayed: {precision}" if precision != "float32" else
+                  "not replayed: its input is not recorded" if spec is None or kernel is None
+                  or inbound is None or layer not in outputs else
+                  f"not replayed: activation {spec['activation']} folded in"
+                  if spec["activation"] not in ("linear", "relu") else "")
+        if reason:
+            entry["replay"] = reason
+            results[layer] = entry
+            continue
+        bias = weights.get(f"weights/{layer}/1") if found.get("bias") else None
+        # sample k ran in batch row k mod batch (bitdrift.inference.batch_indices)
+        rows = np.arange(inbound.shape[0]) % len(trees)
+        x = inbound.reshape(inbound.shape[0], -1)
+        recorded = outputs[layer].reshape(inbound.shape[0], -1)
+        verdicts = {}
+        for fma in (False, True):
+            values = np.empty_like(recorded)
+            for row, tree in enumerate(trees):
+                values[rows == row] = replay(tree, x[rows == row], kernel, bias, fma)
+            if spec["activation"] == "relu":
+                values = np.maximum(values, np.float32(0))
+            verdicts[fma] = int(np.sum(values.view(np.uint32) == recorded.view(np.uint32)))
+        total = recorded.size
+        if verdicts[True] == total or verdicts[False] == total:
+            entry["replay"] = "bit-identical " + ("with FMA" if verdicts[True] == total
+                                                  else "without FMA")
+        else:
+            best = max(verdicts, key=verdicts.get)
+            entry["replay"] = (f"differs: {verdicts[best]} of {total} values bit-identical "
+                               f"at best ({'with' if best else 'without'} FMA)")
+        results[layer] = entry
+    return results
+
+
+# -- the table over records ------------------------------------------------------------------
+TABLE_COLUMNS = ["model", "device", "backend", "layer", "terms", "order", "replay"]
+
+
+def orders_table(records) -> list[dict]:
+    """``accumulation_orders.csv``: per device and Dense layer, the revealed order and its
+    replay (records without orders are left out)."""
+    rows = []
+    for record in records:
+        for layer, entry in (record.accumulation_orders or {}).items():
+            rows.append({"model": record.model, "device": record.device,
+                         "backend": record.attr("backend"), "layer": layer,
+                         "terms": entry.get("terms", ""), "order": entry.get("order", ""),
+                         "replay": entry.get("replay", "")})
+    return rows

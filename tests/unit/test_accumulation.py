@@ -1,0 +1,206 @@
+"""Revealing a kernel's summation order (FPRev's method): on sums whose order is built by
+hand, the revealed tree is the one built; a wider accumulator is refused."""
+
+import numpy as np
+import pytest
+
+from bitdrift.accumulation import OrderError, build_tree, describe, meeting_sizes
+
+F32 = np.float32
+
+
+def sequential(rows):
+    total = rows[0].copy()
+    for row in rows[1:]:
+        total = (total + row).astype(F32)
+    return total
+
+
+def pairwise(rows):
+    if len(rows) == 1:
+        return rows[0]
+    half = len(rows) // 2
+    return (pairwise(rows[:half]) + pairwise(rows[half:])).astype(F32)
+
+
+def lanes(count):
+    """``count`` interleaved partial sums (term k in lane k mod count), then pairwise."""
+    def summed(rows):
+        return pairwise([sequential(rows[lane::count]) for lane in range(count)])
+    return summed
+
+
+def blocks(size):
+    """Contiguous blocks summed in order, then the blocks' sums in order."""
+    def summed(rows):
+        return sequential([sequential(rows[first:first + size])
+                           for first in range(0, len(rows), size)])
+    return summed
+
+
+def as_dense(order):
+    """A Dense call of a row of ones: each output column sums its weights in ``order``."""
+    return lambda weights: order(list(weights.astype(F32)))
+
+
+def reveal(order, n):
+    return build_tree(meeting_sizes(as_dense(order), n))
+
+
+def test_sequential_and_pairwise_trees_are_the_ones_built():
+    assert reveal(sequential, 4).as_list() == [[[0, 1], 2], 3]
+    assert describe(reveal(sequential, 32)) == {"terms": 32, "height": 31, "widest": 2,
+                                                "shape": "sequential"}
+    assert reveal(pairwise, 4).as_list() == [[0, 1], [2, 3]]
+    assert describe(reveal(pairwise, 64))["shape"] == "pairwise"
+    assert describe(reveal(pairwise, 64))["height"] == 6
+
+
+@pytest.mark.parametrize("count", [2, 4, 8])
+def test_interleaved_lanes_are_found(count):
+    found = describe(reveal(lanes(count), 64))
+    assert found["shape"] == "lanes" and found["lanes"] == count
+
+
+def test_blocks_are_found():
+    found = describe(reveal(blocks(16), 64))
+    assert found["shape"] == "blocks" and found["block"] == 16 and found["blocks"] == 4
+
+
+def test_a_deep_tree_is_kept_flat_and_replayed_without_recursion():
+    """A sequential sum of 3000 terms (3000 deep): kept as flat lists, read back the same,
+    and replayed (equal to numpy's own sequential float32 sum)."""
+    from bitdrift.accumulation import from_flat, replay, reveal, to_flat
+
+    n = 3000
+    tree = reveal(dense_in_order(sequential), terms=n, units=64, bias=False)
+    flat = to_flat(tree)
+    assert to_flat(from_flat(flat, n)) == flat and len(flat) == n - 1
+    x = np.random.default_rng(1).standard_normal((2, n)).astype(F32)
+    w = np.random.default_rng(2).standard_normal((n, 3)).astype(F32)
+    products = [(x[:, k:k + 1] * w[k]).astype(F32) for k in range(n)]
+    assert np.array_equal(replay(from_flat(flat, n), x, w, None, fma=False),
+                          sequential(products))
+
+
+def test_a_wider_accumulator_does_not_swamp_and_is_refused():
+    def in_float64(weights):
+        return weights.astype(np.float64).sum(axis=0)
+
+    with pytest.raises(OrderError, match="does not swamp"):
+        meeting_sizes(in_float64, 16)
+
+
+def dense_in_order(order, bias_order="last"):
+    """A Dense call (weights, bias) -> (2 rows, units) summing each column in ``order``,
+    the bias added last."""
+    def dense(weights, shift):
+        sums = order(list(weights.astype(F32)))
+        return np.stack([(sums + shift).astype(F32)] * 2)
+    return dense
+
+
+@pytest.mark.parametrize("order,expected", [(sequential, "sequential, bias last"),
+                                            (pairwise, "pairwise, bias last"),
+                                            (lanes(4), "4 interleaved lanes, bias last"),
+                                            (blocks(8), "blocks of 8, bias last")])
+def test_the_recursive_search_finds_the_tree_the_all_pairs_search_finds(order, expected):
+    from bitdrift.accumulation import reveal, summary
+
+    tree = reveal(dense_in_order(order), terms=32, units=5)
+    assert summary(tree) == expected
+    products = next(child for child in tree.children if child != 32)
+    assert products.as_list() == reveal_all_pairs(order, 32)
+
+
+def reveal_all_pairs(order, n):
+    return reveal(order, n).as_list()
+
+
+def test_a_replay_in_the_revealed_order_is_bit_identical_and_fma_matters():
+    """A layer summed sequentially with a fused multiply-add (each product added to the
+    running sum with one rounding, computed exactly with Python's fractions) and with
+    rounded products: the replay in the revealed order reproduces each bit for bit with
+    the right setting and not with the wrong one."""
+    from fractions import Fraction
+
+    from bitdrift.accumulation import replay, reveal
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 24)).astype(F32)
+    w = rng.standard_normal((24, 4)).astype(F32)
+    b = rng.standard_normal(4).astype(F32)
+
+    def by_hand(fused):
+        out = np.zeros((3, 4), dtype=F32)
+        for row in range(3):
+            for unit in range(4):
+                total = F32(x[row, 0] * w[0, unit])
+                for k in range(1, 24):
+                    if fused:
+                        exact = Fraction(float(total)) + Fraction(float(x[row, k])) * \
+                            Fraction(float(w[k, unit]))
+                        total = nearest_float32(exact)  # one rounding
+                    else:
+                        total = F32(total + F32(x[row, k] * w[k, unit]))
+                out[row, unit] = F32(total + b[unit])
+        return out
+
+    tree = reveal(dense_in_order(sequential), terms=24, units=4)
+    for fused in (True, False):
+        truth = by_hand(fused)
+        assert np.array_equal(replay(tree, x, w, b, fma=fused), truth)
+    assert not np.array_equal(replay(tree, x, w, b, fma=True), by_hand(False))
+
+
+def nearest_float32(value):
+    """The float32 nearest to a Fraction (ties to even), by bisection on the neighbours."""
+    from fractions import Fraction
+
+    guess = F32(float(value))
+    for candidate in (np.nextafter(guess, F32(-np.inf)), np.nextafter(guess, F32(np.inf))):
+        here, there = abs(Fraction(float(guess)) - value), abs(Fraction(float(candidate)) - value)
+        if there < here or (there == here and int(candidate.view(np.uint32)) % 2 == 0):
+            guess = candidate
+    return guess
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    from tests.utils import small_model_assets
+
+    return small_model_assets(tmp_path_factory.mktemp("orders"))
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(small_model, tmp_path,
+                                                                  backend):
+    """A real inference (fresh processes): every Dense layer's order is revealed through
+    the runtime at the layer's shapes (its products and bias as terms), and numpy replaying
+    the layer in that order, from the recorded input and the device's weights, gives the
+    record's bits. The truth is the runtime's own output, not the code under test."""
+    from bitdrift.accumulation import from_flat
+    from bitdrift.inference import infer
+    from bitdrift.record import Record
+
+    dataset, model = small_model
+    device = {"accelerator": "cpu", "threads": 1, "batch_size": 2, "precision": "float32",
+              "env": {}, "repeats": 1, "external": False, "backend": backend}
+    out = tmp_path / f"{backend}.h5"
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="small", device_name=backend, device=device, model_path=model,
+              dataset_path=dataset, samples=[0, 3, 6], out=out, log=log, kernels=True)
+    with Record(out) as record:
+        orders = record.accumulation_orders
+        reproduced = 0
+        dense = [info.name for info in record.layers(0) if info.class_name == "Dense"]
+        assert sorted(orders) == sorted(dense) and dense
+        for layer, entry in orders.items():
+            for flat in entry.get("trees", []):  # one, or one per batch row
+                tree = from_flat(flat, entry["terms"])
+                assert tree.terms == tuple(range(entry["terms"]))
+            reproduced += entry["replay"].startswith("bit-identical")
+            # a layer not reproduced says why: no tree, or how many values differ
+            assert entry["replay"].startswith(("bit-identical", "differs: ")) or \
+                entry["order"] == "not revealed" and entry["replay"], (layer, entry)
+    assert reproduced >= 1
