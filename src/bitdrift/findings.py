@@ -168,9 +168,11 @@ def orders(table: pd.DataFrame) -> list[str]:
         lines.append(f"{model}: numpy replaying each Dense layer in its revealed order gives "
                      f"the record's bits for {int(same.sum())} of {len(replayed)} (device, "
                      "layer) pairs.")
-        kinds = rows.assign(how=rows["order"].astype(str) + "; replay "
-                            + rows["replay"].astype(str).str.replace(
-                                r"^differs:.*", "differs", regex=True))
+        replay = rows["replay"].astype(str).str.replace(r"^differs:.*", "differs",
+                                                         regex=True)
+        hidden = rows["order"].astype(str) == "not revealed"
+        kinds = rows.assign(how=(rows["order"].astype(str) + "; replay " + replay)
+                            .where(~hidden, "order not revealed (" + replay + ")"))
         for how, group in kinds.groupby("how", sort=False):
             devices = sorted(set(group["device"]))
             lines.append(f"{model}: {how}: {', '.join(devices)}.")

@@ -108,7 +108,7 @@ WORKER = "bitdrift.inference:run_repeat"
 
 
 def reveal_orders(session, device: dict) -> dict:
-    """{layer: {"tree"} or {"error"}}: the order each Dense layer sums in, revealed through
+    """{layer: {"trees", ...} or {"error"}}: the order each Dense layer sums in, revealed through
     this runtime at the layer's shapes and the device's batch size (bitdrift.accumulation);
     float32 and float64 devices only."""
     from bitdrift.accumulation import OrderError, reveal_rows, to_flat
@@ -117,10 +117,11 @@ def reveal_orders(session, device: dict) -> dict:
     computes = session.accelerator.get("inference_precision") or device["precision"]
     for layer, (terms, units, use_bias) in session.dense_layers.items():
         if device["precision"] not in ("float32", "float64"):
-            orders[layer] = {"error": f"not revealed in {device['precision']}"}
+            orders[layer] = {"error": f"{device['precision']}: float32 and float64 only"}
             continue
-        if computes != device["precision"]:  # OpenVINO's bfloat16 default: no swamping
-            orders[layer] = {"error": f"not revealed: the runtime computes in {computes}"}
+        if computes in ("bfloat16", "float16") and computes != device["precision"]:
+            # OpenVINO's bfloat16 default: ones are not exact there, nothing swamps alike
+            orders[layer] = {"error": f"the runtime computes in {computes}"}
             continue
         try:
             trees = reveal_rows(session.dense_call(terms, units, use_bias,
