@@ -383,7 +383,7 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
     the title."""
     models = list(dict.fromkeys(signatures["model"]))
     figure, axes = plt.subplots(len(models) or 1, 1, squeeze=False,
-                                figsize=(11, 1.6 + 0.28 * max(
+                                figsize=(13, 1.6 + 0.28 * max(
                                     [signatures[signatures["model"] == m]["device"].nunique()
                                      for m in models] or [4])))
     if not models:
@@ -396,10 +396,13 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
     signatures = signatures.assign(signature=[
         untraced if name.startswith(UNTRACED) else name for name in signatures["signature"]])
     names = sorted(set(signatures["signature"]))
-    palette = plt.get_cmap("tab20")
+    # 60 distinct colours: no two kernels share one (six runtimes name about 40)
+    palette = [*plt.get_cmap("tab20").colors, *plt.get_cmap("tab20b").colors,
+               *plt.get_cmap("tab20c").colors]
     colours = {name: ((0.93, 0.93, 0.93, 1.0) if name == "none" else
                       (0.6, 0.6, 0.6, 1.0) if name == untraced else
-                      palette(index % 20)) for index, name in enumerate(names)}
+                      (*palette[index % len(palette)], 1.0))
+               for index, name in enumerate(names)}
     used = set()
     for ax, model in zip(axes[:, 0], models, strict=False):
         # One row per layer and device (kernels.csv has one per kernel call).
@@ -464,10 +467,11 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
                         fontsize=7)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[name]) for name in names
                if name in used]
-    figure.legend(handles, [textwrap.shorten(name, 40) for name in names if name in used],
+    figure.legend(handles, [name if len(name) <= 44 else name[:43] + "…"
+                            for name in names if name in used],
                   loc="center right", ncol=1, fontsize=6, frameon=False, title="kernels",
                   title_fontsize=7)
-    figure.tight_layout(rect=(0, 0.5 / figure.get_figheight(), 0.8, 1))
+    figure.tight_layout(rect=(0, 0.5 / figure.get_figheight(), 0.73, 1))
     save_figure(figure, out, bbox_inches="tight")  # long device labels, the caption
 
 
