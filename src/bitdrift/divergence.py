@@ -22,7 +22,8 @@ from bitdrift.record import Record, group_by_model
 DIVERGENCE_COLUMNS = ["model", "sample", "class_a", "class_b", "device_a", "device_b",
                       "first_layer", "first_position", "layer_class",
                       "remaining_precision_at_first", "previous_layer", "note", "precision",
-                      "rejoins_at", "kernels_a", "kernels_b", "kernels_differ"]
+                      "rejoins_at", "kernels_a", "kernels_b", "kernels_differ", "orders_a",
+                      "orders_b"]
 
 
 def _pair_precision(record_a: Record, record_b: Record, sample: int, label: str) -> float:
@@ -62,7 +63,16 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
                 for i, j in _pairs(final.classes, members):
                     rows.append(_pair_row(model, sample, precision, group, results, final,
                                           layered, i, j))
-    table = divergence_kernels(records, pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS[:-3]))
+    table = divergence_kernels(records, pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS[:-5]))
+    # ... and the order each one summed in there, where that layer is a Dense layer with a
+    # revealed order (bitdrift.accumulation): the why below the kernels' names
+    orders = {(record.model, record.device): record.accumulation_orders or {}
+              for record in records}
+    for side in ("a", "b"):
+        table[f"orders_{side}"] = [
+            (orders.get((model, device), {}).get(layer) or {}).get("order", "")
+            if layer else "" for model, device, layer in
+            zip(table["model"], table[f"device_{side}"], table["first_layer"], strict=True)]
     table["first_position"] = pd.array(
         [None if p == "" else int(p) for p in table["first_position"]], dtype="Int64")
     return table

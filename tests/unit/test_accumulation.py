@@ -204,3 +204,46 @@ def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(small_model, 
             assert entry["replay"].startswith(("bit-identical", "differs: ")) or \
                 entry["order"] == "not revealed" and entry["replay"], (layer, entry)
     assert reproduced >= 1
+
+
+def openblas_cores() -> list[str]:
+    """The OpenBLAS kernels this CPU can run, from its flags (numpy's own BLAS)."""
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = set(next(line for line in cpuinfo if line.startswith("flags")).split())
+    cores = ["Nehalem"]  # SSE4.2: every CPU numpy 2 runs on
+    if {"avx2", "fma"} <= flags:
+        cores.append("Haswell")
+    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
+        cores.append("SkylakeX")
+    return cores
+
+
+@pytest.mark.parametrize("core", openblas_cores())
+def test_numpy_matmul_on_a_forced_openblas_kernel_replays_bit_for_bit(core):
+    """numpy's matmul with OpenBLAS forced to one kernel (OPENBLAS_CORETYPE, in a fresh
+    process): its order revealed at a row of 96 terms and 16 columns, then a random row
+    through the same matmul; the replay in the revealed order equals numpy's own bits."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import json, numpy as np
+from bitdrift.accumulation import replay, reveal, to_flat
+terms, units = 96, 16
+ones = np.ones((1, terms), np.float32)
+tree = reveal(lambda w, b: ones @ w, terms, units, bias=False)
+rng = np.random.default_rng(3)
+x = rng.standard_normal((1, terms)).astype(np.float32)
+w = rng.standard_normal((terms, units)).astype(np.float32)
+truth = x @ w
+found = {fma: bool(np.array_equal(replay(tree, x, w, None, fma), truth)) for fma in (0, 1)}
+print(json.dumps({"found": found, "nodes": len(to_flat(tree))}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "OPENBLAS_CORETYPE": core}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["nodes"] == 95  # a binary tree over 96 terms
+    assert any(result["found"].values()), (core, result)
