@@ -163,7 +163,8 @@ def orders(table: pd.DataFrame) -> list[str]:
     record's bits."""
     lines = []
     for model, rows in table.groupby("model", sort=False):
-        replayed = rows[~rows["replay"].astype(str).str.startswith("not ")]
+        replayed = rows[(rows["order"].astype(str) != "not revealed")
+                        & ~rows["replay"].astype(str).str.startswith("not replayed")]
         same = replayed["replay"].astype(str).str.startswith("bit-identical")
         lines.append(f"{model}: numpy replaying each Dense layer in its revealed order gives "
                      f"the record's bits for {int(same.sum())} of {len(replayed)} (device, "

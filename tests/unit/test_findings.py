@@ -82,3 +82,24 @@ def test_no_failure_and_the_report_text_is_valid_rest(tmp_path):
     html = publish_parts(restructured_text(sections), writer="html",
                          settings_overrides={"halt_level": Reporter.WARNING_LEVEL})["body"]
     assert "Findings on this machine" in html or "Machine" in html
+
+
+def test_the_replay_count_leaves_out_what_was_not_revealed_or_replayed():
+    """Five Dense layers by hand: two reproduced, one that differs, one whose order was not
+    revealed, one not replayed (float64): "2 of 3", and the one that differs is named."""
+    import pandas as pd
+
+    from bitdrift.findings import orders
+
+    table = pd.DataFrame({
+        "model": ["m"] * 5, "device": ["a", "b", "c", "d", "e"], "layer": ["dense"] * 5,
+        "order": ["sequential, bias last"] * 3 + ["not revealed", "sequential, bias last"],
+        "replay": ["bit-identical with FMA", "bit-identical without FMA",
+                   "differs: 3 of 10 values bit-identical at best (with FMA)",
+                   "the runtime computes in bfloat16", "not replayed: float64"]})
+    lines = orders(table)
+    assert lines[0].endswith("for 2 of 3 (device, layer) pairs.")
+    assert any(line.startswith("m, c, dense: not reproduced (differs: 3 of 10") for line in lines)
+    assert not any(", d, dense: not reproduced" in line for line in lines)
+    assert any(line == "m: order not revealed (the runtime computes in bfloat16): d."
+               for line in lines)
