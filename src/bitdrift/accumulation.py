@@ -27,7 +27,6 @@ from bitdrift.errors import BitdriftError
 
 # 2**40: a float32 sum of up to 2**15 ones added to it stays exactly ±2**40 (its ulp is
 # 2**17), and 2**40 - 2**40 is exactly 0; in float64, 2**72 (ulp 2**20)
-SWAMP = np.float32(2.0**40)
 SWAMPS = {"float32": 2.0**40, "float64": 2.0**72}
 
 
@@ -100,37 +99,51 @@ def from_flat(nodes: list[list[int]], terms: int) -> Node:
     return built[-1]
 
 
-def probe_columns(n: int, pairs: list[tuple[int, int]]) -> np.ndarray:
-    """The weights of one Dense call: an (n, len(pairs)) float32 matrix whose column c
-    holds +M at row i, -M at row j and 1 elsewhere, for pair c = (i, j). With an input row
-    of ones, column c's output is the sum this module needs."""
-    weights = np.ones((n, len(pairs)), dtype=np.float32)
-    for column, (i, j) in enumerate(pairs):
-        weights[i, column] = SWAMP
-        weights[j, column] = -SWAMP
-    return weights
+def probe_sums(dense, pairs: list[tuple[int, int]], terms: int, bias: bool, width: int,
+               precision: str = "float32", row: int | None = None) -> dict:
+    """{pair: meeting size} from ``dense(kernel, bias)`` called with ``width`` probes per
+    call: pair (i, j) puts +M on term i and -M on term j (term ``terms`` is the bias) and
+    1 on every other term, so the output counts the terms added after i and j met. Every
+    row of the batch must give the same sums (RowsDiffer), unless ``row`` picks one; sums
+    that are not such counts (no swamping) are an OrderError."""
+    dtype = np.float32 if precision == "float32" else np.float64
+    big, count = SWAMPS[precision], terms + (1 if bias else 0)
+    found = {}
+    for start in range(0, len(pairs), width):
+        chunk = pairs[start:start + width]
+        weights = np.ones((terms, width), dtype=dtype)
+        shift = np.ones(width, dtype=dtype) if bias else np.zeros(width, dtype=dtype)
+        for column, pair in enumerate(chunk):
+            for term, sign in zip(pair, (1, -1), strict=True):
+                if term == terms:
+                    shift[column] = sign * big
+                else:
+                    weights[term, column] = sign * big
+        outputs = np.asarray(dense(weights, shift), dtype=np.float64).reshape(-1, width)
+        if row is None and not np.all(outputs == outputs[0]):
+            raise RowsDiffer("the rows of a batch sum in different orders")
+        values = outputs[row or 0, :len(chunk)]
+        if not np.all(np.isfinite(values)) or np.any(values != np.round(values)) or \
+                np.any(values < 0) or np.any(values > count - 2):
+            raise OrderError("the kernel's sums are not counts of the terms left after a "
+                             "cancellation: it does not swamp (a wider accumulator, or the "
+                             "terms are not summed as given)")
+        for pair, value in zip(chunk, values, strict=True):
+            found[pair] = count - int(value)
+    return found
 
 
 def meeting_sizes(dense: Callable[[np.ndarray], np.ndarray], n: int,
                   columns_per_call: int = 4096) -> np.ndarray:
     """The n x n matrix of the number of terms under the node where terms i and j meet,
-    from ``dense(weights)`` (a float32 (n, k) matrix -> the k outputs of a row of ones
-    through a Dense layer with these weights and no bias)."""
-    pairs = list(combinations(range(n), 2))
+    every pair probed (the all-pairs search; ``reveal`` is the recursive one), from
+    ``dense(weights)`` (a float32 (n, k) matrix -> the k outputs of a row of ones through
+    a Dense layer with these weights and no bias)."""
+    found = probe_sums(lambda weights, _: dense(weights), list(combinations(range(n), 2)),
+                       n, bias=False, width=columns_per_call)
     sizes = np.zeros((n, n), dtype=np.int64)
-    for start in range(0, len(pairs), columns_per_call):
-        chunk = pairs[start:start + columns_per_call]
-        outputs = np.asarray(dense(probe_columns(n, chunk)), dtype=np.float64).reshape(-1)
-        if outputs.shape[0] != len(chunk):
-            raise OrderError(f"the kernel gave {outputs.shape[0]} outputs for {len(chunk)} "
-                             "probe columns")
-        if not np.all(np.isfinite(outputs)) or np.any(outputs != np.round(outputs)) or \
-                np.any(outputs < 0) or np.any(outputs > n - 2):
-            raise OrderError("the kernel's sums are not counts of the terms left after a "
-                             "cancellation: it does not swamp in float32 (a wider "
-                             "accumulator, or the terms are not summed as given)")
-        for (i, j), value in zip(chunk, outputs, strict=True):
-            sizes[i, j] = sizes[j, i] = n - int(value)
+    for (i, j), size in found.items():
+        sizes[i, j] = sizes[j, i] = size
     if n > 3 and np.all(sizes[np.triu_indices(n, 1)] == 2):
         # every pair "met first": nothing was swamped, the ones all survived
         raise OrderError("the kernel's sums keep every term: it does not swamp in float32 "
@@ -277,35 +290,10 @@ def reveal(dense: Callable[[np.ndarray, np.ndarray], np.ndarray], terms: int, un
     order is revealed (see reveal_rows)."""
     if precision not in SWAMPS:
         raise OrderError(f"the order is revealed in float32 and float64, not {precision}")
-    dtype = np.float32 if precision == "float32" else np.float64
     count = terms + (1 if bias else 0)
-    big = SWAMPS[precision]
 
     def query(pairs):
-        found = {}
-        for start in range(0, len(pairs), units):
-            chunk = pairs[start:start + units]
-            weights = np.ones((terms, units), dtype=dtype)
-            shift = np.ones(units, dtype=dtype) if bias else np.zeros(units, dtype=dtype)
-            for column, pair in enumerate(chunk):
-                for term, sign in zip(pair, (1, -1), strict=True):
-                    if term == terms:
-                        shift[column] = sign * big
-                    else:
-                        weights[term, column] = sign * big
-            outputs = np.asarray(dense(weights, shift), dtype=np.float64)
-            outputs = outputs.reshape(-1, units)
-            if row is None and not np.all(outputs == outputs[0]):
-                raise RowsDiffer("the rows of a batch sum in different orders")
-            values = outputs[row or 0, :len(chunk)]
-            if not np.all(np.isfinite(values)) or np.any(values != np.round(values)) or \
-                    np.any(values < 0) or np.any(values > count - 2):
-                raise OrderError("the kernel's sums are not counts of the terms left after a "
-                                 "cancellation: it does not swamp (a wider accumulator, or "
-                                 "the terms are not summed as given)")
-            for pair, value in zip(chunk, values, strict=True):
-                found[pair] = count - int(value)
-        return found
+        return probe_sums(dense, pairs, terms, bias, units, precision, row)
 
     def solve(group: list[int], ceiling: int) -> list:
         """The subtrees the terms of ``group`` form below a node of ``ceiling`` terms."""

@@ -249,10 +249,9 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     if orders and layers:
         from bitdrift.accumulation import replay_layers
 
-        first = {name: np.stack([content_layers[name][0]
-                                 for content_layers in (dict(content["layers"])
-                                                        for content in samples_content.values())])
-                 for name in layer_names}
+        per_sample = [dict(content["layers"]) for content in samples_content.values()]
+        first = {name: np.stack([outputs[name][0] for outputs in per_sample])
+                 for name in layer_names}  # repeat 0 of every sample
         orders = replay_layers(orders, meta.get("checked", {}), weights, first,
                                device["precision"])
     finding = describe_reduced(effective or {}, device, device_name, model_name)
@@ -319,6 +318,7 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
                              f"repeat failed (exit {status}); see log")
     with np.load(job["out"]) as data:
         described = json.loads(str(data["meta"])).get("runtime_kernels")
+        outputs = {key: data[key] for key in data.files if key.isdigit()}
     trace = parse_trace(trace_path.read_text(errors="replace"))
     if described is not None:  # the exported runtimes describe their compiled graph
         trace.layers = {layer: [KernelCall(**call) for call in calls]
@@ -335,8 +335,6 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
         raise InferenceError(f"device {device_name!r}: its traced repeat logged no cuDNN or "
                              f"cuBLASLt call ({', '.join(sorted(environment))} set): the GPU "
                              "libraries are not logging, or the work did not run on the GPU")
-    with np.load(job["out"]) as data:
-        outputs = {key: data[key] for key in data.files if key.isdigit()}
     match = all(np.array_equal(values, _majority([arrays[key] for _, arrays in repeats]))
                 for key, values in outputs.items())
     if not match:
