@@ -17,6 +17,7 @@ from bitdrift.backends.exported import (  # noqa: F401
     environment,
     preimport,
     strategy_scope,
+    trace_environment,
 )
 from bitdrift.errors import AcceleratorMissing
 
@@ -107,7 +108,3 @@ def versions() -> dict:
 
 def open_session(job: dict, name: str):
     return exported.open_session(sys.modules[__name__], job, name)
-
-
-def trace_environment(device: dict) -> dict:
-    return exported.trace_environment(device)

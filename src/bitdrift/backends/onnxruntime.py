@@ -14,6 +14,7 @@ from bitdrift.backends.exported import (  # noqa: F401
     environment,
     preimport,
     strategy_scope,
+    trace_environment,
 )
 from bitdrift.errors import AcceleratorMissing
 
@@ -111,7 +112,3 @@ def versions() -> dict:
 
 def open_session(job: dict, name: str):
     return exported.open_session(sys.modules[__name__], job, name)
-
-
-def trace_environment(device: dict) -> dict:
-    return exported.trace_environment(device)
