@@ -50,9 +50,10 @@ def cmd_kernels(args) -> None:
 
         orders = orders_table(records)
         write_csv(orders, args.orders_out, columns=ORDER_COLUMNS)
+        revealed = sum(row["order"] != "not revealed" for row in orders)
         same = sum(row["replay"].startswith("bit-identical") for row in orders)
-        print(f"bitdrift: {len(orders)} Dense layers with a revealed order; the replay in "
-              f"that order is bit-identical for {same}; wrote {args.orders_out}")
+        print(f"bitdrift: {len(orders)} Dense layers, {revealed} with a revealed order; the "
+              f"replay in that order is bit-identical for {same}; wrote {args.orders_out}")
     print(f"bitdrift: {len(rows)} kernel rows; wrote {args.out}")
 
 
