@@ -66,12 +66,18 @@ def test_every_readme_command_runs_as_written(folder):
     for command in readme_commands():
         line = command.replace("FILE...", "records/tf_1thread.h5 records/tf_2threads.h5")
         line = line.replace("SOMEONES_RECORD.h5", "records/tf_2threads.h5")
+        line = line.replace("RECORD_A.h5 RECORD_B.h5",
+                            "records/tf_1thread.h5 records/tf_2threads.h5")
         done = subprocess.run(["bash", "-c", line.replace("bitdrift ", f"{sys.executable} "
                                                           "-m bitdrift ", 1)],
                               cwd=folder, capture_output=True, text=True, timeout=600)
         allowed = {0}
         if command.startswith("bitdrift identify"):
             allowed = {0, 1}  # matched or not: both are answers
+        if command.startswith("bitdrift repro"):
+            # two thread counts may give the same bits on this CPU: nothing to reproduce
+            # (exit 1); tests/unit/test_repro.py checks real splits
+            allowed = {0, 1}
         if "my_laptop_gpu" in command:  # a GPU device on a machine without one: exit 5,
             allowed = {5}  # refusing to fall back to the CPU, as the README says
         if done.returncode not in allowed or "Traceback" in done.stderr:

@@ -1,0 +1,457 @@
+"""A minimal reproduction of one split between two devices, for the upstream bug report
+(PyTorch #155423 and #155552 were reduced by hand): the first layer where two records
+differ, its input and weights as ``.npy`` files, and one short script per device that runs
+that single layer on the device's runtime with the device's settings and prints the
+SHA-256 of its output. The scripts need numpy and the runtime only, not bitdrift.
+
+The device ran the layer on whole batches (the recorded samples, then filler test images:
+bitdrift.inference.batch_indices). The filler's activations are not recorded, so their
+rows are zeros here: each row of a Dense or convolution layer is computed on its own, and
+the batches keep the device's size, which is what a kernel's choice and order depend on.
+The samples are in the record's (sorted) order; the check says whether that matters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pprint
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bitdrift.errors import BitdriftError, ConfigError, RecordError
+from bitdrift.record import Record
+
+EXPECTED = "expected.json"
+KERAS_RUNTIMES = ("tensorflow", "torch", "jax")
+ONNX_RUNTIMES = ("onnxruntime", "openvino")
+# The layers an ONNX runtime's script rebuilds as tf2onnx exports them (bitdrift.export)
+ONNX_LAYERS = ("Dense", "Conv2D")
+ONNX_ACTIVATIONS = {"linear": None, "relu": "Relu", "softmax": "Softmax"}
+
+
+class NotReproducible(BitdriftError):
+    exit_code = 1
+
+
+@dataclass
+class Split:
+    """Where two records first differ."""
+
+    layer: str
+    class_name: str
+    inbound: str | None  # the recorded layer feeding it; None: the model input
+    config: dict
+    weights: list[np.ndarray]
+
+
+def layer_bits(record: Record, layer: str) -> np.ndarray:
+    """The layer's output for every recorded sample (repeat 0), as stored: what a
+    script's output must equal bit for bit."""
+    return np.stack([record.tensor(sample, layer).values[0] for sample in record.samples])
+
+
+def digest(values: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()
+
+
+def first_split(record_a: Record, record_b: Record, model_path) -> Split:
+    """The first layer (in model order) whose output differs between the records in any
+    sample, with its Keras config and weights from the model file (read without Keras)."""
+    from bitdrift.models import keras_file_layers
+
+    for what in ("model", "precision"):
+        if record_a.attr(what) != record_b.attr(what):
+            raise ConfigError(f"{record_a.path} and {record_b.path}: other {what}s "
+                              f"({record_a.attr(what)}, {record_b.attr(what)}); a repro "
+                              "compares two devices on one model in one format")
+    if record_a.samples != record_b.samples:
+        raise RecordError(f"{record_a.path} and {record_b.path} hold other samples")
+    if record_a.attr("model_sha256") != record_b.attr("model_sha256"):
+        raise RecordError(f"{record_a.path} and {record_b.path} ran other model files")
+    sample = record_a.samples[0]
+    layers = [info for info in record_a.layers(sample) if not info.final]
+    if not layers:
+        raise RecordError(f"{record_a.path}: no layers recorded (analysis.layers off); "
+                          "a repro needs the layer where the devices part")
+    in_b = record_b.layer_labels(sample)
+    parted = next((info for info in layers if info.label in in_b and not np.array_equal(
+        layer_bits(record_a, info.name).view(np.uint8),
+        layer_bits(record_b, info.name).view(np.uint8))), None)
+    if parted is None:
+        raise NotReproducible(f"{record_a.path} and {record_b.path} agree bit for bit in "
+                              "every recorded layer: nothing to reproduce")
+    from bitdrift.models import model_digest
+
+    if model_digest(model_path) != record_a.attr("model_sha256"):
+        raise RecordError(f"{model_path}: not the model the records ran (another digest)")
+    found = {layer["name"]: layer for layer in keras_file_layers(model_path)}
+    layer = found.get(parted.name)
+    if layer is None:
+        raise RecordError(f"{model_path} has no layer {parted.name!r}")
+    if len(layer["inbound"]) != 1:
+        raise NotReproducible(f"layer {parted.name!r} ({layer['class_name']}) has "
+                              f"{len(layer['inbound'])} inputs; a repro runs one-input layers")
+    source = layer["inbound"][0]
+    inbound = None if found[source]["class_name"] == "InputLayer" else source
+    if inbound is not None:
+        if inbound not in {info.name for info in layers}:
+            raise NotReproducible(f"the input of {parted.name!r} ({inbound}) is not recorded")
+    return Split(layer=parted.name, class_name=layer["class_name"], inbound=inbound,
+                 config=layer["config"], weights=layer["weights"])
+
+
+def layer_input(record: Record, split: Split, dataset_path) -> np.ndarray:
+    """The layer's input in batches of the device's size: the recorded samples, the rest of
+    the last batch zero, in the record's format (bfloat16 as its raw bits)."""
+    from bitdrift.models import numpy_dtype
+
+    batch = int(record.attr("batch_size"))
+    if split.inbound is None:
+        if dataset_path is None:
+            raise ConfigError(f"layer {split.layer!r} reads the model input: give "
+                              "--dataset-file (the dataset the records ran on)")
+        from bitdrift.datasets import read_test_images
+
+        values = read_test_images(dataset_path, record.samples).astype(
+            numpy_dtype(record.precision))
+        if record.precision == "bfloat16":
+            values = values.view(np.uint16)
+    else:
+        values = layer_bits(record, split.inbound)
+    total = -(-len(values) // batch) * batch
+    padded = np.zeros((total, *values.shape[1:]), dtype=values.dtype)
+    padded[:len(values)] = values
+    return padded
+
+
+# -- the scripts ----------------------------------------------------------------------------
+def script_environment(device: dict) -> dict:
+    """The variables the device's process had set by bitdrift (not the user's shell)."""
+    from bitdrift.devices import EMULATED, device_environment
+
+    env = device_environment(device, base={})
+    env.pop(EMULATED, None)
+    return dict(sorted(env.items()))
+
+
+HEADER = '''"""{title}
+
+Run: {command}
+Prints the SHA-256 of the layer's output for the recorded samples; {record} holds
+{expected}.
+"""
+import hashlib
+import os
+from pathlib import Path
+
+os.environ.update({env!r})
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+BATCH, SAMPLES = {batch}, {samples}
+'''
+
+LOAD = '''
+x = np.load(HERE / "input.npy")
+weights = [np.load(HERE / f"weight_{{index}}.npy") for index in range({weights})]
+'''
+# bfloat16 is stored as its raw bits (numpy has no bfloat16 of its own)
+LOAD_BFLOAT16 = '''import ml_dtypes
+
+x = np.load(HERE / "input.npy").view(ml_dtypes.bfloat16)
+weights = [np.load(HERE / f"weight_{{index}}.npy").view(ml_dtypes.bfloat16)
+           for index in range({weights})]
+'''
+# The ONNX runtimes read the weights from layer.onnx
+LOAD_ONNX = '''
+x = np.load(HERE / "input.npy")
+'''
+
+KERAS = '''{affinity}import keras
+{threads}{float64}
+config = {config}
+layer = keras.layers.{class_name}.from_config(config)
+layer.build((None,) + x.shape[1:])
+layer.set_weights(weights)
+out = np.concatenate([keras.ops.convert_to_numpy(layer(x[start:start + BATCH]))
+                      for start in range(0, len(x), BATCH)])
+'''
+
+THREADS = {
+    "tensorflow": "import tensorflow as tf\n\ntf.config.threading.set_intra_op_parallelism_"
+                  "threads({n})\ntf.config.threading.set_inter_op_parallelism_threads({n})\n",
+    "torch": "import torch\n\ntorch.set_num_threads({n})\n",
+}
+# XLA sizes its thread pool by the CPUs the process may use (bitdrift.backends.jax)
+JAX_AFFINITY = "os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:{n}])\n"
+# Keras computes float64 in float32 on torch and JAX unless told (bitdrift.models)
+FLOAT64 = ('from keras.src.backend.common import dtypes\n\n'
+           'dtypes.BIT64_TO_BIT32_DTYPE["float64"] = "float64"\n')
+
+ONNXRUNTIME = '''import onnxruntime as ort
+
+options = ort.SessionOptions()
+options.graph_optimization_level = ort.GraphOptimizationLevel.{level}
+{threads}options.inter_op_num_threads = 1
+options.use_deterministic_compute = {deterministic}
+session = ort.InferenceSession(str(HERE / "layer.onnx"), options,
+                               providers=[{provider!r}])
+out = np.concatenate([session.run(None, {{"x": x[start:start + BATCH]}})[0]
+                      for start in range(0, len(x), BATCH)])
+'''
+
+OPENVINO = '''import openvino as ov
+
+core = ov.Core()
+compiled = core.compile_model(core.read_model(str(HERE / "layer.onnx")), {plugin!r},
+                              {settings!r})
+out = np.concatenate([compiled(x[start:start + BATCH])[compiled.outputs[0]]
+                      for start in range(0, len(x), BATCH)])
+'''
+
+FOOTER = '''print(hashlib.sha256(np.ascontiguousarray(out[:SAMPLES]).tobytes()).hexdigest())
+'''
+
+
+def minimal_config(config: dict) -> dict:
+    """What the layer computes: its config without initialisers, regularisers,
+    constraints and Keras' bookkeeping, the dtype policy as its name."""
+    kept = {key: value for key, value in config.items()
+            if not key.endswith(("_initializer", "_regularizer", "_constraint"))
+            and key not in ("trainable", "shared_object_id")}
+    dtype = kept.get("dtype")
+    if isinstance(dtype, dict):
+        kept["dtype"] = dtype.get("config", {}).get("name", "float32")
+    return kept
+
+
+def _runtime_code(device: dict, split: Split) -> str:
+    backend = device["backend"]
+    threads = device.get("threads")
+    if backend in KERAS_RUNTIMES:
+        from bitdrift.models import _rewrite_dtypes
+
+        config = _rewrite_dtypes(minimal_config(split.config), device["precision"])
+        return KERAS.format(
+            affinity=JAX_AFFINITY.format(n=threads) if backend == "jax" and threads else "",
+            threads=THREADS[backend].format(n=threads) if backend in THREADS and threads
+            else "", float64=FLOAT64 if device["precision"] == "float64" else "",
+            class_name=split.class_name,
+            config=pprint.pformat(config, width=88 - 9, sort_dicts=False).replace(
+                "\n", "\n" + " " * 9))
+    if backend == "onnxruntime":
+        from bitdrift.backends.onnxruntime import LEVELS, PROVIDERS
+
+        return ONNXRUNTIME.format(
+            level=LEVELS[device.get("graph_optimization_level") or "all"],
+            threads=f"options.intra_op_num_threads = {threads}\n" if threads else "",
+            deterministic=bool(device.get("deterministic")),
+            provider=PROVIDERS[device["accelerator"]])
+    if backend == "openvino":
+        from bitdrift.backends.openvino import PLUGINS
+
+        settings = {"EXECUTION_MODE_HINT": device.get("execution_mode") or "PERFORMANCE"}
+        if device.get("inference_precision_hint"):
+            settings["INFERENCE_PRECISION_HINT"] = device["inference_precision_hint"]
+        if threads:
+            settings["INFERENCE_NUM_THREADS"] = threads
+        return OPENVINO.format(plugin=PLUGINS[device["accelerator"]], settings=settings)
+    raise NotReproducible(f"backend {backend!r}: no repro script (bitdrift writes them for "
+                          f"{', '.join(KERAS_RUNTIMES + ONNX_RUNTIMES)})")
+
+
+def refusal(device: dict, split: Split) -> str | None:
+    """Why no script can be written for this device, or None."""
+    backend = device["backend"]
+    if backend not in KERAS_RUNTIMES + ONNX_RUNTIMES:
+        return (f"backend {backend!r}: no repro script (LiteRT's interpreter runs a whole "
+                ".tflite file; a one-layer file is not written yet)")
+    if backend in ONNX_RUNTIMES:
+        activation = split.config.get("activation", "linear")
+        if split.class_name not in ONNX_LAYERS or activation not in ONNX_ACTIVATIONS:
+            return (f"{backend}: the script rebuilds Dense and Conv2D layers (activation "
+                    f"{', '.join(ONNX_ACTIVATIONS)}) as ONNX; {split.layer!r} is a "
+                    f"{split.class_name} ({activation})")
+    return None
+
+
+def command_line(device: dict, script: str, python: str) -> list[str]:
+    """How to run a device's script: under QEMU for an emulated CPU, as its run was."""
+    from bitdrift.emulation import command_prefix
+
+    return [*command_prefix(device), python, script]
+
+
+def write_script(path: Path, name: str, device: dict, record: Record, split: Split,
+                 expected: str) -> None:
+    shown = " ".join(command_line(device, path.name, "python"))
+    header = HEADER.format(
+        title=f"{record.model}: layer {split.layer} ({split.class_name}) as device {name} "
+              f"ran it ({device['backend']}, {device['precision']}, batch "
+              f"{device['batch_size']}, threads {device.get('threads') or 'default'})",
+        command=shown, record=record.path.name, expected=expected,
+        env=script_environment(device), batch=int(device["batch_size"]),
+        samples=len(record.samples))
+    load = LOAD_ONNX if device["backend"] in ONNX_RUNTIMES else \
+        (LOAD_BFLOAT16 if device["precision"] == "bfloat16" else LOAD).format(
+            weights=len(split.weights))
+    path.write_text(header + load + _runtime_code(device, split) + FOOTER)
+
+
+# -- the one-layer ONNX file ----------------------------------------------------------------
+def onnx_layer(split: Split, input_shape: tuple, opset: int = 17):
+    """The layer as an ONNX graph of a batch of ``input_shape`` (per sample), as tf2onnx
+    writes it: Dense as MatMul and Add, Conv2D between NHWC<->NCHW transposes with its
+    bias; then the activation."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    config = split.config
+    kernel = np.asarray(split.weights[0], dtype=np.float32)
+    use_bias = bool(config.get("use_bias", True)) and len(split.weights) > 1
+    bias = np.asarray(split.weights[1], dtype=np.float32) if use_bias else None
+    constants, nodes = [], []
+    if split.class_name == "Dense":
+        constants.append(numpy_helper.from_array(kernel, "kernel"))
+        nodes.append(helper.make_node("MatMul", ["x", "kernel"], ["linear"]))
+        if use_bias:
+            constants.append(numpy_helper.from_array(bias, "bias"))
+            nodes.append(helper.make_node("Add", ["linear", "bias"], ["biased"]))
+        last = nodes[-1].output[0]
+    else:
+        if config.get("data_format", "channels_last") != "channels_last" or \
+                int(config.get("groups", 1)) != 1:
+            raise NotReproducible(f"{split.layer}: the ONNX repro rebuilds channels-last, "
+                                  "ungrouped Conv2D layers only")
+        constants.append(numpy_helper.from_array(
+            np.ascontiguousarray(kernel.transpose(3, 2, 0, 1)), "kernel"))
+        inputs = ["nchw", "kernel"]
+        if use_bias:
+            constants.append(numpy_helper.from_array(bias, "bias"))
+            inputs.append("bias")
+        nodes.append(helper.make_node("Transpose", ["x"], ["nchw"], perm=[0, 3, 1, 2]))
+        padding = {"same": {"auto_pad": "SAME_UPPER"}, "valid": {"auto_pad": "VALID"}}
+        nodes.append(helper.make_node(
+            "Conv", inputs, ["linear"], strides=list(config.get("strides", [1, 1])),
+            dilations=list(config.get("dilation_rate", [1, 1])),
+            kernel_shape=list(kernel.shape[:2]), **padding[config.get("padding", "valid")]))
+        last = "linear"
+    activation = ONNX_ACTIVATIONS[config.get("activation", "linear")]
+    if activation:
+        extra = {"axis": 1 if split.class_name == "Conv2D" else -1} \
+            if activation == "Softmax" else {}
+        nodes.append(helper.make_node(activation, [last], ["activated"], **extra))
+        last = "activated"
+    if split.class_name == "Conv2D":
+        nodes.append(helper.make_node("Transpose", [last], ["y"], perm=[0, 2, 3, 1]))
+    else:
+        nodes.append(helper.make_node("Identity", [last], ["y"]))
+    graph = helper.make_graph(
+        nodes, split.layer,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, *input_shape])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+# -- the folder -----------------------------------------------------------------------------
+def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
+    """Write the repro folder ``out`` for the records at ``path_a`` and ``path_b``;
+    returns {"layer", "devices": {name: {"script", "expected"} or {"refused"}}}. The folder
+    is written whole or not at all."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not (out / EXPECTED).is_file():
+        raise ConfigError(f"--out {out}: a folder with other files; give a new or empty one")
+    with Record(path_a) as record_a, Record(path_b) as record_b:
+        split = first_split(record_a, record_b, model_path)
+        x = layer_input(record_a, split, dataset_path)
+        if split.inbound is not None and not np.array_equal(
+                x.view(np.uint8), layer_input(record_b, split, dataset_path).view(np.uint8)):
+            raise NotReproducible(f"the input of {split.layer!r} ({split.inbound}) differs "
+                                  "between the records")
+        from bitdrift.models import numpy_dtype
+
+        dtype = numpy_dtype(record_a.precision)
+        weights = [np.asarray(value).astype(dtype) for value in split.weights]
+        if record_a.precision == "bfloat16":
+            weights = [value.view(np.uint16) for value in weights]
+        summary = {"model": record_a.model, "layer": split.layer,
+                   "class_name": split.class_name, "inbound": split.inbound or "model input",
+                   "devices": {}}
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent
+                                        if out.parent.exists() else None))
+        try:
+            np.save(staging / "input.npy", x)
+            for index, value in enumerate(weights):
+                np.save(staging / f"weight_{index}.npy", value)
+            wrote_onnx = False
+            for record in (record_a, record_b):
+                device = json.loads(record.attr("device_config"))
+                name = record.device
+                expected = digest(layer_bits(record, split.layer))
+                why = refusal(device, split)
+                if why:
+                    summary["devices"][name] = {"refused": why, "expected": expected}
+                    continue
+                if device["backend"] in ONNX_RUNTIMES and not wrote_onnx:
+                    import onnx
+
+                    onnx.save(onnx_layer(split, x.shape[1:]), staging / "layer.onnx")
+                    wrote_onnx = True
+                # not NAME.py: a device called torch would shadow the torch module
+                script = f"run_{name}.py"
+                write_script(staging / script, name, device, record, split, expected)
+                summary["devices"][name] = {
+                    "script": script, "expected": expected, "record": str(record.path),
+                    "command": command_line(device, script, "python")}
+            (staging / EXPECTED).write_text(json.dumps(summary, indent=1, sort_keys=True))
+            (staging / "README.md").write_text(readme(summary))
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(staging, out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return summary
+
+
+def readme(summary: dict) -> str:
+    lines = [f"# {summary['model']}: where the devices part", "",
+             f"Layer `{summary['layer']}` ({summary['class_name']}), fed by "
+             f"{summary['inbound']}: its input is `input.npy` (the recorded samples in the "
+             "record's order, in batches of the device's size, the rest of the last batch "
+             "zero: each row is computed on its own), its weights "
+             "`weight_*.npy`. Each script runs that one layer on its device's runtime with "
+             "the device's settings and prints the SHA-256 of the samples' output.", "",
+             "| device | run | SHA-256 the record holds |", "|---|---|---|"]
+    for name, entry in summary["devices"].items():
+        run = f"`{' '.join(entry['command'])}`" if "command" in entry else entry["refused"]
+        lines.append(f"| {name} | {run} | `{entry['expected'][:16]}...` |")
+    return "\n".join(lines) + "\n"
+
+
+def check_repro(folder, python: str = sys.executable, timeout: int = 600) -> dict:
+    """Run each script of a repro folder; {device: {"printed", "expected", "reproduced"}}."""
+    folder = Path(folder)
+    summary = json.loads((folder / EXPECTED).read_text())
+    results = {}
+    for name, entry in summary["devices"].items():
+        if "script" not in entry:
+            results[name] = {"expected": entry["expected"], "printed": "",
+                             "reproduced": False, "why": entry["refused"]}
+            continue
+        command = [python if part == "python" else part for part in entry["command"]]
+        done = subprocess.run(command, cwd=folder, capture_output=True, text=True,
+                              timeout=timeout)
+        printed = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+        results[name] = {"expected": entry["expected"], "printed": printed,
+                         "reproduced": done.returncode == 0 and printed == entry["expected"],
+                         "why": "" if done.returncode == 0 else
+                         (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    return results
