@@ -342,6 +342,30 @@ rule plot_kernels:
         "../workflow/scripts/plot_kernels.py"
 
 
+rule plot_accumulation_orders:
+    input:
+        records=record_files,
+        provenance=PROVENANCE_FILES,
+        divergence=rules.locate_divergence.output.table,
+    output:
+        pdf=paths.figure_file("accumulation_orders"),
+        png=report(
+            paths.figure_png("accumulation_orders"),
+            caption="../workflow/report/accumulation_orders_figure.rst",
+            category="Why devices differ",
+            labels={"kind": "figure", "name": "accumulation_orders"},
+        ),
+    log:
+        "logs/plot_accumulation_orders/all.log",
+    localrule: True
+    conda:
+        "../envs/bitdrift.yaml"
+    params:
+        expect=EXPECT_ARGUMENTS,
+    script:
+        "../workflow/scripts/plot_accumulation_orders.py"
+
+
 rule tabulate_device_failures:
     input:
         records=record_files,

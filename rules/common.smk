@@ -145,6 +145,7 @@ def core_targets():
             paths.table_file("kernel_coverage"),
             paths.table_file("accumulation_orders"),
             paths.figure_file("kernels"),
+            paths.figure_file("accumulation_orders"),
             paths.table_file("flag_groups"),
             paths.table_file("device_classes"),
             paths.table_file("eqc_table"),

@@ -483,3 +483,63 @@ def orders_table(records) -> list[dict]:
                          "terms": entry.get("terms", ""), "order": entry.get("order", ""),
                          "replay": entry.get("replay", "")})
     return rows
+
+
+# -- two orders side by side (the figure) ---------------------------------------------------
+def restrict(tree: Node | int, keep: set[int]) -> Node | int | None:
+    """The tree induced on the terms in ``keep``: subtrees without them dropped, a node
+    left with one child replaced by that child (what the figure draws of a long sum)."""
+    if not isinstance(tree, Node):
+        return tree if tree in keep else None
+    kids = [kid for kid in (restrict(child, keep) for child in tree.children)
+            if kid is not None]
+    if not kids:
+        return None
+    if len(kids) == 1:
+        return kids[0]
+    covered = tuple(sorted(t for kid in kids for t in _terms(kid)))
+    return Node(size=len(covered), children=kids, terms=covered)
+
+
+def contrasting_pair(divergence, records) -> dict | None:
+    """The two devices whose orders the figure draws: a class pair whose first divergent
+    layer is a Dense layer with both orders revealed and different (float32 first), else
+    the two largest groups of devices by order at the first Dense layer where revealed
+    orders differ (``first_divergence`` False); None where no two orders differ.
+    Returns {"model", "layer", "devices": [a, b], "orders": [...], "trees": [Node, Node],
+    "bias": bool, "first_divergence": bool}."""
+    found = {(record.model, record.device): record.accumulation_orders or {}
+             for record in records}
+
+    def entry(model, device, layer):
+        return found.get((model, device), {}).get(layer) or {}
+
+    def revealed(item):
+        return "trees" in item and len(item["trees"]) == 1
+
+    def pick(model, layer, devices, first):
+        items = [entry(model, device, layer) for device in devices]
+        return {"model": model, "layer": layer, "devices": list(devices),
+                "orders": [item["order"] for item in items],
+                "trees": [from_flat(item["trees"][0], item["terms"]) for item in items],
+                "bias": bool(items[0].get("bias")), "first_divergence": first}
+
+    rows = divergence[divergence["layer_class"].astype(str) == "Dense"] \
+        if len(divergence) else divergence
+    for precision in ("float32", "float64"):
+        for row in rows[rows["precision"] == precision].itertuples() if len(rows) else []:
+            a = entry(row.model, row.device_a, row.first_layer)
+            b = entry(row.model, row.device_b, row.first_layer)
+            if revealed(a) and revealed(b) and a["order"] != b["order"]:
+                return pick(row.model, row.first_layer, (row.device_a, row.device_b), True)
+    by_layer: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for (model, device), orders in found.items():
+        for layer, item in orders.items():
+            if revealed(item):
+                by_layer.setdefault((model, layer), {}).setdefault(item["order"], []).append(
+                    device)
+    for (model, layer), groups in by_layer.items():
+        if len(groups) > 1:
+            largest = sorted(groups.values(), key=len, reverse=True)[:2]
+            return pick(model, layer, (largest[0][0], largest[1][0]), False)
+    return None

@@ -247,3 +247,71 @@ print(json.dumps({"found": found, "nodes": len(to_flat(tree))}))
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["nodes"] == 95  # a binary tree over 96 terms
     assert any(result["found"].values()), (core, result)
+
+
+def test_the_figure_draws_the_two_orders_of_a_pair_that_parts_at_a_dense_layer(
+        make_record, tmp_path):
+    """The two trees come from the records of the pair whose first divergent layer is a
+    Dense layer with other revealed orders; restricted to a few terms, a sequential sum
+    stays sequential and blocks keep their blocks. Without such a pair the commonest two
+    orders of a layer are drawn, and without two orders the figure says so."""
+    import json
+
+    import pandas as pd
+
+    from bitdrift.accumulation import (
+        Node,
+        contrasting_pair,
+        from_flat,
+        restrict,
+        reveal,
+        summary,
+        to_flat,
+    )
+    from bitdrift.figures import plot_orders
+    from bitdrift.record import open_records
+
+    def bias_last(order):  # the products in ``order``, then the bias (the last term)
+        return lambda rows: (order(rows[:-1]) + rows[-1]).astype(F32)
+
+    def dense_of(order):
+        return lambda kernel, bias: np.stack([
+            order([*kernel.astype(F32)[:, None, :], bias.astype(F32)[None, :]])[0]] * 2)
+
+    trees = {name: reveal(dense_of(bias_last(order)), 48, 64)
+             for name, order in (("seq", sequential), ("blk", blocks(16)))}
+    assert [summary(tree) for tree in trees.values()] == \
+        ["sequential, bias last", "blocks of 16, bias last"]
+    kept = restrict(trees["blk"], {0, 1, 2, 17, 18, 48})
+    # blocks: 0-2 meet inside their block, 17-18 inside theirs, the bias last
+    assert isinstance(kept, Node) and 48 in kept.children
+    inner = next(child for child in kept.children if isinstance(child, Node))
+    assert sorted(child.terms for child in inner.children) == [(0, 1, 2), (17, 18)]
+    kept = restrict(trees["seq"], set(range(8)) | {48})
+    products = next(child for child in kept.children if isinstance(child, Node))
+    assert 48 in kept.children and describe(products)["shape"] == "sequential"
+
+    def orders(tree):
+        return json.dumps({"dense": {"trees": [to_flat(tree)], "terms": tree.size,
+                                     "bias": True, "order": summary(tree)}})
+
+    paths = [make_record(name, {0: np.ones((1, 3), dtype=np.float32)},
+                         accumulation_orders=orders(tree))
+             for name, tree in trees.items()]
+    paths.append(make_record("same", {0: np.ones((1, 3), dtype=np.float32)},
+                             accumulation_orders=orders(trees["seq"])))
+    records = open_records(paths)
+    parting = pd.DataFrame([{"model": "net", "precision": "float32", "layer_class": "Dense",
+                             "device_a": "seq", "device_b": "blk", "first_layer": "dense"}])
+    pair = contrasting_pair(parting, records)
+    assert pair["devices"] == ["seq", "blk"] and pair["first_divergence"]
+    assert [to_flat(tree) for tree in pair["trees"]] == \
+        [to_flat(trees["seq"]), to_flat(trees["blk"])]
+    elsewhere = parting.assign(layer_class="Conv2D", first_layer="conv2d")
+    pair = contrasting_pair(elsewhere, records)
+    assert pair["devices"] == ["seq", "blk"] and not pair["first_divergence"]  # 2 vs 1
+    assert contrasting_pair(elsewhere, [records[0], records[2]]) is None
+    for found, name in ((contrasting_pair(parting, records), "two"), (None, "none")):
+        plot_orders(found, tmp_path / f"{name}.pdf")
+        assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
+    assert from_flat(to_flat(trees["blk"]), 49).terms == tuple(range(49))

@@ -77,7 +77,7 @@ def test_figures_and_report_exist(run):
     names = ("eqc", "remaining_precision", "backprop_variation", "bifurcation_volume",
              "maxpool_training", "training_variance", "churn", "determinism_cost",
              "ensemble_disagreement", "eqc_table", "divergence", "divergent_examples",
-             "kernels")
+             "kernels", "accumulation_orders")
     for name in names:
         data = (workdir / "results/figures" / f"{name}.pdf").read_bytes()
         assert data.startswith(b"%PDF") and len(data) > 5000, name

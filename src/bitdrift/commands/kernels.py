@@ -72,6 +72,21 @@ def cmd_plot_kernels(args) -> None:
                  args.out)
 
 
+def cmd_plot_orders(args) -> None:
+    from bitdrift.accumulation import contrasting_pair
+    from bitdrift.atomic import read_table
+    from bitdrift.divergence import DIVERGENCE_COLUMNS
+    from bitdrift.figures import plot_orders
+
+    records = open_checked(args)
+    pair = contrasting_pair(read_table(args.divergence, DIVERGENCE_COLUMNS,
+                                       "bitdrift divergence"), records)
+    plot_orders(pair, args.out)
+    said = "no two revealed orders differ" if pair is None else \
+        f"{pair['devices'][0]} vs {pair['devices'][1]} at {pair['model']}/{pair['layer']}"
+    print(f"bitdrift: the summation trees of {said}; wrote {args.out}")
+
+
 def add_commands(sub) -> None:
     """Register these commands on the `bitdrift` subparsers."""
     p = sub.add_parser("kernels", help="which kernel ran in every layer (the traced "
@@ -95,3 +110,11 @@ def add_commands(sub) -> None:
     p.add_argument("--coverage", required=True, help="kernel_coverage.csv")
     p.add_argument("--out", required=True, help="kernels.pdf (and .png beside it)")
     p.set_defaults(func=cmd_plot_kernels)
+
+    p = sub.add_parser("plot-orders", help="the summation trees of two devices at a Dense "
+                       "layer where they part (PDF)")
+    p.add_argument("files", nargs="+", help="records (with revealed orders)")
+    p.add_argument("--divergence", required=True, help="divergence.csv of the records")
+    p.add_argument("--out", required=True, help="accumulation_orders.pdf (and .png beside it)")
+    expect_option(p)
+    p.set_defaults(func=cmd_plot_orders)
