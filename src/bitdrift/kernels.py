@@ -383,3 +383,66 @@ def divergence_kernels(records, divergence):
         traced = a and b and not a.startswith(UNTRACED) and not b.startswith(UNTRACED)
         differ.append(("yes" if a != b else "no") if traced and row.first_layer else "")
     return divergence.assign(kernels_a=first, kernels_b=second, kernels_differ=differ)
+
+
+# -- XLA (JAX): the optimised HLO of every module a layer compiled ----------------------------
+HLO_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%(?P<name>[\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%[\w.\-]+\s*=\s*(?P<type>.+?)\s+"
+                             r"(?P<op>[a-z][a-z0-9\-]*)\((?P<rest>.*)$")
+# Instructions that only move, reinterpret or describe data: no arithmetic
+HLO_LAYOUT = {"parameter", "constant", "bitcast", "copy", "reshape", "transpose", "tuple",
+              "get-tuple-element", "broadcast", "slice", "concatenate", "iota", "pad",
+              "dynamic-slice", "dynamic-update-slice", "copy-start", "copy-done"}
+
+
+def xla_module_calls(text: str) -> list[KernelCall]:
+    """The arithmetic of one optimised HLO module (XLA's ``*after_optimizations.txt``
+    dump): one call per instruction of its entry computation that computes, named by what
+    XLA runs for it: a fusion by its kind (``kLoop``, ``kOutput``, a custom fusion such as
+    ``__ynn_fusion``, YNNPACK's) and the operations fused, a custom call by its target
+    (``__onednn$matmul``), else the instruction (``convolution``, ``dot``,
+    ``reduce-window``)."""
+    computations: dict[str, list[tuple[str, str, str]]] = {}
+    entry, current = None, None
+    for line in text.splitlines():
+        header = HLO_COMPUTATION.match(line)
+        if header:
+            current = header["name"]
+            computations[current] = []
+            if line.startswith("ENTRY"):
+                entry = current
+            continue
+        if line.strip() == "}":
+            current = None
+            continue
+        found = HLO_INSTRUCTION.match(line) if current else None
+        if found:
+            computations[current].append((found["op"], found["type"], found["rest"]))
+    calls = []
+    for op, type_, rest in computations.get(entry, []):
+        if op in HLO_LAYOUT:
+            continue
+        shape = type_.split("{")[0]
+        if op == "fusion":
+            kind = re.search(r"kind=(\w+)", rest)
+            config = re.search(r'"fusion_config":\{"kind":"(\w+)"', rest)
+            called = re.search(r"calls=%([\w.\-]+)", rest)
+            inner = sorted({inner_op for inner_op, _, _ in
+                            computations.get(called[1] if called else "", [])
+                            if inner_op not in HLO_LAYOUT})
+            if not inner:  # a fused broadcast or copy: moves data
+                continue
+            kind_name = config[1].strip("_") if config else (kind[1] if kind else "fusion")
+            primitive = next((name for name in ("dot", "convolution") if name in inner),
+                             "+".join(inner) or "fusion")
+            calls.append(KernelCall(library="xla", primitive=primitive, shape=shape,
+                                    implementation=f"xla {kind_name}({'+'.join(inner)})"))
+        elif op == "custom-call":
+            target = re.search(r'custom_call_target="([^"]+)"', rest)
+            name = target[1] if target else "custom-call"
+            calls.append(KernelCall(library="xla", primitive=name, shape=shape,
+                                    implementation=f"xla custom-call {name}"))
+        else:
+            calls.append(KernelCall(library="xla", primitive=op, shape=shape,
+                                    implementation=f"xla {op}"))
+    return calls

@@ -378,3 +378,52 @@ def test_a_compiled_graph_gives_each_layer_its_nodes():
     assert {layer: [c.primitive for c in calls] for layer, calls in found.items()} == {
         "conv": ["DELEGATE"], "relu": ["DELEGATE"], "dense": ["MatMul", "Add"]}
     assert signature(found["dense"]) == "x Add+x MatMul"
+
+
+# An optimised HLO module as XLA dumps it (JAX 0.10's Dense: its dot handed to YNNPACK, as
+# dumped here), with a fused broadcast, a oneDNN custom call and a convolution added by hand
+
+
+def test_an_xla_module_is_read_as_the_calls_its_entry_computes():
+    """By hand: parameters, constants and a fused broadcast move data (no call); a custom
+    call is named by its target, a fusion by its kind and the operations it fuses, any
+    other instruction by itself; shapes are the results'."""
+    from bitdrift.kernels import xla_module_calls
+
+    calls = xla_module_calls((DATA / "xla_module.hlo.txt").read_text())
+    assert [(c.primitive, c.implementation, c.shape) for c in calls] == [
+        ("__onednn$matmul", "xla custom-call __onednn$matmul", "f32[2,128]"),
+        ("convolution", "xla convolution", "f32[2,32,32,8]"),
+        ("dot", "xla ynn_fusion(dot)", "f32[2,128]")]
+    assert {c.library for c in calls} == {"xla"}
+
+
+def test_a_jax_traced_repeat_names_what_xla_compiled_for_each_layer(tmp_path):
+    """A real JAX inference with kernel provenance: every Dense and Conv layer has XLA
+    calls for its sum (a dot or a convolution), every ReLU an elementwise loop, the
+    Flatten none; the traced repeat computed the measured bits; the dump is gone."""
+    from bitdrift.inference import infer
+    from bitdrift.record import Record
+    from tests.utils import small_model_assets
+
+    dataset, model = small_model_assets(tmp_path)
+    device = {"accelerator": "cpu", "threads": 1, "batch_size": 2, "precision": "float32",
+              "env": {}, "repeats": 1, "external": False, "backend": "jax"}
+    out = tmp_path / "jax.h5"
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="small", device_name="jax", device=device, model_path=model,
+              dataset_path=dataset, samples=[0, 3], out=out, log=log, kernels=True)
+    with Record(out) as record:
+        kernels = record.kernels
+        classes = {info.name: info.class_name for info in record.layers(0) if not info.final}
+    assert kernels["traced"] and kernels["outputs_match"]
+    for layer, class_name in classes.items():
+        calls = kernels["layers"][layer]["calls"]
+        primitives = {call["primitive"] for call in calls}
+        if class_name in ("Dense", "Conv2D"):
+            assert primitives & {"dot", "convolution"} or any(
+                "onednn" in p or "matmul" in p for p in primitives), (layer, calls)
+            assert all(call["library"] == "xla" for call in calls)
+        elif class_name == "Flatten":
+            assert kernels["layers"][layer]["signature"] == "none"
+    assert not list(tmp_path.glob("**/*.xla"))

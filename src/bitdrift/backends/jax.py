@@ -102,6 +102,54 @@ def open_session(job: dict, name: str):
     return keras_common.open_session(sys.modules[__name__], job, name)
 
 
-def trace_environment(device: dict) -> None:
-    """None: XLA's CPU and GPU code logs no kernel choice per call; its records say untraced."""
-    return None
+def trace_environment(device: dict) -> dict:
+    """Nothing to set before the process starts: XLA logs no kernel per call, and the
+    traced repeat's worker has XLA dump what it compiles (trace_layers)."""
+    return {}
+
+
+def trace_layers(job: dict):
+    """Called in a traced repeat's worker before JAX starts: XLA writes the optimised HLO
+    of every module it compiles to a folder beside the job's output (inside the
+    inference's work folder, removed with it). Returns ``attach(model)``, which wraps the
+    layers and returns {layer: [KernelCall as dict]}, filled as the layers are called:
+    before a layer's first call JAX's compiled functions are dropped (jax.clear_caches),
+    so every operation it runs compiles again and is dumped; the modules that appeared
+    during the call are the layer's (bitdrift.kernels.xla_module_calls). Dumping changes
+    nothing XLA compiles (the traced repeat's outputs are compared with the measured)."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from bitdrift.kernels import xla_module_calls
+
+    folder = Path(job["out"]).with_suffix(".xla")
+    folder.mkdir(exist_ok=True)
+    # first: XLA stops reading XLA_FLAGS at a word without "--" (SINGLE_THREAD_FLAGS has one)
+    os.environ["XLA_FLAGS"] = (f"--xla_dump_to={folder} --xla_dump_hlo_as_text "
+                               f"{os.environ.get('XLA_FLAGS', '')}").strip()
+
+    def attach(model) -> dict:
+        import jax
+
+        kernels: dict = {}
+
+        def traced(layer, call):
+            def wrapper(*args, **kwargs):
+                if layer.name in kernels:
+                    return call(*args, **kwargs)
+                jax.clear_caches()
+                before = set(folder.iterdir())
+                result = call(*args, **kwargs)
+                kernels[layer.name] = [
+                    asdict(one) for path in sorted(set(folder.iterdir()) - before)
+                    if path.name.endswith("after_optimizations.txt")
+                    for one in xla_module_calls(path.read_text(errors="replace"))]
+                return result
+
+            return wrapper
+
+        for layer in model.layers:
+            layer.call = traced(layer, layer.call)
+        return kernels
+
+    return attach

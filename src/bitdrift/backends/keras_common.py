@@ -69,6 +69,9 @@ def open_session(runtime, job: dict, name: str):
     from bitdrift.models import cast_model, layer_probe, register_layers
 
     device = job["device"]
+    # a runtime that logs no kernel per call describes what each layer compiled (JAX)
+    attach_trace = runtime.trace_layers(job) if job.get("trace") and \
+        hasattr(runtime, "trace_layers") else None
     keras = runtime.import_keras()
     runtime.configure_threads(device.get("threads"))
     accelerator = runtime.check_accelerator(name, device)
@@ -76,8 +79,11 @@ def open_session(runtime, job: dict, name: str):
     with runtime.strategy_scope(accelerator):
         model = keras.saving.load_model(job["model_path"], compile=False)
         model = cast_model(keras, model, device["precision"])
+        kernels = None
         if job.get("trace"):
             mark_layers(model)
+            if attach_trace is not None:
+                kernels = attach_trace(model)
         if job["layers"]:
             probe, layers = layer_probe(keras, model)
         else:
@@ -116,7 +122,8 @@ def open_session(runtime, job: dict, name: str):
         return call
 
     return Session(layers=layers, run=run, final=final, accelerator=accelerator,
-                   checked=checked, dense_layers=dense_layers, dense_call=dense_call)
+                   checked=checked, dense_layers=dense_layers, dense_call=dense_call,
+                   kernels=kernels)
 
 
 def mark_layers(model) -> None:
