@@ -22,7 +22,9 @@ PREFORK = False
 # The platform JAX may use for a device: a GPU device that gets none fails at the first
 # computation instead of running on the CPU.
 PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
-SINGLE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# (It also held `intra_op_parallelism_threads=1`, a word without "--": XLA stops reading its
+# flags there, so it did nothing and hid any flag after it; the affinity sets the threads.)
+SINGLE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 
 
 def environment(device: dict) -> dict:
@@ -124,7 +126,7 @@ def trace_layers(job: dict):
 
     folder = Path(job["out"]).with_suffix(".xla")
     folder.mkdir(exist_ok=True)
-    # first: XLA stops reading XLA_FLAGS at a word without "--" (SINGLE_THREAD_FLAGS has one)
+    # first: XLA stops reading XLA_FLAGS at a word without "--" (a user's flags may hold one)
     os.environ["XLA_FLAGS"] = (f"--xla_dump_to={folder} --xla_dump_hlo_as_text "
                                f"{os.environ.get('XLA_FLAGS', '')}").strip()
 
