@@ -353,13 +353,13 @@ def numpy_dtype(precision: str):
     return np.dtype(precision)
 
 
-def _rewrite_dtypes(node, precision: str):
+def rewrite_dtypes(node, precision: str):
     if isinstance(node, dict):
         return {key: (precision if key == "dtype" and _is_float_dtype(value)
-                      else _rewrite_dtypes(value, precision))
+                      else rewrite_dtypes(value, precision))
                 for key, value in node.items()}
     if isinstance(node, list):
-        return [_rewrite_dtypes(item, precision) for item in node]
+        return [rewrite_dtypes(item, precision) for item in node]
     return node
 
 
@@ -390,7 +390,7 @@ def cast_model(keras, model, precision: str):
     current = model.dtype_policy.name if hasattr(model, "dtype_policy") else "float32"
     if precision == current:
         return model
-    config = _rewrite_dtypes(model.get_config(), precision)
+    config = rewrite_dtypes(model.get_config(), precision)
     cast = model.__class__.from_config(config)
     target = numpy_dtype(precision)
     cast.set_weights([np.asarray(w).astype(target) if np.asarray(w).dtype.kind == "f"

@@ -237,9 +237,9 @@ def _runtime_code(device: dict, split: Split) -> str:
     backend = device["backend"]
     threads = device.get("threads")
     if backend in KERAS_RUNTIMES:
-        from bitdrift.models import _rewrite_dtypes
+        from bitdrift.models import rewrite_dtypes
 
-        config = _rewrite_dtypes(minimal_config(split.config), device["precision"])
+        config = rewrite_dtypes(minimal_config(split.config), device["precision"])
         return KERAS.format(
             affinity=JAX_AFFINITY.format(n=threads) if backend == "jax" and threads else "",
             threads=THREADS[backend].format(n=threads) if backend in THREADS and threads
