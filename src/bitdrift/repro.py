@@ -32,6 +32,8 @@ from bitdrift.record import Record
 EXPECTED = "expected.json"
 KERAS_RUNTIMES = ("tensorflow", "torch", "jax")
 ONNX_RUNTIMES = ("onnxruntime", "openvino")
+# LiteRT runs a one-layer .tflite, converted as bitdrift.export converts the model
+FILE_RUNTIMES = ONNX_RUNTIMES + ("litert",)
 # The layers an ONNX runtime's script rebuilds as tf2onnx exports them (bitdrift.export)
 ONNX_LAYERS = ("Dense", "Conv2D")
 ONNX_ACTIVATIONS = {"linear": None, "relu": "Relu", "softmax": "Softmax"}
@@ -208,6 +210,17 @@ out = np.concatenate([session.run(None, {{"x": x[start:start + BATCH]}})[0]
                       for start in range(0, len(x), BATCH)])
 '''
 
+LITERT = '''from ai_edge_litert import interpreter
+
+loaded = interpreter.Interpreter(
+    model_path=str(HERE / "layer.tflite"), num_threads={threads},
+    experimental_op_resolver_type=interpreter.OpResolverType.{resolver})
+runner = loaded.get_signature_runner()
+(name,) = runner.get_input_details()
+out = np.concatenate([next(iter(runner(**{{name: np.ascontiguousarray(x[start:start + BATCH])}})
+                                .values())) for start in range(0, len(x), BATCH)])
+'''
+
 OPENVINO = '''import openvino as ov
 
 core = ov.Core()
@@ -264,16 +277,22 @@ def _runtime_code(device: dict, split: Split) -> str:
         if threads:
             settings["INFERENCE_NUM_THREADS"] = threads
         return OPENVINO.format(plugin=PLUGINS[device["accelerator"]], settings=settings)
+    if backend == "litert":
+        from bitdrift.backends.litert import RESOLVERS
+
+        return LITERT.format(threads=threads or None,
+                             resolver=RESOLVERS[device.get("op_resolver") or "xnnpack"])
     raise NotReproducible(f"backend {backend!r}: no repro script (bitdrift writes them for "
-                          f"{', '.join(KERAS_RUNTIMES + ONNX_RUNTIMES)})")
+                          f"{', '.join(KERAS_RUNTIMES + FILE_RUNTIMES)})")
 
 
 def refusal(device: dict, split: Split) -> str | None:
     """Why no script can be written for this device, or None."""
     backend = device["backend"]
-    if backend not in KERAS_RUNTIMES + ONNX_RUNTIMES:
-        return (f"backend {backend!r}: no repro script (LiteRT's interpreter runs a whole "
-                ".tflite file; a one-layer file is not written yet)")
+    if backend not in KERAS_RUNTIMES + FILE_RUNTIMES:
+        return f"backend {backend!r}: no repro script"
+    if backend == "litert" and device["precision"] != "float32":
+        return "litert: the export is float32"
     if backend in ONNX_RUNTIMES:
         activation = split.config.get("activation", "linear")
         if split.class_name not in ONNX_LAYERS or activation not in ONNX_ACTIVATIONS:
@@ -300,7 +319,7 @@ def write_script(path: Path, name: str, device: dict, record: Record, split: Spl
         command=shown, record=record.path.name, expected=expected,
         env=script_environment(device), batch=int(device["batch_size"]),
         samples=len(record.samples))
-    load = LOAD_ONNX if device["backend"] in ONNX_RUNTIMES else \
+    load = LOAD_ONNX if device["backend"] in FILE_RUNTIMES else \
         (LOAD_BFLOAT16 if device["precision"] == "bfloat16" else LOAD).format(
             weights=len(split.weights))
     path.write_text(header + load + _runtime_code(device, split) + FOOTER)
@@ -360,6 +379,47 @@ def onnx_layer(split: Split, input_shape: tuple, opset: int = 17):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
+# -- the one-layer LiteRT file ----------------------------------------------------------------
+TFLITE_CODE = """
+import json, sys
+import numpy as np
+from bitdrift import backends
+from bitdrift.reference import FORMATS
+
+spec = json.loads(sys.argv[1])
+keras = backends.get("tensorflow").import_keras()
+inputs = keras.Input(shape=spec["shape"])
+layer = getattr(keras.layers, spec["class_name"]).from_config(spec["config"])
+model = keras.Model(inputs, layer(inputs))
+with np.load(spec["weights"]) as data:
+    layer.set_weights([data[str(index)] for index in range(len(data.files))])
+model(np.zeros((1, *spec["shape"]), np.float32))
+model.export(spec["out"], format=FORMATS["tflite"][0], verbose=False)
+"""
+
+
+def tflite_layer(split: Split, input_shape: tuple, weights: list, out: Path) -> None:
+    """The layer alone as a .tflite, converted as bitdrift.export converts the model
+    (Keras' LiteRT export, in a TensorFlow process of its own)."""
+    from bitdrift.models import rewrite_dtypes
+
+    holder = out.with_suffix(".weights.npz")
+    np.savez(holder, **{str(index): value for index, value in enumerate(weights)})
+    spec = {"shape": list(input_shape), "class_name": split.class_name,
+            "config": rewrite_dtypes(minimal_config(split.config), "float32"),
+            "weights": str(holder), "out": str(out)}
+    try:
+        done = subprocess.run([sys.executable, "-c", TFLITE_CODE, json.dumps(spec)],
+                              capture_output=True, text=True,
+                              env={**os.environ, "KERAS_BACKEND": "tensorflow",
+                                   "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""})
+    finally:
+        holder.unlink(missing_ok=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise NotReproducible(f"layer {split.layer!r}: LiteRT's converter failed ({last})")
+
+
 # -- the folder -----------------------------------------------------------------------------
 def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
     """Write the repro folder ``out`` for the records at ``path_a`` and ``path_b``;
@@ -404,6 +464,8 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
 
                     onnx.save(onnx_layer(split, x.shape[1:]), staging / "layer.onnx")
                     wrote_onnx = True
+                if device["backend"] == "litert" and not (staging / "layer.tflite").exists():
+                    tflite_layer(split, x.shape[1:], weights, staging / "layer.tflite")
                 # not NAME.py: a device called torch would shadow the torch module
                 script = f"run_{name}.py"
                 write_script(staging / script, name, device, record, split, expected)

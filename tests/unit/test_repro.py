@@ -26,7 +26,10 @@ DEVICES = {
     "openvino": {"backend": "openvino", "execution_mode": "ACCURACY"},
     "tf_f16": {"backend": "tensorflow", "precision": "float16"},
     "torch_f16": {"backend": "torch", "precision": "float16"},
+    "litert": {"backend": "litert", "op_resolver": "xnnpack"},
+    "litert_builtin": {"backend": "litert", "op_resolver": "builtin"},
 }
+FILES = {"onnxruntime": "model.onnx", "openvino": "model.onnx", "litert": "model.tflite"}
 SAMPLES = [6, 0, 3]
 
 
@@ -39,19 +42,20 @@ def records(tmp_path_factory):
     dataset, model = small_model_assets(tmp)
     code = ("import sys; from bitdrift.export import export_model, write_reference; "
             "write_reference(sys.argv[1], sys.argv[2], sys.argv[3] + '/reference.npz'); "
-            "export_model(sys.argv[1], 'onnx', sys.argv[3] + '/model.onnx')")
+            "export_model(sys.argv[1], 'onnx', sys.argv[3] + '/model.onnx'); "
+            "export_model(sys.argv[1], 'tflite', sys.argv[3] + '/model.tflite')")
     subprocess.run([sys.executable, "-c", code, str(model), str(dataset), str(tmp)],
                    check=True, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
     paths = {}
     for name, settings in DEVICES.items():
         device = {**CPU, **settings}
-        exported = device["backend"] in ("onnxruntime", "openvino")
         paths[name] = tmp / f"{name}.h5"
         with open(tmp / "log", "a") as log:
             infer(model_name="small", device_name=name, device=device, model_path=model,
                   dataset_path=dataset, samples=SAMPLES, out=paths[name], log=log,
                   reference=tmp / "reference.npz",
-                  export=tmp / "model.onnx" if exported else None, kernels=False)
+                  export=tmp / FILES[device["backend"]] if device["backend"] in FILES
+                  else None, kernels=False)
     return paths, model, dataset
 
 
@@ -78,7 +82,8 @@ def run_script(folder, script):
 
 @pytest.mark.parametrize("pair", [("tf", "torch"), ("tf", "jax"), ("ort", "ort_plain"),
                                   ("ort", "openvino"), ("tf", "ort"),
-                                  ("tf_f16", "torch_f16")])
+                                  ("tf_f16", "torch_f16"), ("litert", "litert_builtin"),
+                                  ("tf", "litert")])
 def test_each_script_prints_its_records_digest_and_the_two_differ(records, tmp_path, pair):
     paths, model, dataset = records
     a, b = pair
