@@ -430,7 +430,8 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
         names = [summary(tree, found.get("bias", False)) for tree in trees]
         order = names[0] if len(trees) == 1 else "by batch row: " + "; ".join(
             f"row {row}: {name}" for row, name in enumerate(names))
-        entry = {"order": order, "terms": found["terms"], "trees": found["trees"]}
+        entry = {"order": order, "terms": found["terms"], "trees": found["trees"],
+                 "bias": bool(found.get("bias"))}
         spec = checked.get(layer)
         kernel = weights.get(f"weights/{layer}/0")
         inbound = outputs.get(spec["inbound"]) if spec and spec["inbound"] else None
@@ -522,7 +523,9 @@ def contrasting_pair(divergence, records) -> dict | None:
         return {"model": model, "layer": layer, "devices": list(devices),
                 "orders": [item["order"] for item in items],
                 "trees": [from_flat(item["trees"][0], item["terms"]) for item in items],
-                "bias": bool(items[0].get("bias")), "first_divergence": first}
+                # records written before the entry kept "bias" say it in the order's name
+                "bias": bool(items[0].get("bias", ", bias " in items[0]["order"])),
+                "first_divergence": first}
 
     rows = divergence[divergence["layer_class"].astype(str) == "Dense"] \
         if len(divergence) else divergence

@@ -199,6 +199,7 @@ def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(small_model, 
             for flat in entry.get("trees", []):  # one, or one per batch row
                 tree = from_flat(flat, entry["terms"])
                 assert tree.terms == tuple(range(entry["terms"]))
+                assert entry["bias"]  # the model's Dense layers have biases: a term
             reproduced += entry["replay"].startswith("bit-identical")
             # a layer not reproduced says why: no tree, or how many values differ
             assert entry["replay"].startswith(("bit-identical", "differs: ")) or \
