@@ -414,6 +414,21 @@ def _round_sum(partial: np.ndarray, product: np.ndarray) -> np.ndarray:
     return np.where(tie, side, nearest).astype(np.float32)
 
 
+def by_rows(names: list[str]) -> str:
+    """The orders of a batch's rows, runs of rows with the same name together:
+    ``by batch row: rows 0-5: sequential, bias last; rows 6-7: 2 interleaved lanes, ...``
+    (the trees may still differ within a run: the names are a summary)."""
+    runs: list[list] = []
+    for row, name in enumerate(names):
+        if runs and runs[-1][2] == name:
+            runs[-1][1] = row
+        else:
+            runs.append([row, row, name])
+    return "by batch row: " + "; ".join(
+        f"row {first}: {name}" if first == last else f"rows {first}-{last}: {name}"
+        for first, last, name in runs)
+
+
 def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
                   precision: str) -> dict:
     """Per Dense layer with a revealed order: the order's summary, and whether numpy
@@ -428,8 +443,7 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
             continue
         trees = [from_flat(tree, found["terms"]) for tree in found["trees"]]
         names = [summary(tree, found.get("bias", False)) for tree in trees]
-        order = names[0] if len(trees) == 1 else "by batch row: " + "; ".join(
-            f"row {row}: {name}" for row, name in enumerate(names))
+        order = names[0] if len(trees) == 1 else by_rows(names)
         entry = {"order": order, "terms": found["terms"], "trees": found["trees"],
                  "bias": bool(found.get("bias"))}
         spec = checked.get(layer)

@@ -316,3 +316,11 @@ def test_the_figure_draws_the_two_orders_of_a_pair_that_parts_at_a_dense_layer(
         plot_orders(found, tmp_path / f"{name}.pdf")
         assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
     assert from_flat(to_flat(trees["blk"]), 49).terms == tuple(range(49))
+
+
+def test_the_rows_of_a_batch_are_named_in_runs():
+    from bitdrift.accumulation import by_rows
+
+    assert by_rows(["a", "a", "a", "b", "b", "a"]) == \
+        "by batch row: rows 0-2: a; rows 3-4: b; row 5: a"
+    assert by_rows(["x", "y"]) == "by batch row: row 0: x; row 1: y"
