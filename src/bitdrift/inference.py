@@ -265,6 +265,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         "model_sha256": model_digest(model_path), "input_sha256": input_sha256(sample_images),
         "accelerator": device["accelerator"], "batch_size": device["batch_size"],
         "repeats": device["repeats"], "device_config": json.dumps(device, sort_keys=True),
+        # the rows the samples ran in (the record lists them sorted): bitdrift.repro
+        "samples_order": json.dumps([int(sample) for sample in samples]),
     }
     if effective is not None:
         attrs["effective_precision"] = json.dumps(effective, sort_keys=True)

@@ -8,7 +8,8 @@ The device ran the layer on whole batches (the recorded samples, then filler tes
 bitdrift.inference.batch_indices). The filler's activations are not recorded, so their
 rows are zeros here: each row of a Dense or convolution layer is computed on its own, and
 the batches keep the device's size, which is what a kernel's choice and order depend on.
-The samples are in the record's (sorted) order; the check says whether that matters.
+The samples are in the order the device ran them (a kernel may sum each row of a batch in
+its own order).
 """
 
 from __future__ import annotations
@@ -54,10 +55,32 @@ class Split:
     weights: list[np.ndarray]
 
 
-def layer_bits(record: Record, layer: str) -> np.ndarray:
-    """The layer's output for every recorded sample (repeat 0), as stored: what a
-    script's output must equal bit for bit."""
-    return np.stack([record.tensor(sample, layer).values[0] for sample in record.samples])
+def layer_bits(record: Record, layer: str, order: list[int] | None = None) -> np.ndarray:
+    """The layer's output for every recorded sample (repeat 0, in ``order``, else the
+    record's), as stored: what a script's output must equal bit for bit."""
+    return np.stack([record.tensor(sample, layer).values[0]
+                     for sample in order or record.samples])
+
+
+def run_order(record: Record, dataset_path) -> list[int]:
+    """The samples in the order the device ran them (rows of its batches; a kernel may sum
+    each row in its own order): the record's ``samples_order``; for a record written
+    before it, the order whose images give the record's ``input_sha256`` (with the
+    dataset, up to 6 samples), else the record's (sorted) order."""
+    if record.has_attr("samples_order"):
+        return [int(sample) for sample in json.loads(record.attr("samples_order"))]
+    if dataset_path is None or len(record.samples) > 6:
+        return list(record.samples)
+    from itertools import permutations
+
+    from bitdrift.datasets import read_test_images
+    from bitdrift.provenance import input_sha256
+
+    images = dict(zip(record.samples, read_test_images(dataset_path, record.samples),
+                      strict=True))
+    return next((list(order) for order in permutations(record.samples)
+                 if input_sha256(np.stack([images[s] for s in order]))
+                 == record.attr("input_sha256")), list(record.samples))
 
 
 def digest(values: np.ndarray) -> str:
@@ -110,28 +133,23 @@ def first_split(record_a: Record, record_b: Record, model_path) -> Split:
                  config=layer["config"], weights=layer["weights"])
 
 
-def layer_input(record: Record, split: Split, dataset_path) -> np.ndarray:
-    """The layer's input in batches of the device's size: the recorded samples, the rest of
-    the last batch zero, in the record's format (bfloat16 as its raw bits)."""
+def layer_input(record: Record, split: Split, dataset_path, order: list[int]) -> np.ndarray:
+    """The layer's input for the recorded samples, in the record's format (bfloat16 as its
+    raw bits); each script pads it to whole batches of its device's size."""
     from bitdrift.models import numpy_dtype
 
-    batch = int(record.attr("batch_size"))
     if split.inbound is None:
         if dataset_path is None:
             raise ConfigError(f"layer {split.layer!r} reads the model input: give "
                               "--dataset-file (the dataset the records ran on)")
         from bitdrift.datasets import read_test_images
 
-        values = read_test_images(dataset_path, record.samples).astype(
+        values = read_test_images(dataset_path, order).astype(
             numpy_dtype(record.precision))
         if record.precision == "bfloat16":
             values = values.view(np.uint16)
-    else:
-        values = layer_bits(record, split.inbound)
-    total = -(-len(values) // batch) * batch
-    padded = np.zeros((total, *values.shape[1:]), dtype=values.dtype)
-    padded[:len(values)] = values
-    return padded
+        return values
+    return layer_bits(record, split.inbound, order)
 
 
 # -- the scripts ----------------------------------------------------------------------------
@@ -230,6 +248,11 @@ out = np.concatenate([compiled(x[start:start + BATCH])[compiled.outputs[0]]
                       for start in range(0, len(x), BATCH)])
 '''
 
+# Whole batches of the device's size, as it ran: the filler rows are zero (each row is
+# computed on its own; the batch's size is what picks the kernel)
+PAD = '''x = np.concatenate([x, np.zeros((-len(x) % BATCH, *x.shape[1:]), x.dtype)])
+'''
+
 FOOTER = '''print(hashlib.sha256(np.ascontiguousarray(out[:SAMPLES]).tobytes()).hexdigest())
 '''
 
@@ -322,7 +345,7 @@ def write_script(path: Path, name: str, device: dict, record: Record, split: Spl
     load = LOAD_ONNX if device["backend"] in FILE_RUNTIMES else \
         (LOAD_BFLOAT16 if device["precision"] == "bfloat16" else LOAD).format(
             weights=len(split.weights))
-    path.write_text(header + load + _runtime_code(device, split) + FOOTER)
+    path.write_text(header + load + PAD + _runtime_code(device, split) + FOOTER)
 
 
 # -- the one-layer ONNX file ----------------------------------------------------------------
@@ -430,9 +453,14 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
         raise ConfigError(f"--out {out}: a folder with other files; give a new or empty one")
     with Record(path_a) as record_a, Record(path_b) as record_b:
         split = first_split(record_a, record_b, model_path)
-        x = layer_input(record_a, split, dataset_path)
+        order = run_order(record_a, dataset_path)
+        if run_order(record_b, dataset_path) != order:
+            raise NotReproducible(f"{record_a.path} and {record_b.path} ran the samples in "
+                                  "other orders (one script input serves both)")
+        x = layer_input(record_a, split, dataset_path, order)
         if split.inbound is not None and not np.array_equal(
-                x.view(np.uint8), layer_input(record_b, split, dataset_path).view(np.uint8)):
+                x.view(np.uint8), layer_input(record_b, split, dataset_path, order).view(
+                    np.uint8)):
             raise NotReproducible(f"the input of {split.layer!r} ({split.inbound}) differs "
                                   "between the records")
         from bitdrift.models import numpy_dtype
@@ -443,7 +471,7 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
             weights = [value.view(np.uint16) for value in weights]
         summary = {"model": record_a.model, "layer": split.layer,
                    "class_name": split.class_name, "inbound": split.inbound or "model input",
-                   "devices": {}}
+                   "samples": order, "devices": {}}
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent
                                         if out.parent.exists() else None))
         try:
@@ -454,7 +482,7 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
             for record in (record_a, record_b):
                 device = json.loads(record.attr("device_config"))
                 name = record.device
-                expected = digest(layer_bits(record, split.layer))
+                expected = digest(layer_bits(record, split.layer, order))
                 why = refusal(device, split)
                 if why:
                     summary["devices"][name] = {"refused": why, "expected": expected}
@@ -487,8 +515,8 @@ def readme(summary: dict) -> str:
     lines = [f"# {summary['model']}: where the devices part", "",
              f"Layer `{summary['layer']}` ({summary['class_name']}), fed by "
              f"{summary['inbound']}: its input is `input.npy` (the recorded samples in the "
-             "record's order, in batches of the device's size, the rest of the last batch "
-             "zero: each row is computed on its own), its weights "
+             "record's order; each script pads it with zero rows to whole batches of its "
+             "device's size: each row is computed on its own), its weights "
              "`weight_*.npy`. Each script runs that one layer on its device's runtime with "
              "the device's settings and prints the SHA-256 of the samples' output.", "",
              "| device | run | SHA-256 the record holds |", "|---|---|---|"]

@@ -19,6 +19,8 @@ CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 2, "precision": "float3
        "env": {}, "repeats": 1, "external": False}
 DEVICES = {
     "tf": {"backend": "tensorflow"},
+    # another batch size: each script pads the shared input to its own batches
+    "tf_batch4": {"backend": "tensorflow", "batch_size": 4},
     "torch": {"backend": "torch"},
     "jax": {"backend": "jax"},
     "ort": {"backend": "onnxruntime", "graph_optimization_level": "all"},
@@ -61,9 +63,11 @@ def records(tmp_path_factory):
 
 def first_parting(path_a, path_b):
     """The first layer (by recorded position) whose stored bits differ in any sample,
-    and each record's SHA-256 of that layer over the sorted samples (repeat 0)."""
+    and each record's SHA-256 of that layer over the samples in the order they ran (the
+    record's samples_order; repeat 0)."""
     with h5py.File(path_a) as a, h5py.File(path_b) as b:
-        samples = sorted(a["samples"], key=int)
+        samples = [str(sample) for sample in json.loads(a.attrs["samples_order"])]
+        assert samples == [str(sample) for sample in SAMPLES]
         layers = sorted(a[f"samples/{samples[0]}/layers"].items(),
                         key=lambda item: int(item[1].attrs["position"]))
         for name, _ in layers:
@@ -83,7 +87,8 @@ def run_script(folder, script):
 @pytest.mark.parametrize("pair", [("tf", "torch"), ("tf", "jax"), ("ort", "ort_plain"),
                                   ("ort", "openvino"), ("tf", "ort"),
                                   ("tf_f16", "torch_f16"), ("litert", "litert_builtin"),
-                                  ("tf", "litert")])
+                                  ("tf", "litert"), ("tf", "tf_batch4"),
+                                  ("tf_batch4", "jax")])
 def test_each_script_prints_its_records_digest_and_the_two_differ(records, tmp_path, pair):
     paths, model, dataset = records
     a, b = pair
