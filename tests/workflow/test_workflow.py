@@ -349,11 +349,21 @@ def test_the_report_opens_in_a_real_browser(run):
             }
             return out;
         }""")
+        # The home view opens on the findings' first line, the rule graph below them, not
+        # beside (the style at the end of workflow/report/workflow.rst)
+        layout = page.evaluate("""() => {
+            const graph = document.querySelector('#rulegraph').getBoundingClientRect();
+            const text = document.querySelector('#findings-on-this-machine')
+                .getBoundingClientRect();
+            return {graph: graph.top, top: text.top, text: text.bottom, width: text.width};
+        }""")
         page.get_by_text("Results", exact=True).first.click()
         page.wait_for_timeout(500)
         page.screenshot(path=str(workdir / "results/report_screenshot.png"))
         browser.close()
     assert not errors, errors
+    assert layout["graph"] >= layout["text"] - 1 and layout["width"] > 700, layout
+    assert 0 <= layout["top"] < 100, layout  # not centred out of reach above the window
     figures = {path for path, item in results.items() if item["mime_type"] == "image/png"}
     tables = {path for path, item in results.items() if item["mime_type"] == "text/html"}
     assert len(figures) >= 12 and len(tables) >= 20
