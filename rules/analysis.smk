@@ -399,6 +399,8 @@ rule write_findings:
         effective_precision=rules.check_effective_precision.output.table,
         argmax_agreement=rules.tabulate_argmax_agreement.output.table,
         device_failures=rules.tabulate_device_failures.output.table,
+        # shown after the classes on the report's first screen
+        eqc_figure=rules.plot_equivalence_classes.output.png,
     output:
         markdown=report(
             paths.findings_file("md"),

@@ -269,15 +269,38 @@ PREAMBLE = ("Written by the run from its own tables (results/tables/): what this
             "showed. Another CPU, runtime version or configuration gives other findings.")
 
 
-def markdown(sections) -> str:
+def markdown(sections, figure=None, out_path=None) -> str:
     out = [f"# {TITLE}", "", PREAMBLE, ""]
     for heading, sentences in sections:
         out += [f"## {heading}", ""] + [f"- {sentence}" for sentence in sentences] + [""]
+        if figure and heading == FIGURE_AFTER:
+            import os
+
+            where = os.path.relpath(figure, Path(out_path).parent) if out_path else figure
+            out += [f"![equivalence classes]({where})", "", FIGURE_CAPTION, ""]
     return "\n".join(out)
 
 
-def restructured_text(sections) -> str:
-    """The same sections as reStructuredText, for the report's first screen."""
+FIGURE_AFTER = "Equivalence classes"  # the section the EQC figure follows
+FIGURE_CAPTION = ("The equivalence classes (eqc.png): a column per test sample, a row per "
+                  "device; equal numbers in a column are bit-identical outputs; a colour "
+                  "follows one group of devices; the dendrogram joins the float32 devices "
+                  "as low mantissa bits are dropped (further right: fewer bits shared).")
+
+
+def embedded_figure(png) -> list[str]:
+    """reST lines showing the PNG inline (a data URI: the report is one file)."""
+    import base64
+
+    data = base64.b64encode(Path(png).read_bytes()).decode()
+    return [".. raw:: html", "",
+            f'   <figure><img src="data:image/png;base64,{data}" alt="equivalence classes" '
+            f'style="max-width:100%"><figcaption>{FIGURE_CAPTION}</figcaption></figure>', ""]
+
+
+def restructured_text(sections, figure=None) -> str:
+    """The same sections as reStructuredText, for the report's first screen; ``figure``
+    (the EQC figure's PNG) is shown after the classes."""
     import re
 
     def literal(sentence: str) -> str:  # reST's literal is double backticks
@@ -287,6 +310,8 @@ def restructured_text(sections) -> str:
     for heading, sentences in sections:
         out += [heading, "-" * len(heading), ""] + [f"- {literal(sentence)}"
                                                      for sentence in sentences] + [""]
+        if figure and heading == FIGURE_AFTER:
+            out += embedded_figure(figure)
     return "\n".join(out)
 
 
@@ -312,13 +337,15 @@ def fingerprints(records) -> dict:
     return found
 
 
-def write_findings(tables: dict, records, out_markdown, out_rst=None) -> list:
-    """findings.md (and the report's .rst) from the tables and the first record."""
+def write_findings(tables: dict, records, out_markdown, out_rst=None, figure=None) -> list:
+    """findings.md (and the report's .rst) from the tables and the first record; the EQC
+    figure's PNG (``figure``) follows the classes (linked in the Markdown, inline in the
+    report)."""
     from bitdrift.atomic import atomic_output
 
     sections = findings(tables, fingerprints(records))
-    for path, text in ((out_markdown, markdown(sections)),
-                       (out_rst, restructured_text(sections) if out_rst else None)):
+    for path, text in ((out_markdown, markdown(sections, figure, out_markdown)),
+                       (out_rst, restructured_text(sections, figure) if out_rst else None)):
         if path:
             with atomic_output(path) as tmp:
                 Path(tmp).write_text(text)

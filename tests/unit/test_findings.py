@@ -103,3 +103,29 @@ def test_the_replay_count_leaves_out_what_was_not_revealed_or_replayed():
     assert not any(", d, dense: not reproduced" in line for line in lines)
     assert any(line == "m: order not revealed (the runtime computes in bfloat16): d."
                for line in lines)
+
+
+def test_the_eqc_figure_follows_the_classes_inline_in_the_report(tmp_path):
+    """The report's first screen shows the EQC figure after the classes: docutils renders
+    an <img> whose data URI decodes to the PNG's own bytes, between the classes and the
+    next section; findings.md links it relative to itself."""
+    import base64
+    import re
+
+    from docutils.core import publish_parts
+    from docutils.utils import Reporter
+
+    png = tmp_path / "figures" / "eqc.png"
+    png.parent.mkdir()
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    sections = findings(_tables(tmp_path, failed=False), {"a": FINGERPRINT})
+    html = publish_parts(restructured_text(sections, png), writer="html",
+                         settings_overrides={"halt_level": Reporter.WARNING_LEVEL})["body"]
+    (data,) = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert base64.b64decode(data) == png.read_bytes()
+    assert html.index("Equivalence classes") < html.index("<img") < html.index(
+        "Devices computing below")
+    text = markdown(sections, png, tmp_path / "findings.md")
+    assert "![equivalence classes](figures/eqc.png)" in text
+    assert text.index("## Equivalence classes") < text.index("![") < text.index(
+        "## Devices computing")

@@ -11,5 +11,6 @@ with workflow_job(snakemake.log[0]):
             ["findings", *snakemake.input.records]
             + ["--tables", str(Path(snakemake.input.eqc).parent)]
             + ["--out", snakemake.output.markdown, "--rst-out", snakemake.output.rst]
+            + ["--figure", snakemake.input.eqc_figure]
         )
     )

@@ -98,7 +98,7 @@ def cmd_findings(args) -> None:
     from bitdrift.findings import STUDY_TABLES, TABLES, write_findings
 
     tables = {name: Path(args.tables) / f"{name}.csv" for name in (*TABLES, *STUDY_TABLES)}
-    sections = write_findings(tables, args.files, args.out, args.rst_out)
+    sections = write_findings(tables, args.files, args.out, args.rst_out, args.figure)
     print(f"bitdrift: {sum(len(lines) for _, lines in sections)} findings in "
           f"{len(sections)} sections -> {args.out}", file=sys.stderr)
 
@@ -175,4 +175,6 @@ def add_commands(sub) -> None:
     p.add_argument("--out", required=True, help="findings.md")
     p.add_argument("--rst-out", help="the same as reStructuredText (the report's first "
                    "section)")
+    p.add_argument("--figure", help="the EQC figure's PNG, shown after the classes (linked "
+                   "in findings.md, inline in the report)")
     p.set_defaults(func=cmd_findings)
