@@ -292,10 +292,13 @@ def embedded_figure(png) -> list[str]:
     """reST lines showing the PNG inline (a data URI: the report is one file)."""
     import base64
 
-    data = base64.b64encode(Path(png).read_bytes()).decode()
+    # wrapped: docutils refuses a line over 10,000 characters, and a data URI's base64
+    # may hold line breaks (browsers drop whitespace when they decode it)
+    data = base64.encodebytes(Path(png).read_bytes()).decode().split()
     return [".. raw:: html", "",
-            f'   <figure><img src="data:image/png;base64,{data}" alt="equivalence classes" '
-            f'style="max-width:100%"><figcaption>{FIGURE_CAPTION}</figcaption></figure>', ""]
+            '   <figure><img alt="equivalence classes" style="max-width:100%"',
+            '   src="data:image/png;base64,', *(f"   {line}" for line in data),
+            f'   "><figcaption>{FIGURE_CAPTION}</figcaption></figure>', ""]
 
 
 def restructured_text(sections, figure=None) -> str:
