@@ -355,7 +355,9 @@ def test_the_report_opens_in_a_real_browser(run):
             const graph = document.querySelector('#rulegraph').getBoundingClientRect();
             const text = document.querySelector('#findings-on-this-machine')
                 .getBoundingClientRect();
-            return {graph: graph.top, top: text.top, text: text.bottom, width: text.width};
+            const figure = document.querySelector('#findings-on-this-machine img');
+            return {graph: graph.top, top: text.top, text: text.bottom, width: text.width,
+                    figure: figure ? figure.naturalWidth : 0};
         }""")
         page.get_by_text("Results", exact=True).first.click()
         page.wait_for_timeout(500)
@@ -364,6 +366,7 @@ def test_the_report_opens_in_a_real_browser(run):
     assert not errors, errors
     assert layout["graph"] >= layout["text"] - 1 and layout["width"] > 700, layout
     assert 0 <= layout["top"] < 100, layout  # not centred out of reach above the window
+    assert layout["figure"] > 100, layout  # the EQC figure, inline after the classes
     figures = {path for path, item in results.items() if item["mime_type"] == "image/png"}
     tables = {path for path, item in results.items() if item["mime_type"] == "text/html"}
     assert len(figures) >= 12 and len(tables) >= 20
