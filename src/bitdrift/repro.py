@@ -292,14 +292,10 @@ def _runtime_code(device: dict, split: Split) -> str:
             deterministic=bool(device.get("deterministic")),
             provider=PROVIDERS[device["accelerator"]])
     if backend == "openvino":
-        from bitdrift.backends.openvino import PLUGINS
+        from bitdrift.backends.openvino import PLUGINS, compile_settings
 
-        settings = {"EXECUTION_MODE_HINT": device.get("execution_mode") or "PERFORMANCE"}
-        if device.get("inference_precision_hint"):
-            settings["INFERENCE_PRECISION_HINT"] = device["inference_precision_hint"]
-        if threads:
-            settings["INFERENCE_NUM_THREADS"] = threads
-        return OPENVINO.format(plugin=PLUGINS[device["accelerator"]], settings=settings)
+        return OPENVINO.format(plugin=PLUGINS[device["accelerator"]],
+                               settings=compile_settings(device))
     if backend == "litert":
         from bitdrift.backends.litert import RESOLVERS
 

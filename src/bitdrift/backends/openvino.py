@@ -52,15 +52,21 @@ LAYOUT_TYPES = {"Input", "Output", "Parameter", "Result", "Const", "Transpose", 
 ISAS = ("amx", "avx512", "avx2", "avx", "sse42", "sse41")
 
 
-def compile(path, device: dict, accelerator: dict, trace: bool = False):
-    ov = _ov()
-    core = ov.Core()
+def compile_settings(device: dict) -> dict:
+    """The plugin's settings for the device's keys (also bitdrift.repro's scripts)."""
     settings = {"EXECUTION_MODE_HINT": device.get("execution_mode") or "PERFORMANCE"}
     if device.get("inference_precision_hint"):
         settings["INFERENCE_PRECISION_HINT"] = device["inference_precision_hint"]
     if device.get("threads"):
         settings["INFERENCE_NUM_THREADS"] = device["threads"]
-    compiled = core.compile_model(core.read_model(str(path)), accelerator["plugin"], settings)
+    return settings
+
+
+def compile(path, device: dict, accelerator: dict, trace: bool = False):
+    ov = _ov()
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(path)), accelerator["plugin"],
+                                  compile_settings(device))
     # The precision the plugin chose (it may ignore a hint the hardware cannot do): the
     # effective-precision check verifies the layers either way.
     chosen = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
