@@ -105,3 +105,19 @@ def small_model_assets(folder: Path) -> tuple[Path, Path]:
     subprocess.run([sys.executable, "-c", code, str(model)], check=True,
                    env={**os.environ, "KERAS_BACKEND": "tensorflow"})
     return dataset, model
+
+
+# The file each exported runtime runs
+EXPORT_FILES = {"onnxruntime": "model.onnx", "openvino": "model.onnx", "litert": "model.tflite"}
+
+
+def export_small_model(model: Path, dataset: Path, folder: Path) -> Path:
+    """``model``'s reference, ONNX and LiteRT exports in ``folder`` (as bitdrift.export
+    writes them, in a TensorFlow process of its own); returns the reference's path."""
+    code = ("import sys; from bitdrift.export import export_model, write_reference; "
+            "write_reference(sys.argv[1], sys.argv[2], sys.argv[3] + '/reference.npz'); "
+            "export_model(sys.argv[1], 'onnx', sys.argv[3] + '/model.onnx'); "
+            "export_model(sys.argv[1], 'tflite', sys.argv[3] + '/model.tflite')")
+    subprocess.run([sys.executable, "-c", code, str(model), str(dataset), str(folder)],
+                   check=True, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    return folder / "reference.npz"

@@ -11,6 +11,9 @@ the tree. A dot product is such a sum (its terms are the products, exact as long
 factors are), and a Dense layer's output columns are independent dot products, so one
 call with one probe pair per column reveals many pairs at once.
 
+With float16 inputs (summed in float32, as most kernels do) M and the unit are 2**15 and
+2**-24, the extremes float16 holds; the output then counts units.
+
 A kernel that adds in a wider format (float64 accumulators) does not swamp; the outputs
 are then not the integers this needs, and the revealing stops with an error saying so.
 """
@@ -25,9 +28,23 @@ import numpy as np
 
 from bitdrift.errors import BitdriftError
 
+# The probe's values (M, the unit) per input format, the sums being float32 or wider.
 # 2**40: a float32 sum of up to 2**15 ones added to it stays exactly ±2**40 (its ulp is
-# 2**17), and 2**40 - 2**40 is exactly 0; in float64, 2**72 (ulp 2**20)
-SWAMPS = {"float32": 2.0**40, "float64": 2.0**72}
+# 2**17), and 2**40 - 2**40 is exactly 0; in float64, 2**72 (ulp 2**20). bfloat16 holds
+# 2**40 and 1 exactly. float16 tops out at 65504: M = 2**15 and the unit its smallest
+# subnormal, 2**-24, keep the ratio (a float32 sum of up to 2**15 units stays under half
+# an ulp of 2**15, 2**-9); the output counts units.
+PROBE_VALUES = {"float32": (2.0**40, 1.0), "float64": (2.0**72, 1.0),
+                "bfloat16": (2.0**40, 1.0), "float16": (2.0**15, 2.0**-24)}
+
+
+def input_dtype(precision: str):
+    """The numpy type of a probe's weights in ``precision``."""
+    if precision == "bfloat16":
+        import ml_dtypes  # numpy has no bfloat16; JAX and TensorFlow install ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(precision).type
 
 
 class OrderError(BitdriftError):
@@ -106,13 +123,13 @@ def probe_sums(dense, pairs: list[tuple[int, int]], terms: int, bias: bool, widt
     1 on every other term, so the output counts the terms added after i and j met. Every
     row of the batch must give the same sums (RowsDiffer), unless ``row`` picks one; sums
     that are not such counts (no swamping) are an OrderError."""
-    dtype = np.float32 if precision == "float32" else np.float64
-    big, count = SWAMPS[precision], terms + (1 if bias else 0)
+    dtype = input_dtype(precision)
+    (big, unit), count = PROBE_VALUES[precision], terms + (1 if bias else 0)
     found = {}
     for start in range(0, len(pairs), width):
         chunk = pairs[start:start + width]
-        weights = np.ones((terms, width), dtype=dtype)
-        shift = np.ones(width, dtype=dtype) if bias else np.zeros(width, dtype=dtype)
+        weights = np.full((terms, width), unit, dtype=dtype)
+        shift = np.full(width, unit if bias else 0, dtype=dtype)
         for column, pair in enumerate(chunk):
             for term, sign in zip(pair, (1, -1), strict=True):
                 if term == terms:
@@ -122,7 +139,7 @@ def probe_sums(dense, pairs: list[tuple[int, int]], terms: int, bias: bool, widt
         outputs = np.asarray(dense(weights, shift), dtype=np.float64).reshape(-1, width)
         if row is None and not np.all(outputs == outputs[0]):
             raise RowsDiffer("the rows of a batch sum in different orders")
-        values = outputs[row or 0, :len(chunk)]
+        values = outputs[row or 0, :len(chunk)] / unit
         if not np.all(np.isfinite(values)) or np.any(values != np.round(values)) or \
                 np.any(values < 0) or np.any(values > count - 2):
             raise OrderError("the kernel's sums are not counts of the terms left after a "
@@ -134,13 +151,13 @@ def probe_sums(dense, pairs: list[tuple[int, int]], terms: int, bias: bool, widt
 
 
 def meeting_sizes(dense: Callable[[np.ndarray], np.ndarray], n: int,
-                  columns_per_call: int = 4096) -> np.ndarray:
+                  columns_per_call: int = 4096, precision: str = "float32") -> np.ndarray:
     """The n x n matrix of the number of terms under the node where terms i and j meet,
     every pair probed (the all-pairs search; ``reveal`` is the recursive one), from
     ``dense(weights)`` (a float32 (n, k) matrix -> the k outputs of a row of ones through
     a Dense layer with these weights and no bias)."""
     found = probe_sums(lambda weights, _: dense(weights), list(combinations(range(n), 2)),
-                       n, bias=False, width=columns_per_call)
+                       n, bias=False, width=columns_per_call, precision=precision)
     sizes = np.zeros((n, n), dtype=np.int64)
     for (i, j), size in found.items():
         sizes[i, j] = sizes[j, i] = size
@@ -249,20 +266,33 @@ def describe(tree: Node) -> dict:
     return result
 
 
-def _is_sequential(node: Node) -> bool:
-    """Each node adds one term to the sum of the terms before it (index order)."""
-    expected = len(node.terms) - 1
+def _chain(node: Node) -> list | None:
+    """The terms in the order they join the running sum when each node adds one term to
+    it (the first two as a set, added together), else None."""
+    joined = []
     while isinstance(node, Node):
         if len(node.children) != 2:
-            return False
+            return None
         inner = [c for c in node.children if isinstance(c, Node)]
         leaves = [c for c in node.children if not isinstance(c, Node)]
         if len(leaves) == 2:
-            return sorted(leaves) == [0, 1]
-        if len(leaves) != 1 or leaves[0] != expected:
-            return False
-        node, expected = inner[0], expected - 1
-    return False
+            return [set(leaves), *reversed(joined)]
+        if len(leaves) != 1:
+            return None
+        joined.append(leaves[0])
+        node = inner[0]
+    return None
+
+
+def _is_sequential(node: Node, first=None) -> bool:
+    """Each node adds one term to the sum of the terms before it, in index order (after
+    ``first``, where a term other than 0 opens the sum: a bias the accumulator starts from)."""
+    chain = _chain(node)
+    if chain is None:
+        return False
+    order = sorted(node.terms) if first is None else \
+        [first, *sorted(set(node.terms) - {first})]
+    return chain[0] == set(order[:2]) and chain[1:] == order[2:]
 
 
 def _is_pairwise(node) -> bool:
@@ -288,8 +318,9 @@ def reveal(dense: Callable[[np.ndarray, np.ndarray], np.ndarray], terms: int, un
     about n log n. Every row of the batch must give the same sums (else the kernel sums
     rows in different orders, and the error says so), unless ``row`` picks the row whose
     order is revealed (see reveal_rows)."""
-    if precision not in SWAMPS:
-        raise OrderError(f"the order is revealed in float32 and float64, not {precision}")
+    if precision not in PROBE_VALUES:
+        raise OrderError(f"the order is revealed with inputs in {', '.join(PROBE_VALUES)}, "
+                         f"not {precision}")
     count = terms + (1 if bias else 0)
 
     def query(pairs):
@@ -338,6 +369,9 @@ def summary(tree: Node, bias: bool = True) -> str:
             other = next(child for child in tree.children if child != bias_term)
             products = other if isinstance(other, Node) else Node(1, [other], (other,))
             where = ", bias last"
+        elif _is_sequential(tree, first=bias_term):
+            # the accumulator starts from the bias (XNNPACK's, ONNX Runtime's packed GEMM)
+            return "sequential, bias first"
         else:
             where = ", bias inside"
     found = describe(products) if isinstance(products, Node) and products.size > 1 \

@@ -562,8 +562,8 @@ def plot_orders(pair: dict | None, out: str | Path) -> None:
     if pair is None:
         figure, ax = plt.subplots(figsize=(9, 2.2))
         ax.text(0.5, 0.5, "No two devices sum a Dense layer in different revealed orders in "
-                "these records\n(orders are revealed for float32/float64 devices of the Keras "
-                "and ONNX runtimes; see accumulation_orders.csv)",
+                "these records\n(each device's orders and the reasons where one is not revealed "
+                "are in accumulation_orders.csv)",
                 ha="center", va="center", fontsize=10)
         ax.set_axis_off()
         save_figure(figure, out)

@@ -110,14 +110,14 @@ WORKER = "bitdrift.inference:run_repeat"
 def reveal_orders(session, device: dict) -> dict:
     """{layer: {"trees", ...} or {"error"}}: the order each Dense layer sums in, revealed through
     this runtime at the layer's shapes and the device's batch size (bitdrift.accumulation);
-    float32 and float64 devices only."""
-    from bitdrift.accumulation import OrderError, reveal_rows, to_flat
+    in every format a device runs (float16 and bfloat16 with the probe values they hold)."""
+    from bitdrift.accumulation import PROBE_VALUES, OrderError, reveal_rows, to_flat
 
     orders = {}
     computes = session.accelerator.get("inference_precision") or device["precision"]
     for layer, (terms, units, use_bias) in session.dense_layers.items():
-        if device["precision"] not in ("float32", "float64"):
-            orders[layer] = {"error": f"{device['precision']}: float32 and float64 only"}
+        if device["precision"] not in PROBE_VALUES:
+            orders[layer] = {"error": f"{device['precision']}: no probe for this format"}
             continue
         if computes in ("bfloat16", "float16") and computes != device["precision"]:
             # OpenVINO's bfloat16 default: ones are not exact there, nothing swamps alike

@@ -27,14 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.errors import BitdriftError, ConfigError, RecordError
+from bitdrift.backends import EXPORTED_RUNTIMES, KERAS_RUNTIMES
+from bitdrift.backends.exported import ONNX_RUNTIMES
+from bitdrift.errors import BitdriftError, ConfigError, InferenceError, RecordError
 from bitdrift.record import Record
 
 EXPECTED = "expected.json"
-KERAS_RUNTIMES = ("tensorflow", "torch", "jax")
-ONNX_RUNTIMES = ("onnxruntime", "openvino")
-# LiteRT runs a one-layer .tflite, converted as bitdrift.export converts the model
-FILE_RUNTIMES = ONNX_RUNTIMES + ("litert",)
 # The layers an ONNX runtime's script rebuilds as tf2onnx exports them (bitdrift.export)
 ONNX_LAYERS = ("Dense", "Conv2D")
 ONNX_ACTIVATIONS = {"linear": None, "relu": "Relu", "softmax": "Softmax"}
@@ -302,13 +300,13 @@ def _runtime_code(device: dict, split: Split) -> str:
         return LITERT.format(threads=threads or None,
                              resolver=RESOLVERS[device.get("op_resolver") or "xnnpack"])
     raise NotReproducible(f"backend {backend!r}: no repro script (bitdrift writes them for "
-                          f"{', '.join(KERAS_RUNTIMES + FILE_RUNTIMES)})")
+                          f"{', '.join(KERAS_RUNTIMES + EXPORTED_RUNTIMES)})")
 
 
 def refusal(device: dict, split: Split) -> str | None:
     """Why no script can be written for this device, or None."""
     backend = device["backend"]
-    if backend not in KERAS_RUNTIMES + FILE_RUNTIMES:
+    if backend not in KERAS_RUNTIMES + EXPORTED_RUNTIMES:
         return f"backend {backend!r}: no repro script"
     if backend == "litert" and device["precision"] != "float32":
         return "litert: the export is float32"
@@ -338,7 +336,7 @@ def write_script(path: Path, name: str, device: dict, record: Record, split: Spl
         command=shown, record=record.path.name, expected=expected,
         env=script_environment(device), batch=int(device["batch_size"]),
         samples=len(record.samples))
-    load = LOAD_ONNX if device["backend"] in FILE_RUNTIMES else \
+    load = LOAD_ONNX if device["backend"] in EXPORTED_RUNTIMES else \
         (LOAD_BFLOAT16 if device["precision"] == "bfloat16" else LOAD).format(
             weights=len(split.weights))
     path.write_text(header + load + PAD + _runtime_code(device, split) + FOOTER)
@@ -399,44 +397,17 @@ def onnx_layer(split: Split, input_shape: tuple, opset: int = 17):
 
 
 # -- the one-layer LiteRT file ----------------------------------------------------------------
-TFLITE_CODE = """
-import json, sys
-import numpy as np
-from bitdrift import backends
-from bitdrift.reference import FORMATS
-
-spec = json.loads(sys.argv[1])
-keras = backends.get("tensorflow").import_keras()
-inputs = keras.Input(shape=spec["shape"])
-layer = getattr(keras.layers, spec["class_name"]).from_config(spec["config"])
-model = keras.Model(inputs, layer(inputs))
-with np.load(spec["weights"]) as data:
-    layer.set_weights([data[str(index)] for index in range(len(data.files))])
-model(np.zeros((1, *spec["shape"]), np.float32))
-model.export(spec["out"], format=FORMATS["tflite"][0], verbose=False)
-"""
-
-
 def tflite_layer(split: Split, input_shape: tuple, weights: list, out: Path) -> None:
-    """The layer alone as a .tflite, converted as bitdrift.export converts the model
-    (Keras' LiteRT export, in a TensorFlow process of its own)."""
+    """The layer alone as a .tflite, converted as bitdrift.export converts the model."""
+    from bitdrift.backends.litert import convert_layers
     from bitdrift.models import rewrite_dtypes
 
-    holder = out.with_suffix(".weights.npz")
-    np.savez(holder, **{str(index): value for index, value in enumerate(weights)})
-    spec = {"shape": list(input_shape), "class_name": split.class_name,
-            "config": rewrite_dtypes(minimal_config(split.config), "float32"),
-            "weights": str(holder), "out": str(out)}
     try:
-        done = subprocess.run([sys.executable, "-c", TFLITE_CODE, json.dumps(spec)],
-                              capture_output=True, text=True,
-                              env={**os.environ, "KERAS_BACKEND": "tensorflow",
-                                   "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""})
-    finally:
-        holder.unlink(missing_ok=True)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise NotReproducible(f"layer {split.layer!r}: LiteRT's converter failed ({last})")
+        convert_layers([{"shape": list(input_shape), "class_name": split.class_name,
+                         "config": rewrite_dtypes(minimal_config(split.config), "float32"),
+                         "weights": weights, "out": str(out)}])
+    except InferenceError as error:
+        raise NotReproducible(f"layer {split.layer!r}: {error}") from error
 
 
 # -- the folder -----------------------------------------------------------------------------

@@ -117,6 +117,57 @@ def reveal_all_pairs(order, n):
     return reveal(order, n).as_list()
 
 
+def test_an_accumulator_that_starts_from_the_bias_is_named_so():
+    """XNNPACK's and ONNX Runtime's packed GEMMs load the bias into the accumulator, then
+    add the products in order: the tree's first node adds the bias and product 0."""
+    from bitdrift.accumulation import Node, reveal, summary
+
+    def bias_first(weights, shift):
+        total = shift.astype(F32)
+        for row in weights.astype(F32):
+            total = (total + row).astype(F32)
+        return np.stack([total] * 2)
+
+    tree = reveal(bias_first, terms=24, units=5)
+    assert summary(tree) == "sequential, bias first"
+    node = tree  # down the chain to the first addition: the bias and product 0
+    while any(isinstance(child, Node) for child in node.children):
+        node = next(child for child in node.children if isinstance(child, Node))
+    assert sorted(node.children) == [0, 24]
+    # the products alone in order, bias last, is the other name
+    assert summary(reveal(dense_in_order(sequential), terms=24, units=5)) == \
+        "sequential, bias last"
+
+
+def narrow_dense(order, precision):
+    """A Dense call whose weights come in a narrower format (float16, bfloat16) and whose
+    products with a row of ones are summed in float32 in ``order``, bias last."""
+    from bitdrift.accumulation import input_dtype
+
+    def dense(weights, shift):
+        assert weights.dtype == input_dtype(precision) and shift.dtype == weights.dtype
+        sums = order(list(weights.astype(F32)))
+        return np.stack([(sums + shift.astype(F32)).astype(F32)] * 2)
+    return dense
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+@pytest.mark.parametrize("order,expected", [(sequential, "sequential, bias last"),
+                                            (pairwise, "pairwise, bias last"),
+                                            (lanes(4), "4 interleaved lanes, bias last"),
+                                            (blocks(8), "blocks of 8, bias last")])
+def test_narrow_inputs_summed_in_float32_reveal_the_tree_built(precision, order, expected):
+    """float16 and bfloat16 inputs with float32 accumulation (FPRev's tensor-core case):
+    the probe's values are the format's own (float16: 2**15 and 2**-24), and the tree is
+    the one the float32 search of the same order finds."""
+    from bitdrift.accumulation import reveal, summary
+
+    tree = reveal(narrow_dense(order, precision), terms=48, units=7, precision=precision)
+    assert summary(tree) == expected
+    products = next(child for child in tree.children if child != 48)
+    assert products.as_list() == reveal_all_pairs(order, 48)
+
+
 def test_a_replay_in_the_revealed_order_is_bit_identical_and_fma_matters():
     """A layer summed sequentially with a fused multiply-add (each product added to the
     running sum with one rounding, computed exactly with Python's fractions) and with
@@ -172,9 +223,22 @@ def small_model(tmp_path_factory):
     return small_model_assets(tmp_path_factory.mktemp("orders"))
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
-def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(small_model, tmp_path,
-                                                                  backend):
+@pytest.fixture(scope="module")
+def small_export(small_model, tmp_path_factory):
+    from tests.utils import export_small_model
+
+    folder = tmp_path_factory.mktemp("orders_export")
+    return folder, export_small_model(small_model[1], small_model[0], folder)
+
+
+@pytest.mark.parametrize("backend,settings", [
+    ("tensorflow", {}), ("torch", {}),
+    # the exported runtimes: each Dense layer alone in the runtime's own format
+    ("onnxruntime", {"graph_optimization_level": "all"}),
+    ("litert", {"op_resolver": "xnnpack"}), ("litert", {"op_resolver": "builtin"})],
+    ids=["tensorflow", "torch", "onnxruntime", "litert_xnnpack", "litert_builtin"])
+def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(
+        small_model, small_export, tmp_path, backend, settings):
     """A real inference (fresh processes): every Dense layer's order is revealed through
     the runtime at the layer's shapes (its products and bias as terms), and numpy replaying
     the layer in that order, from the recorded input and the device's weights, gives the
@@ -182,14 +246,18 @@ def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(small_model, 
     from bitdrift.accumulation import from_flat
     from bitdrift.inference import infer
     from bitdrift.record import Record
+    from tests.utils import EXPORT_FILES
 
     dataset, model = small_model
     device = {"accelerator": "cpu", "threads": 1, "batch_size": 2, "precision": "float32",
-              "env": {}, "repeats": 1, "external": False, "backend": backend}
+              "env": {}, "repeats": 1, "external": False, "backend": backend, **settings}
+    exported = backend in EXPORT_FILES
     out = tmp_path / f"{backend}.h5"
     with open(tmp_path / "log", "w") as log:
         infer(model_name="small", device_name=backend, device=device, model_path=model,
-              dataset_path=dataset, samples=[0, 3, 6], out=out, log=log, kernels=True)
+              dataset_path=dataset, samples=[0, 3, 6], out=out, log=log, kernels=True,
+              reference=small_export[1] if exported else None,
+              export=small_export[0] / EXPORT_FILES[backend] if exported else None)
     with Record(out) as record:
         orders = record.accumulation_orders
         reproduced = 0

@@ -31,23 +31,17 @@ DEVICES = {
     "litert": {"backend": "litert", "op_resolver": "xnnpack"},
     "litert_builtin": {"backend": "litert", "op_resolver": "builtin"},
 }
-FILES = {"onnxruntime": "model.onnx", "openvino": "model.onnx", "litert": "model.tflite"}
 SAMPLES = [6, 0, 3]
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     """Real records of an untrained Cifar10-small on the devices above, and its export."""
-    from tests.utils import small_model_assets
+    from tests.utils import EXPORT_FILES, export_small_model, small_model_assets
 
     tmp = tmp_path_factory.mktemp("repro")
     dataset, model = small_model_assets(tmp)
-    code = ("import sys; from bitdrift.export import export_model, write_reference; "
-            "write_reference(sys.argv[1], sys.argv[2], sys.argv[3] + '/reference.npz'); "
-            "export_model(sys.argv[1], 'onnx', sys.argv[3] + '/model.onnx'); "
-            "export_model(sys.argv[1], 'tflite', sys.argv[3] + '/model.tflite')")
-    subprocess.run([sys.executable, "-c", code, str(model), str(dataset), str(tmp)],
-                   check=True, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    reference = export_small_model(model, dataset, tmp)
     paths = {}
     for name, settings in DEVICES.items():
         device = {**CPU, **settings}
@@ -55,9 +49,9 @@ def records(tmp_path_factory):
         with open(tmp / "log", "a") as log:
             infer(model_name="small", device_name=name, device=device, model_path=model,
                   dataset_path=dataset, samples=SAMPLES, out=paths[name], log=log,
-                  reference=tmp / "reference.npz",
-                  export=tmp / FILES[device["backend"]] if device["backend"] in FILES
-                  else None, kernels=False)
+                  reference=reference,
+                  export=tmp / EXPORT_FILES[device["backend"]]
+                  if device["backend"] in EXPORT_FILES else None, kernels=False)
     return paths, model, dataset
 
 

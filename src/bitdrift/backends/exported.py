@@ -54,12 +54,14 @@ def trace_environment(device: dict) -> dict:
     return {}
 
 
-def open_session(runtime, job: dict, name: str):
+def open_session(runtime, job: dict, name: str, dense_probe=None):
     """``runtime.compile(path, device, accelerator, trace)`` returns a function of a
     float32 batch giving every exported output in order, and a function describing the
     compiled graph (its nodes and output tensors, bitdrift.kernels.GraphNode) when
     ``trace``; the layers whose outputs match the reference are recorded, the others
-    listed as unmapped."""
+    listed as unmapped. ``dense_probe(runtime, device, accelerator, export, dense_layers)``
+    gives the session's dense_call: one Dense layer alone in the runtime's own format
+    (onnx_dense_call; LiteRT's in its module)."""
     from bitdrift.backends import Session
     from bitdrift.datasets import read_test_images
     from bitdrift.reference import (
@@ -115,8 +117,8 @@ def open_session(runtime, job: dict, name: str):
                             bool(value[0]["use_bias"]))
                     for layer, value in reference.checked.items()
                     if value[0]["class_name"] == "Dense" and layer in recorded}
-    dense_call = onnx_dense_call(runtime, device, accelerator, job["export"]) \
-        if runtime.NAME in ONNX_RUNTIMES else None
+    dense_call = dense_probe(runtime, device, accelerator, job["export"], dense_layers) \
+        if dense_probe is not None else None
     kernels = None
     if trace:
         from dataclasses import asdict
@@ -141,7 +143,7 @@ def open_session(runtime, job: dict, name: str):
 ONNX_RUNTIMES = ("onnxruntime", "openvino")
 
 
-def onnx_dense_call(runtime, device: dict, accelerator: dict, export):
+def onnx_dense_call(runtime, device: dict, accelerator: dict, export, dense_layers=None):
     """dense_call for an ONNX runtime (see bitdrift.backends.Session): each call builds a
     one-layer ONNX model with the given kernel and bias as constants (so the runtime packs
     and fuses them as in the export) and compiles it with the device's settings."""

@@ -4,7 +4,12 @@ CPU only: a GPU delegate is not a device bitdrift can check here."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -19,7 +24,7 @@ from bitdrift.backends.exported import (  # noqa: F401
     strategy_scope,
     trace_environment,
 )
-from bitdrift.errors import AcceleratorMissing
+from bitdrift.errors import AcceleratorMissing, InferenceError
 
 NAME = "litert"
 PIN = "ai-edge-litert==2.3.0"
@@ -106,5 +111,109 @@ def versions() -> dict:
     return {"litert": version("ai-edge-litert")}
 
 
+# -- one layer alone, converted as the model is ------------------------------------------------
+CONVERT_CODE = """
+import json, sys
+import numpy as np
+from bitdrift import backends
+from bitdrift.reference import FORMATS
+
+keras = backends.get("tensorflow").import_keras()
+for spec in json.loads(sys.argv[1]):
+    inputs = keras.Input(shape=spec["shape"])
+    layer = getattr(keras.layers, spec["class_name"]).from_config(spec["config"])
+    model = keras.Model(inputs, layer(inputs))
+    with np.load(spec["weights"]) as data:
+        layer.set_weights([data[str(index)] for index in range(len(data.files))])
+    model(np.zeros((1, *spec["shape"]), np.float32))
+    model.export(spec["out"], format=FORMATS["tflite"][0], verbose=False)
+"""
+
+
+def convert_layers(specs: list[dict]) -> None:
+    """Each layer alone as a .tflite (spec: shape without the batch, class_name, config,
+    weights as arrays, out), converted as bitdrift.export converts the model (Keras' LiteRT
+    export), all in one TensorFlow process of its own (its import is the cost)."""
+    with tempfile.TemporaryDirectory(prefix="bitdrift-convert-") as folder:
+        plan = []
+        for index, spec in enumerate(specs):
+            holder = Path(folder) / f"{index}.npz"
+            np.savez(holder, **{str(k): value for k, value in enumerate(spec["weights"])})
+            plan.append({**spec, "weights": str(holder)})
+        done = subprocess.run([sys.executable, "-c", CONVERT_CODE, json.dumps(plan)],
+                              capture_output=True, text=True,
+                              env={**os.environ, "KERAS_BACKEND": "tensorflow",
+                                   "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""})
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InferenceError(f"LiteRT's converter failed ({last})")
+
+
+def _template(terms: int, units: int, use_bias: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A Dense layer's weights whose bytes occur once in its .tflite (a seeded normal
+    draw: no value repeats), so a probe's weights can take their place."""
+    draw = np.random.default_rng(terms * 7919 + units)
+    kernel = draw.standard_normal((terms, units)).astype(np.float32)
+    bias = draw.standard_normal(units).astype(np.float32) if use_bias else None
+    return kernel, bias
+
+
+def dense_probe(runtime, device: dict, accelerator: dict, export, dense_layers: dict):
+    """dense_call for LiteRT (see bitdrift.backends.Session). Each Dense layer is converted
+    alone once, as the export converts the model (FULLY_CONNECTED with its weights as
+    constants, which XNNPACK packs at load), with template weights; each call writes the
+    probe's kernel (transposed, as the converter stores it) and bias over the template's
+    bytes and loads the file with the device's resolver and threads."""
+    converted: dict = {}
+
+    def convert_all(folder: Path) -> None:
+        # Every Dense layer of the job in one converter process
+        specs, keys = [], []
+        for terms, units, use_bias in sorted(set(dense_layers.values())):
+            kernel, bias = _template(terms, units, use_bias)
+            out = folder / f"dense_{terms}_{units}_{int(use_bias)}.tflite"
+            specs.append({"shape": [terms], "class_name": "Dense",
+                          "config": {"units": units, "use_bias": use_bias, "dtype": "float32",
+                                     "name": "dense"},
+                          "weights": [kernel] + ([bias] if use_bias else []), "out": str(out)})
+            keys.append((terms, units, use_bias))
+        convert_layers(specs)
+        for key, spec in zip(keys, specs, strict=True):
+            content = Path(spec["out"]).read_bytes()
+            for name, value in zip(("kernel", "bias"), _template(*key), strict=True):
+                if value is None:
+                    continue
+                stored = (value.T if name == "kernel" else value).tobytes()
+                if content.count(stored) != 1:
+                    raise InferenceError(
+                        "LiteRT's converter did not store "
+                        f"the Dense {name} {key[:2]} as one float32 constant; its summation "
+                        "order cannot be probed in the .tflite")
+            converted[key] = content
+
+    def make(terms: int, units: int, use_bias: bool, batch: int):
+        ones = np.ones((batch, terms), dtype=np.float32)
+
+        def call(kernel, bias):
+            with tempfile.TemporaryDirectory(prefix="bitdrift-dense-") as folder:
+                if not converted:
+                    convert_all(Path(folder))
+                content = converted[(terms, units, use_bias)]
+                template_kernel, template_bias = _template(terms, units, use_bias)
+                content = content.replace(template_kernel.T.tobytes(),
+                                          np.ascontiguousarray(kernel.T, np.float32).tobytes())
+                if use_bias:
+                    content = content.replace(template_bias.tobytes(),
+                                              np.asarray(bias, np.float32).tobytes())
+                path = Path(folder) / "probe.tflite"
+                path.write_bytes(content)
+                run, _ = runtime.compile(path, device, dict(accelerator), False)
+                return np.asarray(run(ones)[-1])
+
+        return call
+
+    return make
+
+
 def open_session(job: dict, name: str):
-    return exported.open_session(sys.modules[__name__], job, name)
+    return exported.open_session(sys.modules[__name__], job, name, dense_probe=dense_probe)
