@@ -12,14 +12,18 @@ emulation is faithful is checked, not assumed: ``bitdrift emulation-check``.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
-from bitdrift.errors import ConfigError, InferenceError
+from bitdrift.errors import ConfigError, InferenceError, InstallError
 
 QEMU = "qemu-x86_64"
-INSTALL = "install Debian's qemu-user (`apt-get install qemu-user`; ./quickstart does)"
+INSTALL = ("install Debian's qemu-user (`apt-get install qemu-user`; ./quickstart does), or "
+           "run `bitdrift install-qemu` (a static build into this environment: no root)")
 # The instruction sets that matter for float kernels, per CPU family QEMU offers (as
 # QEMU 7.2's CPUID shows them; tests/unit/test_emulation.py reads them back through QEMU).
 SSE = ["sse", "sse2", "sse3", "ssse3"]
@@ -90,10 +94,10 @@ def command_prefix(device: dict) -> list[str]:
     model = device.get("emulate")
     if not model:
         return []
-    qemu = shutil.which(QEMU)
+    qemu = qemu_path()
     if qemu is None:
-        raise InferenceError(f"device key emulate: {model} needs {QEMU}, which is not on the "
-                             f"PATH; {INSTALL}")
+        raise InferenceError(f"device key emulate: {model} needs {QEMU}, which is neither in "
+                             f"{Path(sys.prefix) / 'bin'} nor on the PATH; {INSTALL}")
     return [qemu, "-cpu", ",".join([model, *(f"-{name}" for name in unsupported(model))])]
 
 
@@ -101,7 +105,7 @@ def command_prefix(device: dict) -> list[str]:
 def unsupported(model: str) -> tuple[str, ...]:
     """The features of ``model`` QEMU's TCG does not support (its start-up warnings); an
     instruction set that matters for floats among them refuses the model."""
-    qemu = shutil.which(QEMU)
+    qemu = qemu_path() or QEMU
     done = subprocess.run([qemu, "-cpu", model, "/bin/true"], capture_output=True, text=True,
                           timeout=60)
     names = tuple(dict.fromkeys(re.findall(r"TCG doesn't support requested feature: "
@@ -113,9 +117,125 @@ def unsupported(model: str) -> tuple[str, ...]:
     return names
 
 
+def qemu_path(name: str = QEMU) -> str | None:
+    """QEMU in this environment's own ``bin`` (where ``bitdrift install-qemu`` puts it, and
+    what a SLURM node's environment carries), else on the PATH."""
+    return shutil.which(name, path=os.pathsep.join([str(Path(sys.prefix) / "bin"),
+                                                    os.environ.get("PATH", "")]))
+
+
+# -- QEMU where no apt-get is: Debian's statically linked build ---------------------------------
+DEBIAN_MIRROR = "https://deb.debian.org/debian"
+DEBIAN_SUITE = "bookworm"  # QEMU 7.2, the version the emulation check was measured with
+STATIC_PACKAGE = "qemu-user-static"
+
+
+def _fetch(url: str, out: Path | None = None) -> bytes | None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:
+            if out is None:
+                return response.read()
+            with open(out, "wb") as handle:
+                shutil.copyfileobj(response, handle, 1 << 20)
+    except OSError as error:
+        raise InstallError(f"install-qemu: cannot fetch {url} ({error})") from error
+    return None
+
+
+def package_entry(index: str, package: str) -> dict:
+    """The fields of ``package`` in a Debian ``Packages`` index (its stanza)."""
+    for stanza in index.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines()
+                      if ": " in line and not line.startswith(" "))
+        if fields.get("Package") == package:
+            return fields
+    raise InstallError(f"install-qemu: the index has no package {package!r}")
+
+
+def ar_members(path: Path) -> dict[str, tuple[int, int]]:
+    """{name: (offset, size)} of the members of an ``ar`` archive (a .deb)."""
+    members = {}
+    with open(path, "rb") as handle:
+        if handle.read(8) != b"!<arch>\n":
+            raise InstallError(f"install-qemu: {path} is not a Debian package (no ar header)")
+        while header := handle.read(60):
+            if len(header) < 60:
+                break
+            name = header[:16].decode().strip().rstrip("/")
+            size = int(header[48:58].decode().strip())
+            members[name] = (handle.tell(), size)
+            handle.seek(size + size % 2, 1)
+    return members
+
+
+def extract_from_deb(deb: Path, wanted: dict[str, Path]) -> None:
+    """Write each ``wanted`` file of the .deb's data archive ({path in the package: out}),
+    atomically (a half-written QEMU must never look installed)."""
+    import io
+    import tarfile
+
+    members = ar_members(deb)
+    data = next((name for name in members if name.startswith("data.tar")), None)
+    if data is None:
+        raise InstallError(f"install-qemu: {deb} holds no data.tar")
+    offset, size = members[data]
+    with open(deb, "rb") as handle:
+        handle.seek(offset)
+        blob = handle.read(size)
+    found = set()
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as archive:
+        for member in archive:
+            name = member.name.removeprefix("./")
+            if name not in wanted or not member.isfile():
+                continue
+            out = wanted[name]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            partial = out.with_name(out.name + ".partial")
+            with archive.extractfile(member) as source, open(partial, "wb") as target:
+                shutil.copyfileobj(source, target, 1 << 20)
+            partial.chmod(0o755)
+            os.replace(partial, out)
+            found.add(name)
+    missing = sorted(set(wanted) - found)
+    if missing:
+        raise InstallError(f"install-qemu: {deb} lacks {', '.join(missing)}")
+
+
+def install_qemu(prefix: Path | str = sys.prefix, targets=("x86_64",),
+                 mirror: str = DEBIAN_MIRROR, suite: str = DEBIAN_SUITE) -> dict:
+    """Debian's statically linked QEMU user-mode emulators (package qemu-user-static, of
+    ``suite``) into ``prefix``/bin as ``qemu-TARGET``: for cluster nodes without Debian or
+    root (a conda environment's post-deploy script runs it). The package is checked
+    against the SHA-256 in the suite's index. Returns {"version", "installed": [paths]}."""
+    import hashlib
+    import lzma
+    import tempfile
+
+    index = lzma.decompress(_fetch(f"{mirror}/dists/{suite}/main/binary-amd64/Packages.xz"))
+    entry = package_entry(index.decode("utf-8", "replace"), STATIC_PACKAGE)
+    bindir = Path(prefix) / "bin"
+    with tempfile.TemporaryDirectory(prefix="bitdrift-qemu-") as folder:
+        deb = Path(folder) / "qemu.deb"
+        _fetch(f"{mirror}/{entry['Filename']}", deb)
+        digest = hashlib.sha256()
+        with open(deb, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        if digest.hexdigest() != entry.get("SHA256"):
+            raise InstallError(f"install-qemu: {entry['Filename']} does not match the SHA-256 "
+                               f"of {suite}'s index (a broken download or mirror)")
+        wanted = {f"usr/bin/qemu-{target}-static": bindir / f"qemu-{target}"
+                  for target in targets}
+        extract_from_deb(deb, wanted)
+    return {"version": entry.get("Version", ""), "installed": [str(path) for path in
+                                                               wanted.values()]}
+
+
 def qemu_version() -> str:
     try:
-        first = subprocess.run([QEMU, "--version"], capture_output=True, text=True,
+        first = subprocess.run([qemu_path() or QEMU, "--version"], capture_output=True, text=True,
                                timeout=30).stdout.splitlines()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"

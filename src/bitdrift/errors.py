@@ -67,6 +67,12 @@ class OutputError(BitdriftError, OSError):
     exit_code = 6
 
 
+class InstallError(BitdriftError, OSError):
+    """A download that failed or does not match its index's checksum (install-qemu)."""
+
+    exit_code = 7
+
+
 EXIT_CODES = """exit status:
   0  success (identify: the record matched a known class)
   1  identify: the record matched no known class
@@ -74,4 +80,5 @@ EXIT_CODES = """exit status:
   3  unreadable, corrupt or mismatched dataset or record file (the file is named)
   4  a study, inference or training run failed (the log is named)
   5  the device's accelerator (GPU/TPU) is not visible: never a CPU fallback
-  6  an output cannot be written (disk full, read-only folder); nothing half-written is left"""
+  6  an output cannot be written (disk full, read-only folder); nothing half-written is left
+  7  install-qemu: a download failed or does not match the index's SHA-256"""

@@ -2,6 +2,7 @@
 the host forced to the same kernels, and the config's refusals."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -116,11 +117,87 @@ def test_the_schema_offers_only_models_qemu_emulates_in_full():
         validate_config(config)
 
 
-def test_qemu_missing_is_one_line_naming_the_fix(monkeypatch):
+def test_qemu_missing_is_one_line_naming_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(InferenceError, match="qemu-x86_64, which is not on the PATH; install "
-                       "Debian's qemu-user"):
+    monkeypatch.setattr("sys.prefix", str(tmp_path))
+    with pytest.raises(InferenceError, match="qemu-x86_64, which is neither in .* nor on the "
+                       "PATH; install Debian's qemu-user .* or run `bitdrift install-qemu`"):
         command_prefix({"emulate": "Haswell-v4"})
+
+
+@pytest.fixture
+def debian_mirror(tmp_path):
+    """A Debian mirror on a local HTTP server: a qemu-user-static package built by
+    dpkg-deb (its payload a stand-in script) and a Packages.xz index naming it."""
+    import hashlib
+    import http.server
+    import lzma
+    import threading
+    from functools import partial
+
+    root = tmp_path / "mirror"
+    package = tmp_path / "pkg"
+    (package / "DEBIAN").mkdir(parents=True)
+    (package / "DEBIAN" / "control").write_text(
+        "Package: qemu-user-static\nVersion: 1:7.2-test\nArchitecture: amd64\n"
+        "Maintainer: bitdrift tests <tests@example.org>\nDescription: test package\n")
+    (package / "usr" / "bin").mkdir(parents=True)
+    payload = b"#!/bin/sh\necho stand-in for qemu-x86_64 \"$@\"\n"
+    (package / "usr" / "bin" / "qemu-x86_64-static").write_bytes(payload)
+    filename = "pool/main/q/qemu/qemu-user-static_7.2-test_amd64.deb"
+    (root / filename).parent.mkdir(parents=True)
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(package),
+                    str(root / filename)], check=True, capture_output=True)
+    digest = hashlib.sha256((root / filename).read_bytes()).hexdigest()
+    index = root / "dists" / "bookworm" / "main" / "binary-amd64" / "Packages.xz"
+    index.parent.mkdir(parents=True)
+
+    def write_index(sha256=digest):
+        index.write_bytes(lzma.compress(
+            f"Package: qemu-user\nVersion: 1:7.2-test\nFilename: pool/other.deb\n\n"
+            f"Package: qemu-user-static\nVersion: 1:7.2-test\nFilename: {filename}\n"
+            f"SHA256: {sha256}\n\n".encode()))
+
+    write_index()
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", payload, write_index
+    server.shutdown()
+
+
+def test_install_qemu_takes_the_static_build_from_a_debian_mirror(debian_mirror, tmp_path,
+                                                                  monkeypatch):
+    """`bitdrift install-qemu` on a real .deb (dpkg-deb) from a Debian-shaped mirror over
+    HTTP: the payload lands in PREFIX/bin as qemu-x86_64, executable, and an emulated
+    device's command then finds it there before the PATH."""
+    from bitdrift.cli import main
+    from bitdrift.emulation import qemu_path
+
+    mirror, payload, _ = debian_mirror
+    prefix = tmp_path / "env"
+    assert main(["install-qemu", "--prefix", str(prefix), "--mirror", mirror]) == 0
+    installed = prefix / "bin" / "qemu-x86_64"
+    assert installed.read_bytes() == payload and os.access(installed, os.X_OK)
+    assert not list((prefix / "bin").glob("*.partial"))
+    monkeypatch.setattr("sys.prefix", str(prefix))
+    assert qemu_path() == str(installed)
+
+
+def test_install_qemu_refuses_a_package_that_does_not_match_the_index(debian_mirror,
+                                                                      tmp_path):
+    from bitdrift.emulation import install_qemu
+    from bitdrift.errors import InstallError
+
+    mirror, _, write_index = debian_mirror
+    write_index(sha256="0" * 64)
+    with pytest.raises(InstallError, match="does not match the SHA-256"):
+        install_qemu(tmp_path / "env", mirror=mirror)
+    assert not (tmp_path / "env" / "bin" / "qemu-x86_64").exists()
+    with pytest.raises(InstallError, match="qemu-aarch64-static"):
+        write_index()
+        install_qemu(tmp_path / "env", targets=("aarch64",), mirror=mirror)
 
 
 def test_the_emulation_check_finds_faithful_kernels_and_fails_on_a_wrong_class(

@@ -22,6 +22,15 @@ def cmd_emulation_check(args) -> int:
     return 0
 
 
+def cmd_install_qemu(args) -> int:
+    from bitdrift.emulation import install_qemu
+
+    done = install_qemu(args.prefix, args.targets, args.mirror, args.suite)
+    print(f"bitdrift: QEMU {done['version']} (Debian's static build): "
+          f"{', '.join(done['installed'])}", file=sys.stderr)
+    return 0
+
+
 def add_commands(sub) -> None:
     """Register these commands on the `bitdrift` subparsers."""
     from bitdrift.emulation_check import CLASSES, KERNELS
@@ -34,3 +43,17 @@ def add_commands(sub) -> None:
                    help="emulated CPU models (default: all)")
     p.add_argument("--out", required=True, help="the table (CSV)")
     p.set_defaults(func=cmd_emulation_check)
+
+    from bitdrift.emulation import DEBIAN_MIRROR, DEBIAN_SUITE
+
+    p = sub.add_parser("install-qemu", help="QEMU's user-mode emulators (Debian's static "
+                       "build) into this environment, for nodes without apt-get or root")
+    p.add_argument("--prefix", default=sys.prefix,
+                   help="installs into PREFIX/bin (default: this environment)")
+    p.add_argument("--targets", nargs="+", default=["x86_64"],
+                   help="QEMU targets (default x86_64; aarch64 for Arm CPUs)")
+    p.add_argument("--mirror", default=DEBIAN_MIRROR, help="a Debian mirror (default: %(default)s)")
+    p.add_argument("--suite", default=DEBIAN_SUITE,
+                   help="the Debian release whose qemu-user-static is taken (default: "
+                   "%(default)s, QEMU 7.2)")
+    p.set_defaults(func=cmd_install_qemu)
