@@ -2,11 +2,14 @@
 
     python benchmarks/accumulation.py
 
-For each Keras runtime (TensorFlow, torch, JAX) and numpy, in a fresh process: the seconds
+For numpy, each Keras runtime (TensorFlow, torch, JAX) and each exported runtime (ONNX
+Runtime, OpenVINO, LiteRT with XNNPACK), in a fresh process: the seconds
 bitdrift.accumulation.reveal takes for the default model's three Dense shapes (320 -> 128,
 128 -> 128, 128 -> 10, bias included, batch 1, one thread), and the number of Dense calls
 it made. Printed as a Markdown table with the host's CPU named; docs/benchmarks.md quotes
-it. The first call of a runtime (its own warm-up) is outside the timing.
+it. The first call of a runtime (its own warm-up; for LiteRT the converter process that
+makes the one-layer templates, timed apart) is outside the timing; an exported runtime
+compiles a one-layer model per call, inside it.
 """
 
 from __future__ import annotations
@@ -22,11 +25,33 @@ import json, os, sys, time
 import numpy as np
 backend = sys.argv[1]
 shapes = json.loads(sys.argv[2])
-if backend != "numpy":
+EXPORTED = ("onnxruntime", "openvino", "litert")
+if backend in EXPORTED:
+    import tempfile
+    from bitdrift import backends
+    from bitdrift.backends import exported
+    runtime = backends.get(backend)
+    device = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
+              "op_resolver": "xnnpack", "graph_optimization_level": "all"}
+    accelerator = runtime.check_accelerator("benchmark", device)
+    layers = {f"dense_{index}": (terms, units, True)
+              for index, (terms, units) in enumerate(shapes)}
+    if backend == "litert":
+        probe = runtime.dense_probe(runtime, device, accelerator, None, layers)
+    else:  # the opset the export writes, read from an ONNX file as onnx_dense_call does
+        import onnx
+        handle, opset_file = tempfile.mkstemp(suffix=".onnx")
+        os.close(handle)
+        onnx.save(onnx.helper.make_model(onnx.helper.make_graph([], "empty", [], []),
+                                         opset_imports=[onnx.helper.make_opsetid("", 17)]),
+                  opset_file)
+        probe = exported.onnx_dense_call(runtime, device, accelerator, opset_file)
+elif backend != "numpy":
     os.environ["KERAS_BACKEND"] = backend
     import keras
 from bitdrift.accumulation import OrderError, reveal, summary
 rows = []
+setup = 0.0
 for terms, units in shapes:
     calls = [0]
     ones = np.ones((1, terms), np.float32)
@@ -34,6 +59,11 @@ for terms, units in shapes:
         def dense(w, b):
             calls[0] += 1
             return ones @ w + b
+    elif backend in EXPORTED:
+        call = probe(terms, units, True, 1)
+        def dense(w, b):
+            calls[0] += 1
+            return call(w, b)
     else:
         layer = keras.layers.Dense(units)
         layer.build((None, terms))
@@ -41,7 +71,9 @@ for terms, units in shapes:
             calls[0] += 1
             layer.set_weights([w, b])
             return keras.ops.convert_to_numpy(layer(ones))
+    started = time.perf_counter()
     dense(np.ones((terms, units), np.float32), np.ones(units, np.float32))  # warm-up
+    setup += time.perf_counter() - started
     calls[0] = 0
     start = time.perf_counter()
     try:
@@ -49,7 +81,7 @@ for terms, units in shapes:
     except OrderError as error:  # a kernel whose sums are not a tree: said, not hidden
         order = f"not revealed: {error}"
     rows.append({"shape": f"{terms} -> {units}", "seconds": time.perf_counter() - start,
-                 "calls": calls[0], "order": order})
+                 "calls": calls[0], "order": order, "setup": setup})
 print(json.dumps(rows))
 """
 
@@ -62,12 +94,18 @@ def main() -> None:
     print("| runtime | Dense shape | seconds | Dense calls | order |")
     print("|---|---|---|---|---|")
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    for backend in ("numpy", "tensorflow", "torch", "jax"):
+    setups = {}
+    for backend in ("numpy", "tensorflow", "torch", "jax", "onnxruntime", "openvino",
+                    "litert"):
         done = subprocess.run([sys.executable, "-c", CODE, backend, json.dumps(SHAPES)],
                               capture_output=True, text=True, env=environment, check=True)
-        for row in json.loads(done.stdout.strip().splitlines()[-1]):
+        rows = json.loads(done.stdout.strip().splitlines()[-1])
+        for row in rows:
             print(f"| {backend} | {row['shape']} | {row['seconds']:.2f} | {row['calls']} | "
                   f"{row['order']} |")
+        setups[backend] = rows[-1]["setup"]
+    print("\nWarm-up calls (outside the timings; LiteRT's includes its converter process): " +
+          ", ".join(f"{name} {seconds:.1f} s" for name, seconds in setups.items()))
 
 
 if __name__ == "__main__":
