@@ -83,7 +83,19 @@ CLASSES = {
     "Haswell-v4": {"openblas": "Haswell", "onednn": "AVX2", "mkl": "AVX2"},
     "SandyBridge-v2": {"openblas": "Sandybridge", "onednn": "AVX", "mkl": "AVX"},
     "Nehalem-v2": {"openblas": "Nehalem", "onednn": "SSE41", "mkl": "SSE4_2"},
+    # AMD's AVX2 class (Zen 2): OpenBLAS runs its Haswell kernel there, as on a real Zen 2
+    "EPYC-Rome-v2": {"openblas": "Haswell", "onednn": "AVX2", "mkl": "AVX2"},
 }
+# Libraries whose kernel also follows the CPU's vendor (its vendor string, or the cache
+# sizes read through vendor-specific CPUID leaves), not only the instruction sets: a host
+# forced to a class is a reference only for an emulated model of the host's own vendor.
+VENDOR_DEPENDENT = ("onednn_tensorflow", "mkl")
+
+
+def model_vendor(model: str) -> str:
+    """The vendor QEMU's CPUID reports for ``model``."""
+    return "AuthenticAMD" if model.startswith(("EPYC", "Opteron")) else \
+        "HygonGenuine" if model.startswith("Dhyana") else "GenuineIntel"
 COLUMNS = ["kernel", "library", "emulated", "forced", "native_forced", "emulated_digest",
            "host_digest", "equal", "verdict"]
 
@@ -153,6 +165,13 @@ def check(kernels: list[str], models: list[str], log=None) -> list[dict]:
                 # Seen on an AMD EPYC: MKL ignores MKL_ENABLE_INSTRUCTIONS there, so the
                 # host cannot be forced and nothing native says what the class computes
                 verdict = "no native reference: MKL's instruction caps act on Intel CPUs only"
+            elif verdict == "MISMATCH" and kernel.startswith(VENDOR_DEPENDENT) and \
+                    model_vendor(model) != host_vendor():
+                # Seen on two AMD EPYCs (Zen 3, Zen 4): TensorFlow's oneDNN capped at AVX2
+                # gives other bits than under an emulated (Intel) Haswell, which gives a
+                # real Intel's bits; an emulated AMD Zen 2 gives the AMD host's bits
+                verdict = (f"no native reference: the kernel follows the vendor, and this "
+                           f"{host_vendor()} host is not {model}'s {model_vendor(model)}")
             rows.append({"kernel": kernel, "library": KERNELS[kernel][0], "emulated": model,
                          "forced": " ".join(f"{k}={v}" for k, v in (forcing or {}).items())
                          or "no switch: the host's own kernel",

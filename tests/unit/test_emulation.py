@@ -225,6 +225,27 @@ def test_the_emulation_check_finds_faithful_kernels_and_fails_on_a_wrong_class(
         emulation_check.check(["openblas_sgemm"], ["Haswell-v4"])
 
 
+def test_tensorflows_onednn_is_faithful_under_a_model_of_the_hosts_vendor():
+    """TensorFlow's oneDNN follows the CPU's vendor, not only its instruction sets (an
+    emulated Intel Haswell and an AMD host capped at AVX2 give other bits): the check
+    compares it with the host forced to the class under a model of the host's own vendor,
+    where it must be faithful, and never calls the other vendor's model a mismatch."""
+    from bitdrift.emulation_check import check, host_vendor, model_vendor
+
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = set(next(line for line in cpuinfo if line.startswith("flags")).split())
+    if not {"avx2", "fma"} <= flags:
+        pytest.fail("this test needs an AVX2 host (every CPU bitdrift's CI has run on has it)")
+    same = next(model for model in ("Haswell-v4", "EPYC-Rome-v2")
+                if model_vendor(model) == host_vendor())
+    other = "EPYC-Rome-v2" if same == "Haswell-v4" else "Haswell-v4"
+    rows = {row["emulated"]: row for row in check(["onednn_tensorflow_conv"], [same, other])}
+    assert rows[same]["verdict"] == "faithful", rows[same]
+    assert rows[other]["verdict"] in ("faithful", "no native reference: the kernel follows "
+                                      f"the vendor, and this {host_vendor()} host is not "
+                                      f"{other}'s {model_vendor(other)}"), rows[other]
+
+
 def test_the_generations_grid_is_read_from_the_class_table():
     import pandas as pd
 
