@@ -27,25 +27,18 @@ backend = sys.argv[1]
 shapes = json.loads(sys.argv[2])
 EXPORTED = ("onnxruntime", "openvino", "litert")
 if backend in EXPORTED:
-    import tempfile
     from bitdrift import backends
     from bitdrift.backends import exported
     runtime = backends.get(backend)
     device = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
               "op_resolver": "xnnpack", "graph_optimization_level": "all"}
     accelerator = runtime.check_accelerator("benchmark", device)
-    layers = {f"dense_{index}": (terms, units, True)
+    from bitdrift.accumulation import probe_spec
+    layers = {f"dense_{index}": probe_spec("Dense", {"use_bias": True}, (terms,),
+                                           (terms, units))
               for index, (terms, units) in enumerate(shapes)}
-    if backend == "litert":
-        probe = runtime.dense_probe(runtime, device, accelerator, None, layers)
-    else:  # the opset the export writes, read from an ONNX file as onnx_dense_call does
-        import onnx
-        handle, opset_file = tempfile.mkstemp(suffix=".onnx")
-        os.close(handle)
-        onnx.save(onnx.helper.make_model(onnx.helper.make_graph([], "empty", [], []),
-                                         opset_imports=[onnx.helper.make_opsetid("", 17)]),
-                  opset_file)
-        probe = exported.onnx_dense_call(runtime, device, accelerator, opset_file)
+    probe = (runtime.order_probe if backend == "litert" else exported.onnx_order_probe)(
+        runtime, device, accelerator, layers)
 elif backend != "numpy":
     os.environ["KERAS_BACKEND"] = backend
     import keras
@@ -60,7 +53,8 @@ for terms, units in shapes:
             calls[0] += 1
             return ones @ w + b
     elif backend in EXPORTED:
-        call = probe(terms, units, True, 1)
+        call = probe(next(spec for spec in layers.values()
+                          if (spec["terms"], spec["units"]) == (terms, units)), 1)
         def dense(w, b):
             calls[0] += 1
             return call(w, b)

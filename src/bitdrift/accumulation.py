@@ -47,6 +47,67 @@ def input_dtype(precision: str):
     return np.dtype(precision).type
 
 
+# -- the layers whose order is revealed, as one sum per output ----------------------------
+# A Dense layer's output column is a dot product of its n inputs; a Conv2D's output channel
+# at one pixel is one of kh * kw * cin products (the GEMM it runs): term t is kernel
+# position (i, j) and input channel c with t = (i * kw + j) * cin + c, Keras' kernel order.
+PROBED_CLASSES = ("Dense", "Conv2D")
+CONV_KEYS = ("filters", "kernel_size", "strides", "padding", "dilation_rate", "data_format",
+             "groups")
+
+
+def probe_spec(class_name: str, config: dict, input_shape, kernel_shape) -> dict | None:
+    """What revealing a layer's order needs: its class, the settings that shape its sum
+    (activation dropped: the sum comes before it), its input per sample, its kernel's
+    shape, and the sum's terms and width; None for a layer that is not one such sum."""
+    use_bias = bool(config.get("use_bias", True))
+    if class_name == "Dense":
+        terms, units = (int(size) for size in kernel_shape)
+        kept = {"units": units, "use_bias": use_bias}
+    elif class_name == "Conv2D" and config.get("data_format", "channels_last") \
+            == "channels_last" and int(config.get("groups", 1)) == 1:
+        height, width, channels, units = (int(size) for size in kernel_shape)
+        terms = height * width * channels
+        kept = {key: (list(value) if isinstance(value, tuple) else value)
+                for key, value in config.items() if key in CONV_KEYS}
+        kept.update(use_bias=use_bias, filters=units, kernel_size=[height, width])
+    else:
+        return None
+    return {"class_name": class_name, "config": {**kept, "activation": "linear"},
+            "input_shape": [int(size) for size in input_shape],
+            "kernel_shape": [int(size) for size in kernel_shape], "terms": terms,
+            "units": units, "use_bias": use_bias}
+
+
+def probe_output(spec: dict, output: np.ndarray) -> np.ndarray:
+    """The (batch, units) sums of a probe's output: a Conv2D's at its centre pixel, whose
+    window lies inside the input (every term a product of the input of ones)."""
+    output = np.asarray(output)
+    if spec["class_name"] == "Conv2D":
+        return output[:, output.shape[1] // 2, output.shape[2] // 2, :]
+    return output
+
+
+def conv_patches(x: np.ndarray, spec: dict, kernel_shape, out_shape) -> np.ndarray:
+    """A Conv2D's input as the rows of the GEMM it runs: (samples * out_h * out_w,
+    kh * kw * cin), term order as ``probe_spec`` says; zero padding as Keras pads."""
+    kh, kw, channels, _ = kernel_shape
+    sh, sw = spec.get("strides", [1, 1])
+    dh, dw = spec.get("dilation_rate", [1, 1])
+    _, out_h, out_w = out_shape[:3]
+    _, in_h, in_w, _ = x.shape
+    pad_h = pad_w = 0
+    if spec.get("padding") == "same":
+        pad_h = max((out_h - 1) * sh + (kh - 1) * dh + 1 - in_h, 0)
+        pad_w = max((out_w - 1) * sw + (kw - 1) * dw + 1 - in_w, 0)
+    padded = np.pad(x, ((0, 0), (pad_h // 2, pad_h - pad_h // 2),
+                        (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
+    rows = np.arange(out_h)[:, None] * sh + np.arange(kh)[None, :] * dh  # (out_h, kh)
+    cols = np.arange(out_w)[:, None] * sw + np.arange(kw)[None, :] * dw  # (out_w, kw)
+    patches = padded[:, rows[:, None, :, None], cols[None, :, None, :], :]
+    return patches.reshape(x.shape[0] * out_h * out_w, kh * kw * channels)
+
+
 class OrderError(BitdriftError):
     exit_code = 1
 
@@ -464,10 +525,11 @@ def by_rows(names: list[str]) -> str:
 
 
 def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
-                  precision: str) -> dict:
-    """Per Dense layer with a revealed order: the order's summary, and whether numpy
-    replaying the layer in that order, from the recorded input activation and the weights
-    the device used, gives the recorded output bit for bit (with or without FMA).
+                  precision: str, model_input: np.ndarray | None = None) -> dict:
+    """Per Dense or Conv2D layer with a revealed order: the order's summary, and whether
+    numpy replaying the layer in that order (a Conv2D as the GEMM of its input patches),
+    from the recorded input activation (``model_input`` for the first layer) and the
+    weights the device used, gives the recorded output bit for bit (with or without FMA).
     ``outputs``: {layer: array (samples, ...)} of the record (repeat 0); ``weights``:
     {"weights/LAYER/0": kernel, ".../1": bias} as the device had them."""
     results = {}
@@ -482,7 +544,8 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
                  "bias": bool(found.get("bias"))}
         spec = checked.get(layer)
         kernel = weights.get(f"weights/{layer}/0")
-        inbound = outputs.get(spec["inbound"]) if spec and spec["inbound"] else None
+        inbound = (outputs.get(spec["inbound"]) if spec["inbound"] else model_input) \
+            if spec else None
         reason = (f"not replayed: {precision}" if precision != "float32" else
                   "not replayed: its input is not recorded" if spec is None or kernel is None
                   or inbound is None or layer not in outputs else
@@ -495,8 +558,14 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
         bias = weights.get(f"weights/{layer}/1") if found.get("bias") else None
         # sample k ran in batch row k mod batch (bitdrift.inference.batch_indices)
         rows = np.arange(inbound.shape[0]) % len(trees)
-        x = inbound.reshape(inbound.shape[0], -1)
-        recorded = outputs[layer].reshape(inbound.shape[0], -1)
+        if spec["class_name"] == "Conv2D":  # the GEMM it runs: a row per output pixel
+            out_shape = outputs[layer].shape
+            x = conv_patches(inbound, spec, kernel.shape, out_shape)
+            rows = np.repeat(rows, out_shape[1] * out_shape[2])
+            kernel = kernel.reshape(-1, kernel.shape[-1])
+        else:
+            x = inbound.reshape(inbound.shape[0], -1)
+        recorded = outputs[layer].reshape(x.shape[0], -1)
         verdicts = {}
         for fma in (False, True):
             values = np.empty_like(recorded)
@@ -552,8 +621,8 @@ def restrict(tree: Node | int, keep: set[int]) -> Node | int | None:
 
 def contrasting_pair(divergence, records) -> dict | None:
     """The two devices whose orders the figure draws: a class pair whose first divergent
-    layer is a Dense layer with both orders revealed and different (float32 first), else
-    the two largest groups of devices by order at the first Dense layer where revealed
+    layer is a Dense or Conv2D layer with both orders revealed and different (float32
+    first), else the two largest groups of devices by order at the first layer where revealed
     orders differ (``first_divergence`` False); None where no two orders differ.
     Returns {"model", "layer", "devices": [a, b], "orders": [...], "trees": [Node, Node],
     "bias": bool, "first_divergence": bool}."""
@@ -575,7 +644,7 @@ def contrasting_pair(divergence, records) -> dict | None:
                 "bias": bool(items[0].get("bias", ", bias " in items[0]["order"])),
                 "first_divergence": first}
 
-    rows = divergence[divergence["layer_class"].astype(str) == "Dense"] \
+    rows = divergence[divergence["layer_class"].astype(str).isin(PROBED_CLASSES)] \
         if len(divergence) else divergence
     for precision in ("float32", "float64"):
         for row in rows[rows["precision"] == precision].itertuples() if len(rows) else []:

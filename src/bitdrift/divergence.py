@@ -64,8 +64,8 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
                     rows.append(_pair_row(model, sample, precision, group, results, final,
                                           layered, i, j))
     table = divergence_kernels(records, pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS[:-5]))
-    # ... and the order each one summed in there, where that layer is a Dense layer with a
-    # revealed order (bitdrift.accumulation): the why below the kernels' names
+    # ... and the order each one summed in there, where that layer is a Dense or Conv2D
+    # layer with a revealed order (bitdrift.accumulation): the why below the kernels' names
     orders = {(record.model, record.device): record.accumulation_orders or {}
               for record in records}
     for side in ("a", "b"):

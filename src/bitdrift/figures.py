@@ -555,13 +555,13 @@ def _tree_layout(tree, bias_term: int | None):
 
 
 def plot_orders(pair: dict | None, out: str | Path) -> None:
-    """The summation trees of two devices at one Dense layer (bitdrift.accumulation),
+    """The summation trees of two devices at one Dense or Conv2D layer (bitdrift.accumulation),
     drawn over the first products and the bias, side by side."""
     from bitdrift.accumulation import restrict
 
     if pair is None:
         figure, ax = plt.subplots(figsize=(9, 2.2))
-        ax.text(0.5, 0.5, "No two devices sum a Dense layer in different revealed orders in "
+        ax.text(0.5, 0.5, "No two devices sum a layer in different revealed orders in "
                 "these records\n(each device's orders and the reasons where one is not revealed "
                 "are in accumulation_orders.csv)",
                 ha="center", va="center", fontsize=10)

@@ -159,16 +159,16 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
 
 
 def orders(table: pd.DataFrame) -> list[str]:
-    """How the Dense layers sum, per kind of device, and how many replays reproduce the
-    record's bits."""
+    """How the Dense and Conv2D layers sum, per kind of device, and how many replays
+    reproduce the record's bits."""
     lines = []
     for model, rows in table.groupby("model", sort=False):
         replayed = rows[(rows["order"].astype(str) != "not revealed")
                         & ~rows["replay"].astype(str).str.startswith("not replayed")]
         same = replayed["replay"].astype(str).str.startswith("bit-identical")
-        lines.append(f"{model}: numpy replaying each Dense layer in its revealed order gives "
-                     f"the record's bits for {int(same.sum())} of {len(replayed)} (device, "
-                     "layer) pairs.")
+        lines.append(f"{model}: numpy replaying each Dense and Conv2D layer in its revealed "
+                     f"order gives the record's bits for {int(same.sum())} of "
+                     f"{len(replayed)} (device, layer) pairs.")
         replay = rows["replay"].astype(str).str.replace(r"^differs:.*", "differs",
                                                          regex=True)
         hidden = rows["order"].astype(str) == "not revealed"
@@ -253,7 +253,7 @@ def findings(tables: dict, fingerprints: dict) -> list[tuple[str, list[str]]]:
         sections.append(("Where devices part", divergence(read["divergence"],
                                                           read["kernel_coverage"])))
     if not read["accumulation_orders"].empty:
-        sections.append(("How the Dense layers sum", orders(read["accumulation_orders"])))
+        sections.append(("How the layers sum", orders(read["accumulation_orders"])))
     if not read["argmax_agreement"].empty:
         sections.append(("Runtimes against TensorFlow", agreement(read["argmax_agreement"])))
     sections.append(("Devices that failed", failures(read["device_failures"])))

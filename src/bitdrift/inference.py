@@ -97,7 +97,7 @@ def run_repeat(job: dict) -> None:
             "bfloat16": device["precision"] == "bfloat16"}
     if session.kernels is not None:  # an exported runtime's description of its graph
         meta["runtime_kernels"] = session.kernels
-    if job.get("orders") and session.dense_call is not None:
+    if job.get("orders") and session.order_probe is not None:
         meta["orders"] = reveal_orders(session, device)
     # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
     # (bitdrift.prefork.exit_now), fresh or forked.
@@ -108,14 +108,16 @@ WORKER = "bitdrift.inference:run_repeat"
 
 
 def reveal_orders(session, device: dict) -> dict:
-    """{layer: {"trees", ...} or {"error"}}: the order each Dense layer sums in, revealed through
-    this runtime at the layer's shapes and the device's batch size (bitdrift.accumulation);
+    """{layer: {"trees", ...} or {"error"}}: the order each Dense and Conv2D layer sums in,
+    revealed through this runtime at the layer's shapes and the device's batch size
+    (bitdrift.accumulation);
     in every format a device runs (float16 and bfloat16 with the probe values they hold)."""
     from bitdrift.accumulation import PROBE_VALUES, OrderError, reveal_rows, to_flat
 
     orders = {}
     computes = session.accelerator.get("inference_precision") or device["precision"]
-    for layer, (terms, units, use_bias) in session.dense_layers.items():
+    for layer, spec in session.order_layers.items():
+        terms, units, use_bias = spec["terms"], spec["units"], spec["use_bias"]
         if device["precision"] not in PROBE_VALUES:
             orders[layer] = {"error": f"{device['precision']}: no probe for this format"}
             continue
@@ -124,8 +126,7 @@ def reveal_orders(session, device: dict) -> dict:
             orders[layer] = {"error": f"the runtime computes in {computes}"}
             continue
         try:
-            trees = reveal_rows(session.dense_call(terms, units, use_bias,
-                                                   device["batch_size"]),
+            trees = reveal_rows(session.order_probe(spec, device["batch_size"]),
                                 terms, units, device["precision"], use_bias,
                                 device["batch_size"])
             orders[layer] = {"trees": [to_flat(tree) for tree in trees], "bias": use_bias,
@@ -253,7 +254,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         first = {name: np.stack([outputs[name][0] for outputs in per_sample])
                  for name in layer_names}  # repeat 0 of every sample
         orders = replay_layers(orders, meta.get("checked", {}), weights, first,
-                               device["precision"])
+                               device["precision"], sample_images.astype(np.float32))
     finding = describe_reduced(effective or {}, device, device_name, model_name)
     if finding:
         print(finding, file=log, flush=True)

@@ -28,14 +28,17 @@ from pathlib import Path
 import numpy as np
 
 from bitdrift.backends import EXPORTED_RUNTIMES, KERAS_RUNTIMES
-from bitdrift.backends.exported import ONNX_RUNTIMES
+from bitdrift.backends.exported import (
+    ONNX_ACTIVATIONS,
+    ONNX_LAYERS,
+    ONNX_RUNTIMES,
+    onnx_layer,
+)
 from bitdrift.errors import BitdriftError, ConfigError, InferenceError, RecordError
 from bitdrift.record import Record
 
 EXPECTED = "expected.json"
 # The layers an ONNX runtime's script rebuilds as tf2onnx exports them (bitdrift.export)
-ONNX_LAYERS = ("Dense", "Conv2D")
-ONNX_ACTIVATIONS = {"linear": None, "relu": "Relu", "softmax": "Softmax"}
 
 
 class NotReproducible(BitdriftError):
@@ -342,60 +345,6 @@ def write_script(path: Path, name: str, device: dict, record: Record, split: Spl
     path.write_text(header + load + PAD + _runtime_code(device, split) + FOOTER)
 
 
-# -- the one-layer ONNX file ----------------------------------------------------------------
-def onnx_layer(split: Split, input_shape: tuple, opset: int = 17):
-    """The layer as an ONNX graph of a batch of ``input_shape`` (per sample), as tf2onnx
-    writes it: Dense as MatMul and Add, Conv2D between NHWC<->NCHW transposes with its
-    bias; then the activation."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    config = split.config
-    kernel = np.asarray(split.weights[0], dtype=np.float32)
-    use_bias = bool(config.get("use_bias", True)) and len(split.weights) > 1
-    bias = np.asarray(split.weights[1], dtype=np.float32) if use_bias else None
-    constants, nodes = [], []
-    if split.class_name == "Dense":
-        constants.append(numpy_helper.from_array(kernel, "kernel"))
-        nodes.append(helper.make_node("MatMul", ["x", "kernel"], ["linear"]))
-        if use_bias:
-            constants.append(numpy_helper.from_array(bias, "bias"))
-            nodes.append(helper.make_node("Add", ["linear", "bias"], ["biased"]))
-        last = nodes[-1].output[0]
-    else:
-        if config.get("data_format", "channels_last") != "channels_last" or \
-                int(config.get("groups", 1)) != 1:
-            raise NotReproducible(f"{split.layer}: the ONNX repro rebuilds channels-last, "
-                                  "ungrouped Conv2D layers only")
-        constants.append(numpy_helper.from_array(
-            np.ascontiguousarray(kernel.transpose(3, 2, 0, 1)), "kernel"))
-        inputs = ["nchw", "kernel"]
-        if use_bias:
-            constants.append(numpy_helper.from_array(bias, "bias"))
-            inputs.append("bias")
-        nodes.append(helper.make_node("Transpose", ["x"], ["nchw"], perm=[0, 3, 1, 2]))
-        padding = {"same": {"auto_pad": "SAME_UPPER"}, "valid": {"auto_pad": "VALID"}}
-        nodes.append(helper.make_node(
-            "Conv", inputs, ["linear"], strides=list(config.get("strides", [1, 1])),
-            dilations=list(config.get("dilation_rate", [1, 1])),
-            kernel_shape=list(kernel.shape[:2]), **padding[config.get("padding", "valid")]))
-        last = "linear"
-    activation = ONNX_ACTIVATIONS[config.get("activation", "linear")]
-    if activation:
-        extra = {"axis": 1 if split.class_name == "Conv2D" else -1} \
-            if activation == "Softmax" else {}
-        nodes.append(helper.make_node(activation, [last], ["activated"], **extra))
-        last = "activated"
-    if split.class_name == "Conv2D":
-        nodes.append(helper.make_node("Transpose", [last], ["y"], perm=[0, 2, 3, 1]))
-    else:
-        nodes.append(helper.make_node("Identity", [last], ["y"]))
-    graph = helper.make_graph(
-        nodes, split.layer,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, *input_shape])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], constants)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
 # -- the one-layer LiteRT file ----------------------------------------------------------------
 def tflite_layer(split: Split, input_shape: tuple, weights: list, out: Path) -> None:
     """The layer alone as a .tflite, converted as bitdrift.export converts the model."""
@@ -457,7 +406,12 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
                 if device["backend"] in ONNX_RUNTIMES and not wrote_onnx:
                     import onnx
 
-                    onnx.save(onnx_layer(split, x.shape[1:]), staging / "layer.onnx")
+                    try:
+                        layer_file = onnx_layer(split.class_name, split.config, split.weights,
+                                                x.shape[1:], split.layer)
+                    except InferenceError as error:
+                        raise NotReproducible(str(error)) from error
+                    onnx.save(layer_file, staging / "layer.onnx")
                     wrote_onnx = True
                 if device["backend"] == "litert" and not (staging / "layer.tflite").exists():
                     tflite_layer(split, x.shape[1:], weights, staging / "layer.tflite")

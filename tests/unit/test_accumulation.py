@@ -223,6 +223,57 @@ def small_model(tmp_path_factory):
     return small_model_assets(tmp_path_factory.mktemp("orders"))
 
 
+@pytest.mark.parametrize("padding,strides", [("same", (1, 1)), ("valid", (1, 1)),
+                                             ("same", (2, 2)), ("valid", (2, 1))])
+def test_a_conv_as_the_gemm_of_its_patches_is_the_convolution(padding, strides):
+    """conv_patches @ kernel equals a convolution written out as loops over the output
+    pixels (float64, Keras' zero padding for 'same': the extra row and column at the end)."""
+    from bitdrift.accumulation import conv_patches
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 7, 6, 3))
+    kernel = rng.standard_normal((3, 2, 3, 4))
+    kh, kw, _, filters = kernel.shape
+    sh, sw = strides
+    if padding == "same":
+        out_h, out_w = -(-7 // sh), -(-6 // sw)
+        pad_h = max((out_h - 1) * sh + kh - 7, 0)
+        pad_w = max((out_w - 1) * sw + kw - 6, 0)
+    else:
+        out_h, out_w, pad_h, pad_w = (7 - kh) // sh + 1, (6 - kw) // sw + 1, 0, 0
+    expected = np.zeros((2, out_h, out_w, filters))
+    for n in range(2):
+        for i in range(out_h):
+            for j in range(out_w):
+                for a in range(kh):
+                    for b in range(kw):
+                        row, col = i * sh + a - pad_h // 2, j * sw + b - pad_w // 2
+                        if 0 <= row < 7 and 0 <= col < 6:
+                            expected[n, i, j] += x[n, row, col] @ kernel[a, b]
+    spec = {"strides": list(strides), "dilation_rate": [1, 1], "padding": padding}
+    got = conv_patches(x, spec, kernel.shape, expected.shape) @ kernel.reshape(-1, filters)
+    assert np.allclose(got.reshape(expected.shape), expected, rtol=0, atol=1e-12)
+
+
+def conv_kernel_size(model_path, layer: str) -> list[int]:
+    """A Conv2D layer's kernel_size, read from the .keras file's config.json."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(model_path) as archive:
+        config = json.loads(archive.read("config.json"))
+    stack = [config]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item.get("class_name") == "Conv2D" and item.get("config", {}).get("name") == layer:
+                return list(item["config"]["kernel_size"])
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    raise AssertionError(f"no Conv2D {layer!r} in {model_path}")
+
+
 @pytest.fixture(scope="module")
 def small_export(small_model, tmp_path_factory):
     from tests.utils import export_small_model
@@ -235,8 +286,10 @@ def small_export(small_model, tmp_path_factory):
     ("tensorflow", {}), ("torch", {}),
     # the exported runtimes: each Dense layer alone in the runtime's own format
     ("onnxruntime", {"graph_optimization_level": "all"}),
+    ("openvino", {"inference_precision_hint": "f32"}),
     ("litert", {"op_resolver": "xnnpack"}), ("litert", {"op_resolver": "builtin"})],
-    ids=["tensorflow", "torch", "onnxruntime", "litert_xnnpack", "litert_builtin"])
+    ids=["tensorflow", "torch", "onnxruntime", "openvino", "litert_xnnpack",
+         "litert_builtin"])
 def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(
         small_model, small_export, tmp_path, backend, settings):
     """A real inference (fresh processes): every Dense layer's order is revealed through
@@ -261,13 +314,23 @@ def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(
     with Record(out) as record:
         orders = record.accumulation_orders
         reproduced = 0
-        dense = [info.name for info in record.layers(0) if info.class_name == "Dense"]
-        assert sorted(orders) == sorted(dense) and dense
+        sums = [info.name for info in record.layers(0)
+                if info.class_name in ("Dense", "Conv2D")]
+        classes = {info.name: info.class_name for info in record.layers(0)}
+        assert sorted(orders) == sorted(sums) and "Conv2D" in classes.values()
+        # the first Conv2D's sum: kh * kw products per input channel (the fixture's images
+        # have 3) and the bias; kh, kw from the saved model's own config
+        conv = next(name for name in sums if classes[name] == "Conv2D")
+        if "trees" in orders[conv]:
+            assert orders[conv]["terms"] == \
+                int(np.prod(conv_kernel_size(model, conv))) * 3 + 1
+        else:  # a kernel whose sums are no tree says so
+            assert orders[conv]["order"] == "not revealed" and orders[conv]["replay"]
         for layer, entry in orders.items():
             for flat in entry.get("trees", []):  # one, or one per batch row
                 tree = from_flat(flat, entry["terms"])
                 assert tree.terms == tuple(range(entry["terms"]))
-                assert entry["bias"]  # the model's Dense layers have biases: a term
+                assert entry["bias"]  # the model's layers have biases: a term
             reproduced += entry["replay"].startswith("bit-identical")
             # a layer not reproduced says why: no tree, or how many values differ
             assert entry["replay"].startswith(("bit-identical", "differs: ")) or \

@@ -91,11 +91,12 @@ class Session:
     # An exported runtime's kernels per recorded layer, from its own description of the
     # compiled graph, when the job traces ({layer: [KernelCall as dict]}); None otherwise
     kernels: dict | None = None
-    # The Dense layers whose summation order can be revealed ({layer: (terms, units,
-    # use_bias)}) and how: dense_call(terms, units, use_bias, batch) returns a function of
-    # (kernel, bias) giving a batch of ones through such a layer (bitdrift.accumulation)
-    dense_layers: dict = field(default_factory=dict)
-    dense_call: Callable | None = None
+    # The Dense and Conv2D layers whose summation order can be revealed ({layer:
+    # bitdrift.accumulation.probe_spec}) and how: order_probe(spec, batch) returns a function
+    # of (kernel as (terms, units), bias) giving the (batch, units) sums of a batch of ones
+    # through such a layer alone, in the runtime's own format (bitdrift.accumulation)
+    order_layers: dict = field(default_factory=dict)
+    order_probe: Callable | None = None
 
 
 def get(name: str):

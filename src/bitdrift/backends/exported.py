@@ -54,14 +54,14 @@ def trace_environment(device: dict) -> dict:
     return {}
 
 
-def open_session(runtime, job: dict, name: str, dense_probe=None):
+def open_session(runtime, job: dict, name: str, order_probe=None):
     """``runtime.compile(path, device, accelerator, trace)`` returns a function of a
     float32 batch giving every exported output in order, and a function describing the
     compiled graph (its nodes and output tensors, bitdrift.kernels.GraphNode) when
     ``trace``; the layers whose outputs match the reference are recorded, the others
-    listed as unmapped. ``dense_probe(runtime, device, accelerator, export, dense_layers)``
-    gives the session's dense_call: one Dense layer alone in the runtime's own format
-    (onnx_dense_call; LiteRT's in its module)."""
+    listed as unmapped. ``order_probe(runtime, device, accelerator, order_layers)`` gives
+    the session's order_probe: one Dense or Conv2D layer alone in the runtime's own format
+    (onnx_order_probe; LiteRT's in its module)."""
     from bitdrift.backends import Session
     from bitdrift.datasets import read_test_images
     from bitdrift.reference import (
@@ -113,12 +113,20 @@ def open_session(runtime, job: dict, name: str, dense_probe=None):
     def final(batch):
         return compiled(batch)[-1]
 
-    dense_layers = {layer: (int(value[1][0].shape[0]), int(value[1][0].shape[1]),
-                            bool(value[0]["use_bias"]))
-                    for layer, value in reference.checked.items()
-                    if value[0]["class_name"] == "Dense" and layer in recorded}
-    dense_call = dense_probe(runtime, device, accelerator, job["export"], dense_layers) \
-        if dense_probe is not None else None
+    from bitdrift.accumulation import probe_spec
+
+    names = [layer for layer, _ in reference.layers]
+    order_layers = {}
+    for layer, (spec, weights) in reference.checked.items():
+        if layer not in recorded:
+            continue
+        shape = check.shape[1:] if spec["inbound"] is None else \
+            reference.check_outputs[names.index(spec["inbound"])].shape[1:]
+        found = probe_spec(spec["class_name"], spec, shape, weights[0].shape)
+        if found is not None:
+            order_layers[layer] = found
+    probe = order_probe(runtime, device, accelerator, order_layers) \
+        if order_probe is not None else None
     kernels = None
     if trace:
         from dataclasses import asdict
@@ -134,8 +142,66 @@ def open_session(runtime, job: dict, name: str, dense_probe=None):
         kernels = {layer: [asdict(call) for call in calls] for layer, calls in found.items()}
     return Session(layers=layers if job["layers"] else [], run=run, final=final,
                    accelerator=accelerator, checked=checked if job["layers"] else {},
-                   unmapped=unmapped, kernels=kernels, dense_layers=dense_layers,
-                   dense_call=dense_call)
+                   unmapped=unmapped, kernels=kernels, order_layers=order_layers,
+                   order_probe=probe)
+
+
+# -- one layer alone as ONNX, as tf2onnx writes it --------------------------------------------
+ONNX_LAYERS = ("Dense", "Conv2D")
+ONNX_ACTIVATIONS = {"linear": None, "relu": "Relu", "softmax": "Softmax"}
+
+
+def onnx_layer(class_name: str, config: dict, weights: list, input_shape: tuple,
+               name: str = "layer", opset: int = 17):
+    """The layer as an ONNX graph of a batch of ``input_shape`` (per sample), as tf2onnx
+    writes it: Dense as MatMul and Add, Conv2D between NHWC<->NCHW transposes with its
+    bias; then the activation. The input is ``x``, the output ``y``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    kernel = np.asarray(weights[0], dtype=np.float32)
+    use_bias = bool(config.get("use_bias", True)) and len(weights) > 1
+    bias = np.asarray(weights[1], dtype=np.float32) if use_bias else None
+    constants, nodes = [], []
+    if class_name == "Dense":
+        constants.append(numpy_helper.from_array(kernel, "kernel"))
+        nodes.append(helper.make_node("MatMul", ["x", "kernel"], ["linear"]))
+        if use_bias:
+            constants.append(numpy_helper.from_array(bias, "bias"))
+            nodes.append(helper.make_node("Add", ["linear", "bias"], ["biased"]))
+        last = nodes[-1].output[0]
+    else:
+        if config.get("data_format", "channels_last") != "channels_last" or \
+                int(config.get("groups", 1)) != 1:
+            raise InferenceError(f"{name}: bitdrift rebuilds channels-last, ungrouped Conv2D "
+                                 "layers only as ONNX")
+        constants.append(numpy_helper.from_array(
+            np.ascontiguousarray(kernel.transpose(3, 2, 0, 1)), "kernel"))
+        inputs = ["nchw", "kernel"]
+        if use_bias:
+            constants.append(numpy_helper.from_array(bias, "bias"))
+            inputs.append("bias")
+        nodes.append(helper.make_node("Transpose", ["x"], ["nchw"], perm=[0, 3, 1, 2]))
+        padding = {"same": {"auto_pad": "SAME_UPPER"}, "valid": {"auto_pad": "VALID"}}
+        nodes.append(helper.make_node(
+            "Conv", inputs, ["linear"], strides=list(config.get("strides", [1, 1])),
+            dilations=list(config.get("dilation_rate", [1, 1])),
+            kernel_shape=list(kernel.shape[:2]), **padding[config.get("padding", "valid")]))
+        last = "linear"
+    activation = ONNX_ACTIVATIONS[config.get("activation", "linear")]
+    if activation:
+        extra = {"axis": 1 if class_name == "Conv2D" else -1} \
+            if activation == "Softmax" else {}
+        nodes.append(helper.make_node(activation, [last], ["activated"], **extra))
+        last = "activated"
+    if class_name == "Conv2D":
+        nodes.append(helper.make_node("Transpose", [last], ["y"], perm=[0, 2, 3, 1]))
+    else:
+        nodes.append(helper.make_node("Identity", [last], ["y"]))
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, *input_shape])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 # The runtimes that run the ONNX export: a Dense layer for revealing their summation order
@@ -143,42 +209,32 @@ def open_session(runtime, job: dict, name: str, dense_probe=None):
 ONNX_RUNTIMES = ("onnxruntime", "openvino")
 
 
-def onnx_dense_call(runtime, device: dict, accelerator: dict, export, dense_layers=None):
-    """dense_call for an ONNX runtime (see bitdrift.backends.Session): each call builds a
-    one-layer ONNX model with the given kernel and bias as constants (so the runtime packs
-    and fuses them as in the export) and compiles it with the device's settings."""
+def onnx_order_probe(runtime, device: dict, accelerator: dict, order_layers=None):
+    """order_probe for an ONNX runtime (see bitdrift.backends.Session): each call builds the
+    layer alone as the export writes it (onnx_layer), its kernel and bias as constants (so
+    the runtime packs and fuses them as in the export), and compiles it with the device's
+    settings."""
+    import os
+    import tempfile
 
-    def make(terms: int, units: int, use_bias: bool, batch: int):
-        # Only when an order is revealed (repeat 0): every other repeat opens the session
-        # without reading the export twice
-        import os
-        import tempfile
+    import onnx
 
-        import onnx
-        from onnx import TensorProto, helper, numpy_helper
+    from bitdrift.accumulation import probe_output
 
-        opset = list(onnx.load(str(export), load_external_data=False).opset_import)
-        ones = np.ones((batch, terms), dtype=np.float32)
+    def make(spec: dict, batch: int):
+        ones = np.ones((batch, *spec["input_shape"]), dtype=np.float32)
 
         def call(kernel, bias):
-            nodes = [helper.make_node("MatMul", ["x", "kernel"], ["product" if use_bias
-                                                                 else "y"])]
-            constants = [numpy_helper.from_array(kernel.astype(np.float32), "kernel")]
-            if use_bias:
-                nodes.append(helper.make_node("Add", ["product", "bias"], ["y"]))
-                constants.append(numpy_helper.from_array(bias.astype(np.float32), "bias"))
-            graph = helper.make_graph(
-                nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                               [None, terms])],
-                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, units])],
-                constants)
-            model = helper.make_model(graph, opset_imports=opset)
-            handle, path = tempfile.mkstemp(suffix=".dense.onnx")
+            weights = [kernel.reshape(spec["kernel_shape"]).astype(np.float32)]
+            if spec["use_bias"]:
+                weights.append(np.asarray(bias, np.float32))
+            handle, path = tempfile.mkstemp(suffix=".layer.onnx")
             os.close(handle)
             try:
-                onnx.save(model, path)
+                onnx.save(onnx_layer(spec["class_name"], spec["config"], weights,
+                                     tuple(spec["input_shape"]), "probe"), path)
                 run, _ = runtime.compile(path, device, dict(accelerator), False)
-                return np.asarray(run(ones)[-1])
+                return probe_output(spec, run(ones)[-1])
             finally:
                 os.unlink(path)
 

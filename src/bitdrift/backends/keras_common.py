@@ -65,6 +65,7 @@ def members(backend: str):
 def open_session(runtime, job: dict, name: str):
     """The job's ``.keras`` model on a Keras backend: cast to the device's precision, built
     in the runtime's strategy scope, with a probe returning every recorded layer."""
+    from bitdrift.accumulation import probe_output, probe_spec
     from bitdrift.backends import Session
     from bitdrift.models import cast_model, layer_probe, register_layers
 
@@ -103,26 +104,32 @@ def open_session(runtime, job: dict, name: str):
         return keras.ops.convert_to_numpy(model(batch, training=False))
 
     recorded = {layer for layer, _ in layers}
-    dense_layers = {layer.name: (int(layer.kernel.shape[0]), int(layer.units),
-                                 bool(layer.use_bias))
-                    for layer in model.layers
-                    if type(layer).__name__ == "Dense" and layer.name in recorded}
+    order_layers = {}
+    for layer in model.layers:
+        if layer.name in recorded and hasattr(layer, "kernel"):
+            spec = probe_spec(type(layer).__name__, layer.get_config(),
+                              tuple(layer.input.shape)[1:], tuple(layer.kernel.shape))
+            if spec is not None:
+                order_layers[layer.name] = spec
 
-    def dense_call(terms: int, units: int, use_bias: bool, batch: int):
-        """A Dense layer of the model's shape and format, called as the model calls its
-        layers: for revealing the order it sums in (bitdrift.accumulation)."""
-        probe_layer = keras.layers.Dense(units, use_bias=use_bias, dtype=model.dtype)
-        probe_layer.build((None, terms))
-        ones = np.ones((batch, terms), dtype=model.dtype)
+    def order_probe(spec: dict, batch: int):
+        """The layer alone, of the model's format, called as the model calls its layers:
+        for revealing the order it sums in (bitdrift.accumulation)."""
+        probe_layer = getattr(keras.layers, spec["class_name"])(**spec["config"],
+                                                                dtype=model.dtype)
+        probe_layer.build((None, *spec["input_shape"]))
+        ones = np.ones((batch, *spec["input_shape"]), dtype=model.dtype)
 
         def call(kernel, bias):
-            probe_layer.set_weights([kernel, bias] if use_bias else [kernel])
-            return keras.ops.convert_to_numpy(probe_layer(ones, training=False))
+            kernel = kernel.reshape(spec["kernel_shape"])
+            probe_layer.set_weights([kernel, bias] if spec["use_bias"] else [kernel])
+            return probe_output(spec, keras.ops.convert_to_numpy(probe_layer(
+                ones, training=False)))
 
         return call
 
     return Session(layers=layers, run=run, final=final, accelerator=accelerator,
-                   checked=checked, dense_layers=dense_layers, dense_call=dense_call,
+                   checked=checked, order_layers=order_layers, order_probe=order_probe,
                    kernels=kernels)
 
 

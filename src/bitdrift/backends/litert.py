@@ -149,66 +149,79 @@ def convert_layers(specs: list[dict]) -> None:
         raise InferenceError(f"LiteRT's converter failed ({last})")
 
 
-def _template(terms: int, units: int, use_bias: bool) -> tuple[np.ndarray, np.ndarray]:
-    """A Dense layer's weights whose bytes occur once in its .tflite (a seeded normal
-    draw: no value repeats), so a probe's weights can take their place."""
-    draw = np.random.default_rng(terms * 7919 + units)
-    kernel = draw.standard_normal((terms, units)).astype(np.float32)
-    bias = draw.standard_normal(units).astype(np.float32) if use_bias else None
+def _template(spec: dict) -> tuple[np.ndarray, np.ndarray | None]:
+    """A layer's weights whose bytes occur once in its .tflite (a seeded normal draw: no
+    value repeats), so a probe's weights can take their place."""
+    draw = np.random.default_rng(spec["terms"] * 7919 + spec["units"])
+    kernel = draw.standard_normal(spec["kernel_shape"]).astype(np.float32)
+    bias = draw.standard_normal(spec["units"]).astype(np.float32) if spec["use_bias"] \
+        else None
     return kernel, bias
 
 
-def dense_probe(runtime, device: dict, accelerator: dict, export, dense_layers: dict):
-    """dense_call for LiteRT (see bitdrift.backends.Session). Each Dense layer is converted
-    alone once, as the export converts the model (FULLY_CONNECTED with its weights as
-    constants, which XNNPACK packs at load), with template weights; each call writes the
-    probe's kernel (transposed, as the converter stores it) and bias over the template's
-    bytes and loads the file with the device's resolver and threads."""
+def _stored(class_name: str, kernel: np.ndarray) -> bytes:
+    """A kernel's bytes as the converter stores them: FULLY_CONNECTED (units, terms),
+    CONV_2D (filters, kh, kw, cin)."""
+    order = (1, 0) if class_name == "Dense" else (3, 0, 1, 2)
+    return np.ascontiguousarray(kernel.transpose(order), dtype=np.float32).tobytes()
+
+
+def order_probe(runtime, device: dict, accelerator: dict, order_layers: dict):
+    """order_probe for LiteRT (see bitdrift.backends.Session). Each Dense or Conv2D layer
+    is converted alone once, as the export converts the model (its weights constants,
+    which XNNPACK packs at load), with template weights; each call writes the probe's
+    kernel and bias over the template's bytes and loads the file with the device's
+    resolver and threads."""
+    from bitdrift.accumulation import probe_output
+
     converted: dict = {}
 
-    def convert_all(folder: Path) -> None:
-        # Every Dense layer of the job in one converter process
-        specs, keys = [], []
-        for terms, units, use_bias in sorted(set(dense_layers.values())):
-            kernel, bias = _template(terms, units, use_bias)
-            out = folder / f"dense_{terms}_{units}_{int(use_bias)}.tflite"
-            specs.append({"shape": [terms], "class_name": "Dense",
-                          "config": {"units": units, "use_bias": use_bias, "dtype": "float32",
-                                     "name": "dense"},
-                          "weights": [kernel] + ([bias] if use_bias else []), "out": str(out)})
-            keys.append((terms, units, use_bias))
-        convert_layers(specs)
-        for key, spec in zip(keys, specs, strict=True):
-            content = Path(spec["out"]).read_bytes()
-            for name, value in zip(("kernel", "bias"), _template(*key), strict=True):
-                if value is None:
-                    continue
-                stored = (value.T if name == "kernel" else value).tobytes()
-                if content.count(stored) != 1:
-                    raise InferenceError(
-                        "LiteRT's converter did not store "
-                        f"the Dense {name} {key[:2]} as one float32 constant; its summation "
-                        "order cannot be probed in the .tflite")
-            converted[key] = content
+    def key(spec: dict) -> str:
+        return json.dumps({k: spec[k] for k in ("class_name", "config", "input_shape",
+                                                "kernel_shape")}, sort_keys=True)
 
-    def make(terms: int, units: int, use_bias: bool, batch: int):
-        ones = np.ones((batch, terms), dtype=np.float32)
+    def convert_all(folder: Path) -> None:
+        # Every probed layer of the job in one converter process
+        specs = {key(spec): spec for spec in order_layers.values()}
+        plan = []
+        for index, (name, spec) in enumerate(specs.items()):
+            kernel, bias = _template(spec)
+            plan.append((name, spec, {
+                "shape": spec["input_shape"], "class_name": spec["class_name"],
+                "config": {**spec["config"], "dtype": "float32", "name": "probe"},
+                "weights": [kernel] + ([bias] if bias is not None else []),
+                "out": str(folder / f"layer_{index}.tflite")}))
+        convert_layers([conversion for _, _, conversion in plan])
+        for name, spec, conversion in plan:
+            content = Path(conversion["out"]).read_bytes()
+            kernel, bias = _template(spec)
+            for what, stored in (("kernel", _stored(spec["class_name"], kernel)),
+                                 ("bias", None if bias is None else bias.tobytes())):
+                if stored is not None and content.count(stored) != 1:
+                    raise InferenceError(
+                        f"LiteRT's converter did not store the {spec['class_name']} {what} "
+                        f"{spec['kernel_shape']} as one float32 constant; its summation "
+                        "order cannot be probed in the .tflite")
+            converted[name] = content
+
+    def make(spec: dict, batch: int):
+        ones = np.ones((batch, *spec["input_shape"]), dtype=np.float32)
 
         def call(kernel, bias):
-            with tempfile.TemporaryDirectory(prefix="bitdrift-dense-") as folder:
+            with tempfile.TemporaryDirectory(prefix="bitdrift-layer-") as folder:
                 if not converted:
                     convert_all(Path(folder))
-                content = converted[(terms, units, use_bias)]
-                template_kernel, template_bias = _template(terms, units, use_bias)
-                content = content.replace(template_kernel.T.tobytes(),
-                                          np.ascontiguousarray(kernel.T, np.float32).tobytes())
-                if use_bias:
+                template_kernel, template_bias = _template(spec)
+                content = converted[key(spec)].replace(
+                    _stored(spec["class_name"], template_kernel),
+                    _stored(spec["class_name"], kernel.reshape(spec["kernel_shape"])))
+                if spec["use_bias"]:
                     content = content.replace(template_bias.tobytes(),
                                               np.asarray(bias, np.float32).tobytes())
                 path = Path(folder) / "probe.tflite"
                 path.write_bytes(content)
                 run, _ = runtime.compile(path, device, dict(accelerator), False)
-                return np.asarray(run(ones)[-1])
+                return probe_output(spec, run(ones)[-1])
 
         return call
 
@@ -216,4 +229,4 @@ def dense_probe(runtime, device: dict, accelerator: dict, export, dense_layers: 
 
 
 def open_session(job: dict, name: str):
-    return exported.open_session(sys.modules[__name__], job, name, dense_probe=dense_probe)
+    return exported.open_session(sys.modules[__name__], job, name, order_probe=order_probe)

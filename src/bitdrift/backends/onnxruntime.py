@@ -112,4 +112,4 @@ def versions() -> dict:
 
 def open_session(job: dict, name: str):
     return exported.open_session(sys.modules[__name__], job, name,
-                                 dense_probe=exported.onnx_dense_call)
+                                 order_probe=exported.onnx_order_probe)
