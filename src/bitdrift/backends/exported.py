@@ -120,8 +120,15 @@ def open_session(runtime, job: dict, name: str, order_probe=None):
     for layer, (spec, weights) in reference.checked.items():
         if layer not in recorded:
             continue
-        shape = check.shape[1:] if spec["inbound"] is None else \
-            reference.check_outputs[names.index(spec["inbound"])].shape[1:]
+        # a Dense layer is probed on rows of its terms; a Conv2D at its input's own shape
+        if spec["class_name"] == "Dense":
+            shape = weights[0].shape[:1]
+        elif spec["inbound"] is None:
+            shape = check.shape[1:]
+        elif spec["inbound"] in names:
+            shape = reference.check_outputs[names.index(spec["inbound"])].shape[1:]
+        else:
+            continue
         found = probe_spec(spec["class_name"], spec, shape, weights[0].shape)
         if found is not None:
             order_layers[layer] = found

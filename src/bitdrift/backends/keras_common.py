@@ -106,11 +106,19 @@ def open_session(runtime, job: dict, name: str):
     recorded = {layer for layer, _ in layers}
     order_layers = {}
     for layer in model.layers:
-        if layer.name in recorded and hasattr(layer, "kernel"):
-            spec = probe_spec(type(layer).__name__, layer.get_config(),
-                              tuple(layer.input.shape)[1:], tuple(layer.kernel.shape))
-            if spec is not None:
-                order_layers[layer.name] = spec
+        if layer.name not in recorded or not hasattr(layer, "kernel"):
+            continue
+        # a Dense layer is probed on rows of its terms; a Conv2D at its input's own shape
+        # (a layer without one input, e.g. shared, is not probed)
+        try:
+            shape = tuple(layer.kernel.shape)[:1] if type(layer).__name__ == "Dense" \
+                else tuple(layer.input.shape)[1:]
+        except (AttributeError, ValueError):
+            continue
+        spec = probe_spec(type(layer).__name__, layer.get_config(), shape,
+                          tuple(layer.kernel.shape))
+        if spec is not None:
+            order_layers[layer.name] = spec
 
     def order_probe(spec: dict, batch: int):
         """The layer alone, of the model's format, called as the model calls its layers:
