@@ -195,14 +195,16 @@ def order_probe(runtime, device: dict, accelerator: dict, order_layers: dict):
         for name, spec, conversion in plan:
             content = Path(conversion["out"]).read_bytes()
             kernel, bias = _template(spec)
-            for what, stored in (("kernel", _stored(spec["class_name"], kernel)),
-                                 ("bias", None if bias is None else bias.tobytes())):
-                if stored is not None and content.count(stored) != 1:
+            stored = {"kernel": _stored(spec["class_name"], kernel),
+                      "bias": None if bias is None else bias.tobytes()}
+            for what, value in stored.items():
+                if value is not None and content.count(value) != 1:
                     raise InferenceError(
                         f"LiteRT's converter did not store the {spec['class_name']} {what} "
                         f"{spec['kernel_shape']} as one float32 constant; its summation "
                         "order cannot be probed in the .tflite")
-            converted[name] = content
+            # the file and the template's bytes, made once per layer, not once per probe
+            converted[name] = (content, stored)
 
     def make(spec: dict, batch: int):
         ones = np.ones((batch, *spec["input_shape"]), dtype=np.float32)
@@ -211,12 +213,12 @@ def order_probe(runtime, device: dict, accelerator: dict, order_layers: dict):
             with tempfile.TemporaryDirectory(prefix="bitdrift-layer-") as folder:
                 if not converted:
                     convert_all(Path(folder))
-                template_kernel, template_bias = _template(spec)
-                content = converted[key(spec)].replace(
-                    _stored(spec["class_name"], template_kernel),
+                content, template = converted[key(spec)]
+                content = content.replace(
+                    template["kernel"],
                     _stored(spec["class_name"], kernel.reshape(spec["kernel_shape"])))
                 if spec["use_bias"]:
-                    content = content.replace(template_bias.tobytes(),
+                    content = content.replace(template["bias"],
                                               np.asarray(bias, np.float32).tobytes())
                 path = Path(folder) / "probe.tflite"
                 path.write_bytes(content)
