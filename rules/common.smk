@@ -16,6 +16,7 @@ from snakemake.exceptions import WorkflowError
 from bitdrift import export, paths, reference
 from bitdrift.config import ConfigError, validate_config
 from bitdrift.datasets import DatasetError, check_samples
+from bitdrift.emulation import architecture
 from bitdrift.failures import end_of_run
 from bitdrift.provenance import infer_command
 from bitdrift.studies import study_models
@@ -238,10 +239,13 @@ def inference_model_file(wildcards):
 
 
 def inference_export_inputs(wildcards):
-    """TensorFlow's reference and the exported model, for the devices that need them."""
-    return export.inference_inputs(
-        wildcards.model, config["devices"][wildcards.device]["backend"]
-    )
+    """TensorFlow's reference and the exported model, for the devices that need them; the
+    aarch64 userland, for an emulated Arm CPU."""
+    device = config["devices"][wildcards.device]
+    inputs = export.inference_inputs(wildcards.model, device["backend"])
+    if architecture(device.get("emulate") or "") == "aarch64":
+        inputs["aarch64"] = paths.aarch64_userland_file()
+    return inputs
 
 
 def device_threads(wildcards):

@@ -14,6 +14,19 @@ rule export_reference:
         "../workflow/scripts/write_export_reference.py"
 
 
+rule install_aarch64:
+    """The userland emulated Arm devices run in (QEMU 10, Debian's arm64 python, aarch64
+    wheels): built once into the environment; its manifest here."""
+    output:
+        paths.aarch64_userland_file(),
+    log:
+        "logs/install_aarch64.log",
+    conda:
+        "../envs/bitdrift.yaml"
+    script:
+        "../workflow/scripts/install_aarch64.py"
+
+
 rule export_model:
     input:
         model=inference_model_file,

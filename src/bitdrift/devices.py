@@ -39,7 +39,10 @@ def device_environment(device: dict, base: dict | None = None) -> dict:
     # is the host's, and its fingerprint names the CPU it sees through CPUID instead
     env.pop(EMULATED, None)
     if device.get("emulate"):
+        from bitdrift.emulation import environment
+
         env[EMULATED] = device["emulate"]
+        env.update(environment(device))
     return env
 
 
@@ -139,10 +142,12 @@ def emulation_host(fingerprint_: dict) -> dict:
     version and the host CPU the emulation ran on."""
     if not fingerprint_ or "emulation" not in fingerprint_:
         return fingerprint_
-    from bitdrift.emulation import qemu_version
+    from bitdrift.emulation import ARM_QEMU, QEMU, architecture, qemu_version
 
     host = cpu_info()
-    fingerprint_["emulation"].update({"qemu": qemu_version(), "host_brand": host.get("brand_raw"),
+    qemu = ARM_QEMU if architecture(fingerprint_["emulation"]["model"]) == "aarch64" else QEMU
+    fingerprint_["emulation"].update({"qemu": qemu_version(qemu),
+                                      "host_brand": host.get("brand_raw"),
                                       "host_flags": sorted(host.get("flags", []))})
     return fingerprint_
 

@@ -53,14 +53,36 @@ RUNTIME_NEEDS = {"tensorflow": "avx", "jax": "avx", "torch": BASELINE,
 BEYOND_TCG = ("avx512", "amx", "fma4", "xop")
 
 
+# aarch64 models QEMU (8 or newer) emulates, with the float and SIMD extensions each shows
+# (QEMU 10's /proc/cpuinfo): NEON (asimd), half-precision arithmetic (asimdhp), dot
+# product (asimddp), SVE, SVE2, BF16 and int8 matrix multiply. Their runtimes and userland:
+# bitdrift.aarch64.
+ARM_QEMU = "qemu-aarch64"
+ARM_FAMILIES = {
+    "cortex-a53": ["asimd"], "cortex-a57": ["asimd"], "cortex-a72": ["asimd"],
+    "cortex-a76": ["asimd", "asimdhp", "asimddp"], "neoverse-n1": ["asimd", "asimdhp", "asimddp"],
+    "a64fx": ["asimd", "asimdhp", "sve"],
+    "neoverse-v1": ["asimd", "asimdhp", "asimddp", "sve", "bf16", "i8mm"],
+    "neoverse-n2": ["asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "i8mm"],
+}
+
+
 def family(model: str) -> str | None:
-    """The family of a QEMU model name (``Haswell-v4`` -> ``Haswell``); None if unknown."""
+    """The family of a QEMU model name (``Haswell-v4`` -> ``Haswell``; an Arm model is its
+    own); None if unknown."""
+    if model in ARM_FAMILIES:
+        return model
     match = MODEL.fullmatch(model)
     return match["family"] if match and match["family"] in FAMILIES else None
 
 
+def architecture(model: str) -> str | None:
+    """``aarch64`` or ``x86_64``: which QEMU runs ``model``; None if unknown."""
+    return "aarch64" if model in ARM_FAMILIES else "x86_64" if family(model) else None
+
+
 def instruction_sets(model: str) -> list[str]:
-    return FAMILIES[family(model)]
+    return ARM_FAMILIES.get(model) or FAMILIES[family(model)]
 
 
 def check_device(name: str, device: dict) -> None:
@@ -73,12 +95,22 @@ def check_device(name: str, device: dict) -> None:
     if family(model) is None:
         raise ConfigError(f"config key {key}: {model!r} is not a CPU model QEMU emulates in "
                           f"full for floating point (one of the families "
-                          f"{', '.join(FAMILIES)}, e.g. Haswell-v4; models with AVX-512 or "
-                          "AMX are beyond QEMU's TCG)")
+                          f"{', '.join(FAMILIES)}, e.g. Haswell-v4, or the Arm models "
+                          f"{', '.join(ARM_FAMILIES)}; models with AVX-512 or AMX are beyond "
+                          "QEMU's TCG)")
     if device.get("accelerator") != "cpu":
         raise ConfigError(f"config key {key}: an emulated CPU runs on the CPU; the device's "
                           f"accelerator is {device.get('accelerator')!r} (set accelerator: "
                           "cpu, or remove emulate)")
+    if architecture(model) == "aarch64":
+        from bitdrift.aarch64 import RUNTIMES
+
+        if device.get("backend") not in RUNTIMES:
+            raise ConfigError(f"config key {key}: backend {device.get('backend')!r} does not "
+                              f"run on the emulated Arm CPU {model}; its aarch64 userland "
+                              f"holds {' and '.join(RUNTIMES)} (use one of them, or an x86 "
+                              "model)")
+        return
     needed = RUNTIME_NEEDS.get(device.get("backend"))
     if needed and needed not in instruction_sets(model):
         raise ConfigError(f"config key {key}: backend {device['backend']!r} needs "
@@ -86,19 +118,57 @@ def check_device(name: str, device: dict) -> None:
                           "is built for it); emulate a newer CPU or use another backend")
 
 
-def command_prefix(device: dict) -> list[str]:
-    """``[qemu-x86_64, -cpu, MODEL,-feature...]`` for an emulated device, else nothing. The
-    features TCG cannot emulate (QEMU warns of each, none of them a float instruction set
-    on the offered models) are switched off, so that the CPUID the process reads claims
-    only what runs."""
+def python_command(device: dict, python: str = sys.executable) -> list[str]:
+    """How to start ``python`` for ``device``: as is natively; under ``qemu-x86_64 -cpu
+    MODEL,-feature...`` for an emulated x86 CPU, the features TCG cannot emulate (QEMU
+    warns of each, none of them a float instruction set on the offered models) switched
+    off, so that the CPUID the process reads claims only what runs; for an Arm CPU, the
+    aarch64 root's own python under ``qemu-aarch64 -L ROOT`` (see bitdrift.aarch64)."""
     model = device.get("emulate")
     if not model:
-        return []
-    qemu = qemu_path()
-    if qemu is None:
-        raise InferenceError(f"device key emulate: {model} needs {QEMU}, which is neither in "
-                             f"{Path(sys.prefix) / 'bin'} nor on the PATH; {INSTALL}")
-    return [qemu, "-cpu", ",".join([model, *(f"-{name}" for name in unsupported(model))])]
+        return [python]
+    if architecture(model) == "aarch64":
+        from bitdrift import aarch64
+
+        qemu = _found(ARM_QEMU, model, "`bitdrift install-aarch64` (QEMU 10 and the Arm "
+                      "userland, into this environment)")
+        if aarch64.version_tuple(qemu_version(ARM_QEMU)) < aarch64.LEAST_QEMU:
+            raise InferenceError(f"device key emulate: {model} needs QEMU 8 or newer "
+                                 f"({qemu} is {qemu_version(ARM_QEMU)}: 7.2 crashes in LiteRT "
+                                 "and ONNX Runtime); run `bitdrift install-aarch64`")
+        if aarch64.installed() is None:
+            raise InferenceError(f"device key emulate: {model} runs in an aarch64 userland "
+                                 f"that is not built ({aarch64.folder()}); run `bitdrift "
+                                 "install-aarch64`")
+        root = aarch64.folder() / "root"
+        return [qemu, "-cpu", model, "-L", str(root), str(root / aarch64.PYTHON)]
+    qemu = _found(QEMU, model, INSTALL)
+    return [qemu, "-cpu", ",".join([model, *(f"-{name}" for name in unsupported(model))]),
+            python]
+
+
+def _found(name: str, model: str, fix: str) -> str:
+    path = qemu_path(name)
+    if path is None:
+        raise InferenceError(f"device key emulate: {model} needs {name}, which is neither in "
+                             f"{Path(sys.prefix) / 'bin'} nor on the PATH; {fix}")
+    return path
+
+
+HOST_PYTHON = "BITDRIFT_HOST_PYTHON"
+
+
+def environment(device: dict) -> dict:
+    """What an emulated Arm device's process needs in its environment: the aarch64 site
+    (its wheels and bitdrift) as its only path, and the host's python for helpers that run
+    natively (LiteRT's converter needs TensorFlow, which the Arm userland lacks)."""
+    model = device.get("emulate")
+    if not model or architecture(model) != "aarch64":
+        return {}
+    from bitdrift import aarch64
+
+    return {"PYTHONPATH": aarch64.python_path(), "PYTHONNOUSERSITE": "1",
+            HOST_PYTHON: sys.executable}
 
 
 @functools.cache
@@ -127,7 +197,24 @@ def qemu_path(name: str = QEMU) -> str | None:
 # -- QEMU where no apt-get is: Debian's statically linked build ---------------------------------
 DEBIAN_MIRROR = "https://deb.debian.org/debian"
 DEBIAN_SUITE = "bookworm"  # QEMU 7.2, the version the emulation check was measured with
-STATIC_PACKAGE = "qemu-user-static"
+# The package of static emulators: qemu-user-static up to bookworm (qemu-TARGET-static);
+# from trixie on, qemu-user itself is static (qemu-TARGET) and qemu-user-static transitional
+STATIC_PACKAGES = ("qemu-user-static", "qemu-user")
+
+
+def static_entry(index: str) -> dict:
+    """The index's package of statically linked emulators (see STATIC_PACKAGES)."""
+    for package in STATIC_PACKAGES:
+        try:
+            entry = package_entry(index, package)
+        except InstallError:
+            continue
+        description = entry.get("Description", "").lower()
+        if "transitional" not in description and (package.endswith("-static")
+                                                  or "static" in description):
+            return entry
+    raise InstallError("install-qemu: the index has no static QEMU "
+                       f"({' or '.join(STATIC_PACKAGES)})")
 
 
 def _fetch(url: str, out: Path | None = None) -> bytes | None:
@@ -198,7 +285,9 @@ def extract_from_deb(deb: Path, wanted: dict[str, Path]) -> None:
             partial.chmod(0o755)
             os.replace(partial, out)
             found.add(name)
-    missing = sorted(set(wanted) - found)
+    # a file offered under several names (``wanted`` maps each to one out) is there once one is
+    missing = sorted({str(out) for name, out in wanted.items() if name not in found}
+                     - {str(wanted[name]) for name in found})
     if missing:
         raise InstallError(f"install-qemu: {deb} lacks {', '.join(missing)}")
 
@@ -214,7 +303,7 @@ def install_qemu(prefix: Path | str = sys.prefix, targets=("x86_64",),
     import tempfile
 
     index = lzma.decompress(_fetch(f"{mirror}/dists/{suite}/main/binary-amd64/Packages.xz"))
-    entry = package_entry(index.decode("utf-8", "replace"), STATIC_PACKAGE)
+    entry = static_entry(index.decode("utf-8", "replace"))
     bindir = Path(prefix) / "bin"
     with tempfile.TemporaryDirectory(prefix="bitdrift-qemu-") as folder:
         deb = Path(folder) / "qemu.deb"
@@ -226,26 +315,38 @@ def install_qemu(prefix: Path | str = sys.prefix, targets=("x86_64",),
         if digest.hexdigest() != entry.get("SHA256"):
             raise InstallError(f"install-qemu: {entry['Filename']} does not match the SHA-256 "
                                f"of {suite}'s index (a broken download or mirror)")
-        wanted = {f"usr/bin/qemu-{target}-static": bindir / f"qemu-{target}"
-                  for target in targets}
+        wanted = {f"usr/bin/qemu-{target}{suffix}": bindir / f"qemu-{target}"
+                  for target in targets for suffix in ("-static", "")}
         extract_from_deb(deb, wanted)
-    return {"version": entry.get("Version", ""), "installed": [str(path) for path in
-                                                               wanted.values()]}
+    return {"version": entry.get("Version", ""),
+            "installed": sorted({str(path) for path in wanted.values()})}
 
 
-def qemu_version() -> str:
+def qemu_version(name: str = QEMU) -> str:
     try:
-        first = subprocess.run([qemu_path() or QEMU, "--version"], capture_output=True, text=True,
-                               timeout=30).stdout.splitlines()
+        first = subprocess.run([qemu_path(name) or name, "--version"], capture_output=True,
+                               text=True, timeout=30).stdout.splitlines()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return first[0].split("version", 1)[-1].strip() if first else "unknown"
 
 
+# Arm's part numbers (MIDR) of the emulated models, for a readable brand
+ARM_PARTS = {("0x41", "0xd03"): "Cortex-A53", ("0x41", "0xd07"): "Cortex-A57",
+             ("0x41", "0xd08"): "Cortex-A72", ("0x41", "0xd0b"): "Cortex-A76",
+             ("0x41", "0xd0c"): "Neoverse-N1", ("0x41", "0xd40"): "Neoverse-V1",
+             ("0x41", "0xd49"): "Neoverse-N2", ("0x46", "0x001"): "A64FX"}
+
+
 def seen_cpu() -> dict:
     """The CPU this process sees through CPUID alone (brand, family, model, flags): under
     QEMU, the emulated one. py-cpuinfo's usual answer merges /proc/cpuinfo, which is the
-    host's even under emulation."""
+    host's even under emulation of x86; QEMU's aarch64 emulation writes its own
+    /proc/cpuinfo (the emulated MIDR and features), which is what an Arm process reads."""
+    import platform
+
+    if platform.machine() == "aarch64":
+        return _seen_arm_cpu()
     import contextlib
     import io
 
@@ -258,3 +359,16 @@ def seen_cpu() -> dict:
     return {"brand": info.get("brand_raw"), "vendor": info.get("vendor_id_raw"),
             "family": info.get("family"), "model": info.get("model"),
             "stepping": info.get("stepping"), "flags": sorted(info.get("flags", []))}
+
+
+def _seen_arm_cpu() -> dict:
+    fields: dict[str, str] = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if ":" in line:
+            key, value = (part.strip() for part in line.split(":", 1))
+            fields.setdefault(key, value)
+    implementer, part = fields.get("CPU implementer", ""), fields.get("CPU part", "")
+    name = ARM_PARTS.get((implementer, part), f"implementer {implementer} part {part}")
+    return {"brand": f"Arm {name}", "vendor": implementer, "family": fields.get(
+        "CPU architecture"), "model": part, "stepping": fields.get("CPU revision"),
+        "flags": sorted(fields.get("Features", "").split())}

@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 
-from bitdrift.emulation import command_prefix
+from bitdrift.emulation import python_command
 from bitdrift.errors import StudyError
 
 # kernel -> (library, Python code printing the digest of its output)
@@ -117,8 +117,7 @@ def digest(kernel: str, environment: dict | None = None, emulate: str | None = N
     code = KERNELS[kernel][1] + DIGEST
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
            **(environment or {})}
-    prefix = command_prefix({"emulate": emulate}) if emulate else []
-    done = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True,
+    done = subprocess.run([*python_command({"emulate": emulate}), "-c", code], capture_output=True,
                           text=True, env=env, timeout=900)
     found = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("digest ")]
     if done.returncode != 0 or not found:

@@ -481,14 +481,15 @@ def generations_grid(eqc: pd.DataFrame, devices: dict) -> tuple[pd.DataFrame, li
     sample ("1/1/2"); devices with equal cells agree bit for bit on every sample."""
     signature = eqc.pivot_table(index="device", columns="sample", values="eqc",
                                 aggfunc="first")
-    from bitdrift.emulation import FAMILIES, family
+    from bitdrift.emulation import ARM_FAMILIES, FAMILIES, family
 
     rows, columns = [], []
     for backend, cpu in devices.values():
         rows += [backend] if backend not in rows else []
         columns += [cpu] if cpu not in columns else []
-    # the host, then the emulated models by generation (the families' order), then by name
-    generations = list(FAMILIES)
+    # the host, then the emulated models by generation (the families' order, x86 then Arm),
+    # then by name
+    generations = [*FAMILIES, *ARM_FAMILIES]
     columns.sort(key=lambda cpu: (cpu != "host", generations.index(family(cpu))
                                   if family(cpu) in generations else len(generations), cpu))
     grid = pd.DataFrame("", index=rows, columns=columns)
@@ -517,7 +518,7 @@ def plot_generations(eqc: pd.DataFrame, devices: dict, out: str | Path) -> None:
     axis.set_ylim(len(rows), 0)
     axis.set_xticks(np.arange(len(columns)) + 0.5, columns, rotation=30, ha="right")
     axis.set_yticks(np.arange(len(rows)) + 0.5, rows)
-    axis.set_xlabel("CPU (host, then emulated by QEMU)")
+    axis.set_xlabel("CPU (host, then emulated by QEMU: x86-64, then aarch64)")
     samples = sorted(eqc["sample"].unique())
     axis.set_title("Equivalence class of the final output per runtime and CPU generation\n"
                    f"cell: class on test samples {', '.join(f'#{s}' for s in samples)}; "

@@ -20,6 +20,17 @@ INSTRUCTION_SETS = [("SSE4.1", ("sse4_1",)), ("AVX", ("avx",)), ("AVX2", ("avx2"
                     ("AVX512_VNNI", ("avx512_vnni", "avx512vnni")),
                     ("AVX512_BF16", ("avx512_bf16",)), ("AVX512_FP16", ("avx512_fp16",)),
                     ("AMX", ("amx_bf16", "amx_tile"))]
+# The same for Arm (the Features of /proc/cpuinfo): NEON, half-precision arithmetic, dot
+# product, SVE, SVE2, BF16
+ARM_INSTRUCTION_SETS = [("NEON", ("asimd",)), ("FP16", ("asimdhp",)), ("DOTPROD", ("asimddp",)),
+                        ("SVE", ("sve",)), ("SVE2", ("sve2",)), ("BF16", ("bf16",)),
+                        ("I8MM", ("i8mm",))]
+
+
+def instruction_sets(cpu: dict) -> list[tuple[str, tuple]]:
+    """The sets that matter on ``cpu``'s architecture."""
+    return ARM_INSTRUCTION_SETS if str(cpu.get("arch", "")).upper() in ("AARCH64", "ARM_8") \
+        else INSTRUCTION_SETS
 TABLES = ("eqc", "eqc_layers", "explain", "divergence", "kernel_coverage",
           "accumulation_orders", "effective_precision", "argmax_agreement", "device_failures")
 STUDY_TABLES = ("probe_summary", "batching_summary")
@@ -30,8 +41,8 @@ def machine(fingerprint: dict) -> list[str]:
     fingerprint (what the device's process saw)."""
     cpu = fingerprint.get("cpu", {})
     flags = set(cpu.get("flags") or [])
-    have = [name for name, names in INSTRUCTION_SETS if flags & set(names)]
-    lack = [name for name, names in INSTRUCTION_SETS if not flags & set(names)]
+    have = [name for name, names in instruction_sets(cpu) if flags & set(names)]
+    lack = [name for name, names in instruction_sets(cpu) if not flags & set(names)]
     lines = [f"CPU: {cpu.get('brand') or 'unknown'} ({cpu.get('vendor') or '?'}, family "
              f"{cpu.get('family')}, model {cpu.get('model')}; {cpu.get('count')} CPUs, "
              f"{cpu.get('arch')}) on {fingerprint.get('platform', '?')}.",
@@ -48,8 +59,9 @@ def emulated(fingerprints: dict) -> list[str]:
         emulation = found.get("emulation")
         if not emulation:
             continue
-        flags = set(found.get("cpu", {}).get("flags") or [])
-        have = [name for name, names in INSTRUCTION_SETS if flags & set(names)]
+        cpu = found.get("cpu", {})
+        flags = set(cpu.get("flags") or [])
+        have = [name for name, names in instruction_sets(cpu) if flags & set(names)]
         key = (emulation.get("model"), found.get("cpu", {}).get("brand"),
                ", ".join(have) or "none of the sets above",
                str(emulation.get("qemu", "")).split(" ")[0])

@@ -54,6 +54,11 @@ def export_reference_file(model="{model}") -> str:
     return f"{RESULTS}/exports/{model}/reference.npz"
 
 
+def aarch64_userland_file() -> str:
+    """The manifest of the aarch64 userland emulated Arm devices run in (bitdrift.aarch64)."""
+    return f"{RESULTS}/emulation/aarch64.json"
+
+
 def record_file(model="{model}", device="{device}") -> str:
     return f"{RESULTS}/inference/{model}/{device}.h5"
 

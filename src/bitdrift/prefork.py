@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 
 from bitdrift import backends
-from bitdrift.emulation import command_prefix
+from bitdrift.emulation import python_command
 from bitdrift.errors import AcceleratorMissing, BitdriftError
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -113,7 +113,7 @@ class FreshProcesses:
         from bitdrift.devices import device_environment
 
         device = {**self.device, "env": {**self.device.get("env", {}), **(environment or {})}}
-        completed = subprocess.run([*command_prefix(self.device), sys.executable, "-m",
+        completed = subprocess.run([*python_command(self.device), "-m",
                                     self.module, json.dumps(job)],
                                    env=device_environment(device),
                                    stdout=self.log if stdout is None else stdout,
@@ -135,7 +135,7 @@ class ForkedChildren:
 
         self.device, self.what = device, what
         self.parent = subprocess.Popen(
-            [*command_prefix(device), sys.executable, "-m", "bitdrift.prefork", target,
+            [*python_command(device), "-m", "bitdrift.prefork", target,
              device["backend"]],
             env=device_environment(device), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=log, text=True, preexec_fn=_die_with_parent)

@@ -324,9 +324,9 @@ def refusal(device: dict, split: Split) -> str | None:
 
 def command_line(device: dict, script: str, python: str) -> list[str]:
     """How to run a device's script: under QEMU for an emulated CPU, as its run was."""
-    from bitdrift.emulation import command_prefix
+    from bitdrift.emulation import python_command
 
-    return [*command_prefix(device), python, script]
+    return [*python_command(device, python), script]
 
 
 def write_script(path: Path, name: str, device: dict, record: Record, split: Split,

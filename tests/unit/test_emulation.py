@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bitdrift.config import validate_config
-from bitdrift.emulation import FAMILIES, check_device, command_prefix, seen_cpu
+from bitdrift.emulation import FAMILIES, check_device, python_command, seen_cpu
 from bitdrift.emulation_check import host_vendor
 from bitdrift.errors import ConfigError, InferenceError
 
@@ -81,7 +81,7 @@ def test_an_emulated_haswell_equals_the_host_forced_to_avx2_bit_for_bit(small_mo
 def test_the_instruction_sets_of_a_family_are_what_qemu_shows(family):
     """The table the config check reads against CPUID inside QEMU."""
     code = "import json; from bitdrift.emulation import seen_cpu; print(json.dumps(seen_cpu()))"
-    done = subprocess.run([*command_prefix({"emulate": family}), sys.executable, "-c", code],
+    done = subprocess.run([*python_command({"emulate": family}), "-c", code],
                           capture_output=True, text=True, check=True)
     flags = set(json.loads(done.stdout.strip().splitlines()[-1])["flags"])
     for name in ("sse4_1", "sse4_2", "avx", "f16c", "avx2", "fma"):
@@ -122,7 +122,7 @@ def test_qemu_missing_is_one_line_naming_the_fix(monkeypatch, tmp_path):
     monkeypatch.setattr("sys.prefix", str(tmp_path))
     with pytest.raises(InferenceError, match="qemu-x86_64, which is neither in .* nor on the "
                        "PATH; install Debian's qemu-user .* or run `bitdrift install-qemu`"):
-        command_prefix({"emulate": "Haswell-v4"})
+        python_command({"emulate": "Haswell-v4"})
 
 
 @pytest.fixture
@@ -195,7 +195,7 @@ def test_install_qemu_refuses_a_package_that_does_not_match_the_index(debian_mir
     with pytest.raises(InstallError, match="does not match the SHA-256"):
         install_qemu(tmp_path / "env", mirror=mirror)
     assert not (tmp_path / "env" / "bin" / "qemu-x86_64").exists()
-    with pytest.raises(InstallError, match="qemu-aarch64-static"):
+    with pytest.raises(InstallError, match="lacks .*bin/qemu-aarch64"):
         write_index()
         install_qemu(tmp_path / "env", targets=("aarch64",), mirror=mirror)
 

@@ -140,9 +140,15 @@ def convert_layers(specs: list[dict]) -> None:
             holder = Path(folder) / f"{index}.npz"
             np.savez(holder, **{str(k): value for k, value in enumerate(spec["weights"])})
             plan.append({**spec, "weights": str(holder)})
-        done = subprocess.run([sys.executable, "-c", CONVERT_CODE, json.dumps(plan)],
-                              capture_output=True, text=True,
-                              env={**os.environ, "KERAS_BACKEND": "tensorflow",
+        # natively, with the host's python: an emulated Arm device's userland has no
+        # TensorFlow, and a .tflite is the same file whichever CPU converts it
+        from bitdrift.emulation import HOST_PYTHON
+
+        env = {key: value for key, value in os.environ.items()
+               if key not in ("PYTHONPATH", HOST_PYTHON)}
+        done = subprocess.run([os.environ.get(HOST_PYTHON, sys.executable), "-c",
+                               CONVERT_CODE, json.dumps(plan)], capture_output=True, text=True,
+                              env={**env, "KERAS_BACKEND": "tensorflow",
                                    "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""})
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]

@@ -31,6 +31,16 @@ def cmd_install_qemu(args) -> int:
     return 0
 
 
+def cmd_install_aarch64(args) -> int:
+    from bitdrift import aarch64
+
+    done = aarch64.install(args.prefix, args.mirror)
+    print(f"bitdrift: aarch64 userland ({len(done['packages'])} Debian arm64 packages; "
+          f"{', '.join(done['wheels'])}) under QEMU {done['qemu']} -> "
+          f"{aarch64.folder(args.prefix)}", file=sys.stderr)
+    return 0
+
+
 def add_commands(sub) -> None:
     """Register these commands on the `bitdrift` subparsers."""
     from bitdrift.emulation_check import CLASSES, KERNELS
@@ -57,3 +67,12 @@ def add_commands(sub) -> None:
                    help="the Debian release whose qemu-user-static is taken (default: "
                    "%(default)s, QEMU 7.2)")
     p.set_defaults(func=cmd_install_qemu)
+
+    p = sub.add_parser("install-aarch64", help="what emulated Arm devices run in: QEMU 10, "
+                       "Debian's arm64 python and aarch64 wheels of LiteRT and ONNX Runtime, "
+                       "into this environment")
+    p.add_argument("--prefix", default=sys.prefix,
+                   help="installs into PREFIX/bin and PREFIX/share/bitdrift/aarch64 "
+                   "(default: this environment)")
+    p.add_argument("--mirror", default=DEBIAN_MIRROR, help="a Debian mirror (default: %(default)s)")
+    p.set_defaults(func=cmd_install_aarch64)
