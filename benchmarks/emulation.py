@@ -1,9 +1,11 @@
 """Benchmark: what an emulated CPU costs (run on demand; needs Debian's qemu-user).
 
     python benchmarks/emulation.py --model Haswell-v4 --runs 1
+    python benchmarks/emulation.py --model neoverse-n1 --runs 1   # Arm: LiteRT, ONNX Runtime
 
 Per runtime: the seconds of its import in a fresh process, natively and under
-`qemu-x86_64 -cpu MODEL`, and of one device's whole inference job (bitdrift.inference.infer:
+`qemu-x86_64 -cpu MODEL` (an Arm model: `qemu-aarch64` in the aarch64 userland of
+`bitdrift install-aarch64`), and of one device's whole inference job (bitdrift.inference.infer:
 two repeats and no traced one, Cifar10-small with initial weights on three digits),
 natively and emulated. Printed as a Markdown table with the host's CPU named; the
 benchmark docs quote it.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,9 +31,9 @@ IMPORTS = {"tensorflow": "import tensorflow", "torch": "import torch",
            "openvino": "import openvino", "litert": "import ai_edge_litert.interpreter"}
 
 
-def timed(command: list[str]) -> float:
+def timed(command: list[str], env: dict | None = None) -> float:
     started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True)
+    subprocess.run(command, check=True, capture_output=True, env=env)
     return time.perf_counter() - started
 
 
@@ -63,13 +66,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="Haswell-v4", help="the emulated CPU model")
     parser.add_argument("--runs", type=int, default=1, help="runs per measurement (median)")
-    parser.add_argument("--runtimes", nargs="+", default=list(IMPORTS))
+    parser.add_argument("--runtimes", nargs="+", help="default: every runtime that runs on "
+                        "the model")
     args = parser.parse_args()
+    from bitdrift import aarch64
     from bitdrift.devices import cpu_info
-    from bitdrift.emulation import command_prefix, qemu_version
+    from bitdrift.emulation import (
+        ARM_QEMU,
+        QEMU,
+        architecture,
+        environment,
+        python_command,
+        qemu_version,
+    )
     from tests.utils import small_model_assets
 
-    prefix = command_prefix({"emulate": args.model})
+    arm = architecture(args.model) == "aarch64"
+    runtimes = args.runtimes or (list(aarch64.RUNTIMES) if arm else list(IMPORTS))
+    emulated = {"emulate": args.model}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         small_model_assets(folder)
@@ -81,19 +95,20 @@ def main() -> None:
                         str(folder / "digits.h5"), str(folder)], check=True,
                        capture_output=True)
         rows = []
-        for runtime in args.runtimes:
+        for runtime in runtimes:
             row = {"runtime": runtime}
-            for where, before in (("native", []), ("emulated", prefix)):
+            for where, device in (("native", {}), ("emulated", emulated)):
                 row[f"import_{where}"] = statistics.median(
-                    timed([*before, sys.executable, "-c", IMPORTS[runtime]])
-                    for _ in range(args.runs))
+                    timed([*python_command(device), "-c", IMPORTS[runtime]],
+                          {**os.environ, **environment(device)}) for _ in range(args.runs))
                 row[f"job_{where}"] = statistics.median(
-                    job_seconds(folder, runtime, args.model if before else None)
+                    job_seconds(folder, runtime, device.get("emulate"))
                     for _ in range(args.runs))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     host = cpu_info().get("brand_raw")
-    print(f"Host: {host}; QEMU {qemu_version()} emulating {args.model}; median of "
+    print(f"Host: {host}; QEMU {qemu_version(ARM_QEMU if arm else QEMU)} emulating "
+          f"{args.model}; median of "
           f"{args.runs} run(s), seconds.\n")
     print("| runtime | import native | import emulated | job native | job emulated | "
           "job slowdown |")

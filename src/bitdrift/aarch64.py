@@ -48,11 +48,12 @@ QEMU_SUITE = "trixie"  # QEMU 10
 MANIFEST = "manifest.json"
 
 
-def folder(prefix: Path | str = sys.prefix) -> Path:
-    return Path(prefix) / "share" / "bitdrift" / "aarch64"
+def folder(prefix: Path | str | None = None) -> Path:
+    """Where the userland lives: ``prefix`` (default: this environment) /share/bitdrift."""
+    return Path(prefix or sys.prefix) / "share" / "bitdrift" / "aarch64"
 
 
-def installed(prefix: Path | str = sys.prefix) -> dict | None:
+def installed(prefix: Path | str | None = None) -> dict | None:
     """The manifest of a complete build, else None."""
     try:
         return json.loads((folder(prefix) / MANIFEST).read_text())
@@ -158,7 +159,7 @@ def build_site(site: Path, runtimes=tuple(RUNTIMES), index_url: str | None = Non
         raise InstallError(f"install-aarch64: pip could not fetch the aarch64 wheels ({last})")
 
 
-def python_path(prefix: Path | str = sys.prefix) -> str:
+def python_path(prefix: Path | str | None = None) -> str:
     """PYTHONPATH of an Arm worker: bitdrift itself as a link to the package the host runs
     (pure Python: an Arm record is computed by the very code of its run) before the site
     of aarch64 wheels. One link folder per package location, made when first needed."""
@@ -176,7 +177,7 @@ def python_path(prefix: Path | str = sys.prefix) -> str:
     return os.pathsep.join([str(links), str(folder(prefix) / "site")])
 
 
-def install(prefix: Path | str = sys.prefix, mirror: str | None = None,
+def install(prefix: Path | str | None = None, mirror: str | None = None,
             runtimes=tuple(RUNTIMES)) -> dict:
     """QEMU (aarch64, 8 or newer), the arm64 root and the aarch64 site, into ``prefix``;
     built beside and moved into place whole. Returns the manifest."""
@@ -185,7 +186,7 @@ def install(prefix: Path | str = sys.prefix, mirror: str | None = None,
     mirror = mirror or DEBIAN_MIRROR
     qemu = qemu_path("qemu-aarch64")
     if qemu is None or version_tuple(qemu_version("qemu-aarch64")) < LEAST_QEMU:
-        install_qemu(prefix, ("aarch64",), mirror, QEMU_SUITE)
+        install_qemu(prefix or sys.prefix, ("aarch64",), mirror, QEMU_SUITE)
     target = folder(prefix)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix="aarch64.partial-", dir=target.parent))
@@ -203,7 +204,7 @@ def install(prefix: Path | str = sys.prefix, mirror: str | None = None,
     return manifest
 
 
-def ensure(out: Path | str, prefix: Path | str = sys.prefix) -> dict:
+def ensure(out: Path | str, prefix: Path | str | None = None) -> dict:
     """The userland, built unless a complete one is there; its manifest written to ``out``
     (atomically: the workflow's mark that Arm devices can run)."""
     from bitdrift.atomic import atomic_output

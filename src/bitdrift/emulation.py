@@ -292,10 +292,10 @@ def extract_from_deb(deb: Path, wanted: dict[str, Path]) -> None:
         raise InstallError(f"install-qemu: {deb} lacks {', '.join(missing)}")
 
 
-def install_qemu(prefix: Path | str = sys.prefix, targets=("x86_64",),
+def install_qemu(prefix: Path | str | None = None, targets=("x86_64",),
                  mirror: str = DEBIAN_MIRROR, suite: str = DEBIAN_SUITE) -> dict:
-    """Debian's statically linked QEMU user-mode emulators (package qemu-user-static, of
-    ``suite``) into ``prefix``/bin as ``qemu-TARGET``: for cluster nodes without Debian or
+    """Debian's statically linked QEMU user-mode emulators (of ``suite``: see
+    STATIC_PACKAGES) into ``prefix``/bin as ``qemu-TARGET``: for cluster nodes without Debian or
     root (a conda environment's post-deploy script runs it). The package is checked
     against the SHA-256 in the suite's index. Returns {"version", "installed": [paths]}."""
     import hashlib
@@ -304,7 +304,7 @@ def install_qemu(prefix: Path | str = sys.prefix, targets=("x86_64",),
 
     index = lzma.decompress(_fetch(f"{mirror}/dists/{suite}/main/binary-amd64/Packages.xz"))
     entry = static_entry(index.decode("utf-8", "replace"))
-    bindir = Path(prefix) / "bin"
+    bindir = Path(prefix or sys.prefix) / "bin"
     with tempfile.TemporaryDirectory(prefix="bitdrift-qemu-") as folder:
         deb = Path(folder) / "qemu.deb"
         _fetch(f"{mirror}/{entry['Filename']}", deb)

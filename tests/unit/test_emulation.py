@@ -101,7 +101,11 @@ def test_the_host_is_seen_natively():
     ({"backend": "tensorflow", "accelerator": "cpu", "emulate": "Nehalem-v2"},
      "backend 'tensorflow' needs AVX, which Nehalem-v2 lacks"),
     ({"backend": "openvino", "accelerator": "cpu", "emulate": "Penryn"},
-     "backend 'openvino' needs SSE4.2, which Penryn lacks")])
+     "backend 'openvino' needs SSE4.2, which Penryn lacks"),
+    ({"backend": "torch", "accelerator": "cpu", "emulate": "neoverse-n1"},
+     "backend 'torch' does not run on the emulated Arm CPU neoverse-n1"),
+    ({"backend": "litert", "accelerator": "gpu", "emulate": "a64fx"},
+     "an emulated CPU runs on the CPU")])
 def test_an_emulated_device_that_cannot_run_is_refused_naming_the_key(device, message):
     with pytest.raises(ConfigError, match="devices.d.emulate") as error:
         check_device("d", device)
@@ -125,10 +129,10 @@ def test_qemu_missing_is_one_line_naming_the_fix(monkeypatch, tmp_path):
         python_command({"emulate": "Haswell-v4"})
 
 
-@pytest.fixture
-def debian_mirror(tmp_path):
-    """A Debian mirror on a local HTTP server: a qemu-user-static package built by
-    dpkg-deb (its payload a stand-in script) and a Packages.xz index naming it."""
+def serve_mirror(tmp_path, packages, suite="bookworm"):
+    """A Debian mirror on a local HTTP server: each package ({name, description, files:
+    {path: bytes}}) built by dpkg-deb, and a Packages.xz index naming them (with their
+    SHA-256 unless ``sha256`` says otherwise). Returns (url, write_index, server)."""
     import hashlib
     import http.server
     import lzma
@@ -136,35 +140,73 @@ def debian_mirror(tmp_path):
     from functools import partial
 
     root = tmp_path / "mirror"
-    package = tmp_path / "pkg"
-    (package / "DEBIAN").mkdir(parents=True)
-    (package / "DEBIAN" / "control").write_text(
-        "Package: qemu-user-static\nVersion: 1:7.2-test\nArchitecture: amd64\n"
-        "Maintainer: bitdrift tests <tests@example.org>\nDescription: test package\n")
-    (package / "usr" / "bin").mkdir(parents=True)
-    payload = b"#!/bin/sh\necho stand-in for qemu-x86_64 \"$@\"\n"
-    (package / "usr" / "bin" / "qemu-x86_64-static").write_bytes(payload)
-    filename = "pool/main/q/qemu/qemu-user-static_7.2-test_amd64.deb"
-    (root / filename).parent.mkdir(parents=True)
-    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(package),
-                    str(root / filename)], check=True, capture_output=True)
-    digest = hashlib.sha256((root / filename).read_bytes()).hexdigest()
-    index = root / "dists" / "bookworm" / "main" / "binary-amd64" / "Packages.xz"
+    stanzas = []
+    for package in packages:
+        folder = tmp_path / "pkg" / package["name"]
+        (folder / "DEBIAN").mkdir(parents=True)
+        (folder / "DEBIAN" / "control").write_text(
+            f"Package: {package['name']}\nVersion: 1:7.2-test\nArchitecture: amd64\n"
+            f"Maintainer: bitdrift tests <tests@example.org>\n"
+            f"Description: {package['description']}\n")
+        for path, payload in package["files"].items():
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_bytes(payload)
+        filename = f"pool/main/q/qemu/{package['name']}_7.2-test_amd64.deb"
+        (root / filename).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(folder),
+                        str(root / filename)], check=True, capture_output=True)
+        stanzas.append((package, filename, hashlib.sha256((root / filename).read_bytes())
+                        .hexdigest()))
+    index = root / "dists" / suite / "main" / "binary-amd64" / "Packages.xz"
     index.parent.mkdir(parents=True)
 
-    def write_index(sha256=digest):
-        index.write_bytes(lzma.compress(
-            f"Package: qemu-user\nVersion: 1:7.2-test\nFilename: pool/other.deb\n\n"
-            f"Package: qemu-user-static\nVersion: 1:7.2-test\nFilename: {filename}\n"
-            f"SHA256: {sha256}\n\n".encode()))
+    def write_index(sha256=None):
+        index.write_bytes(lzma.compress("".join(
+            f"Package: {package['name']}\nVersion: 1:7.2-test\nFilename: {filename}\n"
+            f"Description: {package['description']}\nSHA256: {sha256 or digest}\n\n"
+            for package, filename, digest in stanzas).encode()))
 
     write_index()
     handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *args: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", payload, write_index
+    return f"http://127.0.0.1:{server.server_port}", write_index, server
+
+
+STAND_IN = b"#!/bin/sh\necho stand-in for qemu-x86_64 \"$@\"\n"
+
+
+@pytest.fixture
+def debian_mirror(tmp_path):
+    """bookworm's layout: qemu-user is dynamic (a package without the emulator here),
+    qemu-user-static holds usr/bin/qemu-x86_64-static (its payload a stand-in script)."""
+    url, write_index, server = serve_mirror(tmp_path, [
+        {"name": "qemu-user", "description": "QEMU user mode emulation binaries",
+         "files": {"usr/share/doc/qemu-user/README": b"dynamic"}},
+        {"name": "qemu-user-static", "description": "QEMU user mode emulation binaries "
+         "(static version)", "files": {"usr/bin/qemu-x86_64-static": STAND_IN}}])
+    yield url, STAND_IN, write_index
     server.shutdown()
+
+
+def test_install_qemu_reads_trixies_layout(tmp_path):
+    """From trixie on, qemu-user itself holds the static emulators (usr/bin/qemu-x86_64)
+    and qemu-user-static is a transitional package without them: the static build is
+    taken from qemu-user."""
+    from bitdrift.emulation import install_qemu
+
+    url, _, server = serve_mirror(tmp_path, [
+        {"name": "qemu-user-static", "description": "QEMU user mode emulation "
+         "(compat/transitional package)", "files": {"usr/share/doc/q/README": b"empty"}},
+        {"name": "qemu-user", "description": "QEMU user mode emulation (static binaries)",
+         "files": {"usr/bin/qemu-x86_64": STAND_IN}}], suite="trixie")
+    try:
+        done = install_qemu(tmp_path / "env", mirror=url, suite="trixie")
+    finally:
+        server.shutdown()
+    assert (tmp_path / "env" / "bin" / "qemu-x86_64").read_bytes() == STAND_IN
+    assert done["installed"] == [str(tmp_path / "env" / "bin" / "qemu-x86_64")]
 
 
 def test_install_qemu_takes_the_static_build_from_a_debian_mirror(debian_mirror, tmp_path,

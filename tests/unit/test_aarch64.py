@@ -1,0 +1,171 @@
+"""Emulated Arm CPUs: the userland bitdrift.aarch64 builds (a Debian arm64 root, aarch64
+wheels), the refusals of a device that cannot run, and real LiteRT and ONNX Runtime runs
+under qemu-aarch64 checked against the host's records of the same runtime."""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from bitdrift import aarch64
+from bitdrift.emulation import ARM_FAMILIES, environment, python_command
+from bitdrift.errors import InferenceError, InstallError
+
+INDEX = """Package: python3.11-minimal
+Pre-Depends: libc6 (>= 2.36)
+Depends: libpython3.11-minimal (= 3.11.2-6), libexpat1 (>= 2.1~beta3), zlib1g (>= 1:1.2.0)
+
+Package: libpython3.11-minimal
+Depends: libc6 (>= 2.34)
+
+Package: libexpat1
+Depends: libc6:arm64 (>= 2.25)
+
+Package: zlib1g
+Depends: libc6 | libc6.1
+
+Package: libc6
+Depends: libgcc-s1
+
+Package: libgcc-s1
+Depends: gcc-12-base (= 12.2.0-14), libc6 (>= 2.35)
+
+Package: gcc-12-base
+
+Package: libpython3.11-stdlib
+Depends: media-types | mime-support, tzdata, libffi8 (>= 3.4), libpython3.11-minimal
+
+Package: media-types
+
+Package: tzdata
+
+Package: libffi-impl
+Provides: libffi8 (= 3.4.4)
+Depends: libc6
+
+Package: libc6.1
+"""
+
+
+def test_the_root_is_resolved_from_a_debian_index_by_hand():
+    """Pre-Depends and Depends, the first of alternatives, a virtual package through its
+    provider, an architecture qualifier; what a python-only root never runs (tzdata,
+    media-types) left out. The expected set is read off INDEX by hand."""
+    index = aarch64.parse_index(INDEX)
+    found = {fields["Package"] for fields in aarch64.resolve(
+        index, ("python3.11-minimal", "libpython3.11-stdlib"))}
+    assert found == {"python3.11-minimal", "libpython3.11-minimal", "libexpat1", "zlib1g",
+                     "libc6", "libgcc-s1", "gcc-12-base", "libpython3.11-stdlib",
+                     "libffi-impl"}
+
+
+def test_a_package_the_index_lacks_is_named():
+    index = aarch64.parse_index(INDEX + "\nPackage: broken\nDepends: not-there\n")
+    with pytest.raises(InstallError, match="arm64 index has no 'not-there'"):
+        aarch64.resolve(index, ("broken",))
+
+
+def _stand_in_qemu(folder, version):
+    (folder / "bin").mkdir(parents=True)
+    qemu = folder / "bin" / "qemu-aarch64"
+    qemu.write_text(f"#!/bin/sh\necho 'qemu-aarch64 version {version}'\n")
+    qemu.chmod(0o755)
+
+
+def test_an_arm_device_refuses_qemu_older_than_8_and_a_missing_userland(tmp_path,
+                                                                        monkeypatch):
+    """QEMU 7.2 crashes in LiteRT and ONNX Runtime: an Arm device needs 8 or newer, and
+    the userland; each refusal is one line naming `bitdrift install-aarch64`. (The
+    emulator here is a stand-in script that only answers --version.)"""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr("sys.prefix", str(tmp_path / "old"))
+    _stand_in_qemu(tmp_path / "old", "7.2.22 (Debian 1:7.2+dfsg-7+deb12u16)")
+    with pytest.raises(InferenceError, match="needs QEMU 8 or newer .*7.2.22.*install-aarch64"):
+        python_command({"emulate": "neoverse-n1"})
+    monkeypatch.setattr("sys.prefix", str(tmp_path / "new"))
+    _stand_in_qemu(tmp_path / "new", "10.0.13 (Debian 1:10.0.13+ds-0+deb13u1)")
+    with pytest.raises(InferenceError, match="aarch64 userland that is not built .*"
+                                             "install-aarch64"):
+        python_command({"emulate": "neoverse-n1"})
+
+
+@pytest.fixture(scope="module")
+def userland():
+    """The environment's aarch64 userland, built by the project's own installer if this
+    environment has none yet (QEMU 10 from Debian, arm64 packages, wheels from PyPI)."""
+    return aarch64.installed() or aarch64.install()
+
+
+@pytest.mark.parametrize("model", ["cortex-a57", "neoverse-n1", "a64fx", "neoverse-v1"])
+def test_the_instruction_sets_of_an_arm_model_are_what_qemu_shows(userland, model):
+    """The table the figure orders by and the findings name, against the features the
+    emulated process reads (QEMU's /proc/cpuinfo for aarch64)."""
+    device = {"emulate": model}
+    code = ("import json, platform; from bitdrift.emulation import seen_cpu; "
+            "print(json.dumps({**seen_cpu(), 'machine': platform.machine()}))")
+    done = subprocess.run([*python_command(device), "-c", code], capture_output=True,
+                          text=True, env={**os.environ, **environment(device)},
+                          check=True)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["machine"] == "aarch64"
+    for name in ("asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "i8mm"):
+        assert (name in seen["flags"]) == (name in ARM_FAMILIES[model]), (model, name)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from tests.utils import export_small_model, small_model_assets
+
+    folder = tmp_path_factory.mktemp("arm")
+    dataset, model = small_model_assets(folder)
+    return folder, dataset, model, export_small_model(model, dataset, folder)
+
+
+CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
+       "env": {}, "repeats": 1, "external": False}
+SAMPLES = [0, 6]
+
+
+def _record(exported, tmp_path, name, device):
+    from bitdrift.inference import infer
+    from bitdrift.record import Record
+    from tests.utils import EXPORT_FILES
+
+    folder, dataset, model, reference = exported
+    out = tmp_path / f"{name}.h5"
+    with open(tmp_path / f"{name}.log", "w") as log:
+        infer(model_name="small", device_name=name, device={**CPU, **device},
+              model_path=model, dataset_path=dataset, samples=SAMPLES, out=out, log=log,
+              reference=reference, export=folder / EXPORT_FILES[device["backend"]])
+    with Record(out) as record:
+        values = {(sample, info.label): record.tensor(sample, info).values
+                  for sample in SAMPLES for info in record.layers(sample)}
+        return values, record.fingerprint, record.accumulation_orders
+
+
+@pytest.mark.parametrize("backend", ["litert", "onnxruntime"])
+def test_a_runtime_runs_on_an_emulated_arm_cpu(userland, exported, tmp_path, backend):
+    """LiteRT and ONNX Runtime on an emulated Neoverse-N1: every layer the host's record of
+    the same runtime has, with values within float32 rounding of the host's (the Arm
+    wheel maps the same layers); the fingerprint is the Arm CPU the process saw, QEMU's
+    version and the host; the Dense layers' summation order is revealed on the Arm CPU
+    (LiteRT's layers converted by the host's python)."""
+    from bitdrift.findings import emulated
+
+    arm, fingerprint, orders = _record(exported, tmp_path, "arm",
+                                       {"backend": backend, "emulate": "neoverse-n1"})
+    host, _, _ = _record(exported, tmp_path, "host", {"backend": backend})
+    assert arm.keys() == host.keys()
+    for key, values in arm.items():
+        np.testing.assert_allclose(values, host[key], rtol=1e-4, atol=1e-5, err_msg=str(key))
+    assert fingerprint["cpu"]["arch"] == "AARCH64"
+    assert fingerprint["cpu"]["brand"] == "Arm Neoverse-N1"
+    assert fingerprint["emulation"]["model"] == "neoverse-n1"
+    assert aarch64.version_tuple(fingerprint["emulation"]["qemu"]) >= aarch64.LEAST_QEMU
+    assert fingerprint["emulation"]["host_flags"]
+    dense = [layer for layer in orders if layer.startswith("dense")]
+    assert dense and all(orders[layer].get("order") for layer in dense), orders
+    (line,) = emulated({"arm": fingerprint})
+    assert "as neoverse-n1 (Arm Neoverse-N1; it saw NEON, FP16, DOTPROD)" in line
