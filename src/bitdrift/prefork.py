@@ -117,7 +117,7 @@ class FreshProcesses:
                                     self.module, json.dumps(job)],
                                    env=device_environment(device),
                                    stdout=self.log if stdout is None else stdout,
-                                   stderr=self.log)
+                                   stderr=self.log, preexec_fn=_die_with_parent)
         _accelerator_missing(completed.returncode, self.device, self.what, job)
         return completed.returncode
 

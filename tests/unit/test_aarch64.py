@@ -169,3 +169,57 @@ def test_a_runtime_runs_on_an_emulated_arm_cpu(userland, exported, tmp_path, bac
     assert dense and all(orders[layer].get("order") for layer in dense), orders
     (line,) = emulated({"arm": fingerprint})
     assert "as neoverse-n1 (Arm Neoverse-N1; it saw NEON, FP16, DOTPROD)" in line
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("emulate", [None, "neoverse-n1"])
+def test_a_killed_job_leaves_no_worker_behind(userland, exported, tmp_path, emulate):
+    """SIGKILL cannot be handled: a job's worker (a fresh ONNX Runtime process, natively or
+    under qemu-aarch64) must die with the job, never compute on as an orphan."""
+    import signal
+    import sys
+    import time
+
+    from tests.utils import EXPORT_FILES
+
+    folder, dataset, model, reference = exported
+    device = {**CPU, "backend": "onnxruntime", "repeats": 50,
+              **({"emulate": emulate} if emulate else {})}
+    code = (f"from bitdrift.inference import infer\n"
+            f"infer(model_name='small', device_name='k', device={device!r}, "
+            f"model_path={str(model)!r}, dataset_path={str(dataset)!r}, samples={SAMPLES}, "
+            f"out={str(tmp_path / 'k.h5')!r}, log=open({str(tmp_path / 'k.log')!r}, 'w'), "
+            f"reference={str(reference)!r}, "
+            f"export={str(folder / EXPORT_FILES['onnxruntime'])!r})\n")
+    job = subprocess.Popen([sys.executable, "-c", code])
+    deadline, workers = time.monotonic() + 120, []
+    while not workers and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.2)
+        workers = _children(job.pid)
+    assert workers, "the job started no worker"
+    time.sleep(2)  # the worker is under way
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers)

@@ -421,7 +421,8 @@ def test_an_emulated_cpu_is_a_device_of_the_workflow(run):
     """torch_haswell ran under `qemu-x86_64 -cpu Haswell-v4`: its record names the CPU it
     saw through CPUID (no AVX-512, whatever the host has), its oneDNN kernels name no
     AVX-512 or AMX, it is a column of the class tables, and the findings say it was
-    emulated."""
+    emulated. ort_neoverse_n1 ran on an emulated Arm CPU, in the userland the workflow
+    built."""
     workdir, _ = run
     with Record(workdir / "results/inference/small/torch_haswell.h5") as record:
         flags = set(record.fingerprint["cpu"]["flags"])
@@ -434,6 +435,14 @@ def test_an_emulated_cpu_is_a_device_of_the_workflow(run):
     findings = (workdir / "results/findings.md").read_text()
     assert "Emulated by QEMU" in findings and "as Haswell-v4" in findings
     assert "): torch_haswell." in findings
+    # an Arm CPU: the rule install_aarch64 made its userland before the device ran in it
+    manifest = json.loads((workdir / "results/emulation/aarch64.json").read_text())
+    assert any(wheel.startswith("onnxruntime==") for wheel in manifest["wheels"])
+    with Record(workdir / "results/inference/small/ort_neoverse_n1.h5") as record:
+        assert record.fingerprint["cpu"]["arch"] == "AARCH64"
+        assert record.fingerprint["emulation"]["model"] == "neoverse-n1"
+    assert "ort_neoverse_n1" in set(pd.read_csv(workdir / "results/tables/eqc.csv")["device"])
+    assert "as neoverse-n1 (Arm Neoverse-N1; it saw NEON" in findings
 
 
 def test_findings_open_the_report_and_name_this_machine(run):
