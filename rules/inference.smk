@@ -15,12 +15,14 @@ rule export_reference:
 
 
 rule install_aarch64:
-    """The userland emulated Arm devices run in (QEMU 10, Debian's arm64 python, aarch64
-    wheels): built once into the environment; its manifest here."""
     output:
         paths.aarch64_userland_file(),
     log:
         "logs/install_aarch64.log",
+    # The userland emulated Arm devices run in (QEMU 10, Debian's arm64 python, aarch64
+    # wheels), built once into the environment; its manifest is the output. Downloads run
+    # where the internet is: compute nodes often have none.
+    localrule: True
     conda:
         "../envs/bitdrift.yaml"
     script:

@@ -7,7 +7,7 @@ build cut off midway leaves nothing that looks installed).
 
 QEMU 7.2 (Debian bookworm) crashes in LiteRT's interpreter and ONNX Runtime's import
 (segmentation faults, measured on neoverse-n1 and max); QEMU 10 (trixie) runs both, so an
-Arm device needs QEMU 8 or newer, which ``install-aarch64`` fetches.
+Arm device needs QEMU 10 or newer, which ``install-aarch64`` fetches.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ import io
 import json
 import lzma
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -43,7 +41,7 @@ PYTHON = "usr/bin/python3.11"
 # manylinux tags the wheels are built for (LiteRT: 2_27, ONNX Runtime: 2_28)
 PLATFORMS = ("manylinux_2_28_aarch64", "manylinux_2_27_aarch64", "manylinux_2_17_aarch64",
              "manylinux2014_aarch64")
-LEAST_QEMU = (8, 0)
+LEAST_QEMU = (10, 0)  # measured: 7.2 crashes, 10.0 runs; 8 and 9 not tried
 QEMU_SUITE = "trixie"  # QEMU 10
 MANIFEST = "manifest.json"
 
@@ -64,12 +62,10 @@ def installed(prefix: Path | str | None = None) -> dict | None:
 def parse_index(text: str) -> dict[str, dict]:
     """{package: fields} of a Debian ``Packages`` index; a virtual package (Provides) maps
     to its first provider."""
+    from bitdrift.emulation import index_stanzas
+
     packages, provided = {}, {}
-    for stanza in text.split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in stanza.splitlines()
-                      if ": " in line and not line.startswith(" "))
-        if "Package" not in fields:
-            continue
+    for fields in index_stanzas(text):
         packages[fields["Package"]] = fields
         for name in fields.get("Provides", "").split(","):
             provided.setdefault(name.strip().split(" ")[0], fields)
@@ -100,17 +96,9 @@ def resolve(index: dict[str, dict], wanted=ROOT_PACKAGES) -> list[dict]:
 
 def unpack_deb(data: bytes, name: str, root: Path) -> None:
     """A .deb's data archive into ``root`` (links kept: the root's libraries are links)."""
-    from bitdrift.emulation import ar_members
+    from bitdrift.emulation import deb_data
 
-    with tempfile.NamedTemporaryFile(suffix=".deb") as deb:
-        deb.write(data)
-        deb.flush()
-        members = ar_members(Path(deb.name))
-    member = next((key for key in members if key.startswith("data.tar")), None)
-    if member is None:
-        raise InstallError(f"install-aarch64: {name} holds no data.tar")
-    offset, size = members[member]
-    with tarfile.open(fileobj=io.BytesIO(data[offset:offset + size]), mode="r:*") as archive:
+    with tarfile.open(fileobj=io.BytesIO(deb_data(data, name)), mode="r:*") as archive:
         archive.extractall(root, filter="tar")
 
 
@@ -177,39 +165,72 @@ def python_path(prefix: Path | str | None = None) -> str:
     return os.pathsep.join([str(links), str(folder(prefix) / "site")])
 
 
+def stale(manifest: dict) -> list[str]:
+    """The pins of a built userland that this environment's versions no longer match
+    (``built -> now``): an Arm record must be computed by the host's release."""
+    now = requirements(manifest.get("runtimes", ()))
+    built = manifest.get("wheels", [])
+    return [f"{old} -> {new}" for old, new in zip(built, now, strict=False)
+            if old != new] + \
+        ([] if len(built) == len(now) else [f"{len(built)} wheels -> {len(now)}"])
+
+
 def install(prefix: Path | str | None = None, mirror: str | None = None,
-            runtimes=tuple(RUNTIMES)) -> dict:
-    """QEMU (aarch64, 8 or newer), the arm64 root and the aarch64 site, into ``prefix``;
-    built beside and moved into place whole. Returns the manifest."""
+            runtimes=tuple(RUNTIMES), force: bool = True) -> dict:
+    """QEMU (aarch64, 10 or newer), the arm64 root and the aarch64 site, into ``prefix``;
+    built beside and moved into place whole, one build at a time (a lock beside it).
+    Without ``force`` a complete, current build with these runtimes is kept."""
+    import fcntl
+
+    from bitdrift.atomic import work_folder
     from bitdrift.emulation import DEBIAN_MIRROR, install_qemu, qemu_path, qemu_version
 
+    if sys.version_info[:2] != (3, 11):
+        # the Arm worker runs this environment's bitdrift under bookworm's python3.11
+        raise InstallError(f"install-aarch64: the aarch64 userland runs Python 3.11 (Debian "
+                           f"{ROOT_SUITE}'s); this environment runs {sys.version.split()[0]}")
     mirror = mirror or DEBIAN_MIRROR
-    qemu = qemu_path("qemu-aarch64")
-    if qemu is None or version_tuple(qemu_version("qemu-aarch64")) < LEAST_QEMU:
-        install_qemu(prefix or sys.prefix, ("aarch64",), mirror, QEMU_SUITE)
     target = folder(prefix)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix="aarch64.partial-", dir=target.parent))
-    try:
-        packages = build_root(partial / "root", mirror)
-        build_site(partial / "site", runtimes)
-        manifest = {"packages": packages, "wheels": requirements(runtimes),
-                    "runtimes": list(runtimes), "qemu": qemu_version("qemu-aarch64")}
-        (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(partial, target)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    with open(target.parent / "aarch64.lock", "w") as lock:
+        # A second build (two workdirs, the command beside the rule) waits, then finds
+        # the first one's result
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        manifest = installed(prefix)
+        if not force and manifest and not stale(manifest) and \
+                set(runtimes) <= set(manifest.get("runtimes", ())):
+            return manifest
+        qemu = qemu_path("qemu-aarch64")
+        if qemu is None or version_tuple(qemu_version("qemu-aarch64")) < LEAST_QEMU:
+            install_qemu(prefix or sys.prefix, ("aarch64",), mirror, QEMU_SUITE)
+        # A killed build leaves its work folder, removed by the next build
+        with work_folder(target) as work:
+            partial = work / target.name
+            packages = build_root(partial / "root", mirror)
+            build_site(partial / "site", runtimes)
+            manifest = {"packages": packages, "wheels": requirements(runtimes),
+                        "installed": site_versions(partial / "site"),
+                        "runtimes": list(runtimes), "qemu": qemu_version("qemu-aarch64")}
+            (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            # The old build leaves by one rename: the folder is always whole or absent
+            if target.exists():
+                os.replace(target, work / "old")
+            os.replace(partial, target)
     return manifest
 
 
+def site_versions(site: Path) -> dict[str, str]:
+    """{distribution: version} of what pip put into ``site`` (its dist-info)."""
+    return {dist.metadata["Name"].lower(): dist.version
+            for dist in metadata.distributions(path=[str(site)])}
+
+
 def ensure(out: Path | str, prefix: Path | str | None = None) -> dict:
-    """The userland, built unless a complete one is there; its manifest written to ``out``
-    (atomically: the workflow's mark that Arm devices can run)."""
+    """The userland, built unless a complete, current one is there; its manifest written
+    to ``out`` (atomically: the workflow's mark that Arm devices can run)."""
     from bitdrift.atomic import atomic_output
 
-    manifest = installed(prefix) or install(prefix)
+    manifest = install(prefix, force=False)
     with atomic_output(out) as tmp:
         Path(tmp).write_text(json.dumps({**manifest, "folder": str(folder(prefix))}, indent=1))
     return manifest

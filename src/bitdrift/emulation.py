@@ -53,7 +53,7 @@ RUNTIME_NEEDS = {"tensorflow": "avx", "jax": "avx", "torch": BASELINE,
 BEYOND_TCG = ("avx512", "amx", "fma4", "xop")
 
 
-# aarch64 models QEMU (8 or newer) emulates, with the float and SIMD extensions each shows
+# aarch64 models QEMU (10 or newer) emulates, with the float and SIMD extensions each shows
 # (QEMU 10's /proc/cpuinfo): NEON (asimd), half-precision arithmetic (asimdhp), dot
 # product (asimddp), SVE, SVE2, BF16 and int8 matrix multiply. Their runtimes and userland:
 # bitdrift.aarch64.
@@ -102,20 +102,32 @@ def check_device(name: str, device: dict) -> None:
         raise ConfigError(f"config key {key}: an emulated CPU runs on the CPU; the device's "
                           f"accelerator is {device.get('accelerator')!r} (set accelerator: "
                           "cpu, or remove emulate)")
+    why = unavailable(device.get("backend"), model)
+    if why and architecture(model) == "aarch64":
+        from bitdrift.aarch64 import RUNTIMES
+
+        raise ConfigError(f"config key {key}: backend {device.get('backend')!r} does not "
+                          f"run on the emulated Arm CPU {model}; its aarch64 userland "
+                          f"holds {' and '.join(RUNTIMES)} (use one of them, or an x86 "
+                          "model)")
+    if why:
+        raise ConfigError(f"config key {key}: backend {device['backend']!r} {why}, which "
+                          f"{model} lacks (its wheel is built for it); emulate a newer CPU or "
+                          "use another backend")
+
+
+def unavailable(backend: str | None, model: str) -> str | None:
+    """Why ``backend`` cannot run on the emulated CPU ``model``, in a few words, else None:
+    an instruction set its x86 wheel is built for that the CPU lacks, or a runtime the Arm
+    userland does not hold."""
     if architecture(model) == "aarch64":
         from bitdrift.aarch64 import RUNTIMES
 
-        if device.get("backend") not in RUNTIMES:
-            raise ConfigError(f"config key {key}: backend {device.get('backend')!r} does not "
-                              f"run on the emulated Arm CPU {model}; its aarch64 userland "
-                              f"holds {' and '.join(RUNTIMES)} (use one of them, or an x86 "
-                              "model)")
-        return
-    needed = RUNTIME_NEEDS.get(device.get("backend"))
+        return None if backend in RUNTIMES else "not in the Arm userland"
+    needed = RUNTIME_NEEDS.get(backend)
     if needed and needed not in instruction_sets(model):
-        raise ConfigError(f"config key {key}: backend {device['backend']!r} needs "
-                          f"{needed.upper().replace('_', '.')}, which {model} lacks (its wheel "
-                          "is built for it); emulate a newer CPU or use another backend")
+        return f"needs {needed.upper().replace('_', '.')}"
+    return None
 
 
 def python_command(device: dict, python: str = sys.executable) -> list[str]:
@@ -133,13 +145,23 @@ def python_command(device: dict, python: str = sys.executable) -> list[str]:
         qemu = _found(ARM_QEMU, model, "`bitdrift install-aarch64` (QEMU 10 and the Arm "
                       "userland, into this environment)")
         if aarch64.version_tuple(qemu_version(ARM_QEMU)) < aarch64.LEAST_QEMU:
-            raise InferenceError(f"device key emulate: {model} needs QEMU 8 or newer "
+            raise InferenceError(f"device key emulate: {model} needs QEMU 10 or newer "
                                  f"({qemu} is {qemu_version(ARM_QEMU)}: 7.2 crashes in LiteRT "
                                  "and ONNX Runtime); run `bitdrift install-aarch64`")
-        if aarch64.installed() is None:
+        manifest = aarch64.installed()
+        if manifest is None:
             raise InferenceError(f"device key emulate: {model} runs in an aarch64 userland "
                                  f"that is not built ({aarch64.folder()}); run `bitdrift "
                                  "install-aarch64`")
+        backend = device.get("backend")
+        if backend and backend not in manifest.get("runtimes", ()):
+            raise InferenceError(f"device key emulate: {model}: the aarch64 userland holds "
+                                 f"{', '.join(manifest.get('runtimes', ())) or 'no runtime'}, "
+                                 f"not {backend}; run `bitdrift install-aarch64`")
+        if changed := aarch64.stale(manifest):
+            raise InferenceError(f"device key emulate: {model}: the aarch64 userland was "
+                                 f"built for other versions than this environment's "
+                                 f"({'; '.join(changed)}); run `bitdrift install-aarch64`")
         root = aarch64.folder() / "root"
         return [qemu, "-cpu", model, "-L", str(root), str(root / aarch64.PYTHON)]
     qemu = _found(QEMU, model, INSTALL)
@@ -156,6 +178,7 @@ def _found(name: str, model: str, fix: str) -> str:
 
 
 HOST_PYTHON = "BITDRIFT_HOST_PYTHON"
+HOST_PYTHONPATH = "BITDRIFT_HOST_PYTHONPATH"  # the host's own PYTHONPATH, for those helpers
 
 
 def environment(device: dict) -> dict:
@@ -168,7 +191,8 @@ def environment(device: dict) -> dict:
     from bitdrift import aarch64
 
     return {"PYTHONPATH": aarch64.python_path(), "PYTHONNOUSERSITE": "1",
-            HOST_PYTHON: sys.executable}
+            HOST_PYTHON: sys.executable,
+            HOST_PYTHONPATH: os.environ.get("PYTHONPATH", "")}
 
 
 @functools.cache
@@ -227,34 +251,42 @@ def _fetch(url: str, out: Path | None = None) -> bytes | None:
             with open(out, "wb") as handle:
                 shutil.copyfileobj(response, handle, 1 << 20)
     except OSError as error:
-        raise InstallError(f"install-qemu: cannot fetch {url} ({error})") from error
+        raise InstallError(f"cannot fetch {url} ({error})") from error
     return None
+
+
+def index_stanzas(index: str):
+    """The fields of each package of a Debian ``Packages`` index, one dict per stanza
+    (continuation lines left out)."""
+    for stanza in index.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines()
+                      if ": " in line and not line.startswith(" "))
+        if "Package" in fields:
+            yield fields
 
 
 def package_entry(index: str, package: str) -> dict:
     """The fields of ``package`` in a Debian ``Packages`` index (its stanza)."""
-    for stanza in index.split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in stanza.splitlines()
-                      if ": " in line and not line.startswith(" "))
-        if fields.get("Package") == package:
+    for fields in index_stanzas(index):
+        if fields["Package"] == package:
             return fields
-    raise InstallError(f"install-qemu: the index has no package {package!r}")
+    raise InstallError(f"the Debian index has no package {package!r}")
 
 
-def ar_members(path: Path) -> dict[str, tuple[int, int]]:
-    """{name: (offset, size)} of the members of an ``ar`` archive (a .deb)."""
-    members = {}
-    with open(path, "rb") as handle:
-        if handle.read(8) != b"!<arch>\n":
-            raise InstallError(f"install-qemu: {path} is not a Debian package (no ar header)")
-        while header := handle.read(60):
-            if len(header) < 60:
-                break
-            name = header[:16].decode().strip().rstrip("/")
-            size = int(header[48:58].decode().strip())
-            members[name] = (handle.tell(), size)
-            handle.seek(size + size % 2, 1)
-    return members
+def deb_data(deb: bytes, name: str) -> bytes:
+    """The data archive (``data.tar.*``) of a .deb, an ``ar`` archive, given its bytes."""
+    if deb[:8] != b"!<arch>\n":
+        raise InstallError(f"{name} is not a Debian package (no ar header)")
+    position = 8
+    while position + 60 <= len(deb):
+        header = deb[position:position + 60]
+        member = header[:16].decode().strip().rstrip("/")
+        size = int(header[48:58].decode().strip())
+        position += 60
+        if member.startswith("data.tar"):
+            return deb[position:position + size]
+        position += size + size % 2
+    raise InstallError(f"{name} holds no data.tar")
 
 
 def extract_from_deb(deb: Path, wanted: dict[str, Path]) -> None:
@@ -263,16 +295,9 @@ def extract_from_deb(deb: Path, wanted: dict[str, Path]) -> None:
     import io
     import tarfile
 
-    members = ar_members(deb)
-    data = next((name for name in members if name.startswith("data.tar")), None)
-    if data is None:
-        raise InstallError(f"install-qemu: {deb} holds no data.tar")
-    offset, size = members[data]
-    with open(deb, "rb") as handle:
-        handle.seek(offset)
-        blob = handle.read(size)
     found = set()
-    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as archive:
+    with tarfile.open(fileobj=io.BytesIO(deb_data(deb.read_bytes(), str(deb))),
+                      mode="r:*") as archive:
         for member in archive:
             name = member.name.removeprefix("./")
             if name not in wanted or not member.isfile():
@@ -367,7 +392,11 @@ def _seen_arm_cpu() -> dict:
         if ":" in line:
             key, value = (part.strip() for part in line.split(":", 1))
             fields.setdefault(key, value)
-    implementer, part = fields.get("CPU implementer", ""), fields.get("CPU part", "")
+    if "CPU implementer" not in fields:
+        # QEMU emulates /proc/cpuinfo for aarch64 guests; without it the host's would be read
+        raise InferenceError("an emulated Arm CPU: /proc/cpuinfo names no CPU implementer "
+                             "(QEMU too old to emulate it?); run `bitdrift install-aarch64`")
+    implementer, part = fields["CPU implementer"], fields.get("CPU part", "")
     name = ARM_PARTS.get((implementer, part), f"implementer {implementer} part {part}")
     return {"brand": f"Arm {name}", "vendor": implementer, "family": fields.get(
         "CPU architecture"), "model": part, "stepping": fields.get("CPU revision"),

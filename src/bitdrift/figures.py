@@ -503,6 +503,8 @@ def plot_generations(eqc: pd.DataFrame, devices: dict, out: str | Path) -> None:
     """Classes by CPU generation (columns: the host, then each emulated model) and runtime
     (rows): one colour per distinct cell, so a row of one colour is a runtime whose output
     does not depend on the CPU generation."""
+    from bitdrift.emulation import family, unavailable
+
     grid, rows, columns = generations_grid(eqc, devices)
     cells = sorted({value for value in grid.to_numpy().ravel() if value})
     colours = plt.get_cmap("tab20", max(len(cells), 1))
@@ -512,8 +514,12 @@ def plot_generations(eqc: pd.DataFrame, devices: dict, out: str | Path) -> None:
             value = grid.loc[backend, cpu]
             colour = colours(cells.index(value)) if value else (0.95, 0.95, 0.95)
             axis.add_patch(plt.Rectangle((j, i), 1, 1, color=colour))
-            axis.text(j + 0.5, i + 0.5, value or "cannot run", ha="center", va="center",
-                      fontsize=8 if value else 6.5, color="black" if value else "grey")
+            # an empty cell: why no device is there (a runtime that cannot run on that CPU),
+            # or that the config has none
+            why = (cpu != "host" and family(cpu) and unavailable(backend, cpu)) or "no device"
+            axis.text(j + 0.5, i + 0.5, value or textwrap.fill(why, 14), ha="center",
+                      va="center", fontsize=8 if value else 6.5,
+                      color="black" if value else "grey")
     axis.set_xlim(0, len(columns))
     axis.set_ylim(len(rows), 0)
     axis.set_xticks(np.arange(len(columns)) + 0.5, columns, rotation=30, ha="right")

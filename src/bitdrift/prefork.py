@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib
 import json
 import os
@@ -82,14 +83,26 @@ def exit_now(status: int) -> None:
     teardown, which takes 1-2 s a process and changes nothing written."""
     sys.stdout.flush()
     sys.stderr.flush()
-    ctypes.CDLL(None).fflush(None)
+    _LIBC.fflush(None)
     os._exit(status)
 
 
-def _die_with_parent() -> None:
+_LIBC = ctypes.CDLL(None)  # looked up here: a forked child before exec must not dlopen
+
+
+def _die_with_parent(parent: int | None = None) -> None:
     """In a new process before it runs: SIGKILL when the process that started it ends (a
-    job killed with SIGKILL leaves no parent or child computing on)."""
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    job killed with SIGKILL leaves no parent or child computing on). ``parent`` (its pid,
+    read before the fork): a parent that died before the call leaves the process orphaned
+    already, so it ends at once."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def dies_with_this_process():
+    """``preexec_fn`` for a subprocess that must not outlive this process."""
+    return functools.partial(_die_with_parent, os.getpid())
 
 
 def _accelerator_missing(status: int, device: dict, what: str, job: dict | None = None) -> None:
@@ -117,7 +130,7 @@ class FreshProcesses:
                                     self.module, json.dumps(job)],
                                    env=device_environment(device),
                                    stdout=self.log if stdout is None else stdout,
-                                   stderr=self.log, preexec_fn=_die_with_parent)
+                                   stderr=self.log, preexec_fn=dies_with_this_process())
         _accelerator_missing(completed.returncode, self.device, self.what, job)
         return completed.returncode
 
@@ -138,7 +151,7 @@ class ForkedChildren:
             [*python_command(device), "-m", "bitdrift.prefork", target,
              device["backend"]],
             env=device_environment(device), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=log, text=True, preexec_fn=_die_with_parent)
+            stderr=log, text=True, preexec_fn=dies_with_this_process())
 
     def run(self, job: dict, stdout=None, environment: dict | None = None) -> int:
         request = {"job": job, "stdout": stdout.name if stdout is not None else None,
@@ -204,10 +217,11 @@ def parent_main(target: str, backend: str) -> None:
         request = json.loads(line)
         sys.stdout.flush()
         sys.stderr.flush()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             control.close()
-            _die_with_parent()
+            _die_with_parent(parent)
             os.environ.update(request["environment"])
             if request["stdout"]:
                 output = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)

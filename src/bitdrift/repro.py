@@ -308,6 +308,13 @@ def _runtime_code(device: dict, split: Split) -> str:
 
 def refusal(device: dict, split: Split) -> str | None:
     """Why no script can be written for this device, or None."""
+    from bitdrift.emulation import architecture
+
+    if device.get("emulate") and architecture(device["emulate"]) == "aarch64":
+        # its command would hold this machine's QEMU, root and site paths, and its python
+        # finds the aarch64 site only through the worker's environment
+        return (f"emulated Arm CPU {device['emulate']}: no repro script (it would run only "
+                "in this machine's aarch64 userland)")
     backend = device["backend"]
     if backend not in KERAS_RUNTIMES + EXPORTED_RUNTIMES:
         return f"backend {backend!r}: no repro script"

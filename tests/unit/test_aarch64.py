@@ -76,13 +76,13 @@ def _stand_in_qemu(folder, version):
 
 def test_an_arm_device_refuses_qemu_older_than_8_and_a_missing_userland(tmp_path,
                                                                         monkeypatch):
-    """QEMU 7.2 crashes in LiteRT and ONNX Runtime: an Arm device needs 8 or newer, and
+    """QEMU 7.2 crashes in LiteRT and ONNX Runtime: an Arm device needs 10 or newer, and
     the userland; each refusal is one line naming `bitdrift install-aarch64`. (The
     emulator here is a stand-in script that only answers --version.)"""
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setattr("sys.prefix", str(tmp_path / "old"))
     _stand_in_qemu(tmp_path / "old", "7.2.22 (Debian 1:7.2+dfsg-7+deb12u16)")
-    with pytest.raises(InferenceError, match="needs QEMU 8 or newer .*7.2.22.*install-aarch64"):
+    with pytest.raises(InferenceError, match="needs QEMU 10 or newer .*7.2.22.*install-aarch64"):
         python_command({"emulate": "neoverse-n1"})
     monkeypatch.setattr("sys.prefix", str(tmp_path / "new"))
     _stand_in_qemu(tmp_path / "new", "10.0.13 (Debian 1:10.0.13+ds-0+deb13u1)")
@@ -91,11 +91,41 @@ def test_an_arm_device_refuses_qemu_older_than_8_and_a_missing_userland(tmp_path
         python_command({"emulate": "neoverse-n1"})
 
 
+def test_an_arm_device_refuses_a_userland_of_other_versions_or_runtimes(tmp_path,
+                                                                         monkeypatch):
+    """A userland built for another release of a wheel (the host upgraded since) or
+    without the device's runtime is refused, naming what changed; a folder without its
+    manifest (a build cut off) counts as not built. Manifests written by hand."""
+    from importlib import metadata
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr("sys.prefix", str(tmp_path))
+    _stand_in_qemu(tmp_path, "10.0.13 (Debian 1:10.0.13+ds-0+deb13u1)")
+    built = aarch64.folder()
+    (built / "root").mkdir(parents=True)
+    assert aarch64.installed() is None
+    numpy_now = f"numpy=={metadata.version('numpy')}"
+    pins = aarch64.requirements(("onnxruntime",))
+    assert numpy_now in pins
+    (built / "manifest.json").write_text(json.dumps({
+        "runtimes": ["onnxruntime"],
+        "wheels": [p if p != numpy_now else "numpy==1.0.0" for p in pins]}))
+    device = {"emulate": "neoverse-n1", "backend": "onnxruntime"}
+    with pytest.raises(InferenceError, match=f"other versions .*numpy==1.0.0 -> "
+                                             f"{numpy_now}.*install-aarch64"):
+        python_command(device)
+    (built / "manifest.json").write_text(json.dumps({"runtimes": ["onnxruntime"],
+                                                     "wheels": pins}))
+    assert python_command(device)[-1].endswith("root/usr/bin/python3.11")
+    with pytest.raises(InferenceError, match="holds onnxruntime, not litert.*install-aarch64"):
+        python_command({**device, "backend": "litert"})
+
+
 @pytest.fixture(scope="module")
 def userland():
     """The environment's aarch64 userland, built by the project's own installer if this
     environment has none yet (QEMU 10 from Debian, arm64 packages, wheels from PyPI)."""
-    return aarch64.installed() or aarch64.install()
+    return aarch64.install(force=False)
 
 
 @pytest.mark.parametrize("model", ["cortex-a57", "neoverse-n1", "a64fx", "neoverse-v1"])
@@ -211,13 +241,22 @@ def test_a_killed_job_leaves_no_worker_behind(userland, exported, tmp_path, emul
             f"reference={str(reference)!r}, "
             f"export={str(folder / EXPORT_FILES['onnxruntime'])!r})\n")
     job = subprocess.Popen([sys.executable, "-c", code])
-    deadline, workers = time.monotonic() + 120, []
-    while not workers and time.monotonic() < deadline and job.poll() is None:
-        time.sleep(0.2)
-        workers = _children(job.pid)
-    assert workers, "the job started no worker"
-    time.sleep(2)  # the worker is under way
+
+    def workers():  # the job's worker processes now (not a `qemu --version` probe)
+        return [pid for pid in _children(job.pid) if _alive(pid) and b"bitdrift.inference"
+                in open(f"/proc/{pid}/cmdline", "rb").read()]
+
+    deadline, found, running = time.monotonic() + 120, [], []
+    while time.monotonic() < deadline and job.poll() is None:
+        running = workers()
+        found += [pid for pid in running if pid not in found]
+        if len(found) >= 2 and running:  # the job is under way and a worker is running
+            break
+        time.sleep(0.1)
     job.send_signal(signal.SIGKILL)
+    assert len(found) >= 2 and running, f"no worker was running when the job was killed " \
+                                        f"({len(found)} seen)"
+    workers = running
     job.wait()
     deadline = time.monotonic() + 15
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:

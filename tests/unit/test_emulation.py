@@ -302,3 +302,25 @@ def test_the_generations_grid_is_read_from_the_class_table():
     assert grid.loc["torch", "host"] == "1/1" and grid.loc["torch", "Nehalem-v2"] == "2/1"
     assert grid.loc["onnxruntime", "host"] == "1/2"
     assert grid.loc["onnxruntime", "Nehalem-v2"] == ""  # no record: cannot run
+
+
+@pytest.mark.parametrize(("backend", "model", "why"), [
+    ("tensorflow", "Nehalem-v2", "needs AVX"),  # TensorFlow's x86 wheel is built for AVX
+    ("tensorflow", "SandyBridge-v2", None),
+    ("onnxruntime", "Nehalem-v2", None),
+    ("torch", "neoverse-n1", "not in the Arm userland"),
+    ("onnxruntime", "neoverse-n1", None),
+    ("litert", "a64fx", None),
+])
+def test_the_figure_says_why_a_runtime_has_no_cell_on_a_cpu(backend, model, why):
+    """An empty cell of the generations figure names the reason, the same one the config
+    check refuses such a device for."""
+    from bitdrift.emulation import unavailable
+
+    assert unavailable(backend, model) == why
+    device = {"accelerator": "cpu", "backend": backend, "emulate": model}
+    if why:
+        with pytest.raises(ConfigError):
+            check_device("d", device)
+    else:
+        check_device("d", device)

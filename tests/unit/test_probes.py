@@ -223,7 +223,8 @@ def test_a_probe_file_of_another_input_shape_is_refused_naming_both(searched, tm
     ({"model": "nope"}, "probes.model"),
     ({"search_devices": ["tf_1thread", "gpu_x"]}, "probes.search_devices"),
     ({"search_devices": ["tf_1thread", "torch_1thread", "tf_sse41", "ort_1thread",
-                         "torch_haswell"]}, "two scheduled"),  # only tf_gpu left
+                         "torch_haswell", "ort_neoverse_n1"]}, "two scheduled"),
+    # only tf_gpu left
     ({"search_devices": ["tf_1thread", "tf_gpu"]}, "one job on one node"),
 ])
 def test_bad_probe_sections_are_refused_naming_the_key(tmp_path, change, key):

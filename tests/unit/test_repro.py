@@ -135,3 +135,16 @@ def test_records_that_agree_another_model_or_format_are_refused(records, tmp_pat
     assert main(["repro", str(paths["tf"]), str(paths["jax"]), "--model-file", str(model),
                  "--dataset-file", str(dataset), "--out", str(busy)]) != 0
     assert (busy / "notes.txt").read_text() == "mine"
+
+
+def test_an_emulated_arm_device_is_refused_a_script_with_the_reason():
+    """Its command would name this machine's QEMU, root and site: the folder says why
+    instead (checked before anything about the layer is looked at)."""
+    from bitdrift.repro import refusal
+
+    why = refusal({"backend": "onnxruntime", "precision": "float32",
+                   "emulate": "neoverse-n1"}, None)
+    assert why and "emulated Arm CPU neoverse-n1" in why
+    # an emulated x86 CPU is not refused for being emulated
+    assert refusal({"backend": "litert", "precision": "float16",
+                    "emulate": "Haswell-v4"}, None) == "litert: the export is float32"

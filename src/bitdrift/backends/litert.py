@@ -142,10 +142,13 @@ def convert_layers(specs: list[dict]) -> None:
             plan.append({**spec, "weights": str(holder)})
         # natively, with the host's python: an emulated Arm device's userland has no
         # TensorFlow, and a .tflite is the same file whichever CPU converts it
-        from bitdrift.emulation import HOST_PYTHON
+        from bitdrift.emulation import HOST_PYTHON, HOST_PYTHONPATH
 
-        env = {key: value for key, value in os.environ.items()
-               if key not in ("PYTHONPATH", HOST_PYTHON)}
+        env = dict(os.environ)
+        if HOST_PYTHON in env:
+            # in an Arm worker: the host's python with the host's path, not the Arm site's
+            env.pop(HOST_PYTHON)
+            env["PYTHONPATH"] = env.pop(HOST_PYTHONPATH, "")
         done = subprocess.run([os.environ.get(HOST_PYTHON, sys.executable), "-c",
                                CONVERT_CODE, json.dumps(plan)], capture_output=True, text=True,
                               env={**env, "KERAS_BACKEND": "tensorflow",

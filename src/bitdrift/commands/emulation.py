@@ -34,10 +34,10 @@ def cmd_install_qemu(args) -> int:
 def cmd_install_aarch64(args) -> int:
     from bitdrift import aarch64
 
-    done = aarch64.install(args.prefix, args.mirror)
+    done = aarch64.install(mirror=args.mirror)
     print(f"bitdrift: aarch64 userland ({len(done['packages'])} Debian arm64 packages; "
           f"{', '.join(done['wheels'])}) under QEMU {done['qemu']} -> "
-          f"{aarch64.folder(args.prefix)}", file=sys.stderr)
+          f"{aarch64.folder()}", file=sys.stderr)
     return 0
 
 
@@ -61,7 +61,8 @@ def add_commands(sub) -> None:
     p.add_argument("--prefix", default=sys.prefix,
                    help="installs into PREFIX/bin (default: this environment)")
     p.add_argument("--targets", nargs="+", default=["x86_64"],
-                   help="QEMU targets (default x86_64; aarch64 for Arm CPUs)")
+                   help="QEMU targets (default x86_64; aarch64 for Arm CPUs, which need QEMU 10 "
+                   "or newer: --suite trixie, or `bitdrift install-aarch64`)")
     p.add_argument("--mirror", default=DEBIAN_MIRROR, help="a Debian mirror (default: %(default)s)")
     p.add_argument("--suite", default=DEBIAN_SUITE,
                    help="the Debian release whose qemu-user-static is taken (default: "
@@ -71,8 +72,6 @@ def add_commands(sub) -> None:
     p = sub.add_parser("install-aarch64", help="what emulated Arm devices run in: QEMU 10, "
                        "Debian's arm64 python and aarch64 wheels of LiteRT and ONNX Runtime, "
                        "into this environment")
-    p.add_argument("--prefix", default=sys.prefix,
-                   help="installs into PREFIX/bin and PREFIX/share/bitdrift/aarch64 "
-                   "(default: this environment)")
+    # no --prefix: Arm devices look for their userland in the environment that runs them
     p.add_argument("--mirror", default=DEBIAN_MIRROR, help="a Debian mirror (default: %(default)s)")
     p.set_defaults(func=cmd_install_aarch64)
