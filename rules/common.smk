@@ -248,6 +248,17 @@ def inference_export_inputs(wildcards):
     return inputs
 
 
+def aarch64_runtimes():
+    """The runtimes of the emulated Arm devices: what the aarch64 userland must hold."""
+    return sorted(
+        {
+            device["backend"]
+            for device in config["devices"].values()
+            if architecture(device.get("emulate") or "") == "aarch64"
+        }
+    )
+
+
 def device_threads(wildcards):
     return config["devices"][wildcards.device]["threads"] or 1
 

@@ -25,6 +25,8 @@ rule install_aarch64:
     localrule: True
     conda:
         "../envs/bitdrift.yaml"
+    params:
+        runtimes=aarch64_runtimes(),
     script:
         "../workflow/scripts/install_aarch64.py"
 

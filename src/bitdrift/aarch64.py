@@ -25,9 +25,17 @@ from pathlib import Path
 
 from bitdrift.errors import InstallError
 
-# Runtimes with an aarch64 CPU wheel on PyPI that the site holds. torch's aarch64 wheel on
-# PyPI is its CUDA build; TensorFlow, JAX and OpenVINO are not built into the site yet.
-RUNTIMES = {"litert": ("ai-edge-litert",), "onnxruntime": ("onnxruntime", "onnx")}
+# Runtimes with an aarch64 CPU wheel on PyPI that the site can hold, and the wheels each
+# needs. torch's aarch64 wheel on PyPI (2.13.0) is its CUDA build.
+RUNTIMES = {"litert": ("ai-edge-litert",), "onnxruntime": ("onnxruntime", "onnx"),
+            "openvino": ("openvino",), "tensorflow": ("tensorflow", "keras"),
+            "jax": ("jax", "jaxlib", "keras")}
+# What the userland holds unless more is asked for (TensorFlow's aarch64 wheels take 1.6
+# GB, JAX's 0.6 GB)
+DEFAULT_RUNTIMES = ("litert", "onnxruntime")
+# The host's distribution that pins an aarch64 wheel of another name (the x86 host runs
+# TensorFlow's CPU-only build, tensorflow-cpu; on aarch64 `tensorflow` is the CPU build)
+HOST_DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu")}
 # What a worker of those runtimes imports besides the runtime (bitdrift's own worker path)
 WORKER_PACKAGES = ("numpy", "h5py", "py-cpuinfo", "jsonschema", "pyyaml", "tqdm")
 # Debian's arm64 packages of the interpreter and of what the wheels link (libstdc++,
@@ -38,8 +46,9 @@ NOT_NEEDED = {"debconf", "dpkg", "perl-base", "tzdata", "media-types", "install-
               "readline-common", "debianutils", "base-files"}
 ROOT_SUITE = "bookworm"  # python3.11, the host's minor version
 PYTHON = "usr/bin/python3.11"
-# manylinux tags the wheels are built for (LiteRT: 2_27, ONNX Runtime: 2_28)
-PLATFORMS = ("manylinux_2_28_aarch64", "manylinux_2_27_aarch64", "manylinux_2_17_aarch64",
+# manylinux tags the root's glibc (bookworm: 2.36) runs, newest first (LiteRT: 2_27, ONNX
+# Runtime: 2_28, TensorFlow: 2_17)
+PLATFORMS = (*(f"manylinux_2_{minor}_aarch64" for minor in range(36, 16, -1)),
              "manylinux2014_aarch64")
 LEAST_QEMU = (10, 0)  # measured: 7.2 crashes, 10.0 runs; 8 and 9 not tried
 QEMU_SUITE = "trixie"  # QEMU 10
@@ -121,19 +130,25 @@ def build_root(root: Path, mirror: str, suite: str = ROOT_SUITE) -> list[str]:
     return [f"{fields['Package']}={fields.get('Version', '')}" for fields in packages]
 
 
-def requirements(runtimes=tuple(RUNTIMES)) -> list[str]:
+def requirements(runtimes=DEFAULT_RUNTIMES) -> list[str]:
     """The site's wheels pinned to this environment's versions: an Arm record is computed
     by the same release as the host's."""
     pins = []
-    for name in (*WORKER_PACKAGES, *(name for runtime in runtimes for name in RUNTIMES[runtime])):
-        try:
-            pins.append(f"{name}=={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            pins.append(name)
+    for name in dict.fromkeys((*WORKER_PACKAGES, *(name for runtime in sorted(runtimes)
+                                                   for name in RUNTIMES[runtime]))):
+        for host_name in HOST_DISTRIBUTIONS.get(name, (name,)):
+            try:
+                pins.append(f"{name}=={metadata.version(host_name)}")
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        else:
+            raise InstallError(f"install-aarch64: this environment has no {name}, whose "
+                               "version the aarch64 wheel must match; install it here first")
     return pins
 
 
-def build_site(site: Path, runtimes=tuple(RUNTIMES), index_url: str | None = None) -> None:
+def build_site(site: Path, runtimes=DEFAULT_RUNTIMES, index_url: str | None = None) -> None:
     """The aarch64 wheels (pip for another platform: binaries only)."""
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                "--target", str(site), "--only-binary=:all:", "--python-version", "3.11",
@@ -176,10 +191,15 @@ def stale(manifest: dict) -> list[str]:
 
 
 def install(prefix: Path | str | None = None, mirror: str | None = None,
-            runtimes=tuple(RUNTIMES), force: bool = True) -> dict:
-    """QEMU (aarch64, 10 or newer), the arm64 root and the aarch64 site, into ``prefix``;
-    built beside and moved into place whole, one build at a time (a lock beside it).
-    Without ``force`` a complete, current build with these runtimes is kept."""
+            runtimes=DEFAULT_RUNTIMES, force: bool = True) -> dict:
+    """QEMU (aarch64, 10 or newer), the arm64 root and the aarch64 site with ``runtimes``
+    (and those a build there already held), into ``prefix``; built beside and moved into
+    place whole, one build at a time (a lock beside it). Without ``force`` a complete,
+    current build with these runtimes is kept."""
+    unknown = sorted(set(runtimes) - set(RUNTIMES))
+    if unknown:
+        raise InstallError(f"install-aarch64: no aarch64 build of {', '.join(unknown)} (the "
+                           f"userland can hold {', '.join(RUNTIMES)})")
     import fcntl
 
     from bitdrift.atomic import work_folder
@@ -200,6 +220,7 @@ def install(prefix: Path | str | None = None, mirror: str | None = None,
         if not force and manifest and not stale(manifest) and \
                 set(runtimes) <= set(manifest.get("runtimes", ())):
             return manifest
+        runtimes = sorted(set(runtimes) | set((manifest or {}).get("runtimes", ())))
         qemu = qemu_path("qemu-aarch64")
         if qemu is None or version_tuple(qemu_version("qemu-aarch64")) < LEAST_QEMU:
             install_qemu(prefix or sys.prefix, ("aarch64",), mirror, QEMU_SUITE)
@@ -225,12 +246,14 @@ def site_versions(site: Path) -> dict[str, str]:
             for dist in metadata.distributions(path=[str(site)])}
 
 
-def ensure(out: Path | str, prefix: Path | str | None = None) -> dict:
-    """The userland, built unless a complete, current one is there; its manifest written
-    to ``out`` (atomically: the workflow's mark that Arm devices can run)."""
+def ensure(out: Path | str, runtimes=DEFAULT_RUNTIMES,
+           prefix: Path | str | None = None) -> dict:
+    """The userland with ``runtimes``, built unless a complete, current one is there; its
+    manifest written to ``out`` (atomically: the workflow's mark that Arm devices can
+    run)."""
     from bitdrift.atomic import atomic_output
 
-    manifest = install(prefix, force=False)
+    manifest = install(prefix, runtimes=runtimes, force=False)
     with atomic_output(out) as tmp:
         Path(tmp).write_text(json.dumps({**manifest, "folder": str(folder(prefix))}, indent=1))
     return manifest

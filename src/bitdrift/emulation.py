@@ -108,7 +108,7 @@ def check_device(name: str, device: dict) -> None:
 
         raise ConfigError(f"config key {key}: backend {device.get('backend')!r} does not "
                           f"run on the emulated Arm CPU {model}; its aarch64 userland "
-                          f"holds {' and '.join(RUNTIMES)} (use one of them, or an x86 "
+                          f"holds {', '.join(RUNTIMES)} (use one of them, or an x86 "
                           "model)")
     if why:
         raise ConfigError(f"config key {key}: backend {device['backend']!r} {why}, which "

@@ -34,7 +34,7 @@ def cmd_install_qemu(args) -> int:
 def cmd_install_aarch64(args) -> int:
     from bitdrift import aarch64
 
-    done = aarch64.install(mirror=args.mirror)
+    done = aarch64.install(mirror=args.mirror, runtimes=args.runtimes)
     print(f"bitdrift: aarch64 userland ({len(done['packages'])} Debian arm64 packages; "
           f"{', '.join(done['wheels'])}) under QEMU {done['qemu']} -> "
           f"{aarch64.folder()}", file=sys.stderr)
@@ -70,8 +70,14 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_install_qemu)
 
     p = sub.add_parser("install-aarch64", help="what emulated Arm devices run in: QEMU 10, "
-                       "Debian's arm64 python and aarch64 wheels of LiteRT and ONNX Runtime, "
-                       "into this environment")
+                       "Debian's arm64 python and aarch64 wheels of their runtimes, into this "
+                       "environment")
     # no --prefix: Arm devices look for their userland in the environment that runs them
+    from bitdrift.aarch64 import DEFAULT_RUNTIMES, RUNTIMES
+
+    p.add_argument("--runtimes", nargs="+", choices=list(RUNTIMES),
+                   default=list(DEFAULT_RUNTIMES),
+                   help="runtimes to hold, besides those already built (default: "
+                   "%(default)s; tensorflow adds 1.6 GB)")
     p.add_argument("--mirror", default=DEBIAN_MIRROR, help="a Debian mirror (default: %(default)s)")
     p.set_defaults(func=cmd_install_aarch64)
