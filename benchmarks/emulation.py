@@ -71,14 +71,8 @@ def main() -> None:
     args = parser.parse_args()
     from bitdrift import aarch64
     from bitdrift.devices import cpu_info
-    from bitdrift.emulation import (
-        ARM_QEMU,
-        QEMU,
-        architecture,
-        environment,
-        python_command,
-        qemu_version,
-    )
+    from bitdrift.emulation import architecture, environment, python_command
+    from bitdrift.qemu import ARM_QEMU, QEMU, qemu_version
     from tests.utils import small_model_assets
 
     arm = architecture(args.model) == "aarch64"

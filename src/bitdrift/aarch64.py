@@ -71,7 +71,7 @@ def installed(prefix: Path | str | None = None) -> dict | None:
 def parse_index(text: str) -> dict[str, dict]:
     """{package: fields} of a Debian ``Packages`` index; a virtual package (Provides) maps
     to its first provider."""
-    from bitdrift.emulation import index_stanzas
+    from bitdrift.qemu import index_stanzas
 
     packages, provided = {}, {}
     for fields in index_stanzas(text):
@@ -105,7 +105,7 @@ def resolve(index: dict[str, dict], wanted=ROOT_PACKAGES) -> list[dict]:
 
 def unpack_deb(data: bytes, name: str, root: Path) -> None:
     """A .deb's data archive into ``root`` (links kept: the root's libraries are links)."""
-    from bitdrift.emulation import deb_data
+    from bitdrift.qemu import deb_data
 
     with tarfile.open(fileobj=io.BytesIO(deb_data(data, name)), mode="r:*") as archive:
         archive.extractall(root, filter="tar")
@@ -114,7 +114,7 @@ def unpack_deb(data: bytes, name: str, root: Path) -> None:
 def build_root(root: Path, mirror: str, suite: str = ROOT_SUITE) -> list[str]:
     """Debian's arm64 python3.11 and the libraries the wheels link, unpacked into
     ``root``, each package checked against the index's SHA-256. Returns name=version."""
-    from bitdrift.emulation import _fetch
+    from bitdrift.qemu import _fetch
 
     index = parse_index(lzma.decompress(_fetch(
         f"{mirror}/dists/{suite}/main/binary-arm64/Packages.xz")).decode("utf-8", "replace"))
@@ -203,7 +203,7 @@ def install(prefix: Path | str | None = None, mirror: str | None = None,
     import fcntl
 
     from bitdrift.atomic import work_folder
-    from bitdrift.emulation import DEBIAN_MIRROR, install_qemu, qemu_path, qemu_version
+    from bitdrift.qemu import DEBIAN_MIRROR, install_qemu, qemu_path, qemu_version
 
     if sys.version_info[:2] != (3, 11):
         # the Arm worker runs this environment's bitdrift under bookworm's python3.11

@@ -142,7 +142,8 @@ def emulation_host(fingerprint_: dict) -> dict:
     version and the host CPU the emulation ran on."""
     if not fingerprint_ or "emulation" not in fingerprint_:
         return fingerprint_
-    from bitdrift.emulation import ARM_QEMU, QEMU, architecture, qemu_version
+    from bitdrift.emulation import architecture
+    from bitdrift.qemu import ARM_QEMU, QEMU, qemu_version
 
     host = cpu_info()
     qemu = ARM_QEMU if architecture(fingerprint_["emulation"]["model"]) == "aarch64" else QEMU

@@ -194,7 +194,7 @@ def test_install_qemu_reads_trixies_layout(tmp_path):
     """From trixie on, qemu-user itself holds the static emulators (usr/bin/qemu-x86_64)
     and qemu-user-static is a transitional package without them: the static build is
     taken from qemu-user."""
-    from bitdrift.emulation import install_qemu
+    from bitdrift.qemu import install_qemu
 
     url, _, server = serve_mirror(tmp_path, [
         {"name": "qemu-user-static", "description": "QEMU user mode emulation "
@@ -215,7 +215,7 @@ def test_install_qemu_takes_the_static_build_from_a_debian_mirror(debian_mirror,
     HTTP: the payload lands in PREFIX/bin as qemu-x86_64, executable, and an emulated
     device's command then finds it there before the PATH."""
     from bitdrift.cli import main
-    from bitdrift.emulation import qemu_path
+    from bitdrift.qemu import qemu_path
 
     mirror, payload, _ = debian_mirror
     prefix = tmp_path / "env"
@@ -229,8 +229,8 @@ def test_install_qemu_takes_the_static_build_from_a_debian_mirror(debian_mirror,
 
 def test_install_qemu_refuses_a_package_that_does_not_match_the_index(debian_mirror,
                                                                       tmp_path):
-    from bitdrift.emulation import install_qemu
     from bitdrift.errors import InstallError
+    from bitdrift.qemu import install_qemu
 
     mirror, _, write_index = debian_mirror
     write_index(sha256="0" * 64)

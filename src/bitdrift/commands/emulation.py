@@ -23,7 +23,7 @@ def cmd_emulation_check(args) -> int:
 
 
 def cmd_install_qemu(args) -> int:
-    from bitdrift.emulation import install_qemu
+    from bitdrift.qemu import install_qemu
 
     done = install_qemu(args.prefix, args.targets, args.mirror, args.suite)
     print(f"bitdrift: QEMU {done['version']} (Debian's static build): "
@@ -54,7 +54,7 @@ def add_commands(sub) -> None:
     p.add_argument("--out", required=True, help="the table (CSV)")
     p.set_defaults(func=cmd_emulation_check)
 
-    from bitdrift.emulation import DEBIAN_MIRROR, DEBIAN_SUITE
+    from bitdrift.qemu import DEBIAN_MIRROR, DEBIAN_SUITE
 
     p = sub.add_parser("install-qemu", help="QEMU's user-mode emulators (Debian's static "
                        "build) into this environment, for nodes without apt-get or root")
