@@ -5,6 +5,7 @@ the Debian index and .deb readers that the aarch64 userland (bitdrift.aarch64) u
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -154,8 +155,20 @@ def install_qemu(prefix: Path | str | None = None, targets=("x86_64",),
 
 
 def qemu_version(name: str = QEMU) -> str:
+    """The version the emulator ``name`` found here prints; asked once per binary (an Arm
+    device's every fresh worker checks it), again when the file is replaced."""
+    path = qemu_path(name) or name
     try:
-        first = subprocess.run([qemu_path(name) or name, "--version"], capture_output=True,
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        stamp = None
+    return _version_of(path, stamp)
+
+
+@functools.cache
+def _version_of(path: str, stamp: int | None) -> str:
+    try:
+        first = subprocess.run([path, "--version"], capture_output=True,
                                text=True, timeout=30).stdout.splitlines()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
