@@ -8,7 +8,7 @@ from bitdrift.errors import ConfigError
 
 
 def cmd_train_run(args) -> None:
-    """One run of a training-variance plan on a device, in a fresh process."""
+    """One run of a training-variance plan on a device, in a process of its own."""
     from bitdrift import paths
     from bitdrift.config import load_config
     from bitdrift.studies.variance.paths import run_directory

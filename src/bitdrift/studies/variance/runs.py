@@ -1,9 +1,12 @@
-"""One training run of a training-variance plan, in a fresh process on its device.
+"""One training run of a training-variance plan, in a process of its own on its device.
 
 The parent (:func:`train_run`, called by the Snakemake job or ``bitdrift train-run``)
-starts ``python -m bitdrift.studies.variance.runs JOB_JSON`` with the device's environment
-(threads, oneDNN ISA, CUDA_VISIBLE_DEVICES), as inference does: a GPU device without a
-GPU fails there, it never trains on the CPU instead. The training itself is the core's one
+runs the job in a process with the device's environment (threads, oneDNN ISA,
+CUDA_VISIBLE_DEVICES), as inference does: a GPU device without a GPU fails there, it
+never trains on the CPU instead. For TensorFlow and torch that process is a child forked
+by the device's shared fork server (:mod:`bitdrift.forkserver`: the framework imported
+once for all of a device's runs), elsewhere ``python -m bitdrift.studies.variance.runs
+JOB_JSON``. The training itself is the core's one
 loop (:func:`bitdrift.training.fit`), which says how each source of randomness is seeded.
 
 Outputs: ``model.keras``, ``history.csv`` (per epoch: loss, accuracy, test loss and
@@ -24,7 +27,8 @@ import numpy as np
 
 from bitdrift.atomic import atomic_output
 from bitdrift.errors import TrainingRunError
-from bitdrift.prefork import FreshProcesses, worker_main
+from bitdrift.forkserver import training_workers
+from bitdrift.prefork import worker_main
 from bitdrift.studies.variance.paths import RUN_FILES
 from bitdrift.training import cross_entropy, fit, run_seeds, save_model_and_history
 
@@ -32,7 +36,7 @@ RUN_FORMAT = 2  # 2: init_sha256, the digest of the initial weights
 
 
 def run_worker(job: dict) -> None:
-    """Inside the fresh process: train, then write model, history and run file."""
+    """Inside the run's process: train, then write model, history and run file."""
     from bitdrift.datasets import dataset_classes, read_dataset
     from bitdrift.devices import (
         check_accelerator,
@@ -87,7 +91,8 @@ def run_worker(job: dict) -> None:
 
 def train_run(*, plan_name: str, plan: dict, arm: str, device_name: str, device: dict,
               run: int, dataset_path: str | Path, out_dir: str | Path, log=sys.stderr) -> None:
-    """Train run ``run`` of ``arm`` of a resolved plan on ``device`` in a fresh process."""
+    """Train run ``run`` of ``arm`` of a resolved plan on ``device`` in a process of its
+    own (a served child or a fresh process)."""
     if arm not in plan["arms"]:
         raise TrainingRunError(f"plan {plan_name!r} has no arm {arm!r} ({sorted(plan['arms'])})")
     if not 0 <= run < plan.get("runs", run + 1):
@@ -96,11 +101,10 @@ def train_run(*, plan_name: str, plan: dict, arm: str, device_name: str, device:
            "study": plan["study"], "model": plan["model"], "spec": plan["spec"],
            "switches": plan["arms"][arm], "device_name": device_name, "device": device,
            "dataset_path": str(dataset_path), "out_dir": str(out_dir)}
-    print(f"bitdrift: {plan_name}/{arm} run {run} on {device_name} in a fresh process",
-          file=log, flush=True)
-    # One run per job: a pre-imported parent would import as much as a fresh process.
-    status = FreshProcesses("bitdrift.studies.variance.runs:run_worker", device,
-                            f"plan {plan_name!r}, device {device_name!r}", log).run(job)
+    print(f"bitdrift: {plan_name}/{arm} run {run} on {device_name}", file=log, flush=True)
+    with training_workers("bitdrift.studies.variance.runs:run_worker", device,
+                          f"plan {plan_name!r}, device {device_name!r}", log) as workers:
+        status = workers.run(job)
     if status != 0:
         raise TrainingRunError(f"plan {plan_name!r}, arm {arm!r}, device {device_name!r}, run "
                                f"{run}: training failed (exit {status}); see log")

@@ -1,0 +1,200 @@
+"""Training runs as children of a device's shared fork server (bitdrift.forkserver).
+
+A served child must train what a fresh process trains: the same runs are trained both
+ways on a TensorFlow and a torch device and every array of the run file and every weight
+of the saved model are compared bit for bit. The server's lifetimes are tested with real
+processes: a job killed with SIGKILL takes its child with it, an idle server ends and a
+new one starts, and jobs that must not share a server (SLURM, JAX, emulated CPUs) do not.
+"""
+
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+
+import h5py
+import numpy as np
+import pytest
+
+from bitdrift import forkserver
+from bitdrift.datasets import prepare_dataset
+from bitdrift.studies.variance.plans import ARMS
+from bitdrift.studies.variance.runs import train_run
+from tests.utils import ROOT
+
+SERVED = re.compile(r"in child (\d+) of fork server (\w+) \(pid (\d+)\)")
+
+
+@pytest.fixture()
+def sockets(monkeypatch):
+    """A private, short socket folder (a Unix socket's path is at most 107 bytes)."""
+    folder = tempfile.mkdtemp(prefix="bdfs")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", folder)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv(forkserver.FRESH, raising=False)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("forkserver") / "digits.h5"
+    prepare_dataset("digits", {"source": "digits", "limit_train": 128, "limit_test": 32}, path)
+    return path
+
+
+def plan(epochs=1):
+    return {"study": "plan", "model": "small", "seed": 3, "runs": 2,
+            "spec": {"architecture": "small_cnn", "dataset": "digits", "epochs": epochs,
+                     "batch_size": 32, "optimizer": "adam", "learning_rate": 0.001,
+                     "momentum": 0.0, "augmentation": {}},
+            "arms": {"impl": ARMS["impl"], "algo": ARMS["algo"]}}
+
+
+def train(backend, arm, run, dataset, out, log):
+    device = {"accelerator": "cpu", "backend": backend, "threads": 1}
+    with open(log, "a") as handle:
+        train_run(plan_name="p", plan=plan(), arm=arm, device_name=f"{backend}_1thread",
+                  device=device, run=run, dataset_path=dataset, out_dir=out, log=handle)
+
+
+def run_arrays(out):
+    with h5py.File(out / "run.h5") as handle:
+        arrays = {name: handle[name][()] for name in ("logits", "weights", "labels")}
+        arrays["init_sha256"] = handle.attrs["init_sha256"]
+    return arrays
+
+
+def model_weights(out):
+    """Every weight array in the saved model's archive (model.keras is a zip)."""
+    with zipfile.ZipFile(out / "model.keras") as archive:
+        data = archive.read("model.weights.h5")
+    found = {}
+    with h5py.File(io.BytesIO(data), "r") as handle:
+        handle.visititems(lambda name, item: found.__setitem__(name, item[()])
+                          if isinstance(item, h5py.Dataset) else None)
+    return found
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_a_served_child_trains_what_a_fresh_process_trains(backend, dataset, sockets,
+                                                           tmp_path, monkeypatch):
+    log = tmp_path / "served.log"
+    for arm in ("impl", "algo"):
+        for run in (0, 1):
+            train(backend, arm, run, dataset, tmp_path / "served" / arm / str(run), log)
+    served = SERVED.findall(log.read_text())
+    assert len(served) == 4, log.read_text()
+    assert len({server for _, _, server in served}) == 1  # one server, its import once
+    assert len({child for child, _, _ in served}) == 4
+    monkeypatch.setenv(forkserver.FRESH, "1")
+    for arm in ("impl", "algo"):
+        for run in (0, 1):
+            train(backend, arm, run, dataset, tmp_path / "fresh" / arm / str(run),
+                  tmp_path / "fresh.log")
+    assert not SERVED.findall((tmp_path / "fresh.log").read_text())
+    for arm in ("impl", "algo"):
+        for run in (0, 1):
+            served_run = run_arrays(tmp_path / "served" / arm / str(run))
+            fresh_run = run_arrays(tmp_path / "fresh" / arm / str(run))
+            for name, value in fresh_run.items():
+                assert np.array_equal(np.asarray(served_run[name]), np.asarray(value)), name
+            served_model = model_weights(tmp_path / "served" / arm / str(run))
+            fresh_model = model_weights(tmp_path / "fresh" / arm / str(run))
+            assert served_model.keys() == fresh_model.keys() and fresh_model
+            for name, value in fresh_model.items():
+                assert served_model[name].tobytes() == value.tobytes(), name
+    # the runs differ where their seeds do: the comparison can fail
+    assert not np.array_equal(run_arrays(tmp_path / "fresh" / "algo" / "0")["weights"],
+                              run_arrays(tmp_path / "fresh" / "algo" / "1")["weights"])
+
+
+def test_a_killed_job_takes_its_served_child_with_it(dataset, sockets, tmp_path):
+    log = tmp_path / "job.log"
+    code = ("import sys; from pathlib import Path; "
+            "from tests.unit.test_forkserver import train_long; "
+            "train_long(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))")
+    job = subprocess.Popen([sys.executable, "-c", code, str(dataset), str(tmp_path / "run"),
+                            str(log)], cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while not SERVED.search(log.read_text() if log.exists() else "") \
+            and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.2)
+    found = SERVED.search(log.read_text())
+    assert found, log.read_text()
+    child, server = int(found[1]), int(found[3])
+    time.sleep(1)
+    assert _alive(child)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    deadline = time.monotonic() + 15
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the killed job's child trains on"
+    assert _alive(server)  # the server serves the device's next job
+    assert not (tmp_path / "run" / "run.h5").exists()
+
+
+def train_long(dataset, out, log):
+    """A run long enough to be killed while it trains (called in the test's job process)."""
+    long = plan(epochs=200)
+    with open(log, "a") as handle:
+        train_run(plan_name="p", plan=long, arm="impl", device_name="tensorflow_1thread",
+                  device={"accelerator": "cpu", "backend": "tensorflow", "threads": 1}, run=0,
+                  dataset_path=dataset, out_dir=out, log=handle)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_an_idle_server_ends_and_the_next_job_starts_another(dataset, sockets, tmp_path,
+                                                              monkeypatch):
+    monkeypatch.setenv(forkserver.IDLE, "1")
+    log = tmp_path / "runs.log"
+    train("torch", "impl", 0, dataset, tmp_path / "first", log)
+    first = int(SERVED.findall(log.read_text())[-1][2])
+    deadline = time.monotonic() + 30
+    while _alive(first) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(first)
+    assert not [name for name in os.listdir(forkserver.socket_folder()) if name.endswith(".sock")]
+    train("torch", "impl", 0, dataset, tmp_path / "second", log)
+    second = int(SERVED.findall(log.read_text())[-1][2])
+    assert second != first
+    assert np.array_equal(run_arrays(tmp_path / "first")["weights"],
+                          run_arrays(tmp_path / "second")["weights"])
+
+
+def test_jobs_that_must_not_share_a_server_run_fresh(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv(forkserver.FRESH, raising=False)
+    cpu = {"accelerator": "cpu", "threads": 1}
+    assert forkserver.served(cpu | {"backend": "tensorflow"})
+    assert forkserver.served(cpu | {"backend": "torch"})
+    assert not forkserver.served(cpu | {"backend": "jax"})  # forking JAX may deadlock
+    assert not forkserver.served(cpu | {"backend": "tensorflow", "emulate": "Haswell-v4"})
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # a job's cgroup holds what it starts
+    assert not forkserver.served(cpu | {"backend": "tensorflow"})
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setenv(forkserver.FRESH, "1")
+    assert not forkserver.served(cpu | {"backend": "tensorflow"})
+
+
+def test_a_change_of_environment_or_function_names_another_server():
+    device = {"accelerator": "cpu", "backend": "tensorflow", "threads": 1}
+    key = forkserver.server_key("m:f", device, {"A": "1"})
+    assert key == forkserver.server_key("m:f", device, {"A": "1"})
+    assert key != forkserver.server_key("m:f", device, {"A": "2"})
+    assert key != forkserver.server_key("m:g", device, {"A": "1"})
+    assert key != forkserver.server_key("m:f", device | {"backend": "torch"}, {"A": "1"})
