@@ -148,7 +148,7 @@ class ServedChildren:
         connection = _try_connect(self.path)
         if connection is not None:
             return connection
-        with open(self.path.with_suffix(".lock"), "w") as lock:
+        with open(self.path.parent / "start.lock", "w") as lock:  # one start at a time
             fcntl.flock(lock, fcntl.LOCK_EX)
             connection = _try_connect(self.path)
             if connection is not None:
@@ -309,6 +309,8 @@ def server_main(target: str, backend: str, path: str) -> None:
             with contextlib.suppress(OSError):
                 if os.stat(path).st_ino == inode:
                     os.unlink(path)
+                    # a clean end leaves nothing behind (a server that failed keeps its log)
+                    os.unlink(Path(path).with_suffix(".log"))
             listener.close()
             exit_now(0)
 
