@@ -13,14 +13,10 @@ Arm device needs QEMU 10 or newer, which ``install-aarch64`` fetches.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import lzma
 import os
 import subprocess
 import sys
-import tarfile
-from importlib import metadata
 from pathlib import Path
 
 from bitdrift.errors import InstallError
@@ -105,6 +101,9 @@ def resolve(index: dict[str, dict], wanted=ROOT_PACKAGES) -> list[dict]:
 
 def unpack_deb(data: bytes, name: str, root: Path) -> None:
     """A .deb's data archive into ``root`` (links kept: the root's libraries are links)."""
+    import io
+    import tarfile
+
     from bitdrift.qemu import deb_data
 
     with tarfile.open(fileobj=io.BytesIO(deb_data(data, name)), mode="r:*") as archive:
@@ -114,6 +113,8 @@ def unpack_deb(data: bytes, name: str, root: Path) -> None:
 def build_root(root: Path, mirror: str, suite: str = ROOT_SUITE) -> list[str]:
     """Debian's arm64 python3.11 and the libraries the wheels link, unpacked into
     ``root``, each package checked against the index's SHA-256. Returns name=version."""
+    import lzma
+
     from bitdrift.qemu import _fetch
 
     index = parse_index(lzma.decompress(_fetch(
@@ -133,6 +134,7 @@ def build_root(root: Path, mirror: str, suite: str = ROOT_SUITE) -> list[str]:
 def requirements(runtimes=DEFAULT_RUNTIMES) -> list[str]:
     """The site's wheels pinned to this environment's versions: an Arm record is computed
     by the same release as the host's."""
+    from importlib import metadata
     pins = []
     for name in dict.fromkeys((*WORKER_PACKAGES, *(name for runtime in sorted(runtimes)
                                                    for name in RUNTIMES[runtime]))):
@@ -242,6 +244,7 @@ def install(prefix: Path | str | None = None, mirror: str | None = None,
 
 def site_versions(site: Path) -> dict[str, str]:
     """{distribution: version} of what pip put into ``site`` (its dist-info)."""
+    from importlib import metadata
     return {dist.metadata["Name"].lower(): dist.version
             for dist in metadata.distributions(path=[str(site)])}
 

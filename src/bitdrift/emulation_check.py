@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 
-from bitdrift.emulation import python_command
 from bitdrift.errors import StudyError
 
 # kernel -> (library, Python code printing the digest of its output)
@@ -114,6 +113,8 @@ def _forcing(kernel: str, model: str) -> dict | None:
 def digest(kernel: str, environment: dict | None = None, emulate: str | None = None) -> str:
     """The SHA-256 of ``kernel``'s output, computed in a fresh process (under QEMU for
     ``emulate``) with ``environment`` added."""
+    from bitdrift.emulation import python_command  # only when a kernel runs
+
     code = KERNELS[kernel][1] + DIGEST
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
            **(environment or {})}

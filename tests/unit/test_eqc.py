@@ -125,6 +125,10 @@ def test_analysis_commands_do_not_import_frameworks(make_record, tmp_path):
         "import sys; from bitdrift.cli import main; "
         f"assert main(['eqc', *{paths!r}, '--out', {str(tmp_path / 'e.csv')!r}]) == 0; "
         f"assert main(['precision', *{paths!r}, '--out', {str(tmp_path / 'p.csv')!r}]) == 0; "
+        # nor what only other commands run (emulators, package metadata): the
+        # start-up is much of a small analysis
+        "unused = {'bitdrift.emulation', 'importlib.metadata'} "
+        "& set(sys.modules); assert not unused, unused; "
         f"assert main(['plot-eqc', *{paths!r}, '--eqc', {str(tmp_path / 'e.csv')!r}, "
         f"'--out', {str(tmp_path / 'e.pdf')!r}]) == 0; "
         "loaded = {'tensorflow', 'torch', 'keras'} & set(sys.modules); "
