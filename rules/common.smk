@@ -13,13 +13,18 @@ os.environ.update(BITDRIFT_SOURCE=workflow.basedir)
 
 from snakemake.exceptions import WorkflowError
 
-from bitdrift import export, paths, reference
+from bitdrift import export, forkserver, paths, reference
 from bitdrift.config import ConfigError, validate_config
 from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.emulation import architecture
 from bitdrift.failures import end_of_run
 from bitdrift.provenance import infer_command
 from bitdrift.studies import study_models
+
+# Jobs run by a cluster's executor train in fresh processes: a fork server started by one
+# job would live in that job's allocation (bitdrift.forkserver; SLURM is also detected there)
+if not workflow.local_exec or workflow.remote_exec:
+    os.environ[forkserver.FRESH] = "1"
 
 # ---- validation and constants: core -------------------------------------------------------
 try:

@@ -155,8 +155,16 @@ def test_training_runs_follow_their_device_and_plan(slurm_run, run):
         if "gres" in resources:
             requested = " ".join([job.get("TresPerJob", ""), job.get("TresPerNode", "")])
             assert f"gres:{resources['gres']}" in requested, (device, job)
-    # Fixed seeds and a CPU: the cluster's runs equal the local ones bit for bit.
+    # On the cluster every run is a fresh process; locally the TensorFlow and torch runs
+    # are children of their device's fork server. Fixed seeds and a CPU: the cluster's runs
+    # equal the local ones bit for bit, which compares the two ways too.
     local_dir, _ = run
+    for device in plan["devices"]:
+        log = "logs/train_variance_run/devices/control/{}/run_0.log".format(device)
+        assert "fork server" not in (slurm_dir / log).read_text(), device
+        served = "fork server" in (local_dir / log).read_text()
+        assert served == (settings["devices"][device]["backend"] in ("tensorflow", "torch")
+                          and not settings["devices"][device].get("emulate")), device
     for path in (slurm_dir / "results/training").glob("*/control/*/run_*/run.h5"):
         local = local_dir / path.relative_to(slurm_dir)
         with h5py.File(path) as ours, h5py.File(local) as theirs:
