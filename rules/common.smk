@@ -21,9 +21,10 @@ from bitdrift.failures import end_of_run
 from bitdrift.provenance import infer_command
 from bitdrift.studies import study_models
 
-# Jobs run by a cluster's executor train in fresh processes: a fork server started by one
-# job would live in that job's allocation (bitdrift.forkserver; SLURM is also detected there)
-if not workflow.local_exec or workflow.remote_exec:
+# A job run by a cluster's executor (SLURM's, any remote one: its process parses this file
+# in remote mode) trains in fresh processes: a fork server started by one job would live in
+# that job's allocation (bitdrift.forkserver, which also checks for SLURM itself)
+if workflow.remote_exec:
     os.environ[forkserver.FRESH] = "1"
 
 # ---- validation and constants: core -------------------------------------------------------

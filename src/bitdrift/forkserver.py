@@ -35,13 +35,16 @@ import json
 import os
 import selectors
 import signal
+import site
 import socket
+import stat
 import struct
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import bitdrift
@@ -49,6 +52,7 @@ from bitdrift import backends
 from bitdrift.emulation import python_command
 from bitdrift.errors import BitdriftError
 from bitdrift.prefork import (
+    _LIBC,
     FreshProcesses,
     _accelerator_missing,
     _die_with_parent,
@@ -64,21 +68,40 @@ _HEADER = struct.Struct("!I")  # the length of a request's JSON, sent with its d
 
 
 def socket_folder() -> Path:
-    """Where this user's servers listen: node-local and private to the user."""
+    """Where this user's servers listen: node-local and private to the user (a folder of
+    that name that another user made, or a link, is refused: it could pose as a server)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     folder = Path(base) / f"bitdrift-forkserver-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
+    found = folder.lstat()
+    if (not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid()
+            or stat.S_IMODE(found.st_mode) & 0o077):
+        raise BitdriftError(f"{folder} is not a folder private to this user (owner, mode "
+                            f"{stat.S_IMODE(found.st_mode):o}); refusing to look for fork "
+                            f"servers there (remove it, or set {FRESH}=1)")
     return folder
 
 
+def _stat(path) -> list | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return [str(path), found.st_mtime_ns, found.st_size]
+
+
 def _source_state() -> list:
-    """What a code or package change alters: bitdrift's files and the packages' folder."""
+    """What a code, package or library change alters: bitdrift's files, the folders of the
+    installed packages and of the environment's shared libraries (conda's MKL, oneDNN,
+    CUDA), and Keras' own configuration, read at import. A change makes another key."""
     package = Path(bitdrift.__file__).parent
     files = sorted((str(path.relative_to(package)), path.stat().st_mtime_ns, path.stat().st_size)
                    for path in package.rglob("*.py"))
-    packages = Path(sysconfig.get_paths()["purelib"])
-    return [str(package), files, str(packages),
-            packages.stat().st_mtime_ns if packages.is_dir() else None]
+    folders = {sysconfig.get_paths()[name] for name in ("purelib", "platlib")}
+    folders |= {site.getusersitepackages(), str(Path(sys.prefix) / "lib")}
+    keras_home = os.environ.get("KERAS_HOME") or str(Path.home() / ".keras")
+    return [str(package), files, [_stat(folder) for folder in sorted(folders)],
+            _stat(Path(keras_home) / "keras.json")]
 
 
 def server_key(target: str, device: dict, environment: dict) -> str:
@@ -114,25 +137,30 @@ class ServedChildren:
     def run(self, job: dict, stdout=None, environment: dict | None = None) -> int:
         request = json.dumps({"job": job, "cwd": os.getcwd(), "environment": environment or {},
                               "stdout": stdout.name if stdout is not None else None}).encode()
+        for stream in (self.log, stdout):  # before connecting: a full pipe stalls us, not it
+            if stream is not None:
+                stream.flush()
+        descriptors = [(stdout or self.log).fileno(), self.log.fileno()]
         for _attempt in range(3):  # a server that ended idle just as this job came: another
             connection = self._connect()
-            with connection:
-                for stream in (self.log, stdout):
-                    if stream is not None:
-                        stream.flush()
-                descriptors = [(stdout or self.log).fileno(), self.log.fileno()]
+            with connection, connection.makefile("r") as answers:
                 try:
                     socket.send_fds(connection, [_HEADER.pack(len(request))], descriptors)
                     connection.sendall(request)
+                    started = answers.readline()
                 except OSError:
                     continue
-                answers = connection.makefile("r")
-                started = answers.readline()
                 if not started.startswith("started "):
                     continue
                 print(f"bitdrift: in child {started.split()[1]} of fork server "
                       f"{self.key[:12]} (pid {started.split()[2]})", file=self.log, flush=True)
-                finished = answers.readline()
+                try:
+                    finished = answers.readline()
+                except BaseException:
+                    # interrupted (KeyboardInterrupt in a notebook that keeps this frame):
+                    # the server sees the job end and kills its child
+                    connection.shutdown(socket.SHUT_RDWR)
+                    raise
                 if not finished.strip():
                     raise BitdriftError(f"{self.what}: the fork server {self.path} ended while "
                                         "its job ran; see its log "
@@ -148,7 +176,7 @@ class ServedChildren:
         connection = _try_connect(self.path)
         if connection is not None:
             return connection
-        with open(self.path.parent / "start.lock", "w") as lock:  # one start at a time
+        with open(self.path.with_suffix(".lock"), "w") as lock:  # one start per server
             fcntl.flock(lock, fcntl.LOCK_EX)
             connection = _try_connect(self.path)
             if connection is not None:
@@ -184,11 +212,13 @@ class ServedChildren:
 
 def _try_connect(path: Path) -> socket.socket | None:
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(30)  # a server that listens but never accepts is not waited on
     try:
         connection.connect(str(path))
     except OSError:  # no socket, or one whose server ended
         connection.close()
         return None
+    connection.settimeout(None)  # a run takes as long as it takes
     return connection
 
 
@@ -201,36 +231,48 @@ def training_workers(target: str, device: dict, what: str, log):
 
 
 def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
-    header, descriptors, _, _ = socket.recv_fds(connection, _HEADER.size, 2)
-    if len(header) != _HEADER.size:
+    """A job's request and its two log descriptors; on any error none is left open (a
+    descriptor kept would go to every later child)."""
+    connection.settimeout(10)  # a client that stalls must not stall the server
+    descriptors = []
+    try:
+        header, descriptors, _, _ = socket.recv_fds(connection, _HEADER.size, 2)
+        if len(header) != _HEADER.size or len(descriptors) != 2:
+            raise OSError("a request without its header and two descriptors")
+        (length,) = _HEADER.unpack(header)
+        body = b""
+        while len(body) < length:
+            chunk = connection.recv(length - len(body))
+            if not chunk:
+                raise OSError("a request cut short")
+            body += chunk
+        return json.loads(body), descriptors
+    except BaseException:
         for descriptor in descriptors:
             os.close(descriptor)
-        raise OSError("a request without its header")
-    (length,) = _HEADER.unpack(header)
-    body = b""
-    while len(body) < length:
-        chunk = connection.recv(length - len(body))
-        if not chunk:
-            raise OSError("a request cut short")
-        body += chunk
-    return json.loads(body), descriptors
+        raise
 
 
 def _child(function, request: dict, descriptors: list[int], server: int) -> None:
-    """In the forked child: the job's folder, environment and log, then the job."""
-    _die_with_parent(server)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.chdir(request["cwd"])
-    os.environ.update(request["environment"])
-    os.dup2(descriptors[0], 1)
-    os.dup2(descriptors[1], 2)
-    for descriptor in descriptors:
-        os.close(descriptor)
-    if request["stdout"]:
-        output = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(output, 1)
-        os.close(output)
-    exit_now(run_job(function, request["job"], timed=True))
+    """In the forked child: the job's log, folder and environment, then the job; whatever
+    fails goes to the job's log and ends the child (never back into the server's loop)."""
+    try:
+        _die_with_parent(server)
+        os.dup2(descriptors[0], 1)
+        os.dup2(descriptors[1], 2)
+        for descriptor in descriptors:
+            os.close(descriptor)
+        os.chdir(request["cwd"])
+        os.environ.update(request["environment"])
+        if request["stdout"]:
+            output = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(output, 1)
+            os.close(output)
+        status = run_job(function, request["job"], timed=True)
+    except BaseException:  # noqa: BLE001 - a child reports, never unwinds into the server
+        traceback.print_exc()
+        status = 1
+    exit_now(status)
 
 
 def server_main(target: str, backend: str, path: str) -> None:
@@ -244,6 +286,8 @@ def server_main(target: str, backend: str, path: str) -> None:
         exit_now(error.exit_code)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     staging = f"{path}.{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(staging)  # left by a server of the same pid that was killed
     listener.bind(staging)
     listener.listen(16)
     os.rename(staging, path)  # the socket appears ready to take jobs, never before
@@ -254,65 +298,87 @@ def server_main(target: str, backend: str, path: str) -> None:
     children = {}  # pid -> (connection, pidfd)
     idle_seconds = float(os.environ.get(IDLE, IDLE_SECONDS))
     idle_since = time.monotonic()
+    troubled = False  # a bad request or a lost job: the log is kept at the end
     while True:
-        events = selector.select(timeout=1.0)
-        for key, _ in events:
-            if key.data is None:  # a new job
-                connection, _ = listener.accept()
-                try:
-                    request, descriptors = _receive(connection)
-                except (OSError, ValueError) as error:
-                    print(f"bitdrift: fork server: a bad request ({error})", file=sys.stderr,
-                          flush=True)
-                    connection.close()
-                    continue
-                sys.stderr.flush()
-                server = os.getpid()
-                pid = os.fork()
-                if pid == 0:
-                    selector.close()
-                    listener.close()
-                    for other, pidfd in children.values():
-                        other.close()
-                        os.close(pidfd)
-                    connection.close()
-                    _child(function, request, descriptors, server)
-                for descriptor in descriptors:
-                    os.close(descriptor)
-                pidfd = os.pidfd_open(pid)
-                children[pid] = (connection, pidfd)
-                selector.register(connection, selectors.EVENT_READ, ("job", pid))
-                selector.register(pidfd, selectors.EVENT_READ, ("child", pid))
-                connection.sendall(f"started {pid} {server}\n".encode())
-            else:
-                kind, pid = key.data
-                if pid not in children:
-                    continue
-                connection, pidfd = children[pid]
-                if kind == "job":  # the job ended (killed): its child goes too
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                    selector.unregister(connection)
-                    continue
-                _, wait_status = os.waitpid(pid, 0)
-                selector.unregister(pidfd)
-                os.close(pidfd)
-                with contextlib.suppress(KeyError):
-                    selector.unregister(connection)
-                with contextlib.suppress(OSError):
-                    connection.sendall(f"{os.waitstatus_to_exitcode(wait_status)}\n".encode())
-                connection.close()
-                del children[pid]
-                idle_since = time.monotonic()
+        for key, _ in selector.select(timeout=1.0):
+            if key.data is None:
+                troubled |= not _start_child(listener, selector, children, function)
+                continue
+            kind, pid = key.data
+            if pid not in children:
+                continue
+            connection, pidfd = children[pid]
+            if kind == "job":  # the job ended (killed): its child goes too
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                selector.unregister(connection)
+                continue
+            _, wait_status = os.waitpid(pid, 0)
+            selector.unregister(pidfd)
+            os.close(pidfd)
+            with contextlib.suppress(KeyError):
+                selector.unregister(connection)
+            with contextlib.suppress(OSError):
+                connection.sendall(f"{os.waitstatus_to_exitcode(wait_status)}\n".encode())
+            connection.close()
+            del children[pid]
+            idle_since = time.monotonic()
         if not children and time.monotonic() - idle_since > idle_seconds:
             # Unlisted first, so that no job connects to a server that is ending.
             with contextlib.suppress(OSError):
                 if os.stat(path).st_ino == inode:
                     os.unlink(path)
-                    # a clean end leaves nothing behind (a server that failed keeps its log)
-                    os.unlink(Path(path).with_suffix(".log"))
+                    if not troubled:  # a clean end leaves nothing behind
+                        os.unlink(Path(path).with_suffix(".log"))
             listener.close()
             exit_now(0)
+
+
+def _start_child(listener, selector, children: dict, function) -> bool:
+    """Accept a job and fork its child; whether all went well. A client that stalls,
+    sends garbage or is gone before its child started never ends the server."""
+    connection, _ = listener.accept()
+    try:
+        request, descriptors = _receive(connection)
+    except (OSError, ValueError) as error:
+        print(f"bitdrift: fork server: a bad request ({error})", file=sys.stderr, flush=True)
+        connection.close()
+        return False
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:  # a fork copies one thread: a lock held by another would never free
+        print(f"bitdrift: error: the fork server runs {threads} threads after its import; "
+              "forking it would not be safe (set BITDRIFT_FRESH_WORKERS=1)", file=sys.stderr,
+              flush=True)
+        exit_now(1)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    _LIBC.fflush(None)  # nothing buffered is copied into the child's log
+    server = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        selector.close()
+        listener.close()
+        for other, pidfd in children.values():
+            other.close()
+            os.close(pidfd)
+        connection.close()
+        _child(function, request, descriptors, server)
+    for descriptor in descriptors:
+        os.close(descriptor)
+    pidfd = os.pidfd_open(pid)
+    children[pid] = (connection, pidfd)
+    selector.register(pidfd, selectors.EVENT_READ, ("child", pid))
+    try:
+        connection.sendall(f"started {pid} {server}\n".encode())
+        connection.settimeout(None)
+        selector.register(connection, selectors.EVENT_READ, ("job", pid))
+    except OSError:  # the job is gone already: so is its child (reaped by its pidfd)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        print(f"bitdrift: fork server: job of child {pid} gone before it started",
+              file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -7,11 +7,14 @@ processes: a job killed with SIGKILL takes its child with it, an idle server end
 new one starts, and jobs that must not share a server (SLURM, JAX, emulated CPUs) do not.
 """
 
+import contextlib
 import io
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +27,7 @@ import pytest
 
 from bitdrift import forkserver
 from bitdrift.datasets import prepare_dataset
+from bitdrift.errors import BitdriftError
 from bitdrift.studies.variance.plans import ARMS
 from bitdrift.studies.variance.runs import train_run
 from tests.utils import ROOT
@@ -33,13 +37,29 @@ SERVED = re.compile(r"in child (\d+) of fork server (\w+) \(pid (\d+)\)")
 
 @pytest.fixture()
 def sockets(monkeypatch):
-    """A private, short socket folder (a Unix socket's path is at most 107 bytes)."""
+    """A private, short socket folder (a Unix socket's path is at most 107 bytes); the
+    servers started in it end with the test."""
     folder = tempfile.mkdtemp(prefix="bdfs")
     monkeypatch.setenv("XDG_RUNTIME_DIR", folder)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv(forkserver.FRESH, raising=False)
     yield folder
+    for pid in _servers_in(folder):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _servers_in(folder):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                command = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+                if b"bitdrift.forkserver" in command and any(
+                        part.startswith(folder.encode()) for part in command):
+                    found.append(int(entry))
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +219,44 @@ def test_a_change_of_environment_or_function_names_another_server():
     assert key != forkserver.server_key("m:f", device, {"A": "2"})
     assert key != forkserver.server_key("m:g", device, {"A": "1"})
     assert key != forkserver.server_key("m:f", device | {"backend": "torch"}, {"A": "1"})
+
+
+def test_a_bad_or_vanished_client_never_ends_the_server(dataset, sockets, tmp_path):
+    log = tmp_path / "runs.log"
+    train("torch", "impl", 0, dataset, tmp_path / "first", log)
+    server = int(SERVED.findall(log.read_text())[-1][2])
+    (path,) = [forkserver.socket_folder() / name
+               for name in os.listdir(forkserver.socket_folder()) if name.endswith(".sock")]
+    # a request cut short, one without descriptors, and a job gone before its child started
+    with socket.socket(socket.AF_UNIX) as client, open(log) as handle:
+        client.connect(str(path))
+        socket.send_fds(client, [forkserver._HEADER.pack(1000)], [handle.fileno()] * 2)
+        client.sendall(b"{")
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(str(path))
+        client.sendall(forkserver._HEADER.pack(2) + b"{}")
+    request = json.dumps({"job": {}, "cwd": str(tmp_path), "environment": {},
+                          "stdout": None}).encode()
+    with socket.socket(socket.AF_UNIX) as client, open(log) as handle:
+        client.connect(str(path))
+        socket.send_fds(client, [forkserver._HEADER.pack(len(request))], [handle.fileno()] * 2)
+        client.sendall(request)
+    time.sleep(2)
+    assert _alive(server)
+    train("torch", "impl", 0, dataset, tmp_path / "second", log)
+    assert int(SERVED.findall(log.read_text())[-1][2]) == server
+    assert np.array_equal(run_arrays(tmp_path / "first")["weights"],
+                          run_arrays(tmp_path / "second")["weights"])
+    server_log = path.with_suffix(".log").read_text()
+    assert server_log.count("a bad request") == 2, server_log
+
+
+def test_a_socket_folder_that_is_not_private_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    folder = tmp_path / f"bitdrift-forkserver-{os.getuid()}"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)  # as another user could have made it for us
+    with pytest.raises(BitdriftError, match="not a folder private to this user"):
+        forkserver.socket_folder()
+    folder.chmod(0o700)
+    assert forkserver.socket_folder() == folder
