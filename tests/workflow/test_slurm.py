@@ -160,7 +160,7 @@ def test_training_runs_follow_their_device_and_plan(slurm_run, run):
     # equal the local ones bit for bit, which compares the two ways too.
     local_dir, _ = run
     for device in plan["devices"]:
-        log = "logs/train_variance_run/devices/control/{}/run_0.log".format(device)
+        log = f"logs/train_variance_run/devices/control/{device}/run_0.log"
         assert "fork server" not in (slurm_dir / log).read_text(), device
         served = "fork server" in (local_dir / log).read_text()
         assert served == (settings["devices"][device]["backend"] in ("tensorflow", "torch")
