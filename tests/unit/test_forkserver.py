@@ -77,10 +77,10 @@ def plan(epochs=1):
             "arms": {"impl": ARMS["impl"], "algo": ARMS["algo"]}}
 
 
-def train(backend, arm, run, dataset, out, log):
-    device = {"accelerator": "cpu", "backend": backend, "threads": 1}
+def train(backend, arm, run, dataset, out, log, threads=1):
+    device = {"accelerator": "cpu", "backend": backend, "threads": threads}
     with open(log, "a") as handle:
-        train_run(plan_name="p", plan=plan(), arm=arm, device_name=f"{backend}_1thread",
+        train_run(plan_name="p", plan=plan(), arm=arm, device_name=f"{backend}_{threads}",
                   device=device, run=run, dataset_path=dataset, out_dir=out, log=handle)
 
 
@@ -102,13 +102,17 @@ def model_weights(out):
     return found
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
-def test_a_served_child_trains_what_a_fresh_process_trains(backend, dataset, sockets,
+# Two threads: the server then holds OpenBLAS's thread pool from its import, which must
+# survive the fork as it does for the inference parents (test_prefork.py)
+@pytest.mark.parametrize(("backend", "threads"), [("tensorflow", 1), ("torch", 1),
+                                                  ("tensorflow", 2)])
+def test_a_served_child_trains_what_a_fresh_process_trains(backend, threads, dataset, sockets,
                                                            tmp_path, monkeypatch):
     log = tmp_path / "served.log"
     for arm in ("impl", "algo"):
         for run in (0, 1):
-            train(backend, arm, run, dataset, tmp_path / "served" / arm / str(run), log)
+            train(backend, arm, run, dataset, tmp_path / "served" / arm / str(run), log,
+                  threads)
     served = SERVED.findall(log.read_text())
     assert len(served) == 4, log.read_text()
     assert len({server for _, _, server in served}) == 1  # one server, its import once
@@ -117,7 +121,7 @@ def test_a_served_child_trains_what_a_fresh_process_trains(backend, dataset, soc
     for arm in ("impl", "algo"):
         for run in (0, 1):
             train(backend, arm, run, dataset, tmp_path / "fresh" / arm / str(run),
-                  tmp_path / "fresh.log")
+                  tmp_path / "fresh.log", threads)
     assert not SERVED.findall((tmp_path / "fresh.log").read_text())
     for arm in ("impl", "algo"):
         for run in (0, 1):
