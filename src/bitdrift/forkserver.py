@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import importlib
 import json
 import os
 import selectors
@@ -44,7 +43,6 @@ import sys
 import sysconfig
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import bitdrift
@@ -55,9 +53,9 @@ from bitdrift.prefork import (
     _LIBC,
     FreshProcesses,
     _accelerator_missing,
-    _die_with_parent,
+    child_main,
     exit_now,
-    run_job,
+    import_target,
 )
 
 IDLE_SECONDS = 60.0  # a server without jobs this long ends (the next job starts another)
@@ -201,7 +199,7 @@ class ServedChildren:
                 status = server.poll()
                 if status is not None:
                     _accelerator_missing(status, self.device, self.what)
-                    tail = server_log.read_text(errors="replace").strip().splitlines()[-3:]
+                    tail = _read(server_log).strip().splitlines()[-3:]
                     raise BitdriftError(f"{self.what}: the fork server ended (exit {status}) "
                                         f"before it listened: {' / '.join(tail)}")
                 time.sleep(0.05)
@@ -263,37 +261,9 @@ def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
         raise
 
 
-def _child(function, request: dict, descriptors: list[int], server: int) -> None:
-    """In the forked child: the job's log, folder and environment, then the job; whatever
-    fails goes to the job's log and ends the child (never back into the server's loop)."""
-    try:
-        _die_with_parent(server)
-        os.dup2(descriptors[0], 1)
-        os.dup2(descriptors[1], 2)
-        for descriptor in descriptors:
-            os.close(descriptor)
-        os.chdir(request["cwd"])
-        os.environ.update(request["environment"])
-        if request["stdout"]:
-            output = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(output, 1)
-            os.close(output)
-        status = run_job(function, request["job"], timed=True)
-    except BaseException:  # noqa: BLE001 - a child reports, never unwinds into the server
-        traceback.print_exc()
-        status = 1
-    exit_now(status)
-
-
 def server_main(target: str, backend: str, path: str) -> None:
     """The server: import, listen, fork a child per job, report its status, end when idle."""
-    module_name, function_name = target.split(":")
-    try:
-        backends.get(backend).preimport()
-        function = getattr(importlib.import_module(module_name), function_name)
-    except BitdriftError as error:
-        print(f"bitdrift: error: {error}", file=sys.stderr, flush=True)
-        exit_now(error.exit_code)
+    function = import_target(target, backend)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     staging = f"{path}.{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
@@ -371,7 +341,7 @@ def _start_child(listener, selector, children: dict, function) -> bool:
             other.close()
             os.close(pidfd)
         connection.close()
-        _child(function, request, descriptors, server)
+        child_main(function, request, server, descriptors)
     for descriptor in descriptors:
         os.close(descriptor)
     pidfd = os.pidfd_open(pid)

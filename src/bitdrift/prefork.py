@@ -202,17 +202,50 @@ def worker_processes(target: str, device: dict, what: str, log):
     workers.close()
 
 
-def parent_main(target: str, backend: str) -> None:
-    """The pre-imported parent: import the framework, then fork a child per job line."""
+def import_target(target: str, backend: str):
+    """A pre-imported parent's one import: the framework (nothing runs), then the job
+    function of ``target`` (``module:function``); a bitdrift error ends the process with
+    its line and status."""
     module_name, function_name = target.split(":")
-    control = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # what the parent or a child prints goes to the log, not the control pipe
     try:
         backends.get(backend).preimport()
-        function = getattr(importlib.import_module(module_name), function_name)
+        return getattr(importlib.import_module(module_name), function_name)
     except BitdriftError as error:
-        print(f"bitdrift: error: {error}", file=sys.stderr)
+        print(f"bitdrift: error: {error}", file=sys.stderr, flush=True)
         exit_now(error.exit_code)
+
+
+def child_main(function, request: dict, parent: int, descriptors=()) -> None:
+    """A forked child of a pre-imported parent: tied to the parent's life; its log on the
+    ``descriptors`` (stdout, stderr) handed in, if any; the request's folder (``cwd``),
+    environment and stdout file; then its job. Whatever fails goes to the child's log and
+    ends it: nothing unwinds into the parent's loop it was forked from."""
+    try:
+        _die_with_parent(parent)
+        if descriptors:
+            os.dup2(descriptors[0], 1)
+            os.dup2(descriptors[1], 2)
+            for descriptor in descriptors:
+                os.close(descriptor)
+        if request.get("cwd"):
+            os.chdir(request["cwd"])
+        os.environ.update(request["environment"])
+        if request["stdout"]:
+            output = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(output, 1)
+            os.close(output)
+        status = run_job(function, request["job"], timed=True)
+    except BaseException:  # noqa: BLE001 - a child reports, never unwinds into the parent
+        traceback.print_exc()
+        status = 1
+    exit_now(status)
+
+
+def parent_main(target: str, backend: str) -> None:
+    """The pre-imported parent: import the framework, then fork a child per job line."""
+    control = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what the parent or a child prints goes to the log, not the control pipe
+    function = import_target(target, backend)
     for line in sys.stdin:
         request = json.loads(line)
         sys.stdout.flush()
@@ -221,13 +254,7 @@ def parent_main(target: str, backend: str) -> None:
         pid = os.fork()
         if pid == 0:
             control.close()
-            _die_with_parent(parent)
-            os.environ.update(request["environment"])
-            if request["stdout"]:
-                output = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-                os.dup2(output, 1)
-                os.close(output)
-            exit_now(run_job(function, request["job"], timed=True))
+            child_main(function, request, parent)
         _, wait_status = os.waitpid(pid, 0)
         control.write(f"{os.waitstatus_to_exitcode(wait_status)}\n")
         control.flush()
