@@ -3,13 +3,15 @@
     python benchmarks/first_run.py [RUN_FOLDER]     # default: this checkout
 
 Reads what a run leaves: every job's wall seconds (Snakemake's ``benchmark:`` files under
-``results/benchmarks/RULE/``) and, in the jobs' logs (``logs/RULE/``), the seconds each
-worker process spent on its job (``bitdrift: work ... s``: load, compute, write; written by
-bitdrift.prefork for every inference repeat and training run). For the rules whose jobs
-run workers, start-up is the job-seconds less that work: interpreters, framework imports,
-the parent's own reading and writing, and exits. Jobs of the other rules (the main model's
-training, export, the MaxPool study, analysis) are not split; the overall share is given
-as the range from "all their time is work" to "all of it is start-up".
+``results/benchmarks/RULE/``) and, in the jobs' logs (``logs/RULE/``), the seconds of work:
+- a rule whose jobs run workers (inference repeats, training runs): each worker's
+  ``bitdrift: work ... s`` (load, compute, write; bitdrift.prefork), summed. The job's
+  own reading and writing around its workers counts as start-up here;
+- any other rule: the job's ``bitdrift: job work ... s`` (bitdrift.jobs), from the end of
+  its framework's import (Keras, torch), or from the script's call if it loads none.
+Start-up is the job-seconds less that work: interpreters, Snakemake's script preamble,
+framework imports, exits. A rule whose logs have neither line (a run of an older
+bitdrift) is not split, and the share is then a range.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import csv
 import re
 from pathlib import Path
 
-WORK = re.compile(r"^bitdrift: work ([0-9.]+) s$", re.MULTILINE)
+WORKER_WORK = re.compile(r"^bitdrift: work ([0-9.]+) s$", re.MULTILINE)
+JOB_WORK = re.compile(r"^bitdrift: job work ([0-9.]+) s$", re.MULTILINE)
 
 
 def job_seconds(root: Path) -> dict[str, list[float]]:
@@ -34,12 +37,16 @@ def job_seconds(root: Path) -> dict[str, list[float]]:
 
 
 def work_seconds(root: Path) -> dict[str, float]:
-    work = collections.Counter()
+    """Each rule's work: its workers' if it has any, else its jobs' own."""
+    workers, jobs = collections.Counter(), collections.Counter()
     for path in (root / "logs").rglob("*.log"):
-        found = WORK.findall(path.read_text(errors="replace"))
-        if found:
-            work[path.relative_to(root / "logs").parts[0]] += sum(map(float, found))
-    return work
+        text = path.read_text(errors="replace")
+        rule = path.relative_to(root / "logs").parts[0]
+        for pattern, found in ((WORKER_WORK, workers), (JOB_WORK, jobs)):
+            seconds = pattern.findall(text)
+            if seconds:
+                found[rule] += sum(map(float, seconds))
+    return {**jobs, **workers}
 
 
 def main() -> None:
@@ -49,7 +56,7 @@ def main() -> None:
     seconds, work = job_seconds(root), work_seconds(root)
     if not seconds:
         raise SystemExit(f"{root}: no results/benchmarks/*.tsv (has the run finished?)")
-    print("| rule | jobs | job-seconds | worker work | start-up |")
+    print("| rule | jobs | job-seconds | work | start-up |")
     print("|---|---|---|---|---|")
     split_total = split_work = other = 0.0
     for rule, values in sorted(seconds.items(), key=lambda item: -sum(item[1])):
@@ -64,12 +71,14 @@ def main() -> None:
             print(f"| {rule} | {len(values)} | {total:.0f} s | not split | |")
     everything = split_total + other
     startup = split_total - split_work
-    print(f"\nall jobs: {sum(map(len, seconds.values()))}, {everything:.0f} job-seconds; "
-          f"in the jobs that run workers ({split_total:.0f} s) start-up is "
-          f"{startup:.0f} s ({startup / split_total:.0%})" if split_total else "")
-    print(f"start-up share of all job-seconds: between {startup / everything:.0%} (the jobs "
-          f"not split all work) and {(startup + other) / everything:.0%} (all start-up)")
-
+    print(f"\nall jobs: {sum(map(len, seconds.values()))}, {everything:.0f} job-seconds, "
+          f"of which start-up {startup:.0f} s")
+    if other:
+        print(f"start-up share of all job-seconds: between {startup / everything:.0%} (the "
+              f"jobs not split all work) and {(startup + other) / everything:.0%} (all "
+              "start-up)")
+    else:
+        print(f"start-up share of all job-seconds: {startup / everything:.0%}")
 
 if __name__ == "__main__":
     main()

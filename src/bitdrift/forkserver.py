@@ -1,20 +1,24 @@
-"""A pre-imported parent shared by the jobs of one device: training runs without an import each.
+"""A pre-imported parent shared by the jobs of one device: runs and repeats without an import each.
 
 A training run is one Snakemake job (adding runs to a plan must never retrain the runs it
-has), so a pre-imported parent per job (:class:`bitdrift.prefork.ForkedChildren`) would
-import as much as the fresh process it replaces. Instead the first job of a device starts
-a *fork server*: ``python -m bitdrift.forkserver TARGET BACKEND SOCKET`` with the device's
-environment, which imports the framework and nothing else (as a prefork parent does) and
-listens on a Unix socket. Every job of that device on this machine connects, hands over
-its job and its log's file descriptors, and the server forks a child that runs the job
-where a fresh process would be after its import; the job gets the child's exit status.
-``tests/unit/test_forkserver.py`` trains the same runs in served children and in fresh
-processes and compares every array and weight bit for bit.
+has), and an inference job has a few repeats, so a pre-imported parent per job
+(:class:`bitdrift.prefork.ForkedChildren`) imports about as often as fresh processes do.
+Instead the first job of a device starts a *fork server*: ``python -m bitdrift.forkserver
+BACKEND SOCKET`` with the device's environment, which imports the framework and nothing
+else (as a prefork parent does) and listens on a Unix socket. Every job of that device on
+this machine, training or inference, connects and hands over its work (a job function,
+``module:function``, imported by the server once) and its log's file descriptors; the
+server forks a child that runs it where a fresh process would be after its import, and
+the job gets the child's exit status. ``tests/unit/test_forkserver.py`` trains runs and
+runs inference in served children and in fresh processes and compares every array and
+weight bit for bit.
 
 The server is found by a key: the digest of everything that shapes what a child computes
-(the interpreter, the job's function, the device's whole environment, bitdrift's source
-files and the installed packages' folder). A change of any of them starts another server;
-a server without jobs for :data:`IDLE_SECONDS` removes its socket and ends.
+(the interpreter, the device's whole environment, bitdrift's source files and the
+installed packages' folders). A change of any of them starts another server; a server
+without jobs for :data:`IDLE_SECONDS` removes its socket and ends, and so does the server
+idle longest while more than :data:`MAX_SERVERS` listen (each holds its framework's
+import in memory, about half a gigabyte).
 
 Lifetimes: a job killed (SIGKILL included) closes its connection, and the server kills
 that job's child at once; a server that ends takes its children with it
@@ -22,7 +26,7 @@ that job's child at once; a server that ends takes its children with it
 own fresh process: a server started by one job would live in that job's cgroup, outside
 the resources the scheduler gave the others, and die with it.
 
-    python -m bitdrift.forkserver MODULE:FUNCTION BACKEND SOCKET_PATH
+    python -m bitdrift.forkserver BACKEND SOCKET_PATH
 """
 
 from __future__ import annotations
@@ -55,11 +59,14 @@ from bitdrift.prefork import (
     _accelerator_missing,
     child_main,
     exit_now,
-    import_target,
+    job_function,
+    worker_processes,
 )
 
 IDLE_SECONDS = 60.0  # a server without jobs this long ends (the next job starts another)
 IDLE = "BITDRIFT_FORKSERVER_IDLE"  # seconds, to replace IDLE_SECONDS (tests)
+MAX_SERVERS = 4  # listening at once: more, and the one idle longest ends
+MAX = "BITDRIFT_FORKSERVER_MAX"  # to replace MAX_SERVERS
 START_SECONDS = 300.0  # how long a job waits for a server's import (TensorFlow under load)
 FRESH = "BITDRIFT_FRESH_WORKERS"  # set (to 1): every job in its own fresh process
 _HEADER = struct.Struct("!I")  # the length of a request's JSON, sent with its descriptors
@@ -102,9 +109,9 @@ def _source_state() -> list:
             _stat(Path(keras_home) / "keras.json")]
 
 
-def server_key(target: str, device: dict, environment: dict) -> str:
-    """The digest that names the server for ``target`` on ``device`` with ``environment``."""
-    state = {"python": python_command(device), "target": target, "backend": device["backend"],
+def server_key(device: dict, environment: dict) -> str:
+    """The digest that names the server of ``device`` with ``environment``."""
+    state = {"python": python_command(device), "backend": device["backend"],
              "environment": sorted(environment.items()), "source": _source_state()}
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -119,12 +126,14 @@ class ServedChildren:
     """Jobs as children of the device's shared server (started by the first job that finds
     none); the interface of :class:`bitdrift.prefork.FreshProcesses`."""
 
+    HOW = "a child of the device's fork server"
+
     def __init__(self, target: str, device: dict, what: str, log):
         from bitdrift.devices import device_environment
 
         self.target, self.device, self.what, self.log = target, device, what, log
         self.environment = device_environment(device)
-        self.key = server_key(target, device, self.environment)
+        self.key = server_key(device, self.environment)
         self.path = socket_folder() / f"{self.key}.sock"
         if len(str(self.path)) > 96:  # a socket's path holds 107 bytes; the server's
             # staging name adds its pid
@@ -133,7 +142,8 @@ class ServedChildren:
                                 f"folder, or {FRESH}=1")
 
     def run(self, job: dict, stdout=None, environment: dict | None = None) -> int:
-        request = json.dumps({"job": job, "cwd": os.getcwd(), "environment": environment or {},
+        request = json.dumps({"target": self.target, "job": job, "cwd": os.getcwd(),
+                              "environment": environment or {},
                               "stdout": stdout.name if stdout is not None else None}).encode()
         for stream in (self.log, stdout):  # before connecting: a full pipe stalls us, not it
             if stream is not None:
@@ -148,6 +158,9 @@ class ServedChildren:
                     started = answers.readline()
                 except OSError:
                     continue
+                if started.startswith("bitdrift: error:"):  # it cannot import the function
+                    raise BitdriftError(f"{self.what}: the fork server {self.key[:12]} "
+                                        f"{started.strip().removeprefix('bitdrift: error: ')}")
                 if not started.startswith("started "):
                     continue
                 print(f"bitdrift: in child {started.split()[1]} of fork server "
@@ -185,7 +198,7 @@ class ServedChildren:
             server_log = self.path.with_suffix(".log")
             with open(server_log, "a") as handle:
                 server = subprocess.Popen(
-                    [*python_command(self.device), "-m", "bitdrift.forkserver", self.target,
+                    [*python_command(self.device), "-m", "bitdrift.forkserver",
                      self.device["backend"], str(self.path)],
                     env=self.environment, stdin=subprocess.DEVNULL, stdout=handle,
                     stderr=handle, start_new_session=True)  # a job's Ctrl-C is not its
@@ -238,6 +251,18 @@ def training_workers(target: str, device: dict, what: str, log):
     yield kind(target, device, what, log)
 
 
+@contextlib.contextmanager
+def repeat_workers(target: str, device: dict, what: str, log):
+    """Where ``device``'s repeats (inference) run: served children when :func:`served`,
+    else :func:`bitdrift.prefork.worker_processes` (a parent per job, its import once for
+    the job's repeats, or fresh processes)."""
+    if served(device):
+        yield ServedChildren(target, device, what, log)
+    else:
+        with worker_processes(target, device, what, log) as workers:
+            yield workers
+
+
 def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
     """A job's request and its two log descriptors; on any error none is left open (a
     descriptor kept would go to every later child)."""
@@ -261,9 +286,14 @@ def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
         raise
 
 
-def server_main(target: str, backend: str, path: str) -> None:
-    """The server: import, listen, fork a child per job, report its status, end when idle."""
-    function = import_target(target, backend)
+def server_main(backend: str, path: str) -> None:
+    """The server: import, listen, fork a child per job, report its status, end when idle
+    or when too many servers listen."""
+    try:
+        backends.get(backend).preimport()
+    except BitdriftError as error:
+        print(f"bitdrift: error: {error}", file=sys.stderr, flush=True)
+        exit_now(error.exit_code)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     staging = f"{path}.{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
@@ -281,13 +311,20 @@ def server_main(target: str, backend: str, path: str) -> None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, None)
     children = {}  # pid -> (connection, pidfd)
+    functions = {}  # target -> the job function, imported once
     idle_seconds = float(os.environ.get(IDLE, IDLE_SECONDS))
+    max_servers = int(os.environ.get(MAX, MAX_SERVERS))
+    idle_mark = Path(path).with_suffix(".idle")  # its time: when this server fell idle
+    idle_mark.write_text(str(os.getpid()))
     idle_since = time.monotonic()
     troubled = False  # a bad request or a lost job: the log is kept at the end
     while True:
         for key, _ in selector.select(timeout=1.0):
             if key.data is None:
-                troubled |= not _start_child(listener, selector, children, function)
+                troubled |= not _start_child(listener, selector, children, functions)
+                if children:
+                    with contextlib.suppress(FileNotFoundError):
+                        idle_mark.unlink()
                 continue
             kind, pid = key.data
             if pid not in children:
@@ -308,8 +345,13 @@ def server_main(target: str, backend: str, path: str) -> None:
             connection.close()
             del children[pid]
             idle_since = time.monotonic()
-        if not children and time.monotonic() - idle_since > idle_seconds:
+            if not children:
+                idle_mark.write_text(str(os.getpid()))
+        if not children and (time.monotonic() - idle_since > idle_seconds
+                             or _crowded(idle_mark, max_servers)):
             # Unlisted first, so that no job connects to a server that is ending.
+            with contextlib.suppress(OSError):
+                idle_mark.unlink()
             with contextlib.suppress(OSError):
                 if os.stat(path).st_ino == inode:
                     os.unlink(path)
@@ -319,15 +361,54 @@ def server_main(target: str, backend: str, path: str) -> None:
             exit_now(0)
 
 
-def _start_child(listener, selector, children: dict, function) -> bool:
-    """Accept a job and fork its child; whether all went well. A client that stalls,
-    sends garbage or is gone before its child started never ends the server."""
+def _crowded(idle_mark: Path, max_servers: int) -> bool:
+    """Whether more than ``max_servers`` listen and this idle server fell idle first."""
+    folder = idle_mark.parent
+    if len(list(folder.glob("*.sock"))) <= max_servers:
+        return False
+    marks = []
+    for mark in folder.glob("*.idle"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(mark.read_text())
+            if mark == idle_mark or _alive(pid):  # a killed server's mark is passed over
+                marks.append((mark.stat().st_mtime_ns, mark.name))
+    return bool(marks) and min(marks)[1] == idle_mark.name
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _start_child(listener, selector, children: dict, functions: dict) -> bool:
+    """Accept a job, import its function (once a target), and fork its child; whether all
+    went well. A client that stalls, sends garbage or is gone before its child started,
+    or names a function that cannot be imported, never ends the server."""
     connection, _ = listener.accept()
     try:
         request, descriptors = _receive(connection)
     except (OSError, ValueError) as error:
         print(f"bitdrift: fork server: a bad request ({error})", file=sys.stderr, flush=True)
         connection.close()
+        return False
+    try:
+        target = request["target"]
+        if target not in functions:
+            functions[target] = job_function(target)
+        function = functions[target]
+    except Exception as error:  # noqa: BLE001 - the job is told; the server goes on
+        said = f"cannot import {request.get('target')!r}: {type(error).__name__}: {error}"
+        print(f"bitdrift: fork server: {said}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            connection.sendall(f"bitdrift: error: {' '.join(said.split())}\n".encode())
+        connection.close()
+        for descriptor in descriptors:
+            os.close(descriptor)
         return False
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
@@ -361,4 +442,4 @@ def _start_child(listener, selector, children: dict, function) -> bool:
 
 
 if __name__ == "__main__":
-    server_main(*sys.argv[1:4])
+    server_main(*sys.argv[1:3])

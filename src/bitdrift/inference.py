@@ -32,8 +32,9 @@ from bitdrift.datasets import (
 )
 from bitdrift.effective_precision import describe_reduced
 from bitdrift.errors import InferenceError
+from bitdrift.forkserver import repeat_workers
 from bitdrift.models import model_digest, model_input_shape
-from bitdrift.prefork import ForkedChildren, worker_main, worker_processes
+from bitdrift.prefork import worker_main
 from bitdrift.progress import progress
 from bitdrift.provenance import input_sha256
 from bitdrift.record import OUTPUT, write_record
@@ -193,9 +194,9 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             raise InferenceError(f"{reference}: the export reference of another model than "
                                  f"{model_path}")
     repeats, weights, classes = [], {}, None
-    with terminate_cleanly(), work_folder(out) as tmp, worker_processes(
+    with terminate_cleanly(), work_folder(out) as tmp, repeat_workers(
             WORKER, device, f"device {device_name!r}", log) as workers:
-        how = "a forked child" if isinstance(workers, ForkedChildren) else "a fresh process"
+        how = workers.HOW
         for repeat in progress(range(device["repeats"]), f"{model_name} on {device_name}: "
                                "repeats", file=log):
             job = {"device": device, "device_name": device_name, "model_path": str(model_path),

@@ -6,6 +6,12 @@ job, stderr goes to the job's log at the file-descriptor level too, so the C-lev
 lines of the frameworks (TensorFlow's C++ logging, oneDNN) land in the log rather than on
 the terminal; a bitdrift error ends the job with its one line in the log and on the
 terminal Snakemake shows, and the error's exit status.
+
+A job that ends well writes how long its work took (``bitdrift: job work ... s``): from
+the end of its framework's import (:func:`framework_imported`, called where Keras or torch
+is loaded), or from the script's call when it loads none, to the end. What the job's
+wall time has beyond it is start-up: the interpreter, Snakemake's script preamble, the
+framework's import (benchmarks/first_run.py).
 """
 
 from __future__ import annotations
@@ -13,8 +19,19 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 
 from bitdrift.errors import BitdriftError
+
+JOB_WORK_LINE = "bitdrift: job work {seconds:.3f} s"  # benchmarks/first_run.py reads it
+_framework_ready: list[float] = []  # when this process's first framework import ended
+
+
+def framework_imported() -> None:
+    """Mark the end of the process's framework import (the first one counts: a job's later
+    imports, an exporter's runtime say, are its work)."""
+    if not _framework_ready:
+        _framework_ready.append(time.perf_counter())
 
 
 @contextlib.contextmanager
@@ -28,8 +45,11 @@ def workflow_job(log_path, on_failure=None):
     log = open(log_path, "w", buffering=1)
     os.dup2(log.fileno(), 2)
     sys.stderr = log
+    called = time.perf_counter()
     try:
         yield log
+        started = max([called, *_framework_ready])
+        print(JOB_WORK_LINE.format(seconds=time.perf_counter() - started), file=log)
     except Exception as error:  # noqa: BLE001 - a device's failure is recorded, never lost
         if on_failure is None and not isinstance(error, BitdriftError):
             raise

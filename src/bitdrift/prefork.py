@@ -118,6 +118,8 @@ def _accelerator_missing(status: int, device: dict, what: str, job: dict | None 
 class FreshProcesses:
     """``python -m MODULE JOB_JSON`` per job, with the device's environment."""
 
+    HOW = "a fresh process"  # where a job ran, as its log says
+
     def __init__(self, target: str, device: dict, what: str, log):
         self.module = target.split(":")[0]
         self.device, self.what, self.log = device, what, log
@@ -142,6 +144,8 @@ class ForkedChildren:
     """One parent (``python -m bitdrift.prefork``) with the device's environment that has
     imported the framework; each job is a child it forks. Its stderr is the log; jobs go
     in on its stdin, and each child's exit status comes back on its stdout."""
+
+    HOW = "a forked child"
 
     def __init__(self, target: str, device: dict, what: str, log):
         from bitdrift.devices import device_environment
@@ -206,13 +210,18 @@ def import_target(target: str, backend: str):
     """A pre-imported parent's one import: the framework (nothing runs), then the job
     function of ``target`` (``module:function``); a bitdrift error ends the process with
     its line and status."""
-    module_name, function_name = target.split(":")
     try:
         backends.get(backend).preimport()
-        return getattr(importlib.import_module(module_name), function_name)
+        return job_function(target)
     except BitdriftError as error:
         print(f"bitdrift: error: {error}", file=sys.stderr, flush=True)
         exit_now(error.exit_code)
+
+
+def job_function(target: str):
+    """The function ``target`` (``module:function``) names."""
+    module_name, function_name = target.split(":")
+    return getattr(importlib.import_module(module_name), function_name)
 
 
 def child_main(function, request: dict, parent: int, descriptors=()) -> None:

@@ -1,10 +1,13 @@
-"""Training runs as children of a device's shared fork server (bitdrift.forkserver).
+"""Training runs and inference repeats as children of a device's shared fork server
+(bitdrift.forkserver).
 
 A served child must train what a fresh process trains: the same runs are trained both
 ways on a TensorFlow and a torch device and every array of the run file and every weight
-of the saved model are compared bit for bit. The server's lifetimes are tested with real
-processes: a job killed with SIGKILL takes its child with it, an idle server ends and a
-new one starts, and jobs that must not share a server (SLURM, JAX, emulated CPUs) do not.
+of the saved model are compared bit for bit; a served inference repeat, after the same
+server has trained, must hand its record what a fresh process hands. The server's
+lifetimes are tested with real processes: a job killed with SIGKILL takes its child with
+it, an idle server ends and a new one starts, the server idle longest ends when too many
+listen, and jobs that must not share a server (SLURM, JAX, emulated CPUs) do not.
 """
 
 import contextlib
@@ -25,12 +28,16 @@ import h5py
 import numpy as np
 import pytest
 
-from bitdrift import forkserver
+from bitdrift import backends, forkserver
+from bitdrift.config import load_config
 from bitdrift.datasets import prepare_dataset
 from bitdrift.errors import BitdriftError
+from bitdrift.kernels import layer_kernels, parse_trace
+from bitdrift.prefork import FreshProcesses
 from bitdrift.studies.variance.plans import ARMS
 from bitdrift.studies.variance.runs import train_run
-from tests.utils import ROOT
+from tests.unit.test_prefork import WORKER, arrays, repeat_job
+from tests.utils import ROOT, small_model_assets
 
 SERVED = re.compile(r"in child (\d+) of fork server (\w+) \(pid (\d+)\)")
 
@@ -77,8 +84,8 @@ def plan(epochs=1):
             "arms": {"impl": ARMS["impl"], "algo": ARMS["algo"]}}
 
 
-def train(backend, arm, run, dataset, out, log, threads=1):
-    device = {"accelerator": "cpu", "backend": backend, "threads": threads}
+def train(backend, arm, run, dataset, out, log, threads=1, device=None):
+    device = device or {"accelerator": "cpu", "backend": backend, "threads": threads}
     with open(log, "a") as handle:
         train_run(plan_name="p", plan=plan(), arm=arm, device_name=f"{backend}_{threads}",
                   device=device, run=run, dataset_path=dataset, out_dir=out, log=handle)
@@ -139,6 +146,52 @@ def test_a_served_child_trains_what_a_fresh_process_trains(backend, threads, dat
                               run_arrays(tmp_path / "fresh" / "algo" / "1")["weights"])
 
 
+DEFAULT_DEVICES = load_config(ROOT / "config.yaml")["devices"]
+
+
+@pytest.mark.parametrize("name", ["tf_1thread", "tf_2threads", "torch_1thread"])
+def test_a_served_repeat_after_training_computes_what_a_fresh_process_computes(
+        name, dataset, sockets, tmp_path):
+    """One server per device: the training run and the inference repeats (a plain and a
+    traced one) of a device share it, and its repeats hand over what fresh processes do."""
+    device = DEFAULT_DEVICES[name]
+    log = tmp_path / "served.log"
+    train(device["backend"], "impl", 0, dataset, tmp_path / "run", log, device=device)
+    assets = small_model_assets(tmp_path / "assets")
+    environment = backends.get(device["backend"]).trace_environment(device)
+    outputs, signatures = {}, {}
+    with open(log, "a") as handle:
+        for kind in (forkserver.ServedChildren, FreshProcesses):
+            for trace in (False, True):
+                out, trace_path = tmp_path / f"{kind.__name__}{trace}.npz", tmp_path / "t.txt"
+                with open(trace_path, "w") as stdout:
+                    status = kind(WORKER, device, name, handle).run(
+                        repeat_job(name, device, assets, out, trace=trace),
+                        stdout=stdout if trace else None,
+                        environment=environment if trace else None)
+                assert status == 0, log.read_text()
+                outputs[kind, trace] = arrays(out)
+                if trace:
+                    found = layer_kernels(parse_trace(trace_path.read_text()),
+                                          outputs[kind, trace][0]["layers"],
+                                          device["backend"], "cpu")
+                    signatures[kind] = {layer: entry["signature"]
+                                        for layer, entry in found.items()}
+    served = SERVED.findall(log.read_text())
+    assert len(served) == 3 and len({server for _, _, server in served}) == 1, served
+    for trace in (False, True):
+        (fresh_meta, fresh), (served_meta, served_arrays) = (
+            outputs[FreshProcesses, trace], outputs[forkserver.ServedChildren, trace])
+        assert sorted(fresh) == sorted(served_arrays) and any(key.isdigit() for key in fresh)
+        for key, value in fresh.items():
+            assert value.tobytes() == served_arrays[key].tobytes(), f"{name}: {key} differs"
+        assert fresh_meta["layers"] == served_meta["layers"]
+    assert signatures[FreshProcesses] == signatures[forkserver.ServedChildren]
+    # the kernel log's variables reached the served child's libraries
+    assert any(signature not in ("none", "eigen", "aten", "unknown")
+               for signature in signatures[forkserver.ServedChildren].values())
+
+
 def test_a_killed_job_takes_its_served_child_with_it(dataset, sockets, tmp_path):
     log = tmp_path / "job.log"
     code = ("import sys; from pathlib import Path; "
@@ -193,7 +246,7 @@ def test_an_idle_server_ends_and_the_next_job_starts_another(dataset, sockets, t
         time.sleep(0.2)
     assert not _alive(first)
     assert not [name for name in os.listdir(forkserver.socket_folder())
-                if name.endswith((".sock", ".log"))]  # a clean end leaves nothing
+                if name.endswith((".sock", ".log", ".idle"))]  # a clean end leaves nothing
     train("torch", "impl", 0, dataset, tmp_path / "second", log)
     second = int(SERVED.findall(log.read_text())[-1][2])
     assert second != first
@@ -216,13 +269,40 @@ def test_jobs_that_must_not_share_a_server_run_fresh(monkeypatch):
     assert not forkserver.served(cpu | {"backend": "tensorflow"})
 
 
-def test_a_change_of_environment_or_function_names_another_server():
+def test_a_change_of_environment_or_backend_names_another_server():
     device = {"accelerator": "cpu", "backend": "tensorflow", "threads": 1}
-    key = forkserver.server_key("m:f", device, {"A": "1"})
-    assert key == forkserver.server_key("m:f", device, {"A": "1"})
-    assert key != forkserver.server_key("m:f", device, {"A": "2"})
-    assert key != forkserver.server_key("m:g", device, {"A": "1"})
-    assert key != forkserver.server_key("m:f", device | {"backend": "torch"}, {"A": "1"})
+    key = forkserver.server_key(device, {"A": "1"})
+    assert key == forkserver.server_key(device, {"A": "1"})
+    assert key != forkserver.server_key(device, {"A": "2"})
+    assert key != forkserver.server_key(device | {"backend": "torch"}, {"A": "1"})
+
+
+def test_the_server_idle_longest_ends_when_too_many_listen(dataset, sockets, tmp_path,
+                                                           monkeypatch):
+    monkeypatch.setenv(forkserver.MAX, "1")
+    log = tmp_path / "runs.log"
+    train("torch", "impl", 0, dataset, tmp_path / "first", log, threads=1)
+    first = int(SERVED.findall(log.read_text())[-1][2])
+    train("torch", "impl", 0, dataset, tmp_path / "second", log, threads=2)
+    second = int(SERVED.findall(log.read_text())[-1][2])
+    assert second != first  # another device: another server
+    deadline = time.monotonic() + 30
+    while _alive(first) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(first)  # idle longer, while two listened
+    time.sleep(3)
+    assert _alive(second)  # alone now: it serves on until idle
+
+
+def test_a_job_function_the_server_cannot_import_fails_the_job_not_the_server(
+        dataset, sockets, tmp_path):
+    log = tmp_path / "runs.log"
+    train("torch", "impl", 0, dataset, tmp_path / "first", log)
+    server = int(SERVED.findall(log.read_text())[-1][2])
+    device = {"accelerator": "cpu", "backend": "torch", "threads": 1}
+    with open(log, "a") as handle, pytest.raises(BitdriftError, match="cannot import"):
+        forkserver.ServedChildren("bitdrift.no_such_module:f", device, "d", handle).run({})
+    assert _alive(server)
 
 
 def test_a_bad_or_vanished_client_never_ends_the_server(dataset, sockets, tmp_path):
@@ -239,8 +319,8 @@ def test_a_bad_or_vanished_client_never_ends_the_server(dataset, sockets, tmp_pa
     with socket.socket(socket.AF_UNIX) as client:
         client.connect(str(path))
         client.sendall(forkserver._HEADER.pack(2) + b"{}")
-    request = json.dumps({"job": {}, "cwd": str(tmp_path), "environment": {},
-                          "stdout": None}).encode()
+    request = json.dumps({"target": "bitdrift.studies.variance.runs:run_worker", "job": {},
+                          "cwd": str(tmp_path), "environment": {}, "stdout": None}).encode()
     with socket.socket(socket.AF_UNIX) as client, open(log) as handle:
         client.connect(str(path))
         socket.send_fds(client, [forkserver._HEADER.pack(len(request))], [handle.fileno()] * 2)

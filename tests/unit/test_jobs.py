@@ -24,3 +24,25 @@ def test_c_level_output_goes_to_the_log_and_the_error_line_to_both(tmp_path):
     assert text.rstrip().endswith("bitdrift: error: x.h5: not a record")
     assert result.stderr.strip() == "bitdrift: error: x.h5: not a record"  # nothing else
     assert "Traceback" not in text + result.stderr
+
+
+TIMED = """
+import sys, time
+from bitdrift.jobs import framework_imported, workflow_job
+with workflow_job(sys.argv[1]):
+    time.sleep(1.0)  # stands for a framework's import: start-up
+    framework_imported()
+    time.sleep(0.1)  # the work
+    framework_imported()  # a later import (an exporter's runtime) is work
+    time.sleep(0.1)
+"""
+
+
+def test_a_job_that_ends_well_logs_its_work_after_the_framework_import(tmp_path):
+    log = tmp_path / "job.log"
+    subprocess.run([sys.executable, "-c", TIMED, str(log)], check=True)
+    lines = [line for line in log.read_text().splitlines() if line.startswith("bitdrift: job")]
+    assert len(lines) == 1
+    seconds = float(lines[0].split()[3])
+    # 0.2 s of work after the first mark; the second second of sleep before it is not work
+    assert 0.2 <= seconds < 1.0, lines

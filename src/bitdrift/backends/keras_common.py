@@ -8,6 +8,8 @@ import sys
 
 import numpy as np
 
+from bitdrift.jobs import framework_imported
+
 
 def import_keras(backend: str):
     """Import Keras with ``backend``; refuse if Keras was already loaded with another."""
@@ -16,6 +18,7 @@ def import_keras(backend: str):
         if keras.backend.backend() != backend:
             raise RuntimeError(f"Keras already loaded with backend {keras.backend.backend()!r}, "
                                f"cannot switch to {backend!r} in this process")
+        framework_imported()
         return keras
     os.environ["KERAS_BACKEND"] = backend
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,6 +32,7 @@ def import_keras(backend: str):
 
         if "tensorflow" not in sys.modules:
             module_utils.tensorflow._available = False
+    framework_imported()
     return keras
 
 

@@ -184,8 +184,8 @@ def run_device(*, model_name: str, device_name: str, device: dict, model_path, d
                tokens: int, out, reference=None, export=None, log=sys.stderr) -> None:
     """Run the study on one device in a process of its own and write ``out`` (JSON)."""
     from bitdrift.datasets import count_test_images, test_image_shape
+    from bitdrift.forkserver import repeat_workers
     from bitdrift.inference import check_before_repeats, terminate_cleanly
-    from bitdrift.prefork import worker_processes
 
     check_before_repeats(model_path, dataset_path, inputs, out)
     n_test = count_test_images(dataset_path)
@@ -204,7 +204,7 @@ def run_device(*, model_name: str, device_name: str, device: dict, model_path, d
            "positions": list(positions), "neighbour_sets": neighbour_sets,
            "padded_length": padded_length, "prompts": [list(p) for p in prompts],
            "tokens": tokens}
-    with terminate_cleanly(), work_folder(out) as tmp, worker_processes(
+    with terminate_cleanly(), work_folder(out) as tmp, repeat_workers(
             WORKER, device, f"device {device_name!r}", log) as workers:
         job["out"] = str(Path(tmp) / "result.json")
         print(f"bitdrift: {model_name} on {device_name}: batch settings", file=log, flush=True)

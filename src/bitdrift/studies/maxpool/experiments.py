@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from bitdrift.datasets import read_dataset
 from bitdrift.errors import StudyError
+from bitdrift.jobs import framework_imported
 from bitdrift.progress import progress
 from bitdrift.studies.maxpool.jacobians import (
     MINIMAL,
@@ -52,6 +53,7 @@ def configure(accelerator: str, deterministic: bool) -> torch.device:
     make D(P, P~) 0; off, GPU kernels give tau^1 > 0."""
     from bitdrift.backends import torch as torch_runtime
 
+    framework_imported()  # torch (this module's import): the job's work starts here
     device = select_device(accelerator)
     torch_runtime.configure_determinism(deterministic)
     return device
