@@ -4,14 +4,14 @@
 
 Reads what a run leaves: every job's wall seconds (Snakemake's ``benchmark:`` files under
 ``results/benchmarks/RULE/``) and, in the jobs' logs (``logs/RULE/``), the seconds of work:
-- a rule whose jobs run workers (inference repeats, training runs): each worker's
-  ``bitdrift: work ... s`` (load, compute, write; bitdrift.prefork), summed. The job's
-  own reading and writing around its workers counts as start-up here;
-- any other rule: the job's ``bitdrift: job work ... s`` (bitdrift.jobs), from the end of
-  its framework's import (Keras, torch), or from the script's call if it loads none.
+- every job's own, ``bitdrift: job work ... s`` (bitdrift.jobs): from the end of its
+  framework's import (Keras, torch), or from the script's call if it loads none, to its
+  end, less the time it waited on worker processes;
+- every worker's (inference repeats, training runs), ``bitdrift: work ... s`` (load,
+  compute, write; bitdrift.prefork).
 Start-up is the job-seconds less that work: interpreters, Snakemake's script preamble,
-framework imports, exits. A rule whose logs have neither line (a run of an older
-bitdrift) is not split, and the share is then a range.
+framework imports, starting workers and fork servers, exits. A rule whose logs have
+neither line (a run of an older bitdrift) is not split, and the share is then a range.
 """
 
 from __future__ import annotations
@@ -37,16 +37,14 @@ def job_seconds(root: Path) -> dict[str, list[float]]:
 
 
 def work_seconds(root: Path) -> dict[str, float]:
-    """Each rule's work: its workers' if it has any, else its jobs' own."""
-    workers, jobs = collections.Counter(), collections.Counter()
+    """Each rule's work: its jobs' own and their workers'."""
+    work = collections.Counter()
     for path in (root / "logs").rglob("*.log"):
         text = path.read_text(errors="replace")
-        rule = path.relative_to(root / "logs").parts[0]
-        for pattern, found in ((WORKER_WORK, workers), (JOB_WORK, jobs)):
-            seconds = pattern.findall(text)
-            if seconds:
-                found[rule] += sum(map(float, seconds))
-    return {**jobs, **workers}
+        seconds = WORKER_WORK.findall(text) + JOB_WORK.findall(text)
+        if seconds:
+            work[path.relative_to(root / "logs").parts[0]] += sum(map(float, seconds))
+    return work
 
 
 def main() -> None:

@@ -53,6 +53,7 @@ import bitdrift
 from bitdrift import backends
 from bitdrift.emulation import python_command
 from bitdrift.errors import BitdriftError
+from bitdrift.jobs import waiting_on_workers
 from bitdrift.prefork import (
     _LIBC,
     FreshProcesses,
@@ -142,6 +143,10 @@ class ServedChildren:
                                 f"folder, or {FRESH}=1")
 
     def run(self, job: dict, stdout=None, environment: dict | None = None) -> int:
+        with waiting_on_workers():
+            return self._run(job, stdout, environment)
+
+    def _run(self, job: dict, stdout, environment: dict | None) -> int:
         request = json.dumps({"target": self.target, "job": job, "cwd": os.getcwd(),
                               "environment": environment or {},
                               "stdout": stdout.name if stdout is not None else None}).encode()
@@ -314,17 +319,18 @@ def server_main(backend: str, path: str) -> None:
     functions = {}  # target -> the job function, imported once
     idle_seconds = float(os.environ.get(IDLE, IDLE_SECONDS))
     max_servers = int(os.environ.get(MAX, MAX_SERVERS))
-    idle_mark = Path(path).with_suffix(".idle")  # its time: when this server fell idle
-    idle_mark.write_text(str(os.getpid()))
+    # "PID idle" or "PID busy", while the server lives; an idle one's time is when it fell
+    # idle (servers count one another by these, not by sockets a killed one left)
+    state = Path(path).with_suffix(".state")
+    state.write_text(f"{os.getpid()} idle")
     idle_since = time.monotonic()
     troubled = False  # a bad request or a lost job: the log is kept at the end
     while True:
         for key, _ in selector.select(timeout=1.0):
             if key.data is None:
                 troubled |= not _start_child(listener, selector, children, functions)
-                if children:
-                    with contextlib.suppress(FileNotFoundError):
-                        idle_mark.unlink()
+                if len(children) == 1:
+                    state.write_text(f"{os.getpid()} busy")
                 continue
             kind, pid = key.data
             if pid not in children:
@@ -346,33 +352,35 @@ def server_main(backend: str, path: str) -> None:
             del children[pid]
             idle_since = time.monotonic()
             if not children:
-                idle_mark.write_text(str(os.getpid()))
+                state.write_text(f"{os.getpid()} idle")
         if not children and (time.monotonic() - idle_since > idle_seconds
-                             or _crowded(idle_mark, max_servers)):
+                             or _crowded(state, max_servers)):
             # Unlisted first, so that no job connects to a server that is ending.
-            with contextlib.suppress(OSError):
-                idle_mark.unlink()
             with contextlib.suppress(OSError):
                 if os.stat(path).st_ino == inode:
                     os.unlink(path)
+                    # a job that starts this key's server just now may start a second
+                    # one: harmless (the last to listen takes the jobs)
+                    os.unlink(Path(path).with_suffix(".lock"))
                     if not troubled:  # a clean end leaves nothing behind
                         os.unlink(Path(path).with_suffix(".log"))
+            with contextlib.suppress(OSError):
+                state.unlink()
             listener.close()
             exit_now(0)
 
 
-def _crowded(idle_mark: Path, max_servers: int) -> bool:
-    """Whether more than ``max_servers`` listen and this idle server fell idle first."""
-    folder = idle_mark.parent
-    if len(list(folder.glob("*.sock"))) <= max_servers:
-        return False
-    marks = []
-    for mark in folder.glob("*.idle"):
+def _crowded(state: Path, max_servers: int) -> bool:
+    """Whether more than ``max_servers`` live and this idle server fell idle first."""
+    live, idle = 0, []
+    for other in state.parent.glob("*.state"):
         with contextlib.suppress(OSError, ValueError):
-            pid = int(mark.read_text())
-            if mark == idle_mark or _alive(pid):  # a killed server's mark is passed over
-                marks.append((mark.stat().st_mtime_ns, mark.name))
-    return bool(marks) and min(marks)[1] == idle_mark.name
+            pid, what = other.read_text().split()
+            if other == state or _alive(int(pid)):  # a killed server's state is passed over
+                live += 1
+                if what == "idle":
+                    idle.append((other.stat().st_mtime_ns, other.name))
+    return live > max_servers and bool(idle) and min(idle)[1] == state.name
 
 
 def _alive(pid: int) -> bool:

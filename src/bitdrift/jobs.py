@@ -7,11 +7,12 @@ lines of the frameworks (TensorFlow's C++ logging, oneDNN) land in the log rathe
 the terminal; a bitdrift error ends the job with its one line in the log and on the
 terminal Snakemake shows, and the error's exit status.
 
-A job that ends well writes how long its work took (``bitdrift: job work ... s``): from
-the end of its framework's import (:func:`framework_imported`, called where Keras or torch
-is loaded), or from the script's call when it loads none, to the end. What the job's
-wall time has beyond it is start-up: the interpreter, Snakemake's script preamble, the
-framework's import (benchmarks/first_run.py).
+A job that ends well writes how long its own work took (``bitdrift: job work ... s``):
+from the end of its framework's import (:func:`framework_imported`, called where Keras or
+torch is loaded), or from the script's call when it loads none, to the end, less the time
+it waited on worker processes (:func:`waiting_on_workers`; they log their own work). What
+the job's wall time has beyond the work is start-up: the interpreter, Snakemake's script
+preamble, framework imports, starting workers (benchmarks/first_run.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ from bitdrift.errors import BitdriftError
 
 JOB_WORK_LINE = "bitdrift: job work {seconds:.3f} s"  # benchmarks/first_run.py reads it
 _framework_ready: list[float] = []  # when this process's first framework import ended
+_waited = [0.0]  # seconds this process has waited on its workers
+
+
+@contextlib.contextmanager
+def waiting_on_workers():
+    """Around a wait for a worker process's job: not this process's work."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        _waited[0] += time.perf_counter() - started
 
 
 def framework_imported() -> None:
@@ -45,11 +57,10 @@ def workflow_job(log_path, on_failure=None):
     log = open(log_path, "w", buffering=1)
     os.dup2(log.fileno(), 2)
     sys.stderr = log
-    called = time.perf_counter()
+    called, waited = time.perf_counter(), _waited[0]
     try:
         yield log
-        started = max([called, *_framework_ready])
-        print(JOB_WORK_LINE.format(seconds=time.perf_counter() - started), file=log)
+        _log_work(log, called, waited)
     except Exception as error:  # noqa: BLE001 - a device's failure is recorded, never lost
         if on_failure is None and not isinstance(error, BitdriftError):
             raise
@@ -70,7 +81,9 @@ def workflow_job(log_path, on_failure=None):
     except SystemExit as done:
         # A command-line call (cli.main) returned its status and wrote its one line to
         # the log: the terminal gets that line too.
-        if done.code not in (0, None):
+        if done.code in (0, None):
+            _log_work(log, called, waited)
+        else:
             log.flush()
             with open(log_path, errors="replace") as written:
                 lines = [line.rstrip("\n") for line in written
@@ -80,3 +93,9 @@ def workflow_job(log_path, on_failure=None):
         raise
     finally:
         terminal.flush()
+
+
+def _log_work(log, called: float, waited: float) -> None:
+    started = max([called, *_framework_ready])
+    work = time.perf_counter() - started - (_waited[0] - waited)
+    print(JOB_WORK_LINE.format(seconds=max(work, 0.0)), file=log)

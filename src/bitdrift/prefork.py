@@ -31,6 +31,7 @@ from pathlib import Path
 from bitdrift import backends
 from bitdrift.emulation import python_command
 from bitdrift.errors import AcceleratorMissing, BitdriftError
+from bitdrift.jobs import waiting_on_workers
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -128,11 +129,12 @@ class FreshProcesses:
         from bitdrift.devices import device_environment
 
         device = {**self.device, "env": {**self.device.get("env", {}), **(environment or {})}}
-        completed = subprocess.run([*python_command(self.device), "-m",
-                                    self.module, json.dumps(job)],
-                                   env=device_environment(device),
-                                   stdout=self.log if stdout is None else stdout,
-                                   stderr=self.log, preexec_fn=dies_with_this_process())
+        with waiting_on_workers():
+            completed = subprocess.run([*python_command(self.device), "-m",
+                                        self.module, json.dumps(job)],
+                                       env=device_environment(device),
+                                       stdout=self.log if stdout is None else stdout,
+                                       stderr=self.log, preexec_fn=dies_with_this_process())
         _accelerator_missing(completed.returncode, self.device, self.what, job)
         return completed.returncode
 
@@ -161,9 +163,10 @@ class ForkedChildren:
         request = {"job": job, "stdout": stdout.name if stdout is not None else None,
                    "environment": environment or {}}
         try:
-            self.parent.stdin.write(json.dumps(request) + "\n")
-            self.parent.stdin.flush()
-            answer = self.parent.stdout.readline()
+            with waiting_on_workers():
+                self.parent.stdin.write(json.dumps(request) + "\n")
+                self.parent.stdin.flush()
+                answer = self.parent.stdout.readline()
         except BrokenPipeError:
             answer = ""
         if not answer:

@@ -1,6 +1,11 @@
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
+    from bitdrift import backends
+
+    # A job of one Keras backend: Keras without the optional modules it would load and
+    # this job never uses (bitdrift.backends.keras_common.preimport), seconds less start-up
+    backends.get("tensorflow").preimport()
     from bitdrift.export import export_model
 
     export_model(snakemake.input.model, snakemake.wildcards.format, snakemake.output[0])

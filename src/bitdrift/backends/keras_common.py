@@ -48,7 +48,8 @@ def preimport(backend: str) -> None:
     """What a worker process of ``backend`` imports before its job (bitdrift.prefork):
     Keras on the backend, with the optional modules it does not use marked absent
     (``sys.modules[name] = None`` makes ``import name`` raise ImportError). Only worker
-    processes call this: a process that later wants matplotlib must not."""
+    processes and the workflow's jobs of one backend (training, export) call this: a
+    process that later wants matplotlib must not."""
     for name in OPTIONAL_MODULES:
         if name != backend and name not in sys.modules:
             sys.modules[name] = None
