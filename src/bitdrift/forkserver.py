@@ -51,6 +51,7 @@ from pathlib import Path
 
 import bitdrift
 from bitdrift import backends
+from bitdrift.atomic import process_alive
 from bitdrift.emulation import python_command
 from bitdrift.errors import BitdriftError
 from bitdrift.jobs import waiting_on_workers
@@ -376,21 +377,11 @@ def _crowded(state: Path, max_servers: int) -> bool:
     for other in state.parent.glob("*.state"):
         with contextlib.suppress(OSError, ValueError):
             pid, what = other.read_text().split()
-            if other == state or _alive(int(pid)):  # a killed server's state is passed over
+            if other == state or process_alive(int(pid)):  # a killed server's state is passed over
                 live += 1
                 if what == "idle":
                     idle.append((other.stat().st_mtime_ns, other.name))
     return live > max_servers and bool(idle) and min(idle)[1] == state.name
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _start_child(listener, selector, children: dict, functions: dict) -> bool:
