@@ -1,5 +1,6 @@
 """Helpers shared by the tests: files in the real formats, and running the workflow."""
 
+import contextlib
 import csv
 import json
 import os
@@ -121,3 +122,16 @@ def export_small_model(model: Path, dataset: Path, folder: Path) -> Path:
     subprocess.run([sys.executable, "-c", code, str(model), str(dataset), str(folder)],
                    check=True, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
     return folder / "reference.npz"
+
+
+def fork_servers_in(folder) -> list[int]:
+    """The pids of the fork servers (bitdrift.forkserver) listening in ``folder``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                command = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+                if b"bitdrift.forkserver" in command and any(
+                        part.startswith(str(folder).encode()) for part in command):
+                    found.append(int(entry))
+    return found

@@ -51,7 +51,6 @@ from pathlib import Path
 
 import bitdrift
 from bitdrift import backends
-from bitdrift.atomic import process_alive
 from bitdrift.emulation import python_command
 from bitdrift.errors import BitdriftError
 from bitdrift.jobs import waiting_on_workers
@@ -69,6 +68,8 @@ IDLE_SECONDS = 60.0  # a server without jobs this long ends (the next job starts
 IDLE = "BITDRIFT_FORKSERVER_IDLE"  # seconds, to replace IDLE_SECONDS (tests)
 MAX_SERVERS = 4  # listening at once: more, and the one idle longest ends
 MAX = "BITDRIFT_FORKSERVER_MAX"  # to replace MAX_SERVERS
+CROWDED_GRACE_SECONDS = 5.0  # idle at least this long before the cap ends a server (a
+# job's next repeat or run comes within it)
 START_SECONDS = 300.0  # how long a job waits for a server's import (TensorFlow under load)
 FRESH = "BITDRIFT_FRESH_WORKERS"  # set (to 1): every job in its own fresh process
 _HEADER = struct.Struct("!I")  # the length of a request's JSON, sent with its descriptors
@@ -114,7 +115,8 @@ def _source_state() -> list:
 def server_key(device: dict, environment: dict) -> str:
     """The digest that names the server of ``device`` with ``environment``."""
     state = {"python": python_command(device), "backend": device["backend"],
-             "environment": sorted(environment.items()), "source": _source_state()}
+             "environment": sorted(environment.items()), "source": _source_state(),
+             "cpus": sorted(os.sched_getaffinity(0))}  # a child inherits the server's
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -192,12 +194,12 @@ class ServedChildren:
                             + f"; see {self.path.with_suffix('.log')}")
 
     def _connect(self) -> socket.socket:
-        """A connection to the server, started first (one job at a time) if there is none."""
+        """A connection to the server, started first (one job at a time) if there is none
+        (a server ends only while no job holds its lock: the one started here listens)."""
         connection = _try_connect(self.path)
         if connection is not None:
             return connection
-        with open(self.path.with_suffix(".lock"), "w") as lock:  # one start per server
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _locked(self.path.with_suffix(".lock")):  # one start per server
             connection = _try_connect(self.path)
             if connection is not None:
                 return connection
@@ -228,6 +230,23 @@ class ServedChildren:
 
     def close(self, failed: bool = False) -> None:
         pass  # the server serves the device's next job; it ends when idle
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """The key's lock, held: one job starts its server, and a server ends only while no
+    job starts one. A lock file removed by an ending server while this job waited for it
+    is not the key's lock any more: open the new one."""
+    while True:
+        with open(path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current = os.fstat(lock.fileno()).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                yield
+                return
 
 
 def _read(path: Path) -> str:
@@ -285,7 +304,10 @@ def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
             if not chunk:
                 raise OSError("a request cut short")
             body += chunk
-        return json.loads(body), descriptors
+        request = json.loads(body)
+        if not isinstance(request, dict) or not isinstance(request.get("target"), str):
+            raise ValueError("a request that is not an object with a target")
+        return request, descriptors
     except BaseException:
         for descriptor in descriptors:
             os.close(descriptor)
@@ -297,9 +319,11 @@ def server_main(backend: str, path: str) -> None:
     or when too many servers listen."""
     try:
         backends.get(backend).preimport()
-    except BitdriftError as error:
+        idle_seconds = float(os.environ.get(IDLE, IDLE_SECONDS))
+        max_servers = int(os.environ.get(MAX, MAX_SERVERS))
+    except (BitdriftError, ValueError) as error:
         print(f"bitdrift: error: {error}", file=sys.stderr, flush=True)
-        exit_now(error.exit_code)
+        exit_now(getattr(error, "exit_code", 2))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     staging = f"{path}.{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
@@ -318,12 +342,10 @@ def server_main(backend: str, path: str) -> None:
     selector.register(listener, selectors.EVENT_READ, None)
     children = {}  # pid -> (connection, pidfd)
     functions = {}  # target -> the job function, imported once
-    idle_seconds = float(os.environ.get(IDLE, IDLE_SECONDS))
-    max_servers = int(os.environ.get(MAX, MAX_SERVERS))
-    # "PID idle" or "PID busy", while the server lives; an idle one's time is when it fell
-    # idle (servers count one another by these, not by sockets a killed one left)
-    state = Path(path).with_suffix(".state")
-    state.write_text(f"{os.getpid()} idle")
+    # KEY.PID.state, "idle" or "busy" while the server lives; an idle one's time is when it
+    # fell idle (servers count one another by these, not by sockets a killed one left)
+    state = Path(path).with_suffix(f".{os.getpid()}.state")
+    _write_state(state, "idle")
     idle_since = time.monotonic()
     troubled = False  # a bad request or a lost job: the log is kept at the end
     while True:
@@ -331,7 +353,7 @@ def server_main(backend: str, path: str) -> None:
             if key.data is None:
                 troubled |= not _start_child(listener, selector, children, functions)
                 if len(children) == 1:
-                    state.write_text(f"{os.getpid()} busy")
+                    _write_state(state, "busy")
                 continue
             kind, pid = key.data
             if pid not in children:
@@ -353,15 +375,22 @@ def server_main(backend: str, path: str) -> None:
             del children[pid]
             idle_since = time.monotonic()
             if not children:
-                state.write_text(f"{os.getpid()} idle")
-        if not children and (time.monotonic() - idle_since > idle_seconds
-                             or _crowded(state, max_servers)):
-            # Unlisted first, so that no job connects to a server that is ending.
+                _write_state(state, "idle")
+        idle = time.monotonic() - idle_since
+        if children or not (idle > idle_seconds or (
+                idle > CROWDED_GRACE_SECONDS and _crowded(state, max_servers))):
+            continue
+        with open(Path(path).with_suffix(".lock"), "a") as lock:
+            try:  # a job that holds the lock is starting a server of this key, or
+                # about to connect: this one serves on
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            # Unlisted first, so that no job connects to a server that is ending; the
+            # lock goes too (a job that waited for it opens the new one: _locked)
             with contextlib.suppress(OSError):
                 if os.stat(path).st_ino == inode:
                     os.unlink(path)
-                    # a job that starts this key's server just now may start a second
-                    # one: harmless (the last to listen takes the jobs)
                     os.unlink(Path(path).with_suffix(".lock"))
                     if not troubled:  # a clean end leaves nothing behind
                         os.unlink(Path(path).with_suffix(".log"))
@@ -371,17 +400,38 @@ def server_main(backend: str, path: str) -> None:
             exit_now(0)
 
 
+def _write_state(state: Path, what: str) -> None:
+    """Whole or not at all (a reader never sees half), and never the end of the server:
+    a folder gone (its user logged out) only stops the count."""
+    staging = state.with_suffix(".staging")
+    with contextlib.suppress(OSError):
+        staging.write_text(what)
+        os.rename(staging, state)
+
+
 def _crowded(state: Path, max_servers: int) -> bool:
-    """Whether more than ``max_servers`` live and this idle server fell idle first."""
+    """Whether more than ``max_servers`` fork servers live and this idle one fell idle
+    first."""
     live, idle = 0, []
     for other in state.parent.glob("*.state"):
         with contextlib.suppress(OSError, ValueError):
-            pid, what = other.read_text().split()
-            if other == state or process_alive(int(pid)):  # a killed server's state is passed over
+            pid = int(other.name.split(".")[-2])
+            if other == state or _server_alive(pid):  # a killed server's state is passed over
                 live += 1
-                if what == "idle":
+                if other.read_text() == "idle":
                     idle.append((other.stat().st_mtime_ns, other.name))
     return live > max_servers and bool(idle) and min(idle)[1] == state.name
+
+
+def _server_alive(pid: int) -> bool:
+    """Whether ``pid`` is a fork server that runs (not a zombie, not a reused pid)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            running = stat_file.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+        with open(f"/proc/{pid}/cmdline", "rb") as command:
+            return running and b"bitdrift.forkserver" in command.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def _start_child(listener, selector, children: dict, functions: dict) -> bool:
@@ -398,7 +448,13 @@ def _start_child(listener, selector, children: dict, functions: dict) -> bool:
     try:
         target = request["target"]
         if target not in functions:
+            # the server's children inherit what this import loads (bitdrift's modules,
+            # h5py): test_forkserver.py holds a repeat served after a training run to a
+            # fresh process's, bit for bit
             functions[target] = job_function(target)
+            print(f"bitdrift: fork server: imported {target} "
+                  f"({len(os.listdir('/proc/self/task'))} thread(s) now)",
+                  file=sys.stderr, flush=True)
         function = functions[target]
     except Exception as error:  # noqa: BLE001 - the job is told; the server goes on
         said = f"cannot import {request.get('target')!r}: {type(error).__name__}: {error}"

@@ -25,7 +25,8 @@ import time
 from bitdrift.errors import BitdriftError
 
 JOB_WORK_LINE = "bitdrift: job work {seconds:.3f} s"  # benchmarks/first_run.py reads it
-_framework_ready: list[float] = []  # when this process's first framework import ended
+_framework_ready: list[tuple[float, float]] = []  # when the first framework import ended,
+# and the seconds waited on workers by then
 _waited = [0.0]  # seconds this process has waited on its workers
 
 
@@ -43,7 +44,7 @@ def framework_imported() -> None:
     """Mark the end of the process's framework import (the first one counts: a job's later
     imports, an exporter's runtime say, are its work)."""
     if not _framework_ready:
-        _framework_ready.append(time.perf_counter())
+        _framework_ready.append((time.perf_counter(), _waited[0]))
 
 
 @contextlib.contextmanager
@@ -76,6 +77,7 @@ def workflow_job(log_path, on_failure=None):
             print(message, file=terminal)
             raise SystemExit(error.exit_code) from None
         line = on_failure(reason)
+        _log_work(log, called, waited)  # the failure record is the job's result
         print(line, file=log)
         print(line, file=terminal)
     except SystemExit as done:
@@ -96,6 +98,10 @@ def workflow_job(log_path, on_failure=None):
 
 
 def _log_work(log, called: float, waited: float) -> None:
-    started = max([called, *_framework_ready])
-    work = time.perf_counter() - started - (_waited[0] - waited)
+    """The job's own work: from its call, or from its framework's import if that came
+    later, to now, less what it waited on workers in that time."""
+    started = (called, waited)
+    if _framework_ready and _framework_ready[0][0] > called:
+        started = _framework_ready[0]
+    work = time.perf_counter() - started[0] - (_waited[0] - started[1])
     print(JOB_WORK_LINE.format(seconds=max(work, 0.0)), file=log)

@@ -37,7 +37,7 @@ from bitdrift.prefork import FreshProcesses
 from bitdrift.studies.variance.plans import ARMS
 from bitdrift.studies.variance.runs import train_run
 from tests.unit.test_prefork import WORKER, arrays, repeat_job
-from tests.utils import ROOT, small_model_assets
+from tests.utils import ROOT, fork_servers_in, small_model_assets
 
 SERVED = re.compile(r"in child (\d+) of fork server (\w+) \(pid (\d+)\)")
 
@@ -51,22 +51,10 @@ def sockets(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv(forkserver.FRESH, raising=False)
     yield folder
-    for pid in _servers_in(folder):
+    for pid in fork_servers_in(folder):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def _servers_in(folder):
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                command = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-                if b"bitdrift.forkserver" in command and any(
-                        part.startswith(folder.encode()) for part in command):
-                    found.append(int(entry))
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -278,19 +266,19 @@ def test_a_change_of_environment_or_backend_names_another_server():
 
 def test_the_server_idle_longest_ends_when_too_many_listen(dataset, sockets, tmp_path,
                                                            monkeypatch):
-    monkeypatch.setenv(forkserver.MAX, "1")
+    monkeypatch.setenv(forkserver.MAX, "2")
     log = tmp_path / "runs.log"
-    train("torch", "impl", 0, dataset, tmp_path / "first", log, threads=1)
-    first = int(SERVED.findall(log.read_text())[-1][2])
-    train("torch", "impl", 0, dataset, tmp_path / "second", log, threads=2)
-    second = int(SERVED.findall(log.read_text())[-1][2])
-    assert second != first  # another device: another server
+    servers = []
+    for threads in (1, 2, 3):  # three devices, three servers; the third is one too many
+        train("torch", "impl", 0, dataset, tmp_path / str(threads), log, threads=threads)
+        servers.append(int(SERVED.findall(log.read_text())[-1][2]))
+    assert len(set(servers)) == 3
     deadline = time.monotonic() + 30
-    while _alive(first) and time.monotonic() < deadline:
+    while _alive(servers[0]) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _alive(first)  # idle longer, while two listened
-    time.sleep(3)
-    assert _alive(second)  # alone now: it serves on until idle
+    assert not _alive(servers[0])  # idle longest, while three listened
+    time.sleep(forkserver.CROWDED_GRACE_SECONDS + 2)
+    assert _alive(servers[1]) and _alive(servers[2])  # two listen: both serve on
 
 
 def test_a_job_function_the_server_cannot_import_fails_the_job_not_the_server(

@@ -46,3 +46,23 @@ def test_a_job_that_ends_well_logs_its_work_after_the_framework_import(tmp_path)
     seconds = float(lines[0].split()[3])
     # 0.2 s of work after the first mark; the second second of sleep before it is not work
     assert 0.2 <= seconds < 1.0, lines
+
+
+WAITED = """
+import sys, time
+from bitdrift.jobs import waiting_on_workers, workflow_job
+with workflow_job(sys.argv[1]):
+    time.sleep(0.1)
+    with waiting_on_workers():  # a worker's work, logged by the worker
+        time.sleep(1.0)
+    time.sleep(0.1)
+    sys.exit(0)  # as a command-line call ends
+"""
+
+
+def test_a_jobs_own_work_leaves_out_its_waits_on_workers(tmp_path):
+    log = tmp_path / "job.log"
+    subprocess.run([sys.executable, "-c", WAITED, str(log)], check=True)
+    lines = [line for line in log.read_text().splitlines() if line.startswith("bitdrift: job")]
+    assert len(lines) == 1
+    assert 0.2 <= float(lines[0].split()[3]) < 1.0, lines

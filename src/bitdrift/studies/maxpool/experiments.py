@@ -32,6 +32,8 @@ from bitdrift.studies.maxpool.jacobians import (
 )
 from bitdrift.studies.maxpool.networks import build_network
 
+framework_imported()  # torch is loaded: a job that imports this module starts its work here
+
 # Definition 7's comparisons: the sanity copy, the MaxPool Jacobians, ReLU'(0).
 COMPARISONS = {
     "copy": (NATIVE, NATIVE),
@@ -53,7 +55,6 @@ def configure(accelerator: str, deterministic: bool) -> torch.device:
     make D(P, P~) 0; off, GPU kernels give tau^1 > 0."""
     from bitdrift.backends import torch as torch_runtime
 
-    framework_imported()  # torch (this module's import): the job's work starts here
     device = select_device(accelerator)
     torch_runtime.configure_determinism(deterministic)
     return device
