@@ -60,6 +60,7 @@ from bitdrift.prefork import (
     _accelerator_missing,
     child_main,
     exit_now,
+    forkable,
     job_function,
     worker_processes,
 )
@@ -122,7 +123,7 @@ def server_key(device: dict, environment: dict) -> str:
 
 def served(device: dict) -> bool:
     """Whether ``device``'s jobs run in children of a shared server on this machine."""
-    return (backends.get(device["backend"]).PREFORK and not device.get("emulate")
+    return (forkable(device) and not device.get("emulate")
             and "SLURM_JOB_ID" not in os.environ and os.environ.get(FRESH, "") in ("", "0"))
 
 

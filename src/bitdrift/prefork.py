@@ -2,11 +2,12 @@
 
 Every inference repeat and training run starts from a process in which nothing has run
 yet (the reference study's protocol: autotuning, thread pools and CPU dispatch are decided
-per process). Most of such a process's life here is importing its framework. A runtime
-whose module says ``PREFORK = True`` instead gets one parent per device and job, started
-with the device's environment, that imports the framework and nothing else (no op runs,
-no thread pool of the framework starts, no accelerator is initialised) and forks a child
-per repeat: the child starts where a fresh process would be after its import.
+per process). Most of such a process's life here is importing its framework. A CPU
+device of a runtime whose module says ``PREFORK = True`` instead gets one parent per
+device and job, started with the device's environment, that imports the framework and
+nothing else (no op runs, no thread pool of the framework starts) and forks a child per
+repeat: the child starts where a fresh process would be after its import. Not on a GPU:
+there the import starts CUDA, which a forked child cannot use (:func:`forkable`).
 ``tests/unit/test_prefork.py`` compares a forked child's outputs with a fresh process's,
 bit for bit, for every default device of those runtimes.
 
@@ -192,14 +193,23 @@ class ForkedChildren:
             self.parent.wait()
 
 
+def forkable(device: dict) -> bool:
+    """Whether ``device``'s jobs may run in children forked after its framework's import:
+    a runtime that says PREFORK, on the CPU. On a GPU the import itself starts CUDA (Keras
+    on torch asks torch for its GPU), which a forked child cannot use ("Cannot
+    re-initialize CUDA in forked subprocess", measured on an NVIDIA H200): GPU and TPU
+    devices keep fresh processes."""
+    return backends.get(device["backend"]).PREFORK and device.get("accelerator") == "cpu"
+
+
 @contextlib.contextmanager
 def worker_processes(target: str, device: dict, what: str, log):
     """Where ``device``'s jobs run: ``target`` (``module:function``) in children of a
-    pre-imported parent when its runtime says PREFORK, else in fresh processes. Either
+    pre-imported parent when :func:`forkable`, else in fresh processes. Either
     way ``run(job, stdout=None, environment=None)`` returns the job's exit status and
     raises AcceleratorMissing (naming ``what``) for a worker that could not see its
     accelerator."""
-    kind = ForkedChildren if backends.get(device["backend"]).PREFORK else FreshProcesses
+    kind = ForkedChildren if forkable(device) else FreshProcesses
     workers = kind(target, device, what, log)
     try:
         yield workers

@@ -331,3 +331,21 @@ def test_a_socket_folder_that_is_not_private_is_refused(monkeypatch, tmp_path):
         forkserver.socket_folder()
     folder.chmod(0o700)
     assert forkserver.socket_folder() == folder
+
+
+def test_an_accelerator_device_is_never_forked(monkeypatch):
+    """On a GPU the framework's import starts CUDA, which a forked child cannot use
+    (measured on an H200): its repeats and runs are fresh processes, whatever its runtime."""
+    from bitdrift.prefork import forkable, worker_processes
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv(forkserver.FRESH, raising=False)
+    for backend in ("tensorflow", "torch"):
+        for accelerator in ("gpu", "tpu"):
+            device = {"accelerator": accelerator, "backend": backend, "threads": 1}
+            assert not forkable(device) and not forkserver.served(device)
+            with worker_processes("m:f", device, "d", sys.stderr) as workers:
+                assert isinstance(workers, FreshProcesses)
+            with forkserver.repeat_workers("m:f", device, "d", sys.stderr) as workers:
+                assert isinstance(workers, FreshProcesses)
+        assert forkable({"accelerator": "cpu", "backend": backend, "threads": 1})

@@ -8,8 +8,8 @@ Every module has:
 - ``NAME`` and ``environment(device) -> dict``: variables its process needs set before the
   framework is imported (e.g. ``KERAS_BACKEND``);
 - ``preimport()``: what a worker process imports before its job, and ``PREFORK``: whether
-  a device's repeats are children forked after that import (bitdrift.prefork) instead of
-  fresh processes;
+  a CPU device's repeats are children forked after that import (bitdrift.prefork) instead
+  of fresh processes (a GPU or TPU device's never are: ``prefork.forkable``);
 - ``import_keras()``: Keras on this backend (refusing a process already on another);
 - ``configure_threads(threads)``, ``configure_determinism(deterministic)``: the framework's
   own switches;
