@@ -78,5 +78,6 @@ def main() -> None:
     else:
         print(f"start-up share of all job-seconds: {startup / everything:.0%}")
 
+
 if __name__ == "__main__":
     main()

@@ -248,14 +248,13 @@ def work_folder(out: str | Path) -> Iterator[Path]:
     prefix = f".{out.name}{WORK_MARK}"
     for stale in out.parent.glob(f"{prefix}*"):
         pid = stale.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not process_alive(int(pid)):
+        if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-", dir=out.parent) as tmp:
         yield Path(tmp)
 
 
-def process_alive(pid: int) -> bool:
-    """Whether a process of that pid runs (another user's included)."""
+def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

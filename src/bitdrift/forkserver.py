@@ -337,7 +337,7 @@ def server_main(backend: str, path: str) -> None:
     # OMP threads, OpenBLAS's pool, which stops itself around a fork (pthread_atfork).
     # tests/unit/test_prefork.py and test_forkserver.py hold children to fresh processes.
     print(f"bitdrift: fork server {os.getpid()} listens on {path} "
-          f"({len(os.listdir('/proc/self/task'))} thread(s) after the import)",
+          f"({_threads()} thread(s) after the import)",
           file=sys.stderr, flush=True)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, None)
@@ -401,6 +401,12 @@ def server_main(backend: str, path: str) -> None:
             exit_now(0)
 
 
+def _threads() -> int:
+    """This process's threads (logged: forking more than one is safe only for pools that
+    stop themselves around a fork, as OpenBLAS's does)."""
+    return len(os.listdir("/proc/self/task"))
+
+
 def _write_state(state: Path, what: str) -> None:
     """Whole or not at all (a reader never sees half), and never the end of the server:
     a folder gone (its user logged out) only stops the count."""
@@ -454,7 +460,7 @@ def _start_child(listener, selector, children: dict, functions: dict) -> bool:
             # fresh process's, bit for bit
             functions[target] = job_function(target)
             print(f"bitdrift: fork server: imported {target} "
-                  f"({len(os.listdir('/proc/self/task'))} thread(s) now)",
+                  f"({_threads()} thread(s) now)",
                   file=sys.stderr, flush=True)
         function = functions[target]
     except Exception as error:  # noqa: BLE001 - the job is told; the server goes on
