@@ -10,7 +10,8 @@ gives a GPU device fresh processes, whose repeats agree bit for bit; a training 
 the fork server's selection equals a fresh one (arm ``control``: op determinism on); the
 whole inference job writes a record that names the GPU, with and without its traced
 repeat; a device whose GPU is hidden fails with AcceleratorMissing, never on the CPU.
-On an NVIDIA H200 (2026-11-26) everything held except the traced repeat (docs/benchmarks.md).
+On an NVIDIA H200 (2026-11-26) everything held except the traced repeat, whose log the
+parser could not read then (benchmarks/gpu_kernel_logs.py; docs/benchmarks.md).
 """
 
 import contextlib

@@ -13,10 +13,21 @@ Keras layer's call. Its stdout, captured at the file-descriptor level, is parsed
 - MKL verbose (``MKL_VERBOSE=1``; PyTorch's Linear/addmm on x86): ``MKL_VERBOSE SGEMM(...)
   time CNR:mode ... NThr:n``.
 - cuDNN (``CUDNN_LOGLEVEL_DBG=3``, ``CUDNN_LOGDEST_DBG=stdout``): a block per API call,
-  ``function cudnnX() called:`` then ``i!`` lines; the algorithm (``algo: ... val=NAME``)
-  or the engine (``CUDNN_ATTR_ENGINE_GLOBAL_INDEX``, ``engineId``) names the kernel.
-- cuBLASLt (``CUBLASLT_LOG_LEVEL=5``, to stdout): ``[cublasLt][...][Api][cublasLtMatmul]``
-  lines whose ``algo=[algoId=... tile=... splitK=...]`` names the kernel.
+  ``function cudnnX() called:`` then ``i!`` lines. A kernel ran where a legacy call names
+  its algorithm (``cudnnConvolutionForward``: ``algo: ... val=NAME``) or where the backend
+  API executes a plan (``cudnnBackendExecute``): its engine (``engine_id``) and the
+  engine's knobs (tile sizes and the like) name the kernel, and the internal call that
+  follows says whether TensorFlow-32 was allowed (``enable_tf32``; whether the engine used
+  it, bitdrift.effective_precision measures: on an NVIDIA H200 engine 28 computed a
+  float32 conv at 23 effective bits and engine 67 at 11, both allowed). The many blocks that
+  build and query plans (``cudnnBackendFinalize``, ``...GetAttribute``) name candidate
+  engines, not what ran. Read from real logs: cuDNN 9.19 under torch 2.11 on an NVIDIA
+  H100 (``tests/data/kernels``).
+- cuBLASLt (``CUBLASLT_LOG_LEVEL=5``, to stdout): the ``[Trace]`` line of a matmul call
+  (``cublasLtMatmul``, and ``cublasLtSSSMatmul`` and its kin, which cuBLAS's own GEMMs
+  call) has ``algo=[algoId=... tile=... stages=... numSplitsK=... reductionScheme=...]``;
+  each of these can change the order of the sums. The ``[Api]`` line of the same call
+  carries pointers only; heuristic queries choose nothing.
 
 The exported runtimes describe their compiled graph instead (each backend's ``describe``):
 ONNX Runtime its optimised model (fused, NCHWc and Gemm nodes), OpenVINO its runtime model
@@ -47,7 +58,11 @@ COMPUTE_CLASSES = ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D", "SeparableCo
                    "Conv2DTranspose", "Dense", "EinsumDense", "MultiHeadAttention")
 MKL_LINE = re.compile(r"MKL_VERBOSE\s+(?P<call>[A-Z0-9_]+)\((?P<args>[^)]*)\)\s+"
                       r"(?P<time>[0-9.]+)(?P<unit>[mun]?s)\s+(?P<rest>.*)")
-CUBLASLT_LINE = re.compile(r"\[cublasLt\].*\[(?P<api>cublasLt\w+)\](?P<rest>.*)")
+CUBLASLT_LINE = re.compile(r"\[cublasLt\]\[[^\]]*\]\[(?P<level>\w+)\]\[(?P<api>cublasLt\w+)\]"
+                           r"(?P<rest>.*)")
+CUBLASLT_MATMUL = re.compile(r"cublasLt[A-Z]*Matmul")  # cublasLtMatmul, cublasLtSSSMatmul, ...
+# TensorFlow-32 allowed: whether the engine used it, the effective-precision check measures
+CUDNN_TF32 = " tf32-allowed"
 
 
 @dataclass
@@ -163,36 +178,64 @@ def parse_mkl(line: str) -> KernelCall | None:
 
 
 def parse_cudnn_block(lines: list[str]) -> KernelCall | None:
-    """One cuDNN API-call block (``function cudnnX() called:`` and its ``i!`` lines)."""
+    """One cuDNN API-call block (``function cudnnX() called:`` and its ``i!`` lines): the
+    kernel it ran, or None for a call that runs none (descriptors, plans, queries)."""
     function = re.search(r"function (cudnn\w+)\(\)", lines[0])
     if not function:
         return None
     name = function.group(1)
     text = "\n".join(lines)
-    algo = re.search(r"algo: type=\w+; val=(\w+)", text)
-    engine = re.search(r"(?:CUDNN_ATTR_ENGINE_GLOBAL_INDEX|engineId|globalIndex)\b[^\n]*?"
-                       r"=(\d+)", text)
-    if algo:
-        implementation = f"cudnn {algo.group(1)}"
-    elif engine:
-        implementation = f"cudnn engine {engine.group(1)}"
-    else:
-        return None  # a set-up call (descriptors, handles): no kernel chosen
     dims = re.search(r"dimA: type=int; val=\[([\d,]+)\]", text)
-    return KernelCall(library="cudnn", primitive=name, implementation=implementation,
-                      shape=dims.group(1) if dims else "")
+    shape = dims.group(1) if dims else ""
+    if name == "cudnnBackendExecute":
+        engine = re.search(r"(?:engine_id|CUDNN_ATTR_ENGINE_GLOBAL_INDEX): type=\w+; val=(\d+)",
+                           text)
+        if not engine:
+            return None  # the call's return block: its status only
+        knobs = re.findall(r"CUDNN_KNOB_TYPE_(\w+): type=\w+; val=(-?\d+)", text)
+        operation = re.search(r"CUDNN_BACKEND_OPERATION_(\w+)_DESCRIPTOR", text)
+        implementation = " ".join([f"cudnn engine {engine.group(1)}",
+                                   *(f"{knob.lower()}={value}" for knob, value in knobs)])
+        return KernelCall(library="cudnn",
+                          primitive=operation.group(1).lower() if operation else name,
+                          implementation=implementation, shape=shape)
+    algo = re.search(r"algo: type=\w+; val=(\w+)", text)
+    if algo and not name.startswith("cudnnBackend"):
+        return KernelCall(library="cudnn", primitive=name,
+                          implementation=f"cudnn {algo.group(1)}", shape=shape)
+    return None
+
+
+def cudnn_allows_tf32(lines: list[str]) -> bool:
+    """Whether a block is cuDNN's internal execution call with TensorFlow-32 allowed
+    (float32 inputs rounded to 10 mantissa bits in the tensor cores)."""
+    return (bool(lines) and "function cudnnBackendExecuteInternal()" in lines[0]
+            and any(re.search(r"enable_tf32: type=bool; val=true", line) for line in lines))
 
 
 def parse_cublaslt(line: str) -> KernelCall | None:
+    """A cuBLASLt matmul's ``[Trace]`` line: the algorithm and its configuration."""
     match = CUBLASLT_LINE.search(line)
-    if not match or match["api"] != "cublasLtMatmul":
+    if (not match or match["level"] != "Trace"
+            or not CUBLASLT_MATMUL.fullmatch(match["api"])):
         return None
     algo = re.search(r"algo=\[([^\]]*)\]", match["rest"])
     settings = dict(item.split("=", 1) for item in (algo.group(1).split() if algo else [])
                     if "=" in item)
+    split_k = settings.get("numSplitsK", settings.get("splitK"))
+    compute = re.search(r"computeType=(\w+)", match["rest"])
+    # a fused epilogue (bias, activation) adds before the one rounding to the output
+    epilogue = re.search(r"epilogue=EPILOGUE_(\w+)", match["rest"])
     parts = [f"algo {settings['algoId']}" if "algoId" in settings else "",
-             settings.get("tile", ""),
-             f"splitK {settings['splitK']}" if "splitK" in settings else ""]
+             settings.get("tile", "").replace("MATMUL_TILE_", "tile "),
+             settings.get("stages", "").replace("MATMUL_STAGES_", "stages "),
+             f"splitK {split_k}" if split_k else "",
+             settings.get("reductionScheme", "").replace("REDUCTION_SCHEME_", "reduction ")
+             if split_k and split_k.lstrip("-").isdigit() and int(split_k) > 1 else "",
+             # float32 is the default; TF32 or lower compute types are named
+             compute.group(1).lower() if compute and compute.group(1) != "COMPUTE_32F" else "",
+             f"epilogue {epilogue.group(1).lower()}"
+             if epilogue and epilogue.group(1) != "DEFAULT" else ""]
     implementation = " ".join(["cublasLt", *[part for part in parts if part]])
     shape = re.search(r"Adesc=\[[^\]]*rows=(\d+) cols=(\d+)", match["rest"])
     return KernelCall(library="cublaslt", primitive="matmul", implementation=implementation,
@@ -205,6 +248,7 @@ def parse_trace(text: str) -> Trace:
     onednn = OneDNNParser()
     current: str | None = None
     cudnn_block: list[str] = []
+    last_cudnn: KernelCall | None = None
 
     def add(call: KernelCall | None) -> None:
         if call is None:
@@ -215,9 +259,17 @@ def parse_trace(text: str) -> Trace:
             trace.layers[current].append(call)
 
     def close_cudnn() -> None:
-        if cudnn_block:
-            add(parse_cudnn_block(cudnn_block))
-            cudnn_block.clear()
+        nonlocal last_cudnn
+        if not cudnn_block:
+            return
+        call = parse_cudnn_block(cudnn_block)
+        if call is not None:
+            add(call)
+        elif cudnn_allows_tf32(cudnn_block) and last_cudnn is not None:
+            # the internal call comes straight after the execution it belongs to
+            last_cudnn.implementation += CUDNN_TF32
+        last_cudnn = call
+        cudnn_block.clear()
 
     for line in text.splitlines():
         stripped = line.strip()
@@ -242,6 +294,9 @@ def parse_trace(text: str) -> Trace:
                 trace.header["mkl.version"] = stripped[len("MKL_VERBOSE "):]
             add(call)
         elif re.match(r"[IiWwEe]! CuDNN|I! CuDNN", stripped) or "function cudnn" in stripped:
+            version = re.search(r"CuDNN \(v(\d+)", stripped)
+            if version:
+                trace.header.setdefault("cudnn.version", version.group(1))
             cudnn_block.append(stripped)
         elif "[cublasLt]" in stripped:
             add(parse_cublaslt(stripped))

@@ -1,7 +1,9 @@
 """Kernel provenance: parsing the libraries' own logs (real oneDNN and MKL lines from this
-machine, oneDNN 2.x lines, and cuDNN/cuBLASLt samples written from NVIDIA's documented
-formats) and attributing them to layers."""
+machine, oneDNN 2.x lines, a real cuDNN 9 and cuBLASLt log from an NVIDIA H100, and a
+legacy cuDNN call written from NVIDIA's documented format) and attributing them to
+layers."""
 
+import lzma
 from pathlib import Path
 
 import pytest
@@ -74,21 +76,64 @@ def test_the_issues_v3_line_without_the_v1_marker():
         ("convolution", "brgconv:avx2", 0.13)
 
 
-def test_cudnn9_sample_names_the_algorithm_and_the_engine():
-    trace = parse_trace((DATA / "cudnn9.log").read_text())
+def test_cudnn_legacy_call_names_its_algorithm():
+    trace = parse_trace((DATA / "cudnn_legacy_api.log").read_text())
     (legacy,) = trace.layers["conv2d"]
     assert legacy.implementation == "cudnn CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM"
     assert legacy.shape == "1,3,32,32"
-    # The backend API: the descriptor finalisation chooses nothing; the execution's plan
-    # names its engine.
-    assert [c.implementation for c in trace.layers["conv2d_1"]] == ["cudnn engine 28"]
 
 
-def test_cublaslt_sample_names_algo_tile_and_split_k():
-    trace = parse_trace((DATA / "cublaslt.log").read_text())
-    (call,) = trace.layers["dense"]  # the heuristic query is not a kernel run
-    assert call.implementation == "cublasLt algo 6 MATMUL_TILE_128x64 splitK 4"
-    assert call.shape == "128x320"
+def test_a_real_h100_trace_names_each_layers_engine_and_matmul_algorithm():
+    """A traced repeat captured on an NVIDIA H100 (torch 2.11, cuDNN 9.19): a plain torch
+    conv, linear and matmul, then a small Keras CNN on torch with bitdrift's markers. The
+    expected kernels were read from the log by hand (awk over the ``cudnnBackendExecute``
+    blocks and the cuBLASLt ``[Trace]`` lines). Each conv layer's log holds thousands of
+    lines and candidate engines from building plans; only the executed plan counts."""
+    text = lzma.open(DATA / "h100_torch_traced.log.xz", "rt").read()
+    assert text.count("engine_id: type=int; val=") > 400  # the candidates are there
+    trace = parse_trace(text)
+    names = {layer: [call.implementation for call in calls]
+             for layer, calls in trace.layers.items()}
+    assert names["conv2d"] == ["cudnn engine 28 tile_size=4 use_tex=0 tf32-allowed"]
+    assert names["conv2d_1"] == ["cudnn engine 67 tile_size=9 tilek=0 idx_mode=0 "
+                                 "workspace=0 tile_cga_m=4 tile_cga_n=1 tf32-allowed"]
+    assert names["torch_conv2d"] == ["cudnn engine 70 tile_size=12 idx_mode=0 tf32-allowed"]
+    # Keras' Dense on torch: a cuBLAS SGEMM, which runs cuBLASLt's SSS matmul (one [Api]
+    # and one [Trace] line: one call), split over K
+    assert names["dense_1"] == ["cublasLt algo 20 tile 64x64 stages 8x5 splitK 33 "
+                                "reduction COMPUTE_TYPE"]
+    assert names["dense_3"][0].endswith("splitK 36 reduction COMPUTE_TYPE")
+    # torch's linear with a bias fuses the bias into the matmul's epilogue
+    assert names["torch_dense"] == ["cublasLt algo 11 splitK -1 epilogue bias"]
+    assert names["torch_matmul"] == ["cublasLt algo 11"]
+    assert [call.shape for call in trace.layers["dense_1"]] == ["128x320"]
+    assert trace.layers["conv2d"][0].primitive == "convolution_forward"
+    assert trace.layers["conv2d"][0].shape == "3,3,32,32"
+    for layer in ("activation", "pooling2d", "flatten_1", "activation_3"):
+        assert names[layer] == []
+    assert trace.outside == 0 and trace.raw == []
+    assert trace.header["cudnn.version"] == "91900"
+
+
+def test_tf32_is_named_only_when_the_execution_allowed_it():
+    def block(function, *lines):
+        return [f"I! CuDNN (v91900 56) function {function}() called:",
+                *(f"i!     {line}" for line in lines), ""]
+
+    def executed(tf32):
+        return [*block("cudnnBackendExecute", "operation: type="
+                       "CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR:",
+                       "engine_id: type=int; val=5;"),
+                *block("cudnnBackendExecuteInternal",
+                       f"enable_tf32: type=bool; val={tf32};", "engine_id: type=int; val=5;"),
+                *block("cudnnBackendExecute",
+                       "status: type=cudnnStatus_t; val=CUDNN_STATUS_SUCCESS (0);")]
+
+    text = "\n".join(["bitdrift-layer,begin,a", *executed("false"), "bitdrift-layer,end,a",
+                      "bitdrift-layer,begin,b", *executed("true"), "bitdrift-layer,end,b"])
+    trace = parse_trace(text)
+    assert [c.implementation for c in trace.layers["a"]] == ["cudnn engine 5"]
+    assert [c.implementation for c in trace.layers["b"]] == ["cudnn engine 5 tf32-allowed"]
 
 
 def test_attribution_on_a_hand_built_two_layer_model():
