@@ -43,7 +43,8 @@ VARIANTS = {
     "cudnn8_names": {"CUDNN_LOGINFO_DBG": "1", "CUDNN_LOGDEST_DBG": "stdout",
                      "CUBLASLT_LOG_LEVEL": "5", "CUBLAS_LOGINFO_DBG": "1",
                      "CUBLAS_LOGDEST_DBG": "stdout"},
-    # every library to stderr (is it the stream, or nothing logged at all?)
+    # every library to stderr (is it the stream, or nothing logged at all?); the markers
+    # stay on stdout, so only its line counts say something, not its layers
     "stderr": {"CUDNN_LOGLEVEL_DBG": "3", "CUDNN_LOGDEST_DBG": "stderr",
                "CUBLASLT_LOG_LEVEL": "5", "CUBLASLT_LOG_FILE": "/dev/stderr",
                "CUBLAS_LOGINFO_DBG": "1", "CUBLAS_LOGDEST_DBG": "stderr"},
@@ -111,8 +112,12 @@ def main(assets: Path, out: Path) -> None:
     for name, end in runs:
         label = f"{name}.{end}"
         env = {**os.environ, **VARIANTS[name], "GPU_KERNEL_LOGS_END": end}
-        done = subprocess.run([sys.executable, __file__, "--child", str(assets)], env=env,
-                              capture_output=True, text=True, timeout=120)
+        try:
+            done = subprocess.run([sys.executable, __file__, "--child", str(assets)],
+                                  env=env, capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired as expired:
+            done = subprocess.CompletedProcess(expired.cmd, "timed out",
+                                               _text(expired.stdout), _text(expired.stderr))
         (out / f"{label}.stdout").write_text(done.stdout)
         (out / f"{label}.stderr").write_text(done.stderr)
         trace = parse_trace(done.stdout + "\n" + done.stderr)
@@ -132,6 +137,10 @@ def main(assets: Path, out: Path) -> None:
         result["infer"] = inference_job(assets, out)
         print("infer", json.dumps(result["infer"]), flush=True)
     (out / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def _text(output) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def inference_job(assets: Path, out: Path) -> dict:

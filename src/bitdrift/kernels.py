@@ -17,7 +17,7 @@ Keras layer's call. Its stdout, captured at the file-descriptor level, is parsed
   its algorithm (``cudnnConvolutionForward``: ``algo: ... val=NAME``) or where the backend
   API executes a plan (``cudnnBackendExecute``): its engine (``engine_id``) and the
   engine's knobs (tile sizes and the like) name the kernel, and the internal call that
-  follows says whether TensorFlow-32 was allowed (``enable_tf32``; whether the engine used
+  follows says whether TensorFloat-32 was allowed (``enable_tf32``; whether the engine used
   it, bitdrift.effective_precision measures: on an NVIDIA H200 engine 28 computed a
   float32 conv at 23 effective bits and engine 67 at 11, both allowed). The many blocks that
   build and query plans (``cudnnBackendFinalize``, ``...GetAttribute``) name candidate
@@ -61,8 +61,12 @@ MKL_LINE = re.compile(r"MKL_VERBOSE\s+(?P<call>[A-Z0-9_]+)\((?P<args>[^)]*)\)\s+
 CUBLASLT_LINE = re.compile(r"\[cublasLt\]\[[^\]]*\]\[(?P<level>\w+)\]\[(?P<api>cublasLt\w+)\]"
                            r"(?P<rest>.*)")
 CUBLASLT_MATMUL = re.compile(r"cublasLt[A-Z]*Matmul")  # cublasLtMatmul, cublasLtSSSMatmul, ...
-# TensorFlow-32 allowed: whether the engine used it, the effective-precision check measures
+# TensorFloat-32 allowed: whether the engine used it, the effective-precision check measures
 CUDNN_TF32 = " tf32-allowed"
+# The legacy API's calls that run a kernel with the algorithm they name
+CUDNN_LEGACY_EXECUTIONS = ("cudnnConvolutionForward", "cudnnConvolutionBackwardData",
+                           "cudnnConvolutionBackwardFilter",
+                           "cudnnConvolutionBiasActivationForward")
 
 
 @dataclass
@@ -200,14 +204,21 @@ def parse_cudnn_block(lines: list[str]) -> KernelCall | None:
                           primitive=operation.group(1).lower() if operation else name,
                           implementation=implementation, shape=shape)
     algo = re.search(r"algo: type=\w+; val=(\w+)", text)
-    if algo and not name.startswith("cudnnBackend"):
+    if algo and name in CUDNN_LEGACY_EXECUTIONS:
         return KernelCall(library="cudnn", primitive=name,
                           implementation=f"cudnn {algo.group(1)}", shape=shape)
-    return None
+    return None  # workspace sizes and algorithm searches name algorithms too; none ran
+
+
+def cudnn_execution_unread(lines: list[str]) -> bool:
+    """A backend execution whose plan names no engine this parser knows: kept raw."""
+    return ("function cudnnBackendExecute()" in lines[0]
+            and any("executionPlan" in line for line in lines)
+            and parse_cudnn_block(lines) is None)
 
 
 def cudnn_allows_tf32(lines: list[str]) -> bool:
-    """Whether a block is cuDNN's internal execution call with TensorFlow-32 allowed
+    """Whether a block is cuDNN's internal execution call with TensorFloat-32 allowed
     (float32 inputs rounded to 10 mantissa bits in the tensor cores)."""
     return (bool(lines) and "function cudnnBackendExecuteInternal()" in lines[0]
             and any(re.search(r"enable_tf32: type=bool; val=true", line) for line in lines))
@@ -242,6 +253,14 @@ def parse_cublaslt(line: str) -> KernelCall | None:
                       shape="x".join(shape.groups()) if shape else "")
 
 
+CUDNN_HEADER = re.compile(r"[IiWwEe]! CuDNN|.*function cudnn\w+\(\) called")
+
+
+def _starts_a_line_of_its_own(line: str) -> bool:
+    return (line.startswith((MARKER + ",", *ONEDNN_PREFIXES, "MKL_VERBOSE"))
+            or "[cublasLt]" in line or bool(CUDNN_HEADER.match(line)))
+
+
 def parse_trace(text: str) -> Trace:
     """Kernel calls per layer from a traced repeat's captured stdout."""
     trace = Trace()
@@ -268,12 +287,16 @@ def parse_trace(text: str) -> Trace:
         elif cudnn_allows_tf32(cudnn_block) and last_cudnn is not None:
             # the internal call comes straight after the execution it belongs to
             last_cudnn.implementation += CUDNN_TF32
+        elif cudnn_execution_unread(cudnn_block):
+            trace.raw.append(cudnn_block[0])
         last_cudnn = call
         cudnn_block.clear()
 
     for line in text.splitlines():
         stripped = line.strip()
-        if cudnn_block and stripped.startswith("i!"):
+        # a cuDNN block runs on to the next header, marker or other library's line (its
+        # lines are mostly "i!", but warnings and wrapped reasons come in between)
+        if cudnn_block and not _starts_a_line_of_its_own(stripped):
             cudnn_block.append(stripped)
             continue
         close_cudnn()
@@ -293,7 +316,7 @@ def parse_trace(text: str) -> Trace:
             elif call is None:
                 trace.header["mkl.version"] = stripped[len("MKL_VERBOSE "):]
             add(call)
-        elif re.match(r"[IiWwEe]! CuDNN|I! CuDNN", stripped) or "function cudnn" in stripped:
+        elif CUDNN_HEADER.match(stripped):
             version = re.search(r"CuDNN \(v(\d+)", stripped)
             if version:
                 trace.header.setdefault("cudnn.version", version.group(1))

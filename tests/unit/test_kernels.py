@@ -136,6 +136,32 @@ def test_tf32_is_named_only_when_the_execution_allowed_it():
     assert [c.implementation for c in trace.layers["b"]] == ["cudnn engine 5 tf32-allowed"]
 
 
+def test_cudnn_blocks_that_ran_nothing_or_cannot_be_read():
+    """A workspace query names an algorithm but runs nothing; a warning line inside an
+    execution's block does not cut it before its engine; an execution whose plan names no
+    engine the parser knows is kept raw, never dropped."""
+    text = "\n".join([
+        "bitdrift-layer,begin,a",
+        "I! CuDNN (v90100 17) function cudnnGetConvolutionForwardWorkspaceSize() called:",
+        "i!     algo: type=cudnnConvolutionFwdAlgo_t; val=CUDNN_CONVOLUTION_FWD_ALGO_FFT (4);",
+        "I! CuDNN (v90100 17) function cudnnBackendExecute() called:",
+        "i!     executionPlan: type=CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR:",
+        "w!         some warning the library wraps",
+        "   at: 0 == newResults",
+        "i!             engine_id: type=int; val=12;",
+        "bitdrift-layer,end,a",
+        "bitdrift-layer,begin,b",
+        "I! CuDNN (v99900 1) function cudnnBackendExecute() called:",
+        "i!     executionPlan: type=CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR:",
+        "i!             engineIndexFromTheFuture: type=int; val=3;",
+        "bitdrift-layer,end,b",
+    ])
+    trace = parse_trace(text)
+    assert [c.implementation for c in trace.layers["a"]] == ["cudnn engine 12"]
+    assert trace.layers["b"] == []
+    assert trace.raw == ["I! CuDNN (v99900 1) function cudnnBackendExecute() called:"]
+
+
 def test_attribution_on_a_hand_built_two_layer_model():
     """Calls between a layer's markers are that layer's; calls outside any layer (weights
     reordered at load) are counted, not given to a layer; a marker's end closes only its
