@@ -211,17 +211,17 @@ def parse_cudnn_block(lines: list[str]) -> KernelCall | None:
 
 
 def cudnn_execution_unread(lines: list[str]) -> bool:
-    """A backend execution whose plan names no engine this parser knows: kept raw."""
+    """Of a block that parse_cudnn_block found no kernel in: whether it is a backend
+    execution with a plan, whose engine this parser cannot name (kept raw)."""
     return ("function cudnnBackendExecute()" in lines[0]
-            and any("executionPlan" in line for line in lines)
-            and parse_cudnn_block(lines) is None)
+            and any("executionPlan" in line for line in lines))
 
 
 def cudnn_allows_tf32(lines: list[str]) -> bool:
     """Whether a block is cuDNN's internal execution call with TensorFloat-32 allowed
     (float32 inputs rounded to 10 mantissa bits in the tensor cores)."""
-    return (bool(lines) and "function cudnnBackendExecuteInternal()" in lines[0]
-            and any(re.search(r"enable_tf32: type=bool; val=true", line) for line in lines))
+    return ("function cudnnBackendExecuteInternal()" in lines[0]
+            and any("enable_tf32: type=bool; val=true" in line for line in lines))
 
 
 def parse_cublaslt(line: str) -> KernelCall | None:
@@ -317,9 +317,10 @@ def parse_trace(text: str) -> Trace:
                 trace.header["mkl.version"] = stripped[len("MKL_VERBOSE "):]
             add(call)
         elif CUDNN_HEADER.match(stripped):
-            version = re.search(r"CuDNN \(v(\d+)", stripped)
-            if version:
-                trace.header.setdefault("cudnn.version", version.group(1))
+            if "cudnn.version" not in trace.header:
+                version = re.search(r"CuDNN \(v(\d+)", stripped)
+                if version:
+                    trace.header["cudnn.version"] = version.group(1)
             cudnn_block.append(stripped)
         elif "[cublasLt]" in stripped:
             add(parse_cublaslt(stripped))
