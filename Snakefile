@@ -41,14 +41,14 @@ include: "rules/batching.smk"
 
 # A device that failed left a failure record and the others went on (bitdrift.failures):
 # the run names each one, removes its failure record so the next run retries it, and ends
-# non-zero.
+# non-zero. When no device ran, findings.md says so in place of an earlier run's answer.
 onsuccess:
-    if end_of_run(scheduled_record_files()):
+    if end_of_run(scheduled_record_files(), **answer_files()):
         sys.exit(1)
 
 
 onerror:
-    end_of_run(scheduled_record_files())
+    end_of_run(scheduled_record_files(), **answer_files())
 
 
 rule all:

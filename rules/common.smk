@@ -205,6 +205,17 @@ def scheduled_record_files():
     ]
 
 
+def answer_files():
+    """What the end of a run replaces when no device ran (bitdrift.failures.end_of_run):
+    findings.md, which then says so, and the earlier run's report and findings.rst; no
+    device ran when none of the records the findings are written from was made."""
+    return {
+        "findings": paths.findings_file("md"),
+        "stale": [paths.findings_file("rst"), paths.report_file()],
+        "analysed": record_files(),
+    }
+
+
 def findings_study_tables(wildcards):
     """The studies' summaries the findings quote (FINDINGS_TABLES, which the study rule
     files fill), where a study has run (`snakemake probes`, `snakemake batching`): a study

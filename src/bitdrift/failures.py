@@ -39,17 +39,53 @@ def failure_rows(paths) -> list[dict]:
     return rows
 
 
-def end_of_run(paths, stream=sys.stderr) -> list[dict]:
+def end_of_run(paths, stream=sys.stderr, findings=None, stale=(),
+               analysed=None) -> list[dict]:
     """At the end of a run (the workflow's onsuccess/onerror): name every failed device
     with its reason and log, and remove its failure record so that the next run retries
-    it (the reason stays in device_failures.csv, findings.md and the job's log)."""
+    it (the reason stays in device_failures.csv, findings.md and the job's log).
+
+    When no device of ``analysed`` (the records the findings are written from; default
+    ``paths``) ran because each one failed, no analysis could run, and an earlier run's
+    answer must not stay in place: ``findings`` (findings.md) is written anew to say so,
+    and the ``stale`` files (the report, findings.rst) are removed."""
     failed = [found for found in map(read_failure, paths) if found is not None]
+    analysed = paths if analysed is None else analysed
+    ran = [path for path in analysed if Path(path).exists() and read_failure(path) is None]
     if failed:
         print(f"bitdrift: {len(failed)} device(s) failed; the tables, figures and report "
               "hold the others:", file=stream)
         for found in failed:
             print(f"  {found['device']} (model {found['model']}): {found['reason']} "
                   f"[log: {found['log']}]", file=stream)
+        analysed_failed = [found for found in failed if found["path"] in set(map(str, analysed))]
+        if findings is not None and not ran and analysed_failed:
+            write_no_device_findings(analysed_failed, len(analysed), findings)
+            removed = [str(path) for path in stale if Path(path).exists()]
+            for path in removed:
+                Path(path).unlink()
+            print(f"bitdrift: no device ran, so there are no classes, tables or figures: "
+                  f"{findings} says so" + (f"; removed the earlier run's {', '.join(removed)}"
+                                           if removed else ""), file=stream)
+        for found in failed:
             Path(found["path"]).unlink(missing_ok=True)
         print("bitdrift: the next run tries the failed devices again", file=stream)
     return failed
+
+
+def write_no_device_findings(failed: list[dict], scheduled: int, out) -> None:
+    """findings.md of a run in which no device ran (``failed`` of the ``scheduled`` ones
+    failed, the others never started): that fact and each reason, in place of an earlier
+    run's findings, which a reader would take for this run's."""
+    from bitdrift.atomic import atomic_output
+
+    never = scheduled - len(failed)
+    lines = ["# Findings on this machine", "",
+             f"No device ran: {len(failed)} of the {scheduled} scheduled devices failed"
+             + (f" and {never} never started" if never else "") + ", so this run has no "
+             "equivalence classes, tables or figures, and no report. Mend the reasons below "
+             "and run again.", "", "## Devices that failed", ""]
+    lines += [f"- {found['device']} ({found['model']}): {found['reason']} "
+              f"(log: {found['log']})" for found in failed]
+    with atomic_output(out) as tmp:
+        Path(tmp).write_text("\n".join(lines) + "\n")

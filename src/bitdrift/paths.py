@@ -69,6 +69,11 @@ def findings_file(suffix: str = "md") -> str:
     return f"{RESULTS}/findings.{suffix}"
 
 
+def report_file() -> str:
+    """The HTML report (``snakemake --report``): every figure and table of the run."""
+    return f"{RESULTS}/report.html"
+
+
 def table_file(name: str) -> str:
     """A table of the results (CSV), by its name without extension."""
     return f"{TABLES}/{name}.csv"

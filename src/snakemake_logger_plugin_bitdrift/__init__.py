@@ -97,10 +97,13 @@ class LogHandler(LogHandlerBase):
             if total:
                 self.write(f"bitdrift: {total} jobs to run; one line per finished job "
                            "(Snakemake's full output: add --logger-bitdrift-full)")
-        elif event in (LogEvent.JOB_ERROR, LogEvent.GROUP_ERROR):
+        elif record.levelno >= logging.WARNING or event in (
+                LogEvent.ERROR, LogEvent.JOB_ERROR, LogEvent.GROUP_ERROR):
+            # Every warning and error in full, whatever its event: a lock left by a killed
+            # run, a failed report, a missing input or a config that does not parse is the
+            # reason the run stops, and the quiet view must say it
             self.write(self.snakemake_format.format(record))
-        elif event is None and (record.levelno >= logging.WARNING or str(
-                record.msg or "").startswith(KEPT_MESSAGES)):
+        elif event is None and str(record.msg or "").startswith(KEPT_MESSAGES):
             self.write(self.snakemake_format.format(record))
 
     @property

@@ -252,3 +252,35 @@ def test_one_failing_device_costs_nothing_else(own_run):
     assert "ort_gpu" in report.read_text(errors="replace")
     planned = jobs(snakemake(workdir, "all", "-n", configfile=config))
     assert planned.get("run_inference") == 1
+
+
+def test_a_run_where_every_device_fails_leaves_no_earlier_answer(own_run):
+    """The session run's answer is in place (findings.md, report.html); then a config whose
+    every device fails (GPU devices on a machine without one). The run names both failures
+    and exits non-zero; findings.md says that no device ran, with each reason, instead of
+    the earlier run's answer; the earlier report is gone; and `--report` under the quiet
+    logger fails with Snakemake's reason on the terminal, not in silence."""
+    workdir, config = own_run
+    findings, report = workdir / "results/findings.md", workdir / "results/report.html"
+    assert "Devices that ran" in findings.read_text() and report.exists()
+    settings = yaml.safe_load(config.read_text())
+    settings["devices"] = {f"ort_gpu_{threads}": {"accelerator": "gpu",
+                                                  "backend": "onnxruntime", "threads": threads}
+                           for threads in (1, 2)}
+    for study in ("maxpool", "training_variance"):  # their plans name the CPU devices
+        settings.pop(study)
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    result = snakemake(workdir, "all", configfile=config, check=False)
+    said = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "bitdrift: 2 device(s) failed" in said and "no device ran" in said
+    written = findings.read_text()
+    assert "Devices that ran" not in written
+    assert "No device ran: 2 of the 2 scheduled devices failed" in written
+    for device in settings["devices"]:
+        assert f"- {device} (small): device '{device}' asks for a GPU" in written
+    assert not report.exists() and not (workdir / "results/findings.rst").exists()
+    built = snakemake(workdir, "--report", str(report), "--logger", "bitdrift",
+                      configfile=config, check=False)
+    assert built.returncode != 0 and not report.exists()
+    assert "marked for report but does not exist" in built.stdout + built.stderr

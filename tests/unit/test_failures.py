@@ -92,3 +92,49 @@ def test_a_device_job_records_its_failure_but_never_an_interruption(tmp_path, ki
     assert f"device 'd' (model 'm') failed: {found['reason']}" in done.stderr
     if kind == "bug":
         assert "Traceback" in log.read_text()  # a bug keeps its traceback in the log
+
+
+def test_when_no_device_ran_the_findings_say_so_and_no_earlier_answer_stays(tmp_path, capsys):
+    """Every analysed device failed: findings.md is written anew with each reason, the
+    earlier run's report and findings.rst are removed, and the terminal says why."""
+    from bitdrift.record import write_failure
+
+    findings, rst, report = (tmp_path / name for name in ("findings.md", "findings.rst",
+                                                          "report.html"))
+    for old in (findings, rst, report):
+        old.write_text("- Devices that ran: 30; failed: 0.")
+    reasons = {"ov_gpu": "asks for a GPU but OpenVINO sees CPU", "ort_gpu": "exit 139"}
+    failed = []
+    for device, reason in reasons.items():
+        failed.append(tmp_path / f"{device}.h5")
+        write_failure(failed[-1], {**ATTRS, "device": device}, reason)
+    study = _record(tmp_path / "study.h5", "tf")  # a study's record is no analysed device
+    end_of_run([*failed, study], sys.stderr, findings=findings, stale=[rst, report],
+               analysed=failed)
+    said = capsys.readouterr().err
+    written = findings.read_text()
+    assert "Devices that ran: 30" not in written
+    assert "No device ran: 2 of the 2 scheduled devices failed" in written
+    for device, reason in reasons.items():
+        assert f"- {device} (m): {reason} (log: logs/x.log)" in written
+    assert not rst.exists() and not report.exists()
+    assert f"{findings} says so" in said and str(report) in said
+    assert not any(path.exists() for path in failed)
+
+
+def test_one_device_that_ran_keeps_the_findings_to_the_analysis(tmp_path, capsys):
+    """A device ran, or nothing failed: the findings and report are the analysis's to
+    write, and end_of_run leaves them as they are."""
+    from bitdrift.record import write_failure
+
+    findings, report = tmp_path / "findings.md", tmp_path / "report.html"
+    for old in (findings, report):
+        old.write_text("earlier")
+    good = _record(tmp_path / "good.h5", "tf")
+    failed = tmp_path / "failed.h5"
+    write_failure(failed, ATTRS, "exit 139")
+    end_of_run([good, failed], sys.stderr, findings=findings, stale=[report])
+    never_started = tmp_path / "never.h5"  # a step before the device failed: no record
+    end_of_run([never_started], sys.stderr, findings=findings, stale=[report])
+    assert findings.read_text() == "earlier" and report.read_text() == "earlier"
+    assert "no device ran" not in capsys.readouterr().err

@@ -2,9 +2,12 @@
 per finished job with jobs done/total, a failed job's error and log in full, Snakemake's
 full output one flag away and in its log file."""
 
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -66,3 +69,88 @@ def test_the_local_profile_is_quiet_and_the_cluster_profile_is_not():
     cluster = yaml.safe_load((ROOT / "profiles/slurm-gpu/config.yaml").read_text())
     assert local["logger"] == "bitdrift"
     assert "logger" not in cluster  # a cluster run's log keeps every job's block
+
+
+# -- every error Snakemake reports reaches the terminal in the quiet view -----------------
+SLOW_SNAKEFILE = """
+rule all:
+    input: "out/slow.txt"
+
+rule slow:
+    output: report("out/slow.txt")
+    log: "logs/slow.log"
+    shell: "echo started > {log}; sleep 60; echo done > {output}"
+"""
+
+
+def snakemake_in(folder: Path, *flags: str) -> tuple[int, str]:
+    done = subprocess.run([SNAKEMAKE, "-c1", *flags], cwd=folder, capture_output=True,
+                          text=True, timeout=300)
+    return done.returncode, done.stdout + done.stderr
+
+
+def killed_run(folder: Path) -> Path:
+    """A run killed with SIGKILL while its job runs (a closed terminal, a lost node): it
+    leaves Snakemake's lock behind."""
+    folder.mkdir()
+    (folder / "Snakefile").write_text(SLOW_SNAKEFILE)
+    running = subprocess.Popen([SNAKEMAKE, "-c1", "--logger", "bitdrift"], cwd=folder,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    try:
+        for _ in range(600):  # at most a minute for the job to start
+            if (folder / "logs/slow.log").exists():
+                break
+            time.sleep(0.1)
+        assert (folder / "logs/slow.log").exists(), "the job never started"
+    finally:
+        os.killpg(running.pid, signal.SIGKILL)
+        running.wait()
+    assert any((folder / ".snakemake/locks").iterdir())
+    return folder
+
+
+def error_lines(output: str) -> list[str]:
+    """The lines of Snakemake's error message in its full output: from the line naming the
+    exception (`LockException:`, `WorkflowError:`, ...) to the end, without the logger's
+    and Snakemake's own chatter (`Complete log`, `Using profile`)."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines)
+                 if re.match(r"^\w+(Exception|Error)\b", line))
+    return [line for line in lines[start:] if line.strip()
+            and not line.startswith(("Complete log", "Using ", "Assuming "))]
+
+
+def cases(tmp_path: Path):
+    """(name, folder, flags, words the message must hold) of runs that stop on an error
+    Snakemake reports itself, not a job's."""
+    yield "lock", killed_run(tmp_path / "lock"), (), ["Directory cannot be locked", "--unlock"]
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    (missing / "Snakefile").write_text('rule all:\n    input: "never_made.txt"\n')
+    yield "missing input", missing, (), ["Missing input files", "never_made.txt"]
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "Snakefile").write_text("rule all:\n    input: []\n")
+    (config / "broken.yaml").write_text("devices: [tf_1thread\n")
+    yield "config syntax", config, ("--configfile", "broken.yaml"), ["not valid JSON or YAML"]
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "Snakefile").write_text(SLOW_SNAKEFILE)  # out/slow.txt was never made
+    yield "report", report, ("--report", "report.html"), ["marked for report but does not exist",
+                                                            "out/slow.txt"]
+
+
+def test_every_error_snakemake_reports_is_on_the_terminal(tmp_path):
+    """A run that stops before or outside any job (a lock left by a killed run, a missing
+    input, a config that does not parse, a report that cannot be built) exits non-zero and
+    the quiet view prints Snakemake's whole message, the same lines the full view prints."""
+    for name, folder, flags, words in cases(tmp_path):
+        status, quiet = snakemake_in(folder, "--logger", "bitdrift", *flags)
+        full_status, full = snakemake_in(folder, "--logger", "bitdrift",
+                                         "--logger-bitdrift-full", *flags)
+        assert status != 0 and full_status != 0, name
+        for word in words:
+            assert word in full, (name, word, full)
+        missing = [line for line in error_lines(full) if line not in quiet.splitlines()]
+        assert not missing, (name, missing, quiet)
