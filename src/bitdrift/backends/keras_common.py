@@ -108,6 +108,11 @@ def open_session(runtime, job: dict, name: str):
     def final(batch):
         return keras.ops.convert_to_numpy(model(batch, training=False))
 
+    def deployed(batch):
+        """The model as a user runs it: its own final output through Keras' predict path
+        (a tf.function on TensorFlow, jax.jit on JAX, eager on torch: Keras' defaults)."""
+        return keras.ops.convert_to_numpy(model.predict_on_batch(batch))
+
     recorded = {layer for layer, _ in layers}
     order_layers = {}
     for layer in model.layers:
@@ -141,9 +146,13 @@ def open_session(runtime, job: dict, name: str):
 
         return call
 
+    # A traced job's layers are wrapped (kernel markers, XLA dumps): no deployed run there
+    deployed_program = "" if job.get("trace") else \
+        f"the .keras model's final output, Keras predict (jit_compile={model.jit_compile})"
     return Session(layers=layers, run=run, final=final, accelerator=accelerator,
                    checked=checked, order_layers=order_layers, order_probe=order_probe,
-                   kernels=kernels)
+                   kernels=kernels, deployed=deployed if deployed_program else None,
+                   deployed_program=deployed_program)
 
 
 def mark_layers(model) -> None:
