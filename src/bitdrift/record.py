@@ -86,8 +86,9 @@ def write_record(path: str | Path, attrs: dict, samples: dict[int, dict],
 
     ``samples`` maps test-set index -> {"output": array (repeats, ...),
     "layers": [(name, array (repeats, ...)), ...] in model order, optional "deployed":
-    array (repeats, ...) of the model as deployed, optional "layer_classes": [Keras class name per layer], optional "bfloat16": True when
-    the arrays are already raw bfloat16 bits (uint16)}. ``kernels``: the traced repeat's
+    array (repeats, ...) of the model as deployed, optional "layer_classes": [Keras class
+    name per layer], optional "bfloat16": True when the arrays are already raw bfloat16
+    bits (uint16)}. ``kernels``: the traced repeat's
     kernels (bitdrift.kernels), stored as JSON text in the dataset ``kernels``.
     """
     missing = [key for key in REQUIRED_ATTRS if key not in attrs]
