@@ -104,6 +104,8 @@ def run_repeat(job: dict) -> None:
             "deployed_program": session.deployed_program}
     if session.kernels is not None:  # an exported runtime's description of its graph
         meta["runtime_kernels"] = session.kernels
+    if session.deployed_kernels is not None:  # and of its deployed graph (bitdrift.observer)
+        meta["deployed_kernels"] = session.deployed_kernels
     if job.get("orders") and session.order_probe is not None:
         meta["orders"] = reveal_orders(session, device)
     # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
@@ -238,7 +240,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             "out": str(Path(tmp) / "traced.npz"), "fingerprint": False,
             # an exported runtime maps its outputs to the layers by the reference
             "reference": str(reference) if reference else None,
-            "export": str(export) if export else None, "trace": True},
+            "export": str(export) if export else None, "trace": True,
+            "deployed_export": str(deployed_export) if deployed_export else None},
             Path(tmp) / "trace.txt", workers, how, log) if kernels else None
     meta = repeats[0][0]
     layer_names = [name for name, _ in meta["layers"]]
@@ -345,7 +348,8 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
         raise InferenceError(f"device {device_name!r}, model {model_name!r}: the traced "
                              f"repeat failed (exit {status}); see log")
     with np.load(job["out"]) as data:
-        described = json.loads(str(data["meta"])).get("runtime_kernels")
+        traced_meta = json.loads(str(data["meta"]))
+        described = traced_meta.get("runtime_kernels")
         outputs = {key: data[key] for key in data.files if key.isdigit()}
     trace = parse_trace(trace_path.read_text(errors="replace"))
     if described is not None:  # the exported runtimes describe their compiled graph
@@ -369,9 +373,14 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
         print(f"bitdrift: warning: device {device_name!r}: the traced repeat's outputs differ "
               "from the measured majority; the record keeps the measured ones",
               file=log, flush=True)
-    return {"traced": True, "outputs_match": match, "environment": environment,
-            "header": trace.header, "raw": trace.raw, "outside": trace.outside,
-            "layers": found, "layer_classes": layer_classes, "order": list(layer_classes)}
+    traced = {"traced": True, "outputs_match": match, "environment": environment,
+              "header": trace.header, "raw": trace.raw, "outside": trace.outside,
+              "layers": found, "layer_classes": layer_classes, "order": list(layer_classes)}
+    if traced_meta.get("deployed_kernels"):
+        from bitdrift.observer import compare_kernels
+
+        traced["deployed"] = compare_kernels(traced_meta["deployed_kernels"])
+    return traced
 
 
 def _majority(arrays: list[np.ndarray]) -> np.ndarray:

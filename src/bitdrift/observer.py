@@ -22,7 +22,7 @@ from bitdrift.eqc import summarize_repeats
 from bitdrift.record import DEPLOYED, OUTPUT, Record
 
 OBSERVER_COLUMNS = ["model", "device", "backend", "deployed_program", "samples",
-                    "equal_samples", "observer_equal", "differing_samples"]
+                    "equal_samples", "observer_equal", "differing_samples", "deployed_kernels"]
 
 
 def _representative(values, bfloat16: bool):
@@ -90,9 +90,44 @@ def observer_table(records: list[Record]) -> list[dict]:
                        equal_samples=sum(flags.values()),
                        observer_equal="yes" if check["equal"] else "no",
                        differing_samples=" ".join(s for s, equal in flags.items()
-                                                  if not equal))
+                                                  if not equal),
+                       deployed_kernels=kernels_note(record))
         rows.append({column: row.get(column) for column in OBSERVER_COLUMNS})
     return rows
+
+
+def compare_kernels(graphs: dict) -> dict:
+    """The traced repeat's comparison of the deployed graph's kernels with the instrumented
+    graph's ({"deployed": [KernelCall as dict], "instrumented": [...]}, each in graph
+    order): both lists of implementations, whether they differ as multisets, and what
+    each has that the other lacks (counted: ``ort FusedGemm x2``)."""
+    from collections import Counter
+
+    names = {side: [call["implementation"] for call in graphs[side]]
+             for side in ("deployed", "instrumented")}
+    deployed, instrumented = Counter(names["deployed"]), Counter(names["instrumented"])
+
+    def listed(counts: Counter) -> list[str]:
+        return [name if count == 1 else f"{name} x{count}"
+                for name, count in sorted(counts.items())]
+
+    return {"deployed": names["deployed"], "instrumented": names["instrumented"],
+            "differs": deployed != instrumented,
+            "only_deployed": listed(deployed - instrumented),
+            "only_instrumented": listed(instrumented - deployed)}
+
+
+def kernels_note(record: Record) -> str | None:
+    """The deployed graph's kernels where they differ from the instrumented graph's, as
+    the traced repeat named them; None where it did not compare them (a Keras runtime, a
+    record without the traced repeat)."""
+    compared = (record.kernels or {}).get("deployed")
+    if not isinstance(compared, dict) or "differs" not in compared:
+        return None
+    if not compared["differs"]:
+        return "same kernels"
+    return (f"{' + '.join(compared['only_deployed']) or 'nothing'} in place of "
+            f"{' + '.join(compared['only_instrumented']) or 'nothing'}")
 
 
 def changed_devices(rows: list[dict]) -> list[dict]:

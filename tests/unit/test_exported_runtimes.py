@@ -147,6 +147,24 @@ def check_kernels(kernels, name, export):
     if name == "litert_builtin":
         assert all(names.startswith("tflite ") and names.endswith("(optimized)")
                    for names in compute.values()), compute
+    # the deployed graph's kernels beside the instrumented graph's (the observer check)
+    deployed = kernels["deployed"]
+    assert deployed["deployed"] and deployed["instrumented"]
+    assert deployed["differs"] == (sorted(deployed["deployed"])
+                                   != sorted(deployed["instrumented"]))
+    if name == "onnxruntime_disable_all":
+        # unoptimised, each graph runs its file's own arithmetic nodes
+        from bitdrift.backends.onnxruntime import LAYOUT_OPS
+
+        for side, file in (("deployed", "deployed.onnx"), ("instrumented", "model.onnx")):
+            file_ops = sorted(f"ort {node.op_type}" for node in
+                              onnx.load(export.parent / file).graph.node
+                              if node.op_type not in LAYOUT_OPS | {"Cast"})
+            assert sorted(call for call in deployed[side] if call != "ort Cast") == file_ops
+    if backend == "litert":
+        # XNNPACK takes every arithmetic node of both files, the built-in resolver none
+        prefix = "tflite " if name == "litert_builtin" else "xnnpack "
+        assert all(call.startswith(prefix) for call in deployed["deployed"]), deployed
     if name == "openvino":
         with open("/proc/cpuinfo") as cpuinfo:
             flags = set(next(line for line in cpuinfo if line.startswith("flags")).split())

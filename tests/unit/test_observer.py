@@ -203,3 +203,40 @@ def test_bfloat16_deployed_outputs_compare_as_bits(tmp_path):
     same = _record(tmp_path, "bf16_same", {0: raw}, deployed={0: raw.copy()}, bfloat16=True)
     assert record_check(same)["equal"]
     same.close()
+
+
+def test_the_deployed_graphs_kernels_are_named_where_they_differ():
+    """compare_kernels on graphs listed by hand: a fusion that drops the Relu nodes and
+    turns two Gemms into FusedGemms is named as such; equal multisets in another order
+    are the same kernels."""
+    from bitdrift.observer import compare_kernels
+
+    def calls(*names):
+        return [{"implementation": name} for name in names]
+
+    fused = compare_kernels({"deployed": calls("ort Conv", "ort FusedGemm", "ort FusedGemm"),
+                             "instrumented": calls("ort Conv", "ort Gemm", "ort Relu",
+                                                   "ort Gemm", "ort Relu")})
+    assert fused["differs"]
+    assert fused["only_deployed"] == ["ort FusedGemm x2"]
+    assert fused["only_instrumented"] == ["ort Gemm x2", "ort Relu x2"]
+    same = compare_kernels({"deployed": calls("b", "a"), "instrumented": calls("a", "b")})
+    assert not same["differs"] and same["only_deployed"] == same["only_instrumented"] == []
+
+
+def test_litert_names_the_nodes_a_delegate_took_when_only_the_final_output_is_known():
+    """Plans as LiteRT lists them: a delegate whose outputs are every node's (the
+    instrumented file) and one whose output is its last node's alone (the deployed file)
+    take the same nodes; a node outside the delegate's inputs-to-outputs path is not taken."""
+    from bitdrift.backends.litert import _delegated
+
+    def op(index, name, inputs, outputs):
+        return {"index": index, "op_name": name, "inputs": inputs, "outputs": outputs}
+
+    # tensors: 0 input, 1-2 weights; conv 0 -> 3, pool 1 -> 4, fc 2 (not delegated) -> 5
+    nodes = [op(0, "CONV_2D", [0, 1], [3]), op(1, "MAX_POOL_2D", [3], [4]),
+             op(2, "FULLY_CONNECTED", [4, 2, -1], [5])]
+    instrumented = nodes + [op(3, "DELEGATE", [0, 1], [3, 4])]
+    deployed = nodes + [op(3, "DELEGATE", [0, 1], [4])]
+    assert _delegated(instrumented) == _delegated(deployed) == {0, 1}
+    assert _delegated(nodes) == set()  # no delegate: the built-in kernels

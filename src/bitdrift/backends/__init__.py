@@ -105,6 +105,10 @@ class Session:
     # deployed file)
     deployed: Callable[[np.ndarray], np.ndarray] | None = None
     deployed_program: str = ""
+    # A traced job of an exported runtime: the kernels of the deployed graph and of the
+    # instrumented one, in graph order ({"deployed": [KernelCall as dict], "instrumented":
+    # [...]}), so the traced repeat names the deployed graph's kernels where they differ
+    deployed_kernels: dict | None = None
 
 
 def get(name: str):
