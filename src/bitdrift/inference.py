@@ -71,7 +71,7 @@ def run_repeat(job: dict) -> None:
     for start in range(0, len(indices), device["batch_size"]):
         for position, value in enumerate(session.run(images[start:start + device["batch_size"]])):
             results.setdefault(str(position), []).append(np.asarray(value))
-    if session.deployed is not None:
+    if session.deployed is not None and job.get("observe", True):
         # the observer check (bitdrift.observer): the model as deployed, after the
         # instrumented run in the same process, on the same batches
         results[DEPLOYED] = [np.asarray(session.deployed(images[start:start + device[
@@ -184,7 +184,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
           dataset_path: str | Path, samples: list[int], out: str | Path,
           layers: bool = True, reference: str | Path | None = None,
           export: str | Path | None = None, kernels: bool = True, log=sys.stderr,
-          deployed_export: str | Path | None = None) -> None:
+          deployed_export: str | Path | None = None, observe: bool = True) -> None:
     """Run all repeats of one (model, device), each in a process of its own (fresh, or
     forked from a pre-imported parent: bitdrift.prefork), and write the record.
 
@@ -194,8 +194,10 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     runtime runs, ``deployed_export`` the model converted with its final output alone:
     each repeat also runs the model as deployed, and the record holds whether its final
     output equals the instrumented run's (bitdrift.observer; a Keras runtime needs no
-    file). ``kernels``: after the measured repeats, one traced repeat in a process
-    of its own records which kernel ran in every layer (bitdrift.kernels)."""
+    file; ``observe=False`` leaves the check out, for the studies that run many inputs
+    on the outputs alone). ``kernels``: after the measured repeats, one traced repeat in
+    a process of its own records which kernel ran in every layer (bitdrift.kernels), and
+    for an exported runtime the deployed graph's kernels beside the instrumented graph's."""
     check_before_repeats(model_path, dataset_path, samples, out)
     expected = None
     if reference:
@@ -218,7 +220,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                    "reference": str(reference) if reference else None,
                    "export": str(export) if export else None,
                    "deployed_export": str(deployed_export) if deployed_export else None,
-                   "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
+                   "observe": observe, "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
                    "log_is_terminal": log is sys.__stderr__}
             print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
                   f"{device['repeats']} in {how}", file=log, flush=True)
