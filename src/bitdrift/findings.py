@@ -216,11 +216,12 @@ def observer(table: pd.DataFrame) -> list[str]:
              f"output bit for bit on {len(checked) - len(changed)} of {len(checked)} checked "
              "devices."]
     for row in changed.to_dict("records"):
-        lines.append(f"{row['device']} ({row['model']}): instrumentation changed the final "
-                     f"output on {int(row['samples']) - int(row['equal_samples'])} of "
-                     f"{int(row['samples'])} "
-                     f"samples; its classes are the deployed outputs', its per-layer analyses "
-                     f"describe the instrumented program ({row['deployed_program']} deployed).")
+        lines.append(f"{row['device']} ({row['model']}): the deployed model "
+                     f"({row['deployed_program']}) differs from the instrumented run on "
+                     f"{int(row['samples']) - int(row['equal_samples'])} of "
+                     f"{int(row['samples'])} samples: its final-output classes are the "
+                     "deployed outputs', its per-layer analyses describe the instrumented "
+                     "program.")
     return lines
 
 

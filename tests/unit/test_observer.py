@@ -185,7 +185,7 @@ def test_the_table_counts_what_the_records_hold(tmp_path):
     assert dense[(3, "changed")] == dense[(3, "same")]  # instrumented: one class
     lines = observer(pd.DataFrame(rows))
     assert "2 of 3" not in lines[0] and "1 of 2 checked devices" in lines[0]
-    assert len(lines) == 2 and lines[1].startswith("changed (net)")
+    assert len(lines) == 2 and lines[1].startswith("changed (net): the deployed model")
     assert "1 of 2 samples" in lines[1] and "instrumented program" in lines[1]
     for record in records:
         record.close()

@@ -191,7 +191,7 @@ def deployed_session(runtime, path, device: dict, accelerator: dict, name: str):
                                  "deployed export has the final output alone")
         return outputs[0]
 
-    return deployed, f"{Path(path).name}, final output only, {runtime.NAME}'s own optimisations"
+    return deployed, f"{Path(path).name} on {runtime.NAME}, final output only"
 
 
 # -- one layer alone as ONNX, as tf2onnx writes it --------------------------------------------

@@ -148,7 +148,7 @@ def open_session(runtime, job: dict, name: str):
 
     # A traced job's layers are wrapped (kernel markers, XLA dumps): no deployed run there
     deployed_program = "" if job.get("trace") else \
-        f"the .keras model's final output, Keras predict (jit_compile={model.jit_compile})"
+        f"the .keras model through Keras predict (jit_compile={model.jit_compile})"
     return Session(layers=layers, run=run, final=final, accelerator=accelerator,
                    checked=checked, order_layers=order_layers, order_probe=order_probe,
                    kernels=kernels, deployed=deployed if deployed_program else None,
