@@ -331,8 +331,10 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
     trace_environment), its C-level stdout in ``trace_path``; the kernels per layer, and
     whether its outputs equal the measured majority bit for bit (logging must not change
     what is computed; the record keeps the measured outputs either way)."""
+    from dataclasses import asdict
+
     from bitdrift import backends
-    from bitdrift.kernels import KernelCall, layer_kernels, parse_trace
+    from bitdrift.kernels import DEPLOYED_LAYER, KernelCall, layer_kernels, parse_trace
 
     meta = repeats[0][0]
     layer_classes = {name: layer_class for name, layer_class in meta["layers"]}
@@ -354,6 +356,8 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
         described = traced_meta.get("runtime_kernels")
         outputs = {key: data[key] for key in data.files if key.isdigit()}
     trace = parse_trace(trace_path.read_text(errors="replace"))
+    # the deployed run's kernels, logged apart (bitdrift.backends.keras_common)
+    deployed_calls = trace.layers.pop(DEPLOYED_LAYER, None)
     if described is not None:  # the exported runtimes describe their compiled graph
         trace.layers = {layer: [KernelCall(**call) for call in calls]
                         for layer, calls in described.items()}
@@ -378,10 +382,15 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
     traced = {"traced": True, "outputs_match": match, "environment": environment,
               "header": trace.header, "raw": trace.raw, "outside": trace.outside,
               "layers": found, "layer_classes": layer_classes, "order": list(layer_classes)}
-    if traced_meta.get("deployed_kernels"):
+    graphs = traced_meta.get("deployed_kernels")
+    if deployed_calls is not None and described is None:
+        graphs = {"deployed": [asdict(call) for call in deployed_calls],
+                  "instrumented": [call for name, _ in meta["layers"]
+                                   for call in found[name]["calls"]]}
+    if graphs:
         from bitdrift.observer import compare_kernels
 
-        traced["deployed"] = compare_kernels(traced_meta["deployed_kernels"])
+        traced["deployed"] = compare_kernels(graphs)
     return traced
 
 

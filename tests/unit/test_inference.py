@@ -67,6 +67,15 @@ def test_record_of_a_real_run(assets, tmp_path, backend):
         check = record.observer_check
         assert "predict" in check["program"]
         assert check["samples"]["6"] == (deployed[0].tobytes() == output[0].tobytes())
+        # the traced repeat logged the deployed run's kernels apart from the layers'
+        # (TensorFlow and torch; JAX's traced repeat dumps XLA per layer, no deployed run)
+        compared = record.kernels.get("deployed")
+        if backend == "jax":
+            assert compared is None
+        else:
+            assert compared["deployed"] and compared["instrumented"]
+            if backend == "torch":  # Keras' predict on torch is eager, as the probe is
+                assert not compared["differs"], compared
 
 
 @pytest.fixture(scope="module")
