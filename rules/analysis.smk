@@ -225,6 +225,32 @@ rule tabulate_argmax_agreement:
         "../workflow/scripts/tabulate_argmax_agreement.py"
 
 
+rule tabulate_observer_check:
+    input:
+        records=record_files,
+        provenance=PROVENANCE_FILES,
+    output:
+        table=paths.table_file("observer_check"),
+        html=report(
+            paths.table_html("observer_check"),
+            caption="../workflow/report/observer_check_table.rst",
+            category="Runtimes",
+            labels={"kind": "table", "name": "observer_check"},
+        ),
+    log:
+        "logs/tabulate_observer_check/all.log",
+    benchmark:
+        "results/benchmarks/tabulate_observer_check/all.tsv"
+    conda:
+        "../envs/bitdrift.yaml"
+    resources:
+        **ANALYSIS_RESOURCES,
+    params:
+        expect=EXPECT_ARGUMENTS,
+    script:
+        "../workflow/scripts/tabulate_observer_check.py"
+
+
 rule plot_eqc_table:
     input:
         records=record_files,
@@ -398,6 +424,7 @@ rule write_findings:
         accumulation_orders=rules.tabulate_kernels.output.orders,
         effective_precision=rules.check_effective_precision.output.table,
         argmax_agreement=rules.tabulate_argmax_agreement.output.table,
+        observer_check=rules.tabulate_observer_check.output.table,
         device_failures=rules.tabulate_device_failures.output.table,
         # shown after the classes on the report's first screen
         eqc_figure=rules.plot_equivalence_classes.output.png,

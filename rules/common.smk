@@ -148,6 +148,7 @@ def core_targets():
             paths.table_file("divergence"),
             paths.table_file("effective_precision"),
             paths.table_file("argmax_agreement"),
+            paths.table_file("observer_check"),
             paths.table_file("kernels"),
             paths.table_file("kernel_coverage"),
             paths.table_file("accumulation_orders"),

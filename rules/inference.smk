@@ -35,7 +35,8 @@ rule export_model:
     input:
         model=inference_model_file,
     output:
-        paths.export_file(),
+        export=paths.export_file(),
+        deployed=paths.deployed_export_file(),
     log:
         "logs/export_model/{model}/{format}.log",
     benchmark:

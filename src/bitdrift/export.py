@@ -6,6 +6,8 @@ TensorFlow processes write ``results/exports/<model>/`` (one job per file):
 - ``model.onnx`` (Keras' ``export(format="onnx")``, tf2onnx): ONNX Runtime and OpenVINO
   read it, so their differences are the runtimes', not two converters';
 - ``model.tflite`` (Keras' ``export(format="litert")``, TensorFlow's LiteRT converter);
+- ``deployed.onnx`` and ``deployed.tflite``: the model itself, its final output alone, as
+  a user deploys it (the observer check, bitdrift.observer: each runtime also runs it);
 - ``reference.npz``: the recorded layers, what the effective-precision check needs, every
   layer's TensorFlow float32 output on the first test images (the layer-mapping check) and
   TensorFlow's class for the first test images (the argmax check).
@@ -46,6 +48,7 @@ def inference_inputs(model: str, backend: str) -> dict:
     inputs = {} if backend == "tensorflow" else {"reference": paths.export_reference_file(model)}
     if backend in backends.EXPORTED_RUNTIMES:
         inputs["export"] = paths.export_file(model, format_of(backend))
+        inputs["deployed_export"] = paths.deployed_export_file(model, format_of(backend))
     return inputs
 
 
@@ -74,18 +77,26 @@ def _probe(model_path):
     return keras, model, probe, layers
 
 
-def export_model(model_path: str | Path, format: str, out: str | Path) -> None:
-    """The model's layer probe in ``format`` (a key of FORMATS), written atomically."""
+def export_model(model_path: str | Path, format: str, out: str | Path,
+                 deployed: str | Path | None = None) -> None:
+    """The model's layer probe in ``format`` (a key of FORMATS), written atomically; and
+    the model itself, its final output alone, at ``deployed`` (the observer check)."""
     keras, model, probe, layers = _probe(model_path)
     keras_format, runtimes = FORMATS[format]
     # Keras exports called models; an open axis (a sequence length) is called at 1
-    probe(np.zeros((1, *(size or 1 for size in model.inputs[0].shape[1:])), np.float32))
-    with atomic_output(out) as tmp:
-        try:
-            probe.export(str(tmp), format=keras_format, verbose=False)
-        except Exception as error:  # a converter's own error types vary by version
-            raise ExportError(_export_failure(error, [layer for layer, _ in layers],
-                                              " and ".join(runtimes), model_path)) from error
+    zeros = np.zeros((1, *(size or 1 for size in model.inputs[0].shape[1:])), np.float32)
+    probe(zeros)
+    model(zeros)
+    for exported, path in ((probe, out), (model, deployed)):
+        if path is None:
+            continue
+        with atomic_output(path) as tmp:
+            try:
+                exported.export(str(tmp), format=keras_format, verbose=False)
+            except Exception as error:  # a converter's own error types vary by version
+                raise ExportError(_export_failure(error, [layer for layer, _ in layers],
+                                                  " and ".join(runtimes), model_path)) \
+                    from error
 
 
 def write_reference(model_path: str | Path, dataset_path: str | Path,

@@ -32,7 +32,8 @@ def instruction_sets(cpu: dict) -> list[tuple[str, tuple]]:
     return ARM_INSTRUCTION_SETS if str(cpu.get("arch", "")).upper() in ("AARCH64", "ARM_8") \
         else INSTRUCTION_SETS
 TABLES = ("eqc", "eqc_layers", "explain", "divergence", "kernel_coverage",
-          "accumulation_orders", "effective_precision", "argmax_agreement", "device_failures")
+          "accumulation_orders", "effective_precision", "argmax_agreement", "observer_check",
+          "device_failures")
 STUDY_TABLES = ("probe_summary", "batching_summary")
 
 
@@ -206,6 +207,24 @@ def agreement(table: pd.DataFrame) -> list[str]:
             f"{low['model']})."]
 
 
+def observer(table: pd.DataFrame) -> list[str]:
+    """The observer check (bitdrift.observer): devices whose instrumentation changed the
+    final output."""
+    checked = table[table["observer_equal"].astype(str) != "unchecked"]
+    changed = checked[checked["observer_equal"].astype(str) == "no"]
+    lines = [f"The deployed model (final output only) gives the instrumented run's final "
+             f"output bit for bit on {len(checked) - len(changed)} of {len(checked)} checked "
+             "devices."]
+    for row in changed.to_dict("records"):
+        lines.append(f"{row['device']} ({row['model']}): the deployed model "
+                     f"({row['deployed_program']}) differs from the instrumented run on "
+                     f"{int(row['samples']) - int(row['equal_samples'])} of "
+                     f"{int(row['samples'])} samples: its final-output classes are the "
+                     "deployed outputs', its per-layer analyses describe the instrumented "
+                     "program.")
+    return lines
+
+
 def failures(table: pd.DataFrame) -> list[str]:
     if table.empty:
         return ["None: every scheduled device ran."]
@@ -268,6 +287,9 @@ def findings(tables: dict, fingerprints: dict) -> list[tuple[str, list[str]]]:
         sections.append(("How the layers sum", orders(read["accumulation_orders"])))
     if not read["argmax_agreement"].empty:
         sections.append(("Runtimes against TensorFlow", agreement(read["argmax_agreement"])))
+    if not read["observer_check"].empty:
+        sections.append(("Instrumentation and the deployed model",
+                         observer(read["observer_check"])))
     sections.append(("Devices that failed", failures(read["device_failures"])))
     if not read["probe_summary"].empty:
         sections.append(("Forensic probes", probes(read["probe_summary"])))

@@ -37,7 +37,7 @@ from bitdrift.models import model_digest, model_input_shape
 from bitdrift.prefork import worker_main
 from bitdrift.progress import progress
 from bitdrift.provenance import input_sha256
-from bitdrift.record import OUTPUT, write_record
+from bitdrift.record import DEPLOYED, OUTPUT, write_record
 
 
 def batch_indices(samples: list[int], batch_size: int, n_test: int) -> list[int]:
@@ -71,6 +71,11 @@ def run_repeat(job: dict) -> None:
     for start in range(0, len(indices), device["batch_size"]):
         for position, value in enumerate(session.run(images[start:start + device["batch_size"]])):
             results.setdefault(str(position), []).append(np.asarray(value))
+    if session.deployed is not None and job.get("observe", True):
+        # the observer check (bitdrift.observer): the model as deployed, after the
+        # instrumented run in the same process, on the same batches
+        results[DEPLOYED] = [np.asarray(session.deployed(images[start:start + device[
+            "batch_size"]])) for start in range(0, len(indices), device["batch_size"])]
     arrays = {}
     for position, parts in results.items():
         stacked = np.concatenate(parts)[: len(job["samples"])]
@@ -95,9 +100,12 @@ def run_repeat(job: dict) -> None:
     meta = {"layers": session.layers, "unmapped": session.unmapped,
             "checked": {layer: spec for layer, (spec, _) in session.checked.items()},
             "fingerprint": fingerprint(device, session.accelerator) if first else None,
-            "bfloat16": device["precision"] == "bfloat16"}
+            "bfloat16": device["precision"] == "bfloat16",
+            "deployed_program": session.deployed_program}
     if session.kernels is not None:  # an exported runtime's description of its graph
         meta["runtime_kernels"] = session.kernels
+    if session.deployed_kernels is not None:  # and of its deployed graph (bitdrift.observer)
+        meta["deployed_kernels"] = session.deployed_kernels
     if job.get("orders") and session.order_probe is not None:
         meta["orders"] = reveal_orders(session, device)
     # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
@@ -175,15 +183,21 @@ def terminate_cleanly():
 def infer(*, model_name: str, device_name: str, device: dict, model_path: str | Path,
           dataset_path: str | Path, samples: list[int], out: str | Path,
           layers: bool = True, reference: str | Path | None = None,
-          export: str | Path | None = None, kernels: bool = True, log=sys.stderr) -> None:
+          export: str | Path | None = None, kernels: bool = True, log=sys.stderr,
+          deployed_export: str | Path | None = None, observe: bool = True) -> None:
     """Run all repeats of one (model, device), each in a process of its own (fresh, or
     forked from a pre-imported parent: bitdrift.prefork), and write the record.
 
     ``reference`` (bitdrift.export's reference.npz of the model): the device's classes of
     the first test images are compared with TensorFlow's, and a float32/float64 device
     that agrees on fewer than 99 % fails. ``export``: the exported file an exported
-    runtime runs. ``kernels``: after the measured repeats, one traced repeat in a process
-    of its own records which kernel ran in every layer (bitdrift.kernels)."""
+    runtime runs, ``deployed_export`` the model converted with its final output alone:
+    each repeat also runs the model as deployed, and the record holds whether its final
+    output equals the instrumented run's (bitdrift.observer; a Keras runtime needs no
+    file; ``observe=False`` leaves the check out, for the studies that run many inputs
+    on the outputs alone). ``kernels``: after the measured repeats, one traced repeat in
+    a process of its own records which kernel ran in every layer (bitdrift.kernels), and
+    for an exported runtime the deployed graph's kernels beside the instrumented graph's."""
     check_before_repeats(model_path, dataset_path, samples, out)
     expected = None
     if reference:
@@ -193,7 +207,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         if expected.model_sha256 != model_digest(model_path):
             raise InferenceError(f"{reference}: the export reference of another model than "
                                  f"{model_path}")
-    repeats, weights, classes = [], {}, None
+    repeats, deployed, weights, classes = [], [], {}, None
     with terminate_cleanly(), work_folder(out) as tmp, repeat_workers(
             WORKER, device, f"device {device_name!r}", log) as workers:
         how = workers.HOW
@@ -205,7 +219,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                    "fingerprint": repeat == 0, "orders": repeat == 0 and kernels,
                    "reference": str(reference) if reference else None,
                    "export": str(export) if export else None,
-                   "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
+                   "deployed_export": str(deployed_export) if deployed_export else None,
+                   "observe": observe, "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
                    "log_is_terminal": log is sys.__stderr__}
             print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
                   f"{device['repeats']} in {how}", file=log, flush=True)
@@ -220,13 +235,15 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                     classes = data["argmax"] if "argmax" in data.files else None
                 repeats.append((meta, {k: data[k] for k in data.files
                                        if k.isdigit()}))
+                deployed.append(data[DEPLOYED] if DEPLOYED in data.files else None)
         traced = traced_repeat(model_name, device_name, device, repeats, {
             "device": device, "device_name": device_name, "model_path": str(model_path),
             "dataset_path": str(dataset_path), "samples": list(samples), "layers": layers,
             "out": str(Path(tmp) / "traced.npz"), "fingerprint": False,
             # an exported runtime maps its outputs to the layers by the reference
             "reference": str(reference) if reference else None,
-            "export": str(export) if export else None, "trace": True},
+            "export": str(export) if export else None, "trace": True,
+            "deployed_export": str(deployed_export) if deployed_export else None},
             Path(tmp) / "trace.txt", workers, how, log) if kernels else None
     meta = repeats[0][0]
     layer_names = [name for name, _ in meta["layers"]]
@@ -239,6 +256,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         if layers:
             content["layers"] = list(zip(layer_names, stacked, strict=True))
             content["layer_classes"] = [cls for _, cls in meta["layers"]]
+        if all(values is not None for values in deployed):
+            content[DEPLOYED] = np.stack([values[row] for values in deployed])
         samples_content[sample] = content
     if meta["bfloat16"]:
         for content in samples_content.values():
@@ -278,6 +297,16 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         attrs["accumulation_orders"] = json.dumps(orders, sort_keys=True)
     if export:
         attrs["export_sha256"] = file_digest(export)
+    if all(values is not None for values in deployed):
+        from bitdrift.observer import observer_check
+
+        check = observer_check(samples_content, meta.get("deployed_program", ""))
+        attrs["observer_check"] = json.dumps(check, sort_keys=True)
+        if deployed_export:
+            attrs["deployed_export_sha256"] = file_digest(deployed_export)
+        if not check["equal"]:
+            print(f"bitdrift: warning: device {device_name!r}: {check['summary']}", file=log,
+                  flush=True)
     if reference and classes is not None:
         reduced = bool(finding) or (meta["fingerprint"] or {}).get("accelerator", {}).get(
             "final_output_mapping") == "reduced"
@@ -302,8 +331,10 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
     trace_environment), its C-level stdout in ``trace_path``; the kernels per layer, and
     whether its outputs equal the measured majority bit for bit (logging must not change
     what is computed; the record keeps the measured outputs either way)."""
+    from dataclasses import asdict
+
     from bitdrift import backends
-    from bitdrift.kernels import KernelCall, layer_kernels, parse_trace
+    from bitdrift.kernels import DEPLOYED_LAYER, KernelCall, layer_kernels, parse_trace
 
     meta = repeats[0][0]
     layer_classes = {name: layer_class for name, layer_class in meta["layers"]}
@@ -321,9 +352,12 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
         raise InferenceError(f"device {device_name!r}, model {model_name!r}: the traced "
                              f"repeat failed (exit {status}); see log")
     with np.load(job["out"]) as data:
-        described = json.loads(str(data["meta"])).get("runtime_kernels")
+        traced_meta = json.loads(str(data["meta"]))
+        described = traced_meta.get("runtime_kernels")
         outputs = {key: data[key] for key in data.files if key.isdigit()}
     trace = parse_trace(trace_path.read_text(errors="replace"))
+    # the deployed run's kernels, logged apart (bitdrift.backends.keras_common)
+    deployed_calls = trace.layers.pop(DEPLOYED_LAYER, None)
     if described is not None:  # the exported runtimes describe their compiled graph
         trace.layers = {layer: [KernelCall(**call) for call in calls]
                         for layer, calls in described.items()}
@@ -345,9 +379,19 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
         print(f"bitdrift: warning: device {device_name!r}: the traced repeat's outputs differ "
               "from the measured majority; the record keeps the measured ones",
               file=log, flush=True)
-    return {"traced": True, "outputs_match": match, "environment": environment,
-            "header": trace.header, "raw": trace.raw, "outside": trace.outside,
-            "layers": found, "layer_classes": layer_classes, "order": list(layer_classes)}
+    traced = {"traced": True, "outputs_match": match, "environment": environment,
+              "header": trace.header, "raw": trace.raw, "outside": trace.outside,
+              "layers": found, "layer_classes": layer_classes, "order": list(layer_classes)}
+    graphs = traced_meta.get("deployed_kernels")
+    if deployed_calls is not None and described is None:
+        graphs = {"deployed": [asdict(call) for call in deployed_calls],
+                  "instrumented": [call for name, _ in meta["layers"]
+                                   for call in found[name]["calls"]]}
+    if graphs:
+        from bitdrift.observer import compare_kernels
+
+        traced["deployed"] = compare_kernels(graphs)
+    return traced
 
 
 def _majority(arrays: list[np.ndarray]) -> np.ndarray:

@@ -48,6 +48,9 @@ import re
 from dataclasses import asdict, dataclass, field
 
 MARKER = "bitdrift-layer"  # marker lines: "bitdrift-layer,begin,<layer>" and ",end,"
+# The markers' name for a traced job's run of the model as deployed (bitdrift.observer):
+# no Keras layer name has parentheses
+DEPLOYED_LAYER = "(deployed)"
 ONEDNN_PREFIXES = ("onednn_verbose", "dnnl_verbose")
 # oneDNN v2/v3's default field order after "exec" (the documented verbose format).
 ONEDNN_DEFAULT_FIELDS = ["engine", "primitive", "implementation", "prop_kind",

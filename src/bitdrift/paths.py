@@ -50,6 +50,12 @@ def export_file(model="{model}", format="{format}") -> str:
     return f"{RESULTS}/exports/{model}/model.{format}"
 
 
+def deployed_export_file(model="{model}", format="{format}") -> str:
+    """The model itself in ``format``, its final output alone: what a user deploys (the
+    observer check, bitdrift.observer)."""
+    return f"{RESULTS}/exports/{model}/deployed.{format}"
+
+
 def export_reference_file(model="{model}") -> str:
     return f"{RESULTS}/exports/{model}/reference.npz"
 

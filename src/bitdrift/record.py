@@ -7,7 +7,11 @@ Layout (documented in docs/record-format.md):
                                    optional effective_precision (JSON, format 2)
     /kernels                optional (format 3): JSON text, the traced repeat's kernel
                             calls per layer (bitdrift.kernels)
-    /samples/<index>/output dataset (repeats, *output_shape)
+    /samples/<index>/output dataset (repeats, *output_shape): the instrumented run's
+    /samples/<index>/deployed
+                            optional: dataset (repeats, *output_shape), the final output
+                            of the model as deployed (the observer check, bitdrift.observer);
+                            where present, it is the final output the analyses read
     /samples/<index>/layers/<layer>
                             dataset (repeats, *layer_shape), attr position (int), attr name
 
@@ -41,6 +45,10 @@ BFLOAT16_ATTR = "bfloat16_raw_bits"
 # instead of adding a class silently. Records written without it are still read.
 CHECKSUM = {"fletcher32": True}
 OUTPUT = "output"
+# The observer check (bitdrift.observer): the final output of the model as deployed (final
+# output only, the runtime's own graph optimisations) beside the instrumented run's
+DEPLOYED = "deployed"
+OBSERVER_ATTR = "observer_check"
 SAMPLE_NAME = re.compile(r"0|[1-9][0-9]*")
 # HDF5 keeps ~25 KB per dataset read until its file is closed. The analysis reads every
 # layer of every record, so a record renews its handle after this many reads: memory
@@ -77,9 +85,10 @@ def write_record(path: str | Path, attrs: dict, samples: dict[int, dict],
     """Write a record atomically.
 
     ``samples`` maps test-set index -> {"output": array (repeats, ...),
-    "layers": [(name, array (repeats, ...)), ...] in model order,
-    optional "layer_classes": [Keras class name per layer], optional "bfloat16": True when
-    the arrays are already raw bfloat16 bits (uint16)}. ``kernels``: the traced repeat's
+    "layers": [(name, array (repeats, ...)), ...] in model order, optional "deployed":
+    array (repeats, ...) of the model as deployed, optional "layer_classes": [Keras class
+    name per layer], optional "bfloat16": True when the arrays are already raw bfloat16
+    bits (uint16)}. ``kernels``: the traced repeat's
     kernels (bitdrift.kernels), stored as JSON text in the dataset ``kernels``.
     """
     missing = [key for key in REQUIRED_ATTRS if key not in attrs]
@@ -101,6 +110,11 @@ def write_record(path: str | Path, attrs: dict, samples: dict[int, dict],
             dataset = group.create_dataset(OUTPUT, data=data, **CHECKSUM)
             if is_bf16 or raw_bf16:
                 dataset.attrs[BFLOAT16_ATTR] = True
+            if DEPLOYED in content:
+                data, is_bf16 = _as_storable(np.asarray(content[DEPLOYED]))
+                dataset = group.create_dataset(DEPLOYED, data=data, **CHECKSUM)
+                if is_bf16 or raw_bf16:
+                    dataset.attrs[BFLOAT16_ATTR] = True
             layers = group.create_group("layers")
             classes = content.get("layer_classes") or [""] * len(content.get("layers", []))
             for position, ((name, values), layer_class) in enumerate(
@@ -282,6 +296,26 @@ class Record:
         return found
 
     @property
+    def observer_check(self) -> dict | None:
+        """The observer check the inference wrote (bitdrift.observer.observer_check), or
+        None for a record without the deployed output."""
+        if not self.has_attr(OBSERVER_ATTR):
+            return None
+        try:
+            return json.loads(self.attr(OBSERVER_ATTR))
+        except ValueError as error:
+            raise self._fail(f"attribute {OBSERVER_ATTR!r} is not JSON ({error})") from error
+
+    def has_deployed(self, sample: int) -> bool:
+        """Whether the sample holds the deployed model's final output (the observer check)."""
+        return DEPLOYED in self._sample_group(sample, True)
+
+    def instrumented_output(self, sample: int) -> Tensor:
+        """The instrumented run's final output (the dataset ``output``), which
+        :meth:`tensor` gives only for a record without the deployed one."""
+        return self._read(sample, True, OUTPUT)
+
+    @property
     def accumulation_orders(self) -> dict | None:
         """The order each Dense layer summed in, as revealed through the device's runtime,
         and its replay (bitdrift.accumulation); None for a record written without it."""
@@ -362,17 +396,26 @@ class Record:
 
     def tensor(self, sample: int, layer: str | LayerInfo) -> Tensor:
         """One tensor: a LayerInfo from :meth:`layers`, or a layer's dataset name (the
-        string `output` means the final output)."""
+        string `output` means the final output: the model as deployed where the record
+        holds it, else the instrumented run's; see bitdrift.observer)."""
         if sample not in self.samples:
             raise self._fail(f"has no sample {sample} (it has {self.samples})")
         final = layer.final if isinstance(layer, LayerInfo) else layer == OUTPUT
         layer = layer.name if isinstance(layer, LayerInfo) else layer
+        if final and self.has_deployed(sample):
+            layer = DEPLOYED
+        return self._read(sample, final, layer)
+
+    def _read(self, sample: int, final: bool, layer: str) -> Tensor:
+        """The dataset ``layer`` of the sample's group (final) or of its layers group."""
+        if sample not in self.samples:
+            raise self._fail(f"has no sample {sample} (it has {self.samples})")
         self._reads += 1
         if self._reads > READS_PER_HANDLE:
             self.suspend()
         # Opened by name: a worker analysing a few layers need not list every layer's
         # attributes first (:meth:`layers` does that).
-        dataset = self._sample_group(sample, final).get(OUTPUT if final else layer)
+        dataset = self._sample_group(sample, final).get(layer)
         if not isinstance(dataset, h5py.Dataset):
             raise self._fail(f"sample {sample} has no layer {layer!r}")
         is_bf16 = _is_bfloat16(dataset)

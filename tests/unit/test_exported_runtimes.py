@@ -26,6 +26,7 @@ DEVICES = {
     "litert_builtin": {"backend": "litert", "op_resolver": "builtin", "batch_size": 2},
 }
 FILES = {"onnxruntime": "model.onnx", "openvino": "model.onnx", "litert": "model.tflite"}
+DEPLOYED_FILES = {backend: file.replace("model.", "deployed.") for backend, file in FILES.items()}
 SAMPLES = [6, 0, 3]
 TF = {**os.environ, "KERAS_BACKEND": "tensorflow"}
 
@@ -51,8 +52,9 @@ images = read_test_images(sys.argv[2], {SAMPLES}).astype('float32')
 outputs = [keras.ops.convert_to_numpy(v) for v in probe(images)]
 np.savez(sys.argv[3] + '/keras_layers.npz', names=[n for n, _ in layers], *outputs)
 write_reference(sys.argv[1], sys.argv[2], sys.argv[3] + '/reference.npz')
-export_model(sys.argv[1], 'onnx', sys.argv[3] + '/model.onnx')
-export_model(sys.argv[1], 'tflite', sys.argv[3] + '/model.tflite')
+export_model(sys.argv[1], 'onnx', sys.argv[3] + '/model.onnx', sys.argv[3] + '/deployed.onnx')
+export_model(sys.argv[1], 'tflite', sys.argv[3] + '/model.tflite',
+             sys.argv[3] + '/deployed.tflite')
 """
     subprocess.run([sys.executable, "-c", code, str(model), str(dataset), str(tmp)],
                    check=True, env=TF)
@@ -70,7 +72,8 @@ def run(assets, tmp_path, name, device, export=None, reference=None):
         infer(model_name="small", device_name=name, device=device, model_path=model,
               dataset_path=dataset, samples=SAMPLES, out=out, log=log,
               reference=reference or folder / "reference.npz",
-              export=export or folder / FILES[backend])
+              export=export or folder / FILES[backend],
+              deployed_export=folder / DEPLOYED_FILES[backend])
     return out
 
 
@@ -92,8 +95,18 @@ def test_an_exported_runtime_records_every_layer_as_keras_computes_it(assets, tm
                 assert values.shape == (2, *expected.shape[1:]) and values.dtype == np.float32
                 np.testing.assert_allclose(values[0], expected[row], rtol=1e-4,
                                            atol=1e-5 * np.abs(expected[row]).max())
-            assert np.array_equal(record.tensor(sample, "output").values,
-                                  record.tensor(sample, "dense_3").values)
+            instrumented = record.instrumented_output(sample).values
+            assert np.array_equal(instrumented, record.tensor(sample, "dense_3").values)
+            # the observer check: the deployed export (final output alone) is the same
+            # model, and the record's verdict is the bitwise comparison, recounted here
+            deployed = record.tensor(sample, "output").values
+            expected = keras_layers["dense_3"][row]
+            np.testing.assert_allclose(deployed[0], expected, rtol=1e-4,
+                                       atol=1e-5 * np.abs(expected).max())
+            assert record.observer_check["samples"][str(sample)] == (
+                deployed[0].tobytes() == instrumented[0].tobytes())
+        assert DEPLOYED_FILES[device["backend"]] in record.observer_check["program"]
+        assert record.attr("deployed_export_sha256")
         agreement = json.loads(record.attr("argmax_agreement"))
         assert agreement["images"] == 40 and agreement["share"] >= 0.99
         assert device["backend"] in record.fingerprint["versions"]
@@ -134,6 +147,24 @@ def check_kernels(kernels, name, export):
     if name == "litert_builtin":
         assert all(names.startswith("tflite ") and names.endswith("(optimized)")
                    for names in compute.values()), compute
+    # the deployed graph's kernels beside the instrumented graph's (the observer check)
+    deployed = kernels["deployed"]
+    assert deployed["deployed"] and deployed["instrumented"]
+    assert deployed["differs"] == (sorted(deployed["deployed"])
+                                   != sorted(deployed["instrumented"]))
+    if name == "onnxruntime_disable_all":
+        # unoptimised, each graph runs its file's own arithmetic nodes
+        from bitdrift.backends.onnxruntime import LAYOUT_OPS
+
+        for side, file in (("deployed", "deployed.onnx"), ("instrumented", "model.onnx")):
+            file_ops = sorted(f"ort {node.op_type}" for node in
+                              onnx.load(export.parent / file).graph.node
+                              if node.op_type not in LAYOUT_OPS | {"Cast"})
+            assert sorted(call for call in deployed[side] if call != "ort Cast") == file_ops
+    if backend == "litert":
+        # XNNPACK takes every arithmetic node of both files, the built-in resolver none
+        prefix = "tflite " if name == "litert_builtin" else "xnnpack "
+        assert all(call.startswith(prefix) for call in deployed["deployed"]), deployed
     if name == "openvino":
         with open("/proc/cpuinfo") as cpuinfo:
             flags = set(next(line for line in cpuinfo if line.startswith("flags")).split())

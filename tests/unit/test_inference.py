@@ -53,12 +53,29 @@ def test_record_of_a_real_run(assets, tmp_path, backend):
         assert [i.position for i in layers] == list(range(len(layers)))
         conv = record.tensor(0, "conv2d").values
         assert conv.shape == (2, 32, 32, 3) and conv.dtype == np.float32
-        output = record.tensor(6, "output").values
+        output = record.instrumented_output(6).values
         assert output.shape == (2, 10)
-        # the final output is the last layer's output
+        # the instrumented run's final output is the last layer's output
         assert np.array_equal(output, record.tensor(6, "dense_3").values)
         # repeats in fresh processes on one CPU were bit-identical on every machine seen
         assert np.array_equal(output[0], output[1])
+        # the observer check: each repeat also ran the model as deployed (Keras' predict),
+        # whose output is the final output the analyses read; the record's verdict is the
+        # bitwise comparison of the two, recounted here
+        deployed = record.tensor(6, "output").values
+        assert record.has_deployed(6) and deployed.shape == output.shape
+        check = record.observer_check
+        assert "predict" in check["program"]
+        assert check["samples"]["6"] == (deployed[0].tobytes() == output[0].tobytes())
+        # the traced repeat logged the deployed run's kernels apart from the layers'
+        # (TensorFlow and torch; JAX's traced repeat dumps XLA per layer, no deployed run)
+        compared = record.kernels.get("deployed")
+        if backend == "jax":
+            assert compared is None
+        else:
+            assert compared["deployed"] and compared["instrumented"]
+            if backend == "torch":  # Keras' predict on torch is eager, as the probe is
+                assert not compared["differs"], compared
 
 
 @pytest.fixture(scope="module")

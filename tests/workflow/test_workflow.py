@@ -465,3 +465,24 @@ def test_findings_open_the_report_and_name_this_machine(run):
     assert "None: every scheduled device ran." in findings
     report = (workdir / "results/report.html").read_text(errors="replace")
     assert "Findings on this machine" in report
+
+
+def test_every_device_runs_the_model_as_deployed(run):
+    """The observer check in the workflow: the exports include the deployed files, every
+    record holds the deployed model's final output, and observer_check.csv counts the
+    samples whose deployed output equals the instrumented one as a byte comparison of the
+    records' own datasets does; findings says how many devices agree."""
+    workdir, _ = run
+    assert (workdir / "results/exports/small/deployed.onnx").stat().st_size > 1000
+    table = pd.read_csv(workdir / "results/tables/observer_check.csv").set_index("device")
+    records = sorted((workdir / "results/inference/small").glob("*.h5"))
+    assert sorted(table.index) == sorted(path.stem for path in records)
+    for path in records:
+        with h5py.File(path, "r") as handle:
+            equal = [handle[f"samples/{sample}/output"][()].tobytes()
+                     == handle[f"samples/{sample}/deployed"][()].tobytes()
+                     for sample in handle["samples"]]
+        assert table.loc[path.stem, "equal_samples"] == sum(equal)
+        assert table.loc[path.stem, "observer_equal"] == ("yes" if all(equal) else "no")
+    findings = (workdir / "results/findings.md").read_text()
+    assert f"on {(table['observer_equal'] == 'yes').sum()} of {len(table)} checked" in findings

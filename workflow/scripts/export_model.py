@@ -8,4 +8,9 @@ with workflow_job(snakemake.log[0]):
     backends.get("tensorflow").preimport()
     from bitdrift.export import export_model
 
-    export_model(snakemake.input.model, snakemake.wildcards.format, snakemake.output[0])
+    export_model(
+        snakemake.input.model,
+        snakemake.wildcards.format,
+        snakemake.output.export,
+        snakemake.output.deployed,
+    )

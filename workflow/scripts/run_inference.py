@@ -25,6 +25,7 @@ with workflow_job(snakemake.log[0], on_failure=on_failure):
         layers=snakemake.params.layers,
         reference=snakemake.input.get("reference"),
         export=snakemake.input.get("export"),
+        deployed_export=snakemake.input.get("deployed_export"),
         kernels=snakemake.params.kernels,
         log=sys.stderr,
     )

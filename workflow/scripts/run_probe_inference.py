@@ -20,5 +20,7 @@ with workflow_job(snakemake.log[0]):
         reference=snakemake.input.get("reference"),
         export=snakemake.input.get("export"),
         kernels=False,
+        # Like the search: the outputs alone, without the observer check's second pass
+        observe=False,
         log=sys.stderr,
     )

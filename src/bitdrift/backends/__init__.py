@@ -20,8 +20,9 @@ Every module has:
 - ``versions() -> dict``: the framework's versions and build switches for the fingerprint.
 
 and ``open_session(job, name) -> Session``: the model loaded (cast, placed on the
-accelerator) and callable on a batch, returning the recorded layers' outputs. The Keras
-backends (``tensorflow``, ``torch``, ``jax``) share theirs (``keras_common``); the exported
+accelerator) and callable on a batch, returning the recorded layers' outputs, with the
+model as deployed beside it (final output only: the observer check, bitdrift.observer). The
+Keras backends (``tensorflow``, ``torch``, ``jax``) share theirs (``keras_common``); the exported
 runtimes (``onnxruntime``, ``openvino``, ``litert``) run the file ``bitdrift.export``
 wrote from the same ``.keras`` model (``exported``), and cannot train.
 """
@@ -97,6 +98,17 @@ class Session:
     # through such a layer alone, in the runtime's own format (bitdrift.accumulation)
     order_layers: dict = field(default_factory=dict)
     order_probe: Callable | None = None
+    # The model as deployed (the observer check, bitdrift.observer): ``deployed(batch)``
+    # gives the final output of the program a user runs, the final output alone with the
+    # runtime's own graph optimisations, and ``deployed_program`` says which program that
+    # is; None where the session has none (a traced job, an exported runtime without its
+    # deployed file)
+    deployed: Callable[[np.ndarray], np.ndarray] | None = None
+    deployed_program: str = ""
+    # A traced job of an exported runtime: the kernels of the deployed graph and of the
+    # instrumented one, in graph order ({"deployed": [KernelCall as dict], "instrumented":
+    # [...]}), so the traced repeat names the deployed graph's kernels where they differ
+    deployed_kernels: dict | None = None
 
 
 def get(name: str):

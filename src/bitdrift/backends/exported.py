@@ -134,7 +134,7 @@ def open_session(runtime, job: dict, name: str, order_probe=None):
             order_layers[layer] = found
     probe = order_probe(runtime, device, accelerator, order_layers) \
         if order_probe is not None else None
-    kernels = None
+    kernels = deployed_kernels = None
     if trace:
         from dataclasses import asdict
 
@@ -147,10 +147,51 @@ def open_session(runtime, job: dict, name: str, order_probe=None):
         found = graph_layer_calls(nodes, outputs, {position: reference.layers[position][0]
                                                    for position in positions})
         kernels = {layer: [asdict(call) for call in calls] for layer, calls in found.items()}
+        if job.get("deployed_export"):
+            # the deployed graph as the runtime compiles it (its nodes cannot all be named
+            # by layer: only its final output is known), beside the instrumented graph's
+            run_deployed, describe_deployed = runtime.compile(job["deployed_export"], device,
+                                                              dict(accelerator), True)
+            run_deployed(check)  # LiteRT applies its delegate at the first run
+            deployed_kernels = {
+                "deployed": [asdict(node.call) for node in describe_deployed()[0]
+                             if node.call is not None],
+                "instrumented": [asdict(node.call) for node in nodes if node.call is not None]}
+    deployed, program = None, ""
+    if job.get("deployed_export") and not trace:
+        deployed, program = deployed_session(runtime, job["deployed_export"], device,
+                                             accelerator, name)
     return Session(layers=layers if job["layers"] else [], run=run, final=final,
                    accelerator=accelerator, checked=checked if job["layers"] else {},
                    unmapped=unmapped, kernels=kernels, order_layers=order_layers,
-                   order_probe=probe)
+                   order_probe=probe, deployed=deployed, deployed_program=program,
+                   deployed_kernels=deployed_kernels)
+
+
+def deployed_session(runtime, path, device: dict, accelerator: dict, name: str):
+    """(deployed(batch), what it runs): the deployed export (bitdrift.export: the model
+    converted with its final output alone) compiled with the device's settings, so the
+    runtime optimises the graph a user deploys, not the one with every layer exposed."""
+    from pathlib import Path
+
+    from bitdrift.reference import check_export_file, unreadable_export
+
+    check_export_file(path, runtime.NAME)
+    try:
+        compiled, _ = runtime.compile(path, device, dict(accelerator), False)
+    except BitdriftError:
+        raise
+    except Exception as error:  # each runtime's parser raises its own kinds
+        raise unreadable_export(path, runtime.NAME, error) from error
+
+    def deployed(batch):
+        outputs = compiled(batch)
+        if len(outputs) != 1:
+            raise InferenceError(f"device {name!r}: {path} has {len(outputs)} outputs; the "
+                                 "deployed export has the final output alone")
+        return outputs[0]
+
+    return deployed, f"{Path(path).name} on {runtime.NAME}, final output only"
 
 
 # -- one layer alone as ONNX, as tf2onnx writes it --------------------------------------------

@@ -85,9 +85,9 @@ def open_session(runtime, job: dict, name: str):
     with runtime.strategy_scope(accelerator):
         model = keras.saving.load_model(job["model_path"], compile=False)
         model = cast_model(keras, model, device["precision"])
-        kernels = None
+        kernels = unmark = None
         if job.get("trace"):
-            mark_layers(model)
+            unmark = mark_layers(model)
             if attach_trace is not None:
                 kernels = attach_trace(model)
         if job["layers"]:
@@ -107,6 +107,11 @@ def open_session(runtime, job: dict, name: str):
 
     def final(batch):
         return keras.ops.convert_to_numpy(model(batch, training=False))
+
+    def deployed(batch):
+        """The model as a user runs it: its own final output through Keras' predict path
+        (a tf.function on TensorFlow, jax.jit on JAX, eager on torch: Keras' defaults)."""
+        return keras.ops.convert_to_numpy(model.predict_on_batch(batch))
 
     recorded = {layer for layer, _ in layers}
     order_layers = {}
@@ -141,16 +146,52 @@ def open_session(runtime, job: dict, name: str):
 
         return call
 
+    deployed_program = \
+        f"the .keras model through Keras predict (jit_compile={model.jit_compile})"
+    if job.get("trace"):
+        if attach_trace is not None:
+            # JAX's layers are wrapped to dump what XLA compiles per layer: no deployed run
+            deployed, deployed_program = None, ""
+        else:
+            deployed = marked_deployed(deployed, unmark)
     return Session(layers=layers, run=run, final=final, accelerator=accelerator,
                    checked=checked, order_layers=order_layers, order_probe=order_probe,
-                   kernels=kernels)
+                   kernels=kernels, deployed=deployed, deployed_program=deployed_program)
 
 
-def mark_layers(model) -> None:
+def marked_deployed(deployed, unmark):
+    """A traced job's deployed run: the layers' markers taken off first (a tf.function
+    would print them while it traces, not while its kernels run), and the whole call
+    between the markers of DEPLOYED_LAYER, so that the kernels the deployed program ran
+    are logged apart from the instrumented run's (bitdrift.inference.traced_repeat)."""
+    from bitdrift.kernels import DEPLOYED_LAYER
+
+    def call(batch):
+        unmark()
+        print_marker("begin", DEPLOYED_LAYER)
+        try:
+            return deployed(batch)
+        finally:
+            print_marker("end", DEPLOYED_LAYER)
+
+    return call
+
+
+def print_marker(event: str, layer: str) -> None:
+    """A marker line through C's stdio, the stream the kernel libraries print to."""
+    import ctypes
+
+    from bitdrift.kernels import MARKER
+
+    ctypes.CDLL(None).printf(b"%s\n", f"{MARKER},{event},{layer}".encode())
+
+
+def mark_layers(model):
     """Print a marker line before and after every layer's call, through C's stdio (the
     stream oneDNN, MKL, cuDNN and cuBLASLt print to), so that their kernel lines fall
     between the markers of the layer that made them (bitdrift.kernels). Eager calls run
-    their kernels inside the call, so the attribution is exact."""
+    their kernels inside the call, so the attribution is exact. Returns a function that
+    takes the markers off again."""
     import ctypes
 
     from bitdrift.kernels import MARKER
@@ -170,8 +211,15 @@ def mark_layers(model) -> None:
 
         return wrapper
 
+    originals = {layer: layer.call for layer in model.layers}
     for layer in model.layers:
         layer.call = marked(layer, layer.call)
+
+    def unmark() -> None:
+        for layer, call in originals.items():
+            layer.call = call
+
+    return unmark
 
 
 def checked_layers(keras, model, recorded: list[str]) -> dict:

@@ -82,15 +82,14 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False):
         from bitdrift.kernels import GraphNode, KernelCall
 
         details = loaded._get_ops_details()  # LiteRT's only description of its plan
-        delegated = {int(tensor) for op in details if op["op_name"] == "DELEGATE"
-                     for tensor in op["outputs"]}
+        taken_nodes = _delegated(details)
         kernels = "reference" if resolver_name == "reference" else "optimized"
         nodes = []
         for op in details:
             if op["op_name"] == "DELEGATE":
                 continue
             outputs = tuple(int(tensor) for tensor in op["outputs"])
-            taken = bool(outputs) and set(outputs) <= delegated
+            taken = int(op["index"]) in taken_nodes
             implementation = f"xnnpack {op['op_name']}" if taken else \
                 f"tflite {op['op_name']} ({kernels})"
             nodes.append(GraphNode(
@@ -101,6 +100,28 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False):
         return nodes, [int(details[key]["index"]) for key in names]
 
     return run, describe
+
+
+def _delegated(details: list[dict]) -> set[int]:
+    """The nodes a DELEGATE node took: those that compute its outputs from its inputs,
+    found by walking back from each output through the nodes that produce it, up to the
+    delegate's inputs. (Where every layer is a graph output, as in the instrumented file,
+    each taken node's outputs are the delegate's own; in the deployed file, with the final
+    output alone, the delegate's outputs are its last node's only.)"""
+    producer = {int(tensor): op for op in details if op["op_name"] != "DELEGATE"
+                for tensor in op["outputs"]}
+    taken: set[int] = set()
+    for delegate in (op for op in details if op["op_name"] == "DELEGATE"):
+        boundary = {int(tensor) for tensor in delegate["inputs"]}
+        pending = [int(tensor) for tensor in delegate["outputs"]]
+        while pending:
+            tensor = pending.pop()
+            op = producer.get(tensor)
+            if tensor in boundary or op is None or int(op["index"]) in taken:
+                continue
+            taken.add(int(op["index"]))
+            pending.extend(int(source) for source in op["inputs"] if int(source) >= 0)
+    return taken
 
 
 def versions() -> dict:

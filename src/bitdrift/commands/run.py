@@ -61,6 +61,12 @@ def cmd_infer(args) -> None:
     inputs = inference_inputs(args.model, device["backend"])
     reference = args.reference or inputs.get("reference")
     export = args.export or inputs.get("export")
+    deployed = args.deployed_export or inputs.get("deployed_export")
+    if deployed and not args.deployed_export and not Path(deployed).is_file():
+        # an export made before the observer check: the run is complete without it
+        print(f"bitdrift: {deployed} does not exist: no observer check (`bitdrift export` "
+              "makes it)", file=sys.stderr)
+        deployed = None
     unchecked = None
     if reference and not args.reference and "export" not in inputs and Path(reference).is_file():
         from bitdrift.models import model_digest
@@ -69,7 +75,8 @@ def cmd_infer(args) -> None:
         if read_reference(reference).model_sha256 != model_digest(model_path):
             # The workflow's reference is of the workflow's model; --model-file ran another.
             unchecked, reference = f"{reference} is of another model", None
-    for option, path in (("--reference", reference), ("--export", export)):
+    for option, path in (("--reference", reference), ("--export", export),
+                         ("--deployed-export", deployed)):
         if path and not Path(path).is_file():
             if option == "--reference" and not args.reference and "export" not in inputs:
                 # A Keras runtime without TensorFlow's reference: its run is complete, only
@@ -82,7 +89,7 @@ def cmd_infer(args) -> None:
     infer(model_name=args.model, device_name=args.device, device=device,
           model_path=model_path, dataset_path=dataset_path, samples=config["samples"],
           out=out, layers=config["analysis"]["layers"], reference=reference, export=export,
-          kernels=config["analysis"]["kernels"])
+          kernels=config["analysis"]["kernels"], deployed_export=deployed)
     if unchecked:
         print(f"bitdrift: wrote {out} without the argmax check against TensorFlow ({unchecked}; "
               "`bitdrift export` makes one)", file=sys.stderr)
@@ -100,8 +107,10 @@ def cmd_export(args) -> None:
     write_reference(model_path, dataset_path, reference)
     written = [reference]
     for name in FORMATS:
-        export_model(model_path, name, paths.export_file(args.model, name))
-        written.append(paths.export_file(args.model, name))
+        export_model(model_path, name, paths.export_file(args.model, name),
+                     paths.deployed_export_file(args.model, name))
+        written += [paths.export_file(args.model, name),
+                    paths.deployed_export_file(args.model, name)]
     print(f"bitdrift: wrote {', '.join(written)}")
 
 
@@ -136,6 +145,9 @@ def add_commands(sub) -> None:
                    "workflow's results/exports/MODEL/reference.npz)")
     p.add_argument("--export", help="the exported model an exported runtime runs (default: "
                    "the workflow's results/exports/MODEL/model.onnx or .tflite)")
+    p.add_argument("--deployed-export", help="the model exported with its final output "
+                   "alone, for the observer check (default: the workflow's "
+                   "results/exports/MODEL/deployed.onnx or .tflite)")
     p.set_defaults(func=cmd_infer, writes_data=True)
 
     p = sub.add_parser("export", help="export a model for the exported runtimes (ONNX, "

@@ -82,6 +82,20 @@ def cmd_agreement(args) -> None:
           + f"; wrote {args.out}")
 
 
+def cmd_observer(args) -> None:
+    from bitdrift.atomic import write_csv
+    from bitdrift.observer import OBSERVER_COLUMNS, changed_devices, observer_table
+
+    rows = observer_table(open_checked(args))
+    write_csv(rows, args.out, columns=OBSERVER_COLUMNS)
+    checked = [row for row in rows if row["observer_equal"] != "unchecked"]
+    changed = changed_devices(rows)
+    print(f"bitdrift: the deployed model's final output equals the instrumented run's on "
+          f"{len(checked) - len(changed)} of {len(checked)} checked records"
+          + (f"; instrumentation changed it on {', '.join(r['device'] for r in changed)}"
+             if changed else "") + f"; wrote {args.out}", file=sys.stderr)
+
+
 def cmd_failures(args) -> None:
     from bitdrift.atomic import write_csv
     from bitdrift.failures import TABLE_COLUMNS, failure_rows
@@ -160,6 +174,14 @@ def add_commands(sub) -> None:
     p.add_argument("--out", required=True, help="argmax_agreement.csv")
     expect_option(p)
     p.set_defaults(func=cmd_agreement)
+
+    p = sub.add_parser("observer", help="the observer check: does each device's deployed "
+                       "model (final output only) give the instrumented run's final output, "
+                       "bit for bit (observer_check.csv)")
+    p.add_argument("files", nargs="+", help="records")
+    p.add_argument("--out", required=True, help="observer_check.csv")
+    expect_option(p)
+    p.set_defaults(func=cmd_observer)
 
     p = sub.add_parser("failures", help="the devices that did not run: their failure "
                        "records' reasons (device_failures.csv)")

@@ -72,7 +72,7 @@ def evaluate(natural: np.ndarray, candidates: np.ndarray | None, *, model_name: 
         infer(model_name=model_name, device_name=name, device={**device, "repeats": 1},
               model_path=model_path, dataset_path=path, samples=rows, out=record,
               layers=False, kernels=False, export=inputs.get(name, {}).get("export"),
-              reference=inputs.get(name, {}).get("reference"), log=log)
+              reference=inputs.get(name, {}).get("reference"), log=log, observe=False)
         with Record(record) as opened:
             outputs[name] = np.stack([opened.tensor(row, OUTPUT).values[0] for row in rows])
     return outputs

@@ -1,0 +1,242 @@
+"""The observer check (bitdrift.observer): the model as deployed beside the instrumented
+run. A real case where exposing a tensor changes the output (ONNX Runtime's MatMul+Add ->
+Gemm fusion, blocked by the exposed MatMul output), and records built by hand whose truth
+is known: the record keeps both outputs, the classes are the deployed outputs', the table
+and the findings name the device whose instrumentation changed its output."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bitdrift import backends
+from bitdrift.backends.exported import deployed_session
+from bitdrift.eqc import eqc_tables
+from bitdrift.findings import observer
+from bitdrift.observer import changed_devices, observer_check, observer_table, record_check
+from bitdrift.record import DEPLOYED, OUTPUT, Record, write_record
+from tests.utils import BASE_ATTRS
+
+# A Dense layer whose sum cancels: the first term 2**24, the last -2**24, the others 0, and
+# a bias of 1. Every partial sum is exact in float32 (2**24 is, and 2**24 + 0 is), so
+# adding the bias last gives exactly 1, in any order of the terms. Adding the bias into
+# the accumulator before the last term gives 2**24 + 1, which float32 rounds to 2**24
+# (ties to even), and 0 after the -2**24: what a GEMM that takes the bias as its C
+# operand (beta = 1) and sums the inner dimension in blocks does. K spans several of
+# MLAS's K blocks (128 or 256 terms) on any x86 CPU.
+TERMS, UNITS, ROWS = 1024, 128, 4
+
+
+def dense_onnx(expose: bool):
+    """x -> MatMul -> Add(bias) -> y as ONNX; ``expose`` also lists the MatMul's output as a
+    graph output, as recording every tensor would."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    kernel = np.zeros((TERMS, UNITS), np.float32)
+    kernel[0], kernel[-1] = 2.0**24, -(2.0**24)
+    bias = np.ones(UNITS, np.float32)
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if expose:
+        outputs.insert(0, helper.make_tensor_value_info("t", TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "kernel"], ["t"]),
+         helper.make_node("Add", ["t", "bias"], ["y"])], "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, TERMS])], outputs,
+        [numpy_helper.from_array(kernel, "kernel"), numpy_helper.from_array(bias, "bias")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), kernel, bias
+
+
+def ort_device(level: str) -> dict:
+    return {"backend": "onnxruntime", "accelerator": "cpu", "threads": 1,
+            "graph_optimization_level": level}
+
+
+@pytest.fixture(scope="module")
+def dense_files(tmp_path_factory):
+    import onnx
+
+    folder = tmp_path_factory.mktemp("dense")
+    for name, expose in (("model.onnx", True), ("deployed.onnx", False)):
+        onnx.save(dense_onnx(expose)[0], folder / name)
+    return folder
+
+
+def test_exposing_a_tensor_blocks_a_fusion_that_changes_the_output(dense_files, tmp_path):
+    """The instrumented graph (MatMul output exposed) cannot fuse MatMul and Add; the
+    deployed one runs one Gemm that adds the bias before the sum ends. The unfused program
+    gives the exact result; the check, through bitdrift's deployed session, says the
+    deployed output differs."""
+    runtime = backends.get("onnxruntime")
+    device = ort_device("all")
+    accelerator = runtime.check_accelerator("dense", device)
+    _, kernel, bias = dense_onnx(False)
+    batch = np.ones((ROWS, TERMS), np.float32)
+    exact = batch.astype(np.float64) @ kernel.astype(np.float64) + bias  # all ones
+    assert np.all(exact == 1.0)
+
+    run, describe = runtime.compile(dense_files / "model.onnx", device, dict(accelerator),
+                                    trace=True)
+    instrumented = run(batch)[-1]
+    instrumented_ops = {node.call.primitive for node in describe()[0] if node.call}
+    deployed, program = deployed_session(runtime, dense_files / "deployed.onnx", device,
+                                         accelerator, "dense")
+    deployed_output = deployed(batch)
+    _, describe_deployed = runtime.compile(dense_files / "deployed.onnx", device,
+                                           dict(accelerator), trace=True)
+    deployed_ops = {node.call.primitive for node in describe_deployed()[0] if node.call}
+
+    assert {"MatMul", "Add"} <= instrumented_ops and "Gemm" not in instrumented_ops
+    assert deployed_ops == {"Gemm"}  # the fusion the exposed tensor blocked
+    assert np.array_equal(instrumented, exact.astype(np.float32))  # bias added last: exact
+    assert not np.array_equal(deployed_output, instrumented)  # the fused Gemm rounds 2**24 + 1
+    assert "deployed.onnx" in program
+
+    content = {0: {OUTPUT: instrumented[None], DEPLOYED: deployed_output[None]}}
+    check = observer_check(content, program)
+    assert check["equal"] is False and check["samples"] == {"0": False}
+    # recorded, the final output the analyses read is the deployed one
+    path = tmp_path / "dense.h5"
+    write_record(path, {**BASE_ATTRS, "model": "dense", "device": "ort_all",
+                        "observer_check": json.dumps(check)}, content)
+    with Record(path) as record:
+        assert np.array_equal(record.tensor(0, OUTPUT).values[0], deployed_output)
+        assert np.array_equal(record.instrumented_output(0).values[0], instrumented)
+        assert record_check(record)["equal"] is False
+
+
+def test_without_graph_optimisations_the_deployed_model_equals_the_instrumented(dense_files):
+    """The same two graphs with ONNX Runtime's optimisations off: nothing fuses, both are
+    the unfused program, and their outputs are equal bit for bit."""
+    runtime = backends.get("onnxruntime")
+    device = ort_device("disable_all")
+    accelerator = runtime.check_accelerator("dense", device)
+    batch = np.ones((ROWS, TERMS), np.float32)
+    run, _ = runtime.compile(dense_files / "model.onnx", device, dict(accelerator))
+    deployed, _ = deployed_session(runtime, dense_files / "deployed.onnx", device,
+                                   accelerator, "dense")
+    instrumented, deployed_output = run(batch)[-1], deployed(batch)
+    assert np.all(instrumented == 1.0)
+    assert observer_check({0: {OUTPUT: instrumented[None], DEPLOYED: deployed_output[None]}},
+                          "deployed.onnx")["equal"]
+
+
+def test_a_deployed_file_with_every_layer_is_refused(dense_files):
+    """The deployed export has the final output alone: the instrumented file given in its
+    place would compare the instrumented program with itself."""
+    from bitdrift.errors import InferenceError
+
+    runtime = backends.get("onnxruntime")
+    device = ort_device("all")
+    accelerator = runtime.check_accelerator("dense", device)
+    deployed, _ = deployed_session(runtime, dense_files / "model.onnx", device, accelerator,
+                                   "dense")
+    with pytest.raises(InferenceError, match="final output alone"):
+        deployed(np.ones((1, TERMS), np.float32))
+
+
+def _record(tmp_path, device, outputs, deployed=None, layers=True, bfloat16=False):
+    """A record of ``outputs`` ({sample: (repeats, ...)}), with ``deployed`` beside it."""
+    samples = {}
+    for sample, values in outputs.items():
+        content = {OUTPUT: np.asarray(values)}
+        if layers:
+            content["layers"] = [("dense", np.asarray(values))]
+        if deployed is not None:
+            content[DEPLOYED] = np.asarray(deployed[sample])
+        if bfloat16:
+            content["bfloat16"] = True
+        samples[sample] = content
+    attrs = {**BASE_ATTRS, "model": "net", "device": device}
+    if deployed is not None:
+        attrs["observer_check"] = json.dumps(observer_check(samples, "deployed.onnx"))
+    path = tmp_path / f"{device}.h5"
+    write_record(path, attrs, samples)
+    return Record(path)
+
+
+def test_the_table_counts_what_the_records_hold(tmp_path):
+    """One device whose deployed output is the instrumented one, one whose deployed output
+    is one unit in the last place off on one sample of two, one written without the check
+    (an old record): yes, no naming the sample, unchecked; the final-output classes are the
+    deployed outputs', the layer the instrumented run's."""
+    base = np.array([[0.25, 0.5, 0.75]], np.float32).repeat(2, axis=0)
+    nudged = base.copy()
+    nudged[:, 1] = np.nextafter(nudged[:, 1], np.float32(1))
+    outputs = {0: base, 3: base}
+    records = [_record(tmp_path, "same", outputs, deployed={0: base, 3: base}),
+               _record(tmp_path, "changed", outputs, deployed={0: base, 3: nudged}),
+               _record(tmp_path, "old", outputs)]
+    rows = observer_table(records)
+    by = {row["device"]: row for row in rows}
+    assert by["same"]["observer_equal"] == "yes" and by["same"]["equal_samples"] == 2
+    assert by["changed"]["observer_equal"] == "no" and by["changed"]["equal_samples"] == 1
+    assert by["changed"]["differing_samples"] == "3"
+    assert by["old"]["observer_equal"] == "unchecked"
+    assert [row["device"] for row in changed_devices(rows)] == ["changed"]
+    # the attribute the inference wrote says the same as the recount
+    assert records[1].observer_check["samples"] == {"0": True, "3": False}
+
+    final, layers = eqc_tables(records)
+    classes = final.set_index(["sample", "device"])["eqc"]
+    assert classes[(3, "changed")] != classes[(3, "same")] == classes[(3, "old")]
+    assert classes[(0, "changed")] == classes[(0, "same")]
+    dense = layers[layers["layer"] == "dense"].set_index(["sample", "device"])["eqc"]
+    assert dense[(3, "changed")] == dense[(3, "same")]  # instrumented: one class
+    lines = observer(pd.DataFrame(rows))
+    assert "2 of 3" not in lines[0] and "1 of 2 checked devices" in lines[0]
+    assert len(lines) == 2 and lines[1].startswith("changed (net): the deployed model")
+    assert "1 of 2 samples" in lines[1] and "instrumented program" in lines[1]
+    for record in records:
+        record.close()
+
+
+def test_bfloat16_deployed_outputs_compare_as_bits(tmp_path):
+    """bfloat16 outputs are stored as raw bits: equal bits are equal, one flipped bit is a
+    difference, and both datasets are marked bfloat16."""
+    raw = np.array([[0x3F80, 0x4000]], np.uint16).repeat(2, axis=0)
+    flipped = raw ^ np.uint16(1)
+    record = _record(tmp_path, "bf16", {0: raw}, deployed={0: flipped}, bfloat16=True)
+    assert record.tensor(0, OUTPUT).bfloat16 and record.instrumented_output(0).bfloat16
+    assert record_check(record)["samples"] == {"0": False}
+    record.close()
+    same = _record(tmp_path, "bf16_same", {0: raw}, deployed={0: raw.copy()}, bfloat16=True)
+    assert record_check(same)["equal"]
+    same.close()
+
+
+def test_the_deployed_graphs_kernels_are_named_where_they_differ():
+    """compare_kernels on graphs listed by hand: a fusion that drops the Relu nodes and
+    turns two Gemms into FusedGemms is named as such; equal multisets in another order
+    are the same kernels."""
+    from bitdrift.observer import compare_kernels
+
+    def calls(*names):
+        return [{"implementation": name} for name in names]
+
+    fused = compare_kernels({"deployed": calls("ort Conv", "ort FusedGemm", "ort FusedGemm"),
+                             "instrumented": calls("ort Conv", "ort Gemm", "ort Relu",
+                                                   "ort Gemm", "ort Relu")})
+    assert fused["differs"]
+    assert fused["only_deployed"] == ["ort FusedGemm x2"]
+    assert fused["only_instrumented"] == ["ort Gemm x2", "ort Relu x2"]
+    same = compare_kernels({"deployed": calls("b", "a"), "instrumented": calls("a", "b")})
+    assert not same["differs"] and same["only_deployed"] == same["only_instrumented"] == []
+
+
+def test_litert_names_the_nodes_a_delegate_took_when_only_the_final_output_is_known():
+    """Plans as LiteRT lists them: a delegate whose outputs are every node's (the
+    instrumented file) and one whose output is its last node's alone (the deployed file)
+    take the same nodes; a node outside the delegate's inputs-to-outputs path is not taken."""
+    from bitdrift.backends.litert import _delegated
+
+    def op(index, name, inputs, outputs):
+        return {"index": index, "op_name": name, "inputs": inputs, "outputs": outputs}
+
+    # tensors: 0 input, 1-2 weights; conv 0 -> 3, pool 1 -> 4, fc 2 (not delegated) -> 5
+    nodes = [op(0, "CONV_2D", [0, 1], [3]), op(1, "MAX_POOL_2D", [3], [4]),
+             op(2, "FULLY_CONNECTED", [4, 2, -1], [5])]
+    instrumented = nodes + [op(3, "DELEGATE", [0, 1], [3, 4])]
+    deployed = nodes + [op(3, "DELEGATE", [0, 1], [4])]
+    assert _delegated(instrumented) == _delegated(deployed) == {0, 1}
+    assert _delegated(nodes) == set()  # no delegate: the built-in kernels
