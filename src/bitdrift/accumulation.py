@@ -599,7 +599,7 @@ class _Seen:
                                  f"the {self.places} places of the layer")
             for column, pair in enumerate(chunk):
                 self.index[pair] = len(self.values)
-                self.values.append(outputs[:, column])
+                self.values.append(outputs[:, column].astype(np.float32))  # counts
 
     def table(self) -> tuple[np.ndarray, np.ndarray]:
         """The pairs asked (k, 2) and their outputs (k, places)."""

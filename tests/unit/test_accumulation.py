@@ -327,10 +327,17 @@ def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(
         else:  # a kernel whose sums are no tree says so
             assert orders[conv]["order"] == "not revealed" and orders[conv]["replay"]
         for layer, entry in orders.items():
-            for flat in entry.get("trees", []):  # one, or one per batch row
+            for flat in entry.get("trees", []):  # the distinct trees of its places
                 tree = from_flat(flat, entry["terms"])
-                assert tree.terms == tuple(range(entry["terms"]))
-                assert entry["bias"]  # the model's layers have biases: a term
+                # all terms; or, found at a pixel by the padding, that pixel's
+                assert set(tree.terms) <= set(range(entry["terms"]))
+                assert entry["bias"] and entry["terms"] - 1 in tree.terms  # the bias: a term
+                if classes[layer] == "Dense":
+                    assert tree.terms == tuple(range(entry["terms"]))
+            if "trees" in entry:  # every batch row's map covers the layer's output grid
+                grid = entry["places"]["grid"]
+                assert all(len(lines) == grid[0] and {len(line) for line in lines} ==
+                           {grid[1]} for lines in entry["places"]["maps"])
             reproduced += entry["replay"].startswith("bit-identical")
             # a layer not reproduced says why: no tree, or how many values differ
             assert entry["replay"].startswith(("bit-identical", "differs: ")) or \
