@@ -524,8 +524,8 @@ COVERAGE_COLUMNS = ["model", "first_divergences", "kernels_differ", "same_kernel
 
 def coverage(records, divergence, eqc) -> list[dict]:
     """Per model: of all (class pair, sample) first divergences (each pair of classes
-    once: divergence.class_pairs), the share where the recorded
-    kernels differ at that layer, where they are the same but another attribute differs
+    once: divergence.class_pairs), the share where the recorded kernels differ at that
+    layer, where they are the same but another attribute differs
     (threads, batch size: same kernel, other blocking or reduction order), and the share
     left unexplained; pairs with an untraced device are counted apart. And the adjusted
     Rand index between each traced device's kernel signature over all layers and its

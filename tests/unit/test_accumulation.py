@@ -718,6 +718,14 @@ def test_a_conv_is_replayed_pixel_by_pixel_in_its_own_order():
     centre["trees"] = [entry["trees"][found.tree_of[0, (height // 2) * width + width // 2]]]
     one = replay_layers({"conv": centre}, checked, weights, outputs, "float32", images)
     assert one["conv"]["replay"].startswith("differs: ")
+    # a pixel whose order is unknown ('.') is left out of the replay, and counted
+    found.tree_of[0, 0] = -1
+    unknown = found.entry(10, True)
+    assert unknown["places"]["maps"][0][0].startswith(".")
+    result = replay_layers({"conv": unknown}, checked, weights, outputs, "float32", images)
+    assert result["conv"]["replay"] == "bit-identical without FMA; 6 of 180 values not " \
+        "replayed (order unknown there)"  # 3 images x 2 filters at pixel (0, 0)
+    assert result["conv"]["order"].endswith("; order unknown at 1 pixels")
 
 
 def test_height_counts_the_products_additions_whatever_the_bias_does():
