@@ -80,12 +80,31 @@ def probe_spec(class_name: str, config: dict, input_shape, kernel_shape) -> dict
 
 
 def probe_output(spec: dict, output: np.ndarray) -> np.ndarray:
-    """The (batch, units) sums of a probe's output: a Conv2D's at its centre pixel, whose
-    window lies inside the input (every term a product of the input of ones)."""
+    """The sums of a probe's output: (batch, units) of a Dense layer; (batch, pixels,
+    units) of a Conv2D, every output pixel (row-major), each a sum of its own whose window
+    may reach into the padding (see conv_grid)."""
     output = np.asarray(output)
     if spec["class_name"] == "Conv2D":
-        return output[:, output.shape[1] // 2, output.shape[2] // 2, :]
+        return output.reshape(output.shape[0], -1, output.shape[-1])
     return output
+
+
+def conv_grid(spec: dict) -> tuple[tuple[int, int], np.ndarray]:
+    """A Conv2D probe's output grid (height, width) and which of its sum's terms each
+    output pixel holds: (pixels, terms + 1) booleans, row-major, the last column the bias
+    (always there); a term is missing where the kernel position falls on the zero padding
+    of an input of ones, its product then exactly 0."""
+    kh, kw, channels, _ = spec["kernel_shape"]
+    in_h, in_w = spec["input_shape"][:2]
+    (sh, sw), (dh, dw) = spec["config"].get("strides", [1, 1]), \
+        spec["config"].get("dilation_rate", [1, 1])
+    if spec["config"].get("padding") == "same":
+        out_h, out_w = -(-in_h // sh), -(-in_w // sw)
+    else:
+        out_h, out_w = (in_h - dh * (kh - 1) - 1) // sh + 1, (in_w - dw * (kw - 1) - 1) // sw + 1
+    ones = np.ones((1, in_h, in_w, channels))
+    live = conv_patches(ones, spec["config"], spec["kernel_shape"], (1, out_h, out_w)) != 0
+    return (out_h, out_w), np.hstack([live, np.ones((len(live), 1), dtype=bool)])
 
 
 def conv_patches(x: np.ndarray, spec: dict, kernel_shape, out_shape) -> np.ndarray:
@@ -110,21 +129,6 @@ def conv_patches(x: np.ndarray, spec: dict, kernel_shape, out_shape) -> np.ndarr
 
 class OrderError(BitdriftError):
     exit_code = 1
-
-
-class RowsDiffer(OrderError):
-    """The rows of one batch are summed in different orders (see reveal_rows)."""
-
-
-def reveal_rows(dense, terms: int, units: int, precision: str, bias: bool,
-                batch: int) -> list[Node]:
-    """The tree of each row of a batch: one tree for all rows where they agree (the
-    usual case), else one per row (a kernel that blocks rows: seen with MKL's sgemm at
-    batch 2 and 10 units)."""
-    try:
-        return [reveal(dense, terms, units, precision, bias)]
-    except RowsDiffer:
-        return [reveal(dense, terms, units, precision, bias, row=row) for row in range(batch)]
 
 
 @dataclass
@@ -156,11 +160,14 @@ def _post_order(tree: Node) -> list[Node]:
     return order
 
 
-def to_flat(tree: Node) -> list[list[int]]:
+def to_flat(tree: Node, terms: int | None = None) -> list[list[int]]:
     """How the record keeps a tree: its nodes in post-order, each the list of its
-    children, a child being a term's index (0..n-1) or n + the index of an earlier node."""
+    children, a child being a term's index (0..n-1) or n + the index of an earlier node;
+    n is ``terms``, the sum's terms (default: the tree's; a tree found at a pixel by the
+    padding holds fewer)."""
     nodes = _post_order(tree)
-    number = {id(node): tree.size + index for index, node in enumerate(nodes)}
+    offset = tree.size if terms is None else terms
+    number = {id(node): offset + index for index, node in enumerate(nodes)}
     return [[number[id(child)] if isinstance(child, Node) else int(child)
              for child in node.children] for node in nodes]
 
@@ -182,33 +189,51 @@ def probe_sums(dense, pairs: list[tuple[int, int]], terms: int, bias: bool, widt
     """{pair: meeting size} from ``dense(kernel, bias)`` called with ``width`` probes per
     call: pair (i, j) puts +M on term i and -M on term j (term ``terms`` is the bias) and
     1 on every other term, so the output counts the terms added after i and j met. Every
-    row of the batch must give the same sums (RowsDiffer), unless ``row`` picks one; sums
-    that are not such counts (no swamping) are an OrderError."""
-    dtype = input_dtype(precision)
-    (big, unit), count = PROBE_VALUES[precision], terms + (1 if bias else 0)
+    row of the batch must give the same sums (else an OrderError), unless ``row`` picks
+    one; sums that are not such counts (no swamping) are an OrderError."""
+    count = terms + (1 if bias else 0)
     found = {}
     for start in range(0, len(pairs), width):
         chunk = pairs[start:start + width]
-        weights = np.full((terms, width), unit, dtype=dtype)
-        shift = np.full(width, unit if bias else 0, dtype=dtype)
-        for column, pair in enumerate(chunk):
-            for term, sign in zip(pair, (1, -1), strict=True):
-                if term == terms:
-                    shift[column] = sign * big
-                else:
-                    weights[term, column] = sign * big
-        outputs = np.asarray(dense(weights, shift), dtype=np.float64).reshape(-1, width)
+        outputs = _probe_call(dense, chunk, terms, bias, width, precision)
         if row is None and not np.all(outputs == outputs[0]):
-            raise RowsDiffer("the rows of a batch sum in different orders")
-        values = outputs[row or 0, :len(chunk)] / unit
-        if not np.all(np.isfinite(values)) or np.any(values != np.round(values)) or \
-                np.any(values < 0) or np.any(values > count - 2):
-            raise OrderError("the kernel's sums are not counts of the terms left after a "
-                             "cancellation: it does not swamp (a wider accumulator, or the "
-                             "terms are not summed as given)")
+            raise OrderError("the rows of a batch sum in different orders")
+        values = outputs[row or 0, :len(chunk)]
+        if not _counts(values, count).all():
+            raise OrderError(NOT_COUNTS)
         for pair, value in zip(chunk, values, strict=True):
             found[pair] = count - int(value)
     return found
+
+
+NOT_COUNTS = ("the kernel's sums are not counts of the terms left after a cancellation: it "
+              "does not swamp (a wider accumulator, or the terms are not summed as given)")
+
+
+def _probe_call(dense, chunk: list[tuple[int, int]], terms: int, bias: bool, width: int,
+                precision: str) -> np.ndarray:
+    """One call of the probe with the pairs of ``chunk`` in its first columns: its outputs
+    in units, (places, width), a place being a batch row (Dense) or a batch row and output
+    pixel (Conv2D, row-major)."""
+    dtype = input_dtype(precision)
+    big, unit = PROBE_VALUES[precision]
+    weights = np.full((terms, width), unit, dtype=dtype)
+    shift = np.full(width, unit if bias else 0, dtype=dtype)
+    for column, pair in enumerate(chunk):
+        for term, sign in zip(pair, (1, -1), strict=True):
+            if term == terms:
+                shift[column] = sign * big
+            else:
+                weights[term, column] = sign * big
+    return np.asarray(dense(weights, shift), dtype=np.float64).reshape(-1, width) / unit
+
+
+def _counts(values: np.ndarray, count) -> np.ndarray:
+    """Which outputs are counts of the terms left after a cancellation in a sum of
+    ``count`` terms (integers from 0 to count - 2)."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(values) & (values == np.round(values)) & (values >= 0) & \
+            (values <= np.asarray(count) - 2)
 
 
 def meeting_sizes(dense: Callable[[np.ndarray], np.ndarray], n: int,
@@ -296,11 +321,13 @@ def _first_term(nodes):
 
 
 def describe(tree: Node) -> dict:
-    """A compact form of the tree: its height, the widest node (2: every node adds two
-    operands), and its shape: ``sequential`` (each node adds one term to the running sum,
-    in index order), ``pairwise`` (balanced halves), ``lanes`` (L interleaved partial sums,
-    term k in lane k mod L, then combined), ``blocks`` (contiguous blocks summed apart,
-    then combined), else ``other``."""
+    """A compact form of the tree: its height (the most additions on a path from a term up
+    to the root: a node adding two terms has height 1, a sequential sum of n terms n - 1),
+    the widest node (2: every node adds two operands), and its shape: ``sequential``
+    (each node adds one term to the running sum, in index order), ``pairwise`` (balanced
+    halves), ``lanes`` (L interleaved partial sums, term k in lane k mod L, then
+    combined), ``blocks`` (contiguous blocks summed apart, then combined), else
+    ``other``."""
     order = _post_order(tree)
     heights: dict[int, int] = {}
     for node in order:
@@ -378,65 +405,381 @@ def reveal(dense: Callable[[np.ndarray, np.ndarray], np.ndarray], terms: int, un
     each searched the same way, so a sequential sum needs n - 1 probes and a balanced one
     about n log n. Every row of the batch must give the same sums (else the kernel sums
     rows in different orders, and the error says so), unless ``row`` picks the row whose
-    order is revealed (see reveal_rows)."""
+    order is revealed; ``reveal_places`` reveals every row and pixel of a layer."""
     if precision not in PROBE_VALUES:
         raise OrderError(f"the order is revealed with inputs in {', '.join(PROBE_VALUES)}, "
                          f"not {precision}")
-    count = terms + (1 if bias else 0)
+    search = _search(list(range(terms + (1 if bias else 0))))
+    pairs = next(search)
+    while True:
+        try:
+            pairs = search.send(probe_sums(dense, pairs, terms, bias, units, precision, row))
+        except StopIteration as done:
+            return done.value
 
-    def query(pairs):
-        return probe_sums(dense, pairs, terms, bias, units, precision, row)
 
-    def solve(group: list[int], ceiling: int) -> list:
-        """The subtrees the terms of ``group`` form below a node of ``ceiling`` terms."""
-        if len(group) == 1:
-            return [group[0]]
-        pivot, others = group[0], group[1:]
-        sizes = query([(pivot, other) for other in others])
-        current: Node | int = pivot
-        for size in sorted({sizes[(pivot, other)] for other in others} - {ceiling}):
-            if size > ceiling:
-                raise OrderError(f"terms {pivot} and others meet above their node")
-            members = [other for other in others if sizes[(pivot, other)] == size]
-            children = [current, *solve(members, size)]
-            node_terms = tuple(sorted(t for child in children for t in _terms(child)))
-            if len(node_terms) != size:
-                raise OrderError(f"the meeting sizes are not a summation tree: a node of "
-                                 f"{len(node_terms)} terms said to hold {size}")
-            current = Node(size=size, children=children, terms=node_terms)
-        rest = [other for other in others if sizes[(pivot, other)] == ceiling]
-        return [current, *(solve(rest, ceiling) if rest else [])]
+def _solve(group: list[int], ceiling: int):
+    """FPRev's recursive step as a generator: the subtrees the terms of ``group`` form
+    below a node of ``ceiling`` terms. It yields the (pivot, other) pairs whose meeting
+    sizes it needs and is sent them as {pair: size}."""
+    if len(group) == 1:
+        return [group[0]]
+    pivot, others = group[0], group[1:]
+    sizes = yield [(pivot, other) for other in others]
+    current: Node | int = pivot
+    for size in sorted({sizes[(pivot, other)] for other in others} - {ceiling}):
+        if size > ceiling:
+            raise OrderError(f"terms {pivot} and others meet above their node")
+        members = [other for other in others if sizes[(pivot, other)] == size]
+        children = [current, *(yield from _solve(members, size))]
+        node_terms = tuple(sorted(t for child in children for t in _terms(child)))
+        if len(node_terms) != size:
+            raise OrderError(f"the meeting sizes are not a summation tree: a node of "
+                             f"{len(node_terms)} terms said to hold {size}")
+        current = Node(size=size, children=children, terms=node_terms)
+    rest = [other for other in others if sizes[(pivot, other)] == ceiling]
+    return [current, *((yield from _solve(rest, ceiling)) if rest else [])]
 
-    forest = solve(list(range(count)), count)
+
+def _search(group: list[int]):
+    """The tree of the terms ``group`` (sorted; all the sum's terms, or those a pixel at
+    the padding holds), as a generator (see _solve): sizes count the terms of ``group``."""
+    forest = yield from _solve(group, len(group))
     if len(forest) != 1:
         # every term meets at the root: one node adds them all
-        return Node(size=count, children=forest,
+        return Node(size=len(group), children=forest,
                     terms=tuple(sorted(t for tree in forest for t in _terms(tree))))
     top = forest[0]
-    if not isinstance(top, Node) or top.size != count:
+    if not isinstance(top, Node) or top.size != len(group):
         raise OrderError("the revealed terms do not all meet")
     return top
 
 
+# -- every place of a layer: batch rows, and a Conv2D's output pixels ----------------------
+# One call of the probe computes every output, and each may sum in an order of its own:
+# MKL blocks a batch's rows, and a convolution's vector loop can start each pixel's
+# products at another offset (torch's first Conv2D on AVX-512: four trees, by column mod
+# 4). The search runs at a few places; every call's outputs at *all* places then tell
+# which found tree each place sums in.
+SEED_PLACES = 2  # searched together first: the centre pixel (row 0) and its right neighbour
+PLACE_SEARCHES = 6  # searches per layer at most (Dense: at least one per batch row)
+
+
+@dataclass
+class Places:
+    """What reveal_places found: the distinct trees, which tree each place sums in (-1:
+    unknown), the (row, pixel) places searched, and why a search failed, if one did."""
+
+    trees: list[Node]
+    tree_of: np.ndarray  # (rows, pixels) indices into trees
+    grid: tuple[int, int]
+    searched: list[tuple[int, int]]
+    errors: list[str]
+
+    def entry(self, count: int, bias: bool) -> dict:
+        """The record's form (bitdrift.inference): ``trees`` flat (to_flat, numbered from
+        ``count``: a tree found at a pixel by the padding holds fewer terms) and
+        ``places``: the grid, the places searched as [row, y, x], and ``maps``, one per
+        batch row or one for all rows where they agree: the grid's rows as strings, a
+        character per pixel naming its tree (0-9, a-z: index in ``trees``; '.': unknown)."""
+        rows = [_map_rows(row, self.grid) for row in self.tree_of]
+        maps = rows[:1] if all(row == rows[0] for row in rows) else rows
+        width = self.grid[1]
+        places = {"grid": list(self.grid), "maps": maps,
+                  "searched": [[row, pixel // width, pixel % width]
+                               for row, pixel in self.searched]}
+        if self.errors:
+            places["errors"] = self.errors
+        return {"trees": [to_flat(tree, count) for tree in self.trees], "terms": count,
+                "bias": bias, "places": places}
+
+
+TREE_SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _map_rows(tree_of: np.ndarray, grid) -> list[str]:
+    symbols = np.array([*TREE_SYMBOLS, "."])
+    return ["".join(line) for line in symbols[tree_of].reshape(grid)]
+
+
+def place_trees(places: dict, rows: int) -> np.ndarray:
+    """(rows, pixels) tree indices (-1 unknown) of an entry's ``places`` (Places.entry)
+    for ``rows`` batch rows."""
+    maps = [np.array([-1 if char == "." else TREE_SYMBOLS.index(char)
+                      for line in lines for char in line]) for lines in places["maps"]]
+    return np.stack([maps[row % len(maps)] if len(maps) > 1 else maps[0]
+                     for row in range(rows)])
+
+
+def reveal_places(dense, terms: int, units: int, precision: str = "float32",
+                  bias: bool = True, batch: int = 1, grid: tuple[int, int] = (1, 1),
+                  live: np.ndarray | None = None, searches: int = PLACE_SEARCHES) -> Places:
+    """The tree of every place of a layer (a batch row; a Conv2D's batch row and output
+    pixel) from ``dense(weights, bias)`` (-> (batch, pixels, units) or (batch, units)).
+    ``live``: (pixels, terms + 1) which terms each pixel holds (conv_grid; None: all).
+
+    The search runs first at the seed places (row 0's centre pixel and its right
+    neighbour) at once, their probes sharing calls; then, while some place's tree is
+    unknown, at the one holding the most terms (nearest the centre), up to ``searches``
+    in all (at least ``batch``). A search at a pixel by the padding reveals the tree of
+    the terms it holds. After each search every place is compared with every tree found,
+    from the answers all probes gave there: a place whose window is whole takes a tree
+    when its answers equal the ones that tree gives, which is exact (the search's probes
+    depend only on the answers, so equal answers reveal the same tree); a pixel at the
+    padding takes the tree whose restriction to its terms agrees with all its answers,
+    after probing pairs that tell apart the trees that agree so far. A failed search
+    (sums that are no tree there) leaves its place unknown; where no search succeeds,
+    the first one's OrderError is raised."""
+    if precision not in PROBE_VALUES:
+        raise OrderError(f"the order is revealed with inputs in {', '.join(PROBE_VALUES)}, "
+                         f"not {precision}")
+    count = terms + (1 if bias else 0)
+    pixels = grid[0] * grid[1]
+    live = np.ones((pixels, count), dtype=bool) if live is None else \
+        np.asarray(live, dtype=bool)[:, list(range(terms)) + ([terms] if bias else [])]
+    # pixels at one border hold the same terms: one pattern, compared at once
+    patterns, pattern_of = np.unique(live, axis=0, return_inverse=True)
+    pattern_of = np.tile(pattern_of.reshape(-1), batch)
+    seen = _Seen(dense, terms, bias, units, precision, batch * pixels)
+    middle = (grid[0] // 2, grid[1] // 2)
+    centre = middle[0] * grid[1] + middle[1]
+    todo = [centre, *([centre + 1] if grid[1] > 1 else [])][:SEED_PLACES]
+    found: list[_Indexed] = []
+    searched, errors, failed = [], [], set()
+    table: dict = {}
+    while True:
+        results = seen.search(todo, [np.flatnonzero(patterns[pattern_of[place]]).tolist()
+                                     for place in todo])
+        for place, tree in zip(todo, results, strict=True):
+            searched.append(place)
+            if isinstance(tree, OrderError):
+                failed.add(place)
+                errors.append(f"row {place // pixels}, pixel ({place % pixels // grid[1]}, "
+                              f"{place % grid[1]}): {tree}")
+            elif not any(item.same(tree, table) for item in found):
+                found.append(_Indexed(tree, count))
+        if not found:
+            raise next(tree for tree in results if isinstance(tree, OrderError))
+        tree_of, ambiguous = _classify(found, seen, patterns, pattern_of, table)
+        if ambiguous:
+            seen.ask(_telling_pairs(found, patterns, ambiguous, table))
+            tree_of, _ = _classify(found, seen, patterns, pattern_of, table)
+        unknown = [place for place in np.flatnonzero(tree_of < 0) if place not in failed]
+        if not unknown or len(searched) >= max(searches, min(batch, len(TREE_SYMBOLS))):
+            break
+        # next: the unknown place holding the most terms, the first row, nearest the centre
+        todo = [int(min(unknown, key=lambda place: (
+            -patterns[pattern_of[place]].sum(), place // pixels,
+            abs(place % pixels // grid[1] - middle[0]) + abs(place % grid[1] - middle[1]),
+            place)))]
+    return Places(trees=[item.tree for item in found],
+                  tree_of=tree_of.reshape(batch, pixels), grid=tuple(grid),
+                  searched=[(place // pixels, place % pixels) for place in searched],
+                  errors=errors)
+
+
+class _Seen:
+    """The probe's answers so far: each pair asked, with its output at every place (in
+    units). Every call computes all places, so every answer is kept for every place."""
+
+    def __init__(self, dense, terms: int, bias: bool, width: int, precision: str,
+                 places: int):
+        self.call = lambda chunk: _probe_call(dense, chunk, terms, bias, width, precision)
+        self.width, self.places = width, places
+        self.index: dict[tuple[int, int], int] = {}
+        self.values: list[np.ndarray] = []
+
+    def ask(self, pairs) -> None:
+        new = [pair for pair in dict.fromkeys(pairs) if pair not in self.index]
+        for start in range(0, len(new), self.width):
+            chunk = new[start:start + self.width]
+            outputs = self.call(chunk)
+            if outputs.shape[0] != self.places:
+                raise OrderError(f"the probe gave {outputs.shape[0]} outputs per probe, not "
+                                 f"the {self.places} places of the layer")
+            for column, pair in enumerate(chunk):
+                self.index[pair] = len(self.values)
+                self.values.append(outputs[:, column].astype(np.float32))  # counts
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """The pairs asked (k, 2) and their outputs (k, places)."""
+        pairs = np.array(list(self.index), dtype=np.int64).reshape(-1, 2)
+        values = np.array(self.values).reshape(len(pairs), self.places)
+        return pairs, values
+
+    def search(self, places: list[int], groups: list[list[int]]) -> list:
+        """The tree at each of ``places`` over its terms ``groups`` (an OrderError where
+        the sums there are no tree): the searches run together, each round asking the
+        pairs all of them need in shared calls."""
+        searches = [_search(group) for group in groups]
+        results: list = [None] * len(places)
+        pending: dict[int, list] = {}
+
+        def advance(k, sizes):
+            try:
+                pending[k] = next(searches[k]) if sizes is None else searches[k].send(sizes)
+            except StopIteration as done:
+                results[k] = done.value
+            except OrderError as error:
+                results[k] = error
+
+        for k in range(len(places)):
+            advance(k, None)
+        while pending:
+            self.ask([pair for pairs in pending.values() for pair in pairs])
+            for k, pairs in list(pending.items()):
+                del pending[k]
+                values = np.array([self.values[self.index[pair]][places[k]]
+                                   for pair in pairs])
+                if not _counts(values, len(groups[k])).all():
+                    results[k] = OrderError(NOT_COUNTS)
+                    continue
+                advance(k, {pair: len(groups[k]) - int(value)
+                            for pair, value in zip(pairs, values, strict=True)})
+        return results
+
+
+class _Indexed:
+    """A found tree as arrays, for comparing places with it: ids 0..count-1 its terms,
+    then its inner nodes in post-order (the root last); parents, depths and the table of
+    2^k-th ancestors (lowest common ancestors of many pairs at once)."""
+
+    def __init__(self, tree: Node, count: int):
+        self.tree, self.count = tree, count
+        nodes = _post_order(tree)
+        number = {id(node): count + index for index, node in enumerate(nodes)}
+        size = count + len(nodes)
+        parent = np.arange(size)  # the root, and terms not in the tree: their own
+        self.children = []
+        for node in nodes:
+            kids = np.array([number[id(child)] if isinstance(child, Node) else int(child)
+                             for child in node.children])
+            self.children.append(kids)
+            parent[kids] = number[id(node)]
+        self.depth = np.zeros(size, dtype=np.int64)
+        for index in range(len(nodes) - 1, -1, -1):  # parents before children
+            self.depth[self.children[index]] = self.depth[count + index] + 1
+        self.up = [parent]
+        while 1 << len(self.up) <= self.depth.max():
+            self.up.append(self.up[-1][self.up[-1]])
+        self.terms = np.zeros(count, dtype=bool)
+        self.terms[list(tree.terms)] = True
+
+    def meet(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The node where terms a[k] and b[k] meet."""
+        a, b = np.array(a), np.array(b)
+        deeper = self.depth[a] < self.depth[b]
+        a[deeper], b[deeper] = b[deeper], a[deeper]
+        lift = self.depth[a] - self.depth[b]
+        for k, up in enumerate(self.up):
+            move = (lift >> k) & 1 == 1
+            a[move] = up[a[move]]
+        for up in reversed(self.up):
+            apart = up[a] != up[b]
+            a[apart], b[apart] = up[a[apart]], up[b[apart]]
+        return np.where(a == b, a, self.up[0][a])
+
+    def held(self, live: np.ndarray) -> np.ndarray:
+        """Per node, how many of the terms ``live`` lie under it."""
+        counts = np.zeros(len(self.depth), dtype=np.int64)
+        counts[:self.count] = live & self.terms
+        for index, kids in enumerate(self.children):
+            counts[self.count + index] = counts[kids].sum()
+        return counts
+
+    def restricted(self, live: np.ndarray, table: dict) -> int:
+        """An id of the tree restricted to the terms ``live`` (nodes left with one child
+        replaced by it), equal for equal trees whatever their children's order: inner
+        nodes are numbered by ``table``, shared by all trees."""
+        ids = np.where(live & self.terms, np.arange(self.count), -1)
+        ids = np.concatenate([ids, np.full(len(self.children), -1)])
+        for index, kids in enumerate(self.children):
+            under = sorted(int(i) for i in ids[kids] if i >= 0)
+            ids[self.count + index] = -1 if not under else under[0] if len(under) == 1 \
+                else table.setdefault(tuple(under), self.count + len(table))
+        return int(ids[-1])
+
+    def same(self, tree: Node, table: dict) -> bool:
+        return self.restricted(np.ones(self.count, dtype=bool), table) == \
+            _Indexed(tree, self.count).restricted(np.ones(self.count, dtype=bool), table)
+
+
+def _classify(found: list[_Indexed], seen: _Seen, patterns, pattern_of, table):
+    """(tree index per place, -1 unknown; {(pattern, candidates): places} where trees that
+    differ on the place's terms all agree with its answers so far)."""
+    pairs, values = seen.table()
+    agrees = np.zeros((len(found), len(pattern_of)), dtype=bool)
+    for index, item in enumerate(found):
+        inside = np.flatnonzero(item.terms[pairs[:, 0]] & item.terms[pairs[:, 1]])
+        meet = item.meet(pairs[inside, 0], pairs[inside, 1])
+        for pattern, live in enumerate(patterns):
+            if np.any(live & ~item.terms):  # a term the tree does not place
+                continue
+            both = live[pairs[inside, 0]] & live[pairs[inside, 1]]
+            expected = live.sum() - item.held(live)[meet[both]]
+            places = np.flatnonzero(pattern_of == pattern)
+            agrees[index, places] = np.all(
+                values[np.ix_(inside[both], places)] == expected[:, None], axis=0)
+    tree_of = np.full(len(pattern_of), -1)
+    ambiguous = {}
+    for pattern, live in enumerate(patterns):
+        places = np.flatnonzero(pattern_of == pattern)
+        combos, which = np.unique(agrees[:, places].T, axis=0, return_inverse=True)
+        for number, combo in enumerate(combos):
+            candidates = tuple(int(k) for k in np.flatnonzero(combo))
+            members = places[which.reshape(-1) == number]
+            if len({found[k].restricted(live, table) for k in candidates}) == 1:
+                tree_of[members] = candidates[0]
+            elif candidates:
+                ambiguous[(pattern, candidates)] = members
+    return tree_of, ambiguous
+
+
+def _telling_pairs(found: list[_Indexed], patterns, ambiguous: dict, table,
+                   most: int = 200_000) -> list[tuple[int, int]]:
+    """For each set of trees a place cannot yet tell apart, a pair of its terms that meet
+    under different numbers of them in two of the trees (one per two trees that differ
+    there); none where the place holds so many terms that their pairs exceed ``most``."""
+    asked = []
+    for pattern, candidates in ambiguous:
+        live = patterns[pattern]
+        terms = np.flatnonzero(live)
+        if len(terms) * (len(terms) - 1) // 2 > most:
+            continue
+        first, second = np.triu_indices(len(terms), 1)
+        first, second = terms[first], terms[second]
+        kinds = {}
+        for k in candidates:
+            kinds.setdefault(found[k].restricted(live, table), k)
+        held = [found[k].held(live)[found[k].meet(first, second)] for k in kinds.values()]
+        for a, b in combinations(range(len(held)), 2):
+            differ = np.flatnonzero(held[a] != held[b])
+            if len(differ):
+                asked.append((int(first[differ[0]]), int(second[differ[0]])))
+    return asked
+
+
 def summary(tree: Node, bias: bool = True) -> str:
     """One phrase for ``explain`` and the tables: the shape of the products' sum and where
-    the bias enters (``first`` with the first product, ``last`` after all of them)."""
-    count = tree.size
-    products = tree
+    the bias (the tree's last term) enters: ``first`` (the accumulator starts from it, the
+    products added to it one by one in order), ``last`` (after all of them), ``inside``
+    (elsewhere). The shape, and an ``other`` shape's height, are describe's of the
+    products' sum alone, the bias left out: ``other (height H)`` counts the additions on
+    the longest path from a product to the sum of all products."""
+    products: Node | int | None = tree
     where = ""
     if bias:
-        bias_term = count - 1
+        bias_term = max(tree.terms)
         if bias_term in tree.children and len(tree.children) == 2:
-            other = next(child for child in tree.children if child != bias_term)
-            products = other if isinstance(other, Node) else Node(1, [other], (other,))
             where = ", bias last"
         elif _is_sequential(tree, first=bias_term):
             # the accumulator starts from the bias (XNNPACK's, ONNX Runtime's packed GEMM)
             return "sequential, bias first"
         else:
             where = ", bias inside"
-    found = describe(products) if isinstance(products, Node) and products.size > 1 \
-        else {"shape": "single"}
+        products = restrict(tree, set(tree.terms) - {bias_term})
+    found = describe(_numbered(products)) if isinstance(products, Node) \
+        and products.size > 1 else {"shape": "single"}
     name = {"lanes": f"{found.get('lanes')} interleaved lanes",
             "blocks": f"blocks of {found.get('block')}"}.get(found["shape"], found["shape"])
     if found["shape"] == "other":
@@ -444,14 +787,63 @@ def summary(tree: Node, bias: bool = True) -> str:
     return name + where
 
 
+def _numbered(tree: Node) -> Node:
+    """The tree with its terms renumbered 0..size-1 in their order (describe's shapes
+    are of terms 0..n-1; a tree without the bias, or found at a pixel by the padding,
+    holds others)."""
+    rank = {term: index for index, term in enumerate(tree.terms)}
+    if all(rank[term] == term for term in tree.terms):
+        return tree
+    built: dict[int, Node] = {}
+    for node in _post_order(tree):
+        kids = [built[id(kid)] if isinstance(kid, Node) else rank[kid]
+                for kid in node.children]
+        built[id(node)] = Node(size=node.size, children=kids,
+                               terms=tuple(rank[term] for term in node.terms))
+    return built[id(tree)]
+
+
+def order_name(trees: list[Node], places: dict | None, bias: bool) -> str:
+    """The ``order`` of a layer: one tree's summary; ``by batch row: ...`` where the rows
+    differ but each row's pixels agree; else ``varies by position``, with the places
+    searched and, per summary, the trees and pixels (or places) that sum so. ``places``
+    as Places.entry writes it; None (older records): one tree, or one per batch row."""
+    names = [summary(tree, bias) for tree in trees]
+    if places is None:
+        return names[0] if len(trees) == 1 else by_rows(names)
+    maps = place_trees(places, len(places["maps"]))
+    uniform = all(np.all(row == row[0]) for row in maps)
+    if uniform:
+        rows = [names[row[0]] if row[0] >= 0 else "not revealed" for row in maps]
+        return rows[0] if len(rows) == 1 else by_rows(rows)
+    unit = "pixels" if len(maps) == 1 else "places"
+    searched = ", ".join(f"({y},{x})" for _, y, x in places["searched"])
+    grid = "x".join(str(size) for size in places["grid"])
+    counts = np.bincount(maps[maps >= 0].reshape(-1), minlength=len(trees))
+    parts = []
+    for name in dict.fromkeys(names):
+        which = [index for index, other in enumerate(names) if other == name]
+        cover = "/".join(str(int(counts[index])) for index in which)
+        parts.append(f"{name}: {len(which)} trees at {cover} {unit}" if len(which) > 1
+                     else f"{name} at {cover} {unit}")
+    unknown = int(np.sum(maps < 0))
+    if unknown:
+        parts.append(f"order unknown at {unknown} {unit}")
+    return (f"varies by position ({len(trees)} trees; searched at {searched} of {grid}): "
+            + "; ".join(parts))
+
+
 # -- replaying a layer in the revealed order -----------------------------------------------
 def replay(tree: Node, inputs: np.ndarray, kernel: np.ndarray, bias_values: np.ndarray | None,
            fma: bool) -> np.ndarray:
     """A float32 Dense layer recomputed by numpy in ``tree``'s order: ``inputs`` (rows, n),
     ``kernel`` (n, units), the bias as term n when given. Without ``fma`` every product is
-    rounded to float32 and every addition is float32's; with ``fma`` a product added to a
-    partial sum is not rounded first (one rounding for the multiply-add), as an FMA unit
-    computes it. A node adding more than two operands adds them in index order."""
+    rounded to float32 and every addition is float32's. With ``fma`` every node where a
+    product meets an accumulator is one fused multiply-add, round(acc + a * b) with one
+    rounding (_round_sum): the accumulator is the partial sum below the node, or the
+    bias where the sum starts from it (XNNPACK), or, where two products meet, the first
+    (by index) rounded alone. A node adding more than two operands, or two partial sums,
+    adds them in index order, each addition rounded."""
     x = inputs.astype(np.float32)
     w = kernel.astype(np.float32)
     n = w.shape[0]
@@ -463,25 +855,19 @@ def replay(tree: Node, inputs: np.ndarray, kernel: np.ndarray, bias_values: np.n
             return np.broadcast_to(bias_values.astype(np.float32), rounded.shape[::2]).copy()
         return rounded[:, term, :]
 
-    def add_product(partial, term):
-        """partial + product(term), one rounding with an FMA."""
-        if not fma or term == n:
-            return (partial + leaf(term)).astype(np.float32)
-        return _round_sum(partial.astype(np.float64), exact[:, term, :])
-
     def value(node, values):
         """A node's value from its children's (computed before it: post-order)."""
         def of(child):
             return values.pop(id(child)) if isinstance(child, Node) else leaf(child)
 
         children = sorted(node.children, key=lambda c: min(_terms(c)))
-        leaves = [c for c in children if not isinstance(c, Node)]
-        inner = [c for c in children if isinstance(c, Node)]
-        if fma and len(children) == 2 and len(inner) == 1:
-            return add_product(of(inner[0]), leaves[0])
-        if fma and len(children) == 2 and not inner:
-            first, second = sorted(leaves)
-            return add_product(leaf(first), second)
+        products = [k for k, c in enumerate(children) if not isinstance(c, Node) and c != n]
+        if fma and len(children) == 2 and products:
+            # the product fused onto the other operand: the accumulator, the bias, or
+            # (two products) the first one
+            fused = products[-1]
+            return _round_sum(of(children[1 - fused]).astype(np.float64),
+                              exact[:, children[fused], :])
         total = of(children[0])
         for child in children[1:]:
             total = (total + of(child)).astype(np.float32)
@@ -526,22 +912,25 @@ def by_rows(names: list[str]) -> str:
 
 def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
                   precision: str, model_input: np.ndarray | None = None) -> dict:
-    """Per Dense or Conv2D layer with a revealed order: the order's summary, and whether
-    numpy replaying the layer in that order (a Conv2D as the GEMM of its input patches),
-    from the recorded input activation (``model_input`` for the first layer) and the
-    weights the device used, gives the recorded output bit for bit (with or without FMA).
-    ``outputs``: {layer: array (samples, ...)} of the record (repeat 0); ``weights``:
-    {"weights/LAYER/0": kernel, ".../1": bias} as the device had them."""
+    """Per Dense or Conv2D layer with a revealed order: the order's name (order_name), and
+    whether numpy replaying the layer in that order (a Conv2D as the GEMM of its input
+    patches, each pixel's sum in its own tree), from the recorded input activation
+    (``model_input`` for the first layer) and the weights the device used, gives the
+    recorded output bit for bit (with or without FMA); values whose place has no known
+    tree are left out and counted. ``outputs``: {layer: array (samples, ...)} of the
+    record (repeat 0); ``weights``: {"weights/LAYER/0": kernel, ".../1": bias} as the
+    device had them."""
     results = {}
     for layer, found in orders.items():
         if "trees" not in found:
             results[layer] = {"order": "not revealed", "replay": found.get("error", "")}
             continue
         trees = [from_flat(tree, found["terms"]) for tree in found["trees"]]
-        names = [summary(tree, found.get("bias", False)) for tree in trees]
-        order = names[0] if len(trees) == 1 else by_rows(names)
-        entry = {"order": order, "terms": found["terms"], "trees": found["trees"],
+        entry = {"order": order_name(trees, found.get("places"), bool(found.get("bias"))),
+                 "terms": found["terms"], "trees": found["trees"],
                  "bias": bool(found.get("bias"))}
+        if "places" in found:
+            entry["places"] = found["places"]
         spec = checked.get(layer)
         kernel = weights.get(f"weights/{layer}/0")
         inbound = (outputs.get(spec["inbound"]) if spec["inbound"] else model_input) \
@@ -556,34 +945,52 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
             results[layer] = entry
             continue
         bias = weights.get(f"weights/{layer}/1") if found.get("bias") else None
-        # sample k ran in batch row k mod batch (bitdrift.inference.batch_indices)
-        rows = np.arange(inbound.shape[0]) % len(trees)
         if spec["class_name"] == "Conv2D":  # the GEMM it runs: a row per output pixel
             out_shape = outputs[layer].shape
             x = conv_patches(inbound, spec, kernel.shape, out_shape)
-            rows = np.repeat(rows, out_shape[1] * out_shape[2])
+            pixels = out_shape[1] * out_shape[2]
             kernel = kernel.reshape(-1, kernel.shape[-1])
         else:
             x = inbound.reshape(inbound.shape[0], -1)
+            pixels = 1
+        which = _value_trees(found, len(trees), inbound.shape[0], pixels)
         recorded = outputs[layer].reshape(x.shape[0], -1)
+        known = which >= 0
         verdicts = {}
         for fma in (False, True):
             values = np.empty_like(recorded)
-            for row, tree in enumerate(trees):
-                values[rows == row] = replay(tree, x[rows == row], kernel, bias, fma)
+            for index, tree in enumerate(trees):
+                if np.any(which == index):
+                    values[which == index] = replay(tree, x[which == index], kernel, bias, fma)
             if spec["activation"] == "relu":
                 values = np.maximum(values, np.float32(0))
-            verdicts[fma] = int(np.sum(values.view(np.uint32) == recorded.view(np.uint32)))
-        total = recorded.size
-        if verdicts[True] == total or verdicts[False] == total:
+            verdicts[fma] = int(np.sum(values[known].view(np.uint32)
+                                       == recorded[known].view(np.uint32)))
+        total = int(recorded[known].size)
+        left = (f"; {recorded.size - total} of {recorded.size} values not replayed (order "
+                "unknown there)") if total < recorded.size else ""
+        if total and (verdicts[True] == total or verdicts[False] == total):
             entry["replay"] = "bit-identical " + ("with FMA" if verdicts[True] == total
-                                                  else "without FMA")
+                                                  else "without FMA") + left
         else:
             best = max(verdicts, key=verdicts.get)
             entry["replay"] = (f"differs: {verdicts[best]} of {total} values bit-identical "
-                               f"at best ({'with' if best else 'without'} FMA)")
+                               f"at best ({'with' if best else 'without'} FMA)" + left)
         results[layer] = entry
     return results
+
+
+def _value_trees(found: dict, trees: int, samples: int, pixels: int) -> np.ndarray:
+    """(samples * pixels,) the tree each output value summed in (-1: unknown); sample k
+    ran in batch row k mod batch (bitdrift.inference.batch_indices). Records without
+    ``places`` keep one tree, or one per batch row."""
+    places = found.get("places")
+    if places is None:
+        return np.repeat(np.arange(samples) % trees, pixels)
+    if int(np.prod(places["grid"])) != pixels:
+        raise OrderError(f"the order's grid {places['grid']} is not the layer's "
+                         f"{pixels} output pixels")
+    return place_trees(places, samples).reshape(-1)
 
 
 # -- the table over records ------------------------------------------------------------------
@@ -609,14 +1016,15 @@ def restrict(tree: Node | int, keep: set[int]) -> Node | int | None:
     left with one child replaced by that child (what the figure draws of a long sum)."""
     if not isinstance(tree, Node):
         return tree if tree in keep else None
-    kids = [kid for kid in (restrict(child, keep) for child in tree.children)
-            if kid is not None]
-    if not kids:
-        return None
-    if len(kids) == 1:
-        return kids[0]
-    covered = tuple(sorted(t for kid in kids for t in _terms(kid)))
-    return Node(size=len(covered), children=kids, terms=covered)
+    kept: dict[int, Node | int | None] = {}
+    for node in _post_order(tree):  # no recursion: a sequential sum is n deep
+        kids = [kid for kid in (kept[id(child)] if isinstance(child, Node) else
+                                child if child in keep else None for child in node.children)
+                if kid is not None]
+        covered = tuple(sorted(t for kid in kids for t in _terms(kid)))
+        kept[id(node)] = None if not kids else kids[0] if len(kids) == 1 else \
+            Node(size=len(covered), children=kids, terms=covered)
+    return kept[id(tree)]
 
 
 def contrasting_pair(divergence, records) -> dict | None:

@@ -78,6 +78,23 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
     return table
 
 
+def class_pairs(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of distinct class pairs that part: one per (model, precision, sample, two
+    different final-output classes), the first, which is the two classes' representatives
+    (divergence_table lists them before each device against the first device, which can
+    meet the same two classes again: a second device of one class against another class).
+    Rows of devices of one class, and rows that never part, are left out."""
+    if table.empty:
+        return table
+    first = table["first_layer"].fillna("").astype(str).replace("nan", "")
+    parted = table[(table["class_a"] != table["class_b"]) & (first != "")]
+    keys = [key for key in ("model", "precision", "sample") if key in table.columns]
+    low = np.minimum(parted["class_a"], parted["class_b"])
+    high = np.maximum(parted["class_a"], parted["class_b"])
+    return parted[~pd.DataFrame({**{key: parted[key] for key in keys}, "low": low,
+                                 "high": high}).duplicated()]
+
+
 def _pairs(classes: list[int], members: list[int]) -> list[tuple[int, int]]:
     """Class representatives (first device of each class among ``members``) pairwise,
     then each member against the first member."""

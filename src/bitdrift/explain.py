@@ -523,14 +523,16 @@ COVERAGE_COLUMNS = ["model", "first_divergences", "kernels_differ", "same_kernel
 
 
 def coverage(records, divergence, eqc) -> list[dict]:
-    """Per model: of all (pair, sample) first divergences, the share where the recorded
-    kernels differ at that layer, where they are the same but another attribute differs
+    """Per model: of all (class pair, sample) first divergences (each pair of classes
+    once: divergence.class_pairs), the share where the recorded kernels differ at that
+    layer, where they are the same but another attribute differs
     (threads, batch size: same kernel, other blocking or reduction order), and the share
     left unexplained; pairs with an untraced device are counted apart. And the adjusted
     Rand index between each traced device's kernel signature over all layers and its
     final-output class, per sample (mean, min, max)."""
     from sklearn.metrics import adjusted_rand_score
 
+    from bitdrift.divergence import class_pairs
     from bitdrift.record import group_by_model
 
     table = divergence if "kernels_differ" in divergence.columns \
@@ -544,7 +546,7 @@ def coverage(records, divergence, eqc) -> list[dict]:
         attributes, _ = attribute_table(group)
         settings = [name for name in attributes.columns
                     if not name.startswith(("kernel.", "order."))]
-        part = table[(table["model"] == model) & (table["first_layer"] != "")]
+        part = class_pairs(table[table["model"] == model])  # each class pair once
         counts = {"kernels_differ": 0, "same_kernels_other_settings": 0, "unexplained": 0,
                   "untraced": 0}
         for row in part.itertuples(index=False):

@@ -381,6 +381,8 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
     the model's first sample, with the class boundaries drawn; above each layer, how many
     class pairs (of one precision, over all samples) first part there; the coverage in
     the title."""
+    from bitdrift.divergence import class_pairs
+
     models = list(dict.fromkeys(signatures["model"]))
     figure, axes = plt.subplots(len(models) or 1, 1, squeeze=False,
                                 figsize=(13, 1.6 + 0.28 * max(
@@ -431,8 +433,7 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
         for row in range(1, len(devices)):
             if classes.get(devices[row]) != classes.get(devices[row - 1]):
                 ax.axhline(row - 0.5, color="black", lw=1.2)
-        firsts = divergence[(divergence["model"] == model)
-                            & (divergence["class_a"] != divergence["class_b"])]
+        firsts = class_pairs(divergence[divergence["model"] == model])
         counts = firsts["first_layer"].value_counts()
         for column, layer in enumerate(layers):
             if counts.get(layer, 0):

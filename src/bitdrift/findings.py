@@ -147,8 +147,10 @@ def reduced_precision(effective: pd.DataFrame) -> list[str]:
 
 def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
     """Where pairs of classes part first, and which kernels differ there."""
+    from bitdrift.divergence import class_pairs
+
     lines = []
-    parted = table[table["first_layer"].notna() & (table["first_layer"].astype(str) != "")]
+    parted = class_pairs(table)  # each class pair once (not once per device of a class)
     for model, rows in parted.groupby("model", sort=False):
         counts = rows["first_layer"].value_counts()
         lines.append(f"{model}: of {len(rows)} (class pair, sample) first divergences, "

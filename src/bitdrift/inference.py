@@ -119,9 +119,9 @@ WORKER = "bitdrift.inference:run_repeat"
 def reveal_orders(session, device: dict) -> dict:
     """{layer: {"trees", ...} or {"error"}}: the order each Dense and Conv2D layer sums in,
     revealed through this runtime at the layer's shapes and the device's batch size
-    (bitdrift.accumulation);
+    (bitdrift.accumulation): at every batch row and, for a Conv2D, every output pixel;
     in every format a device runs (float16 and bfloat16 with the probe values they hold)."""
-    from bitdrift.accumulation import PROBE_VALUES, OrderError, reveal_rows, to_flat
+    from bitdrift.accumulation import PROBE_VALUES, OrderError, conv_grid, reveal_places
 
     orders = {}
     computes = session.accelerator.get("inference_precision") or device["precision"]
@@ -134,12 +134,12 @@ def reveal_orders(session, device: dict) -> dict:
             # OpenVINO's bfloat16 default: ones are not exact there, nothing swamps alike
             orders[layer] = {"error": f"the runtime computes in {computes}"}
             continue
+        grid, live = conv_grid(spec) if spec["class_name"] == "Conv2D" else ((1, 1), None)
         try:
-            trees = reveal_rows(session.order_probe(spec, device["batch_size"]),
-                                terms, units, device["precision"], use_bias,
-                                device["batch_size"])
-            orders[layer] = {"trees": [to_flat(tree) for tree in trees], "bias": use_bias,
-                             "terms": trees[0].size}
+            found = reveal_places(session.order_probe(spec, device["batch_size"]), terms,
+                                  units, device["precision"], use_bias,
+                                  device["batch_size"], grid, live)
+            orders[layer] = found.entry(terms + (1 if use_bias else 0), use_bias)
         except OrderError as error:
             orders[layer] = {"error": str(error)}
     return orders

@@ -327,10 +327,17 @@ def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(
         else:  # a kernel whose sums are no tree says so
             assert orders[conv]["order"] == "not revealed" and orders[conv]["replay"]
         for layer, entry in orders.items():
-            for flat in entry.get("trees", []):  # one, or one per batch row
+            for flat in entry.get("trees", []):  # the distinct trees of its places
                 tree = from_flat(flat, entry["terms"])
-                assert tree.terms == tuple(range(entry["terms"]))
-                assert entry["bias"]  # the model's layers have biases: a term
+                # all terms; or, found at a pixel by the padding, that pixel's
+                assert set(tree.terms) <= set(range(entry["terms"]))
+                assert entry["bias"] and entry["terms"] - 1 in tree.terms  # the bias: a term
+                if classes[layer] == "Dense":
+                    assert tree.terms == tuple(range(entry["terms"]))
+            if "trees" in entry:  # every batch row's map covers the layer's output grid
+                grid = entry["places"]["grid"]
+                assert all(len(lines) == grid[0] and {len(line) for line in lines} ==
+                           {grid[1]} for lines in entry["places"]["maps"])
             reproduced += entry["replay"].startswith("bit-identical")
             # a layer not reproduced says why: no tree, or how many values differ
             assert entry["replay"].startswith(("bit-identical", "differs: ")) or \
@@ -455,3 +462,291 @@ def test_the_rows_of_a_batch_are_named_in_runs():
     assert by_rows(["a", "a", "a", "b", "b", "a"]) == \
         "by batch row: rows 0-2: a; rows 3-4: b; row 5: a"
     assert by_rows(["x", "y"]) == "by batch row: row 0: x; row 1: y"
+
+
+# -- the fused step where the bias or an accumulator meets a product ------------------------
+def fraction(value):
+    from fractions import Fraction
+
+    return Fraction(float(value))
+
+
+def test_one_rounding_of_a_sum_and_an_exact_product_is_the_nearest_float32():
+    """_round_sum(partial, product) against the float32 nearest to the exact sum (Python
+    fractions): random values, and a sum whose float64 value lands exactly halfway between
+    two float32 numbers while the exact one lies above it, where rounding the float64 sum
+    (a second rounding) gives the even neighbour below, the wrong one."""
+    from bitdrift.accumulation import _round_sum
+
+    a, b = F32(8 + 2.0**-20), F32(-(8 - 2.0**-20))  # product -(64 - 2**-40), exact
+    partial = F32(2.0**30 + 128)  # odd: halfway below it is 2**30 + 64
+    assert fraction(a) * fraction(b) == fraction(float(a) * float(b))
+    exact = fraction(partial) + fraction(a) * fraction(b)
+    assert F32(float(partial) + float(a) * float(b)) == F32(2.0**30)  # the double rounding
+    assert nearest_float32(exact) == partial
+    got = _round_sum(np.array([float(partial)]), np.array([float(a) * float(b)]))
+    assert got[0] == partial
+
+    rng = np.random.default_rng(5)
+    partials = (rng.standard_normal(2000) * 10.0 ** rng.integers(-3, 4, 2000)).astype(F32)
+    x = rng.standard_normal(2000).astype(F32)
+    w = rng.standard_normal(2000).astype(F32)
+    products = x.astype(np.float64) * w.astype(np.float64)
+    got = _round_sum(partials.astype(np.float64), products)
+    truth = [nearest_float32(fraction(p) + fraction(u) * fraction(v))
+             for p, u, v in zip(partials, x, w, strict=True)]
+    assert np.array_equal(got.view(np.uint32), np.array(truth, dtype=F32).view(np.uint32))
+
+
+def bias_first_fused(x, w, b):
+    """The sum an accumulator loaded with the bias gives when each product is added to it
+    with one rounding (an FMA), computed exactly with Python's fractions."""
+    out = np.zeros((x.shape[0], w.shape[1]), dtype=F32)
+    for row in range(x.shape[0]):
+        for unit in range(w.shape[1]):
+            total = b[unit]
+            for k in range(x.shape[1]):
+                total = nearest_float32(fraction(total) + fraction(x[row, k])
+                                        * fraction(w[k, unit]))
+            out[row, unit] = total
+    return out
+
+
+def test_a_sum_that_starts_from_the_bias_is_replayed_with_the_first_product_fused():
+    """XNNPACK's accumulator starts from the bias and adds every product with an FMA, the
+    first one too: round(bias + x0 * w0). The replay with FMA gives that sum's bits
+    (computed apart with fractions); rounding the first product before adding the bias, as
+    a plain addition does, gives other bits for some of these values."""
+    from bitdrift.accumulation import replay, reveal, summary
+
+    def bias_first(weights, shift):
+        total = shift.astype(F32)
+        for row in weights.astype(F32):
+            total = (total + row).astype(F32)
+        return np.stack([total] * 2)
+
+    tree = reveal(bias_first, terms=6, units=4)
+    assert summary(tree) == "sequential, bias first"
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((8, 6)).astype(F32)
+    w = rng.standard_normal((6, 4)).astype(F32)
+    b = rng.standard_normal(4).astype(F32)
+    truth = bias_first_fused(x, w, b)
+    assert np.array_equal(replay(tree, x, w, b, fma=True).view(np.uint32),
+                          truth.view(np.uint32))
+    # the first product rounded on its own, then added to the bias, the rest fused
+    rounded_first = np.zeros_like(truth)
+    for row in range(8):
+        for unit in range(4):
+            total = F32(b[unit] + F32(x[row, 0] * w[0, unit]))
+            for k in range(1, 6):
+                total = nearest_float32(fraction(total) + fraction(x[row, k])
+                                        * fraction(w[k, unit]))
+            rounded_first[row, unit] = total
+    assert not np.array_equal(rounded_first, truth)  # the fused first step matters here
+    assert not np.array_equal(replay(tree, x, w, b, fma=False), truth)
+
+
+# -- orders that vary by place: batch rows, output pixels -----------------------------------
+def evaluate(order, rows):
+    """A nested list of term indices summed as it nests, children in the listed order,
+    every addition rounded to float32 (a kernel's order written out)."""
+    if isinstance(order, int):
+        return rows[order]
+    total = evaluate(order[0], rows)
+    for child in order[1:]:
+        total = (total + evaluate(child, rows)).astype(F32)
+    return total
+
+
+def canonical(order, keep=None):
+    """A nested list restricted to the terms ``keep`` (all: None), one-child nodes
+    replaced by their child, children sorted by their smallest term: equal for equal
+    trees."""
+    if isinstance(order, int):
+        return order if keep is None or order in keep else None
+    kids = [kid for kid in (canonical(child, keep) for child in order) if kid is not None]
+    if not kids:
+        return None
+    if len(kids) == 1:
+        return kids[0]
+
+    def smallest(kid):
+        return kid if isinstance(kid, int) else min(smallest(k) for k in kid)
+    return sorted(kids, key=smallest)
+
+
+def nested(tree):
+    from bitdrift.accumulation import Node
+
+    return [nested(child) if isinstance(child, Node) else child for child in tree.children]
+
+
+def conv_probe(orders, order_of_pixel, spec, batch=1):
+    """A Conv2D probe (weights, bias) -> (batch, pixels, units) whose output pixel p sums
+    its products with an input of ones (0 where the window meets the padding) and the
+    bias in ``orders[order_of_pixel(p)]``."""
+    from bitdrift.accumulation import conv_grid
+
+    (height, width), live = conv_grid(spec)
+
+    def dense(weights, shift):
+        out = np.zeros((batch, height * width, weights.shape[1]), dtype=F32)
+        for pixel in range(height * width):
+            terms = [(weights[t] * live[pixel, t]).astype(F32) for t in range(len(weights))]
+            out[:, pixel] = evaluate(orders[order_of_pixel(pixel)], [*terms, shift.astype(F32)])
+        return out
+    return dense
+
+
+def small_conv_spec(padding="same"):
+    from bitdrift.accumulation import probe_spec
+
+    config = {"filters": 2, "kernel_size": [3, 3], "strides": [1, 1], "padding": padding,
+              "dilation_rate": [1, 1], "data_format": "channels_last", "groups": 1}
+    return probe_spec("Conv2D", config, (5, 6, 1), (3, 3, 1, 2))
+
+
+# two orders of 9 products and the bias (term 9): in index order, bias last; and two
+# interleaved lanes (even, odd terms), the bias first in the even lane
+SEQUENTIAL = [[[[[[[[[0, 1], 2], 3], 4], 5], 6], 7], 8], 9]
+LANES = [[[[[[9, 0], 2], 4], 6], 8], [[[1, 3], 5], 7]]
+
+
+def test_a_conv_whose_order_alternates_by_column_is_revealed_pixel_by_pixel():
+    """Even output columns sum in one order, odd ones in another (a vector loop starting
+    each pixel at another offset); pixels at the border hold fewer terms (the padding's
+    products are 0). Every pixel is given a tree whose restriction to its terms is the
+    order built for it, the two trees are the two orders, the name says the order varies
+    by position, and the search stays within its bound."""
+    from bitdrift.accumulation import (
+        PLACE_SEARCHES,
+        conv_grid,
+        from_flat,
+        order_name,
+        reveal_places,
+    )
+
+    spec = small_conv_spec()
+    (height, width), live = conv_grid(spec)
+    orders = [SEQUENTIAL, LANES]
+    found = reveal_places(conv_probe(orders, lambda p: p % width % 2, spec), spec["terms"],
+                          spec["units"], grid=(height, width), live=live)
+    assert sorted(str(canonical(nested(tree))) for tree in found.trees) == \
+        sorted(str(canonical(order)) for order in orders)
+    assert len(found.searched) <= PLACE_SEARCHES and not found.errors
+    for pixel in range(height * width):
+        keep = set(np.flatnonzero(live[pixel]).tolist())
+        index = found.tree_of[0, pixel]
+        assert index >= 0, pixel
+        assert canonical(nested(found.trees[index]), keep) == \
+            canonical(orders[pixel % width % 2], keep), pixel
+    entry = found.entry(10, True)
+    assert entry["places"]["grid"] == [height, width] and len(entry["places"]["maps"]) == 1
+    trees = [from_flat(flat, 10) for flat in entry["trees"]]
+    assert [canonical(nested(tree)) for tree in trees] == \
+        [canonical(nested(tree)) for tree in found.trees]
+    assert order_name(trees, entry["places"], True).startswith("varies by position (2 trees")
+
+
+def test_one_order_everywhere_is_one_tree_and_its_plain_name():
+    from bitdrift.accumulation import conv_grid, from_flat, order_name, reveal_places
+
+    spec = small_conv_spec()
+    (height, width), live = conv_grid(spec)
+    found = reveal_places(conv_probe([SEQUENTIAL], lambda p: 0, spec), spec["terms"],
+                          spec["units"], grid=(height, width), live=live)
+    assert len(found.trees) == 1 and np.all(found.tree_of == 0)
+    assert len(found.searched) == 2  # the two seeds, searched together
+    entry = found.entry(10, True)
+    assert order_name([from_flat(entry["trees"][0], 10)], entry["places"], True) == \
+        "sequential, bias last"
+
+
+def test_batch_rows_in_different_orders_are_named_by_row():
+    """A Dense call whose second batch row sums in another order (MKL's row blocking):
+    each row gets its own tree, and the name says which row sums how."""
+    from bitdrift.accumulation import from_flat, order_name, reveal_places
+
+    def dense(weights, shift):
+        rows = [*weights.astype(F32), shift.astype(F32)]
+        return np.stack([evaluate(SEQUENTIAL, rows), evaluate(LANES, rows),
+                         evaluate(SEQUENTIAL, rows)])
+
+    found = reveal_places(dense, 9, 4, batch=3)
+    assert list(found.tree_of[:, 0]) == [0, 1, 0]
+    assert [canonical(nested(tree)) for tree in found.trees] == \
+        [canonical(SEQUENTIAL), canonical(LANES)]
+    entry = found.entry(10, True)
+    trees = [from_flat(flat, 10) for flat in entry["trees"]]
+    assert order_name(trees, entry["places"], True) == \
+        "by batch row: row 0: sequential, bias last; row 1: 2 interleaved lanes, bias " \
+        "inside; row 2: sequential, bias last"
+
+
+def test_a_conv_is_replayed_pixel_by_pixel_in_its_own_order():
+    """The layer computed by hand with each pixel's own order (columns alternating, as
+    above) from random inputs and weights: replaying every pixel in the tree found for it
+    gives those bits; one tree for all pixels (the centre's) does not."""
+    from bitdrift.accumulation import conv_grid, conv_patches, replay_layers, reveal_places
+
+    spec = small_conv_spec()
+    (height, width), live = conv_grid(spec)
+    orders = [SEQUENTIAL, LANES]
+    found = reveal_places(conv_probe(orders, lambda p: p % width % 2, spec), spec["terms"],
+                          spec["units"], grid=(height, width), live=live)
+    entry = found.entry(10, True)
+    rng = np.random.default_rng(2)
+    images = rng.standard_normal((3, 5, 6, 1)).astype(F32)
+    kernel = rng.standard_normal((3, 3, 1, 2)).astype(F32)
+    bias = rng.standard_normal(2).astype(F32)
+    config = {key: spec["config"][key] for key in ("strides", "dilation_rate", "padding")}
+    patches = conv_patches(images, config, kernel.shape, (3, height, width))
+    flat = kernel.reshape(9, 2)
+    out = np.zeros((3 * height * width, 2), dtype=F32)
+    for row, patch in enumerate(patches):
+        terms = [(patch[t] * flat[t]).astype(F32) for t in range(9)]
+        out[row] = evaluate(orders[row % (height * width) % width % 2], [*terms, bias])
+    checked = {"conv": {"class_name": "Conv2D", "inbound": None, "activation": "linear",
+                        **config}}
+    weights = {"weights/conv/0": kernel, "weights/conv/1": bias}
+    outputs = {"conv": out.reshape(3, height, width, 2)}
+    result = replay_layers({"conv": entry}, checked, weights, outputs, "float32", images)
+    assert result["conv"]["replay"] == "bit-identical without FMA"
+    centre = dict(entry)
+    del centre["places"]
+    centre["trees"] = [entry["trees"][found.tree_of[0, (height // 2) * width + width // 2]]]
+    one = replay_layers({"conv": centre}, checked, weights, outputs, "float32", images)
+    assert one["conv"]["replay"].startswith("differs: ")
+    # a pixel whose order is unknown ('.') is left out of the replay, and counted
+    found.tree_of[0, 0] = -1
+    unknown = found.entry(10, True)
+    assert unknown["places"]["maps"][0][0].startswith(".")
+    result = replay_layers({"conv": unknown}, checked, weights, outputs, "float32", images)
+    assert result["conv"]["replay"] == "bit-identical without FMA; 6 of 180 values not " \
+        "replayed (order unknown there)"  # 3 images x 2 filters at pixel (0, 0)
+    assert result["conv"]["order"].endswith("; order unknown at 1 pixels")
+
+
+def test_height_counts_the_products_additions_whatever_the_bias_does():
+    """``other (height H)`` is the products' sum's height, the bias left out: the same
+    products' tree gives the same height with the bias added last or inside."""
+    from bitdrift.accumulation import Node, describe, restrict, summary
+
+    def tree(order):
+        def build(item):
+            if isinstance(item, int):
+                return item
+            kids = [build(child) for child in item]
+            terms = tuple(sorted(t for kid in kids for t in
+                                 (kid.terms if isinstance(kid, Node) else (kid,))))
+            return Node(size=len(terms), children=kids, terms=terms)
+        return build(order)
+
+    products = [[[0, 5], 2], [[[3, 4], 1], [6, 7]]]  # no regular shape; 3, 4 four deep
+    last = tree([products, 8])
+    inside = tree([[[0, 5], 2], [[[[3, 8], 4], 1], [6, 7]]])  # the bias five deep
+    assert describe(restrict(last, set(range(8))))["height"] == 4
+    assert describe(inside)["height"] == 5  # the whole tree's: not what the name gives
+    assert summary(last) == "other (height 4), bias last"
+    assert summary(inside) == "other (height 4), bias inside"

@@ -184,6 +184,39 @@ def test_first_divergent_layer_on_hand_built_records(make_record):
     assert apart.loc["output", "share_apart_so_far"] == 1.0
 
 
+def test_each_class_pair_is_counted_once(make_record, tmp_path):
+    """Devices a (class A), b and c (class B, apart from b at conv), d (class C), on two
+    samples: the table compares the classes' first devices (a-b, a-d, b-d) and every
+    device against a, so a-c meets classes A and B a second time. By hand: 3 distinct
+    class pairs per sample, 6 in all; the findings count those, not the table's rows."""
+    from bitdrift.divergence import class_pairs
+    from bitdrift.findings import divergence as divergence_lines
+
+    base = np.array([0.5, 0.25], np.float32)
+    apart = np.array([0.5, 0.75], np.float32)
+    third = np.array([0.125, 0.75], np.float32)
+    other = np.array([1.0, 2.0, 4.0], np.float32)  # class C
+    devices = [("a", A, base, base), ("b", B, base, apart), ("c", B, apart, apart),
+               ("d", other, third, third)]
+    files = [make_record(name, {0: output[None], 1: output[None]},
+                         layers={sample: layered([("conv", conv), ("dense", dense)])
+                                 for sample in (0, 1)})
+             for name, output, conv, dense in devices]
+    table = divergence_table(open_records(files))
+    parted = table[(table["class_a"] != table["class_b"]) & (table["first_layer"] != "")]
+    assert len(parted) == 8  # a-b, a-d, b-d, a-c on each sample: a-c repeats A-B
+    distinct = class_pairs(table)
+    assert len(distinct) == 6
+    assert set(zip(distinct["device_a"], distinct["device_b"], strict=True)) == \
+        {("a", "b"), ("a", "d"), ("b", "d")}  # the classes' first devices
+    (line,) = [line for line in divergence_lines(table, pd.DataFrame())
+               if "first divergences" in line]
+    assert line.startswith("net: of 6 (class pair, sample) first divergences, ")
+    write = tmp_path / "divergence.csv"
+    table.to_csv(write, index=False)
+    assert len(class_pairs(pd.read_csv(write))) == 6  # read back: empty layers are NaN
+
+
 def test_divergence_compares_within_a_precision(make_record):
     """Two float32 devices and two float64 ones: only same-format pairs are compared (a
     float32 and a float64 output differ at every layer by construction)."""

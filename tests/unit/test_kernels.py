@@ -277,11 +277,12 @@ def test_a_traced_repeat_names_kernels_this_cpu_can_run_and_the_isa_cap_changes_
 
 
 def _records(tmp_path):
-    """Five hand-built float32 devices over two layers (conv, then dense = the output):
-    b equals a everywhere; c differs from a at conv and ran another conv kernel; d differs
+    """Hand-built float32 devices over two layers (conv, then dense = the output): b
+    equals a everywhere; c differs from a at conv and ran another conv kernel; d differs
     from a at dense with a's kernels but 2 threads; e differs from a at dense with the same
     kernels and the same settings (nothing recorded explains it); f is untraced (an
-    exported runtime) and differs at conv."""
+    exported runtime) and differs at conv; g is d's class with a's settings (a against g
+    meets the classes of a and d a second time)."""
     import json
 
     import numpy as np
@@ -294,8 +295,9 @@ def _records(tmp_path):
     bump = np.float32(1e-6)
     devices = {  # device: (conv change, dense change, conv kernel, threads, traced)
         "a": (0, 0, "brg_conv_fwd:avx2", 1, True), "b": (0, 0, "brg_conv_fwd:avx2", 1, True),
-        "c": (1, 1, "jit:sse41", 1, True), "d": (0, 1, "brg_conv_fwd:avx2", 2, True),
-        "e": (0, 2, "brg_conv_fwd:avx2", 1, True), "f": (3, 3, "", 1, False)}
+        "c": (1, 4, "jit:sse41", 1, True), "d": (0, 1, "brg_conv_fwd:avx2", 2, True),
+        "e": (0, 2, "brg_conv_fwd:avx2", 1, True), "f": (3, 3, "", 1, False),
+        "g": (0, 1, "brg_conv_fwd:avx2", 1, True)}
     paths = []
     for device, (conv_change, dense_change, kernel, threads, traced) in devices.items():
         layers = [("conv", conv + conv_change * bump), ("dense", dense + dense_change * bump)]
@@ -319,11 +321,12 @@ def _records(tmp_path):
 
 
 def test_coverage_against_a_hand_count(tmp_path):
-    """divergence.csv's pairs here, counted by hand: against a, c parts at conv with
-    another kernel (kernels differ), d at dense with the same kernels and 2 threads (same
-    kernels, other settings), e at dense with nothing recorded apart (unexplained), f is
-    untraced; b never parts. Class pairs add c-d, c-e (kernels differ at conv), d-e
-    (same kernels, threads differ), and f's pairs (untraced)."""
+    """divergence.csv's pairs here, each pair of classes once, counted by hand: against
+    a, c parts at conv with another kernel (kernels differ), d at dense with the same
+    kernels and 2 threads (same kernels, other settings), e at dense with nothing recorded
+    apart (unexplained), f is untraced; b never parts; g (d's class) against a is the
+    class pair a-d again and not counted. Class pairs add c-d, c-e (kernels differ at
+    conv), d-e (same kernels, threads differ), and f's pairs (untraced)."""
     import pandas as pd
 
     from bitdrift.divergence import divergence_table
@@ -333,12 +336,21 @@ def test_coverage_against_a_hand_count(tmp_path):
     records = _records(tmp_path)
     divergence = divergence_table(records)
     eqc, _ = eqc_tables(records)
-    parted = divergence[divergence["first_layer"] != ""]
+    parted, seen = [], set()
+    for row in divergence[(divergence["first_layer"] != "")
+                          & (divergence["class_a"] != divergence["class_b"])].itertuples():
+        if (row.sample, frozenset((row.class_a, row.class_b))) not in seen:
+            seen.add((row.sample, frozenset((row.class_a, row.class_b))))
+            parted.append(row)
+    assert {(row.device_a, row.device_b) for row in parted} == {
+        ("a", "c"), ("a", "d"), ("a", "e"), ("a", "f"), ("c", "d"), ("c", "e"), ("c", "f"),
+        ("d", "e"), ("d", "f"), ("e", "f")}  # a-g left out: the classes of a-d
+    assert ("a", "g") in set(zip(divergence["device_a"], divergence["device_b"], strict=True))
     expected = {"kernels_differ": 0, "same_kernels_other_settings": 0, "unexplained": 0,
                 "untraced": 0}
-    threads = {"a": 1, "b": 1, "c": 1, "d": 2, "e": 1}
-    kernel = {"a": "avx2", "b": "avx2", "c": "sse41", "d": "avx2", "e": "avx2"}
-    for row in parted.itertuples():
+    threads = {"a": 1, "b": 1, "c": 1, "d": 2, "e": 1, "g": 1}
+    kernel = {"a": "avx2", "b": "avx2", "c": "sse41", "d": "avx2", "e": "avx2", "g": "avx2"}
+    for row in parted:
         a, b = row.device_a, row.device_b
         if "f" in (a, b):
             expected["untraced"] += 1
@@ -355,14 +367,14 @@ def test_coverage_against_a_hand_count(tmp_path):
     assert row["first_divergences"] == len(parted)
     traced_total = len(parted) - expected["untraced"]
     assert row["share_unexplained"] == pytest.approx(expected["unexplained"] / traced_total)
-    # Kernel signatures (a,b,d,e share one; c another) against the classes {a,b}, c, d, e:
-    # scikit-learn's adjusted Rand index of the same two labelings.
+    # Kernel signatures (a,b,d,e,g share one; c another) against the classes {a,b}, c,
+    # {d,g}, e: scikit-learn's adjusted Rand index of the same two labelings.
     from sklearn.metrics import adjusted_rand_score
 
-    classes = eqc.set_index("device").loc[["a", "b", "c", "d", "e"], "eqc"].tolist()
+    classes = eqc.set_index("device").loc[["a", "b", "c", "d", "e", "g"], "eqc"].tolist()
     assert row["adjusted_rand_index_mean"] == pytest.approx(
-        adjusted_rand_score(classes, [0, 0, 1, 0, 0]))
-    assert row["traced_devices"] == 5
+        adjusted_rand_score(classes, [0, 0, 1, 0, 0, 0]))
+    assert row["traced_devices"] == 6
     table = pd.DataFrame(divergence)
     assert set(table.loc[table["device_b"] == "c", "kernels_differ"]) == {"yes"}
 
@@ -428,7 +440,10 @@ def test_coverage_from_the_csv_files_equals_the_in_memory_count(tmp_path):
                                               ["model", "first_layer"], "divergence"),
                           read_table(tmp_path / "eqc.csv", EQC_COLUMNS, "eqc"))
     assert from_files == coverage(records, divergence, eqc)
-    assert from_files[0]["first_divergences"] == int((divergence["first_layer"] != "").sum())
+    parted = divergence[(divergence["first_layer"] != "")
+                        & (divergence["class_a"] != divergence["class_b"])]
+    # each pair of classes once: a-g meets the classes of a-d again
+    assert from_files[0]["first_divergences"] == len(parted) - 1
 
 
 def test_a_compiled_graph_gives_each_layer_its_nodes():

@@ -34,8 +34,9 @@ def cmd_kernels(args) -> None:
             raise ConfigError("--coverage-out needs --eqc and --divergence (the records' "
                               "eqc.csv and divergence.csv)")
         traced = [record for record in records if record.kernels is not None]
-        found = coverage(traced, read_table(args.divergence, ["model", "device_a", "device_b",
-                                                              "first_layer"],
+        found = coverage(traced, read_table(args.divergence, ["model", "sample", "device_a",
+                                                              "device_b", "class_a",
+                                                              "class_b", "first_layer"],
                                             "bitdrift divergence"),
                          read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"))
         write_csv(pd.DataFrame(found, columns=COVERAGE_COLUMNS), args.coverage_out)
