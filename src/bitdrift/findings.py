@@ -162,11 +162,13 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
                              + "; ".join(f"`{pair}` ({count})" for pair, count in
                                          pairs.head(3).items()) + ".")
     for row in coverage.to_dict("records"):
+        untraced = pd.to_numeric(pd.Series([row["untraced"]]), errors="coerce").fillna(0)[0]
         lines.append(f"{row['model']}: of {row['first_divergences']} first divergences the "
                      f"recorded kernels differ at {row['kernels_differ']}, the same kernels "
                      f"with other settings (threads, batch) at "
-                     f"{row['same_kernels_other_settings']}, {row['unexplained']} unexplained, "
-                     f"{row['untraced']} involve a runtime that names no kernels (untraced).")
+                     f"{row['same_kernels_other_settings']}, {row['unexplained']} unexplained"
+                     + (f", {row['untraced']} involve a runtime that names no kernels "
+                        "(untraced)." if untraced else "."))
     return lines or ["No two classes: nothing parts."]
 
 
