@@ -206,7 +206,8 @@ def order_phrase(order: str) -> str:
 
 def _replay_outcome(replay: str) -> tuple[str, str]:
     """(kind, words) of a replay cell: ``same`` (the record's bits), ``differs``,
-    ``skipped`` (not replayed) or ``other`` (a cell this reader does not know, quoted)."""
+    ``format`` (not replayed: computed in another format than float32), ``skipped`` (not
+    replayed for another reason) or ``other`` (a cell this reader does not know, quoted)."""
     import re
 
     replay = str(replay)
@@ -217,8 +218,8 @@ def _replay_outcome(replay: str) -> tuple[str, str]:
         return "differs", f"{found[1]} of {found[2]} values at best ({found[3]})"
     if replay.startswith("not replayed: "):
         reason = replay[len("not replayed: "):]
-        return "skipped", (f"it computes in {reason}; the replay is float32 only"
-                           if re.fullmatch(r"b?float\d+", reason) else reason)
+        return ("format", reason) if re.fullmatch(r"b?float\d+", reason) else \
+            ("skipped", reason)
     return "other", replay
 
 
@@ -234,22 +235,33 @@ def _replay_clause(part: pd.DataFrame) -> str:
     for row in part.to_dict("records"):
         outcomes.setdefault(_replay_outcome(row["replay"]), []).append(str(row["device"]))
     single = len(outcomes) == 1
-
-    def clause(kind, words, devices):
-        whose = "their" if len(devices) > 1 else "its"
-        if kind == "same":
-            return (f"gives {whose} bits {words}" if single
-                    else f"gives the bits of {_names(devices)} {words}")
-        if kind == "differs":
-            return (f"matches only {words}" if single
-                    else f"matches only {words} for {_names(devices)}")
-        if kind == "skipped":
-            return (f"was not run ({words})" if single
-                    else f"was not run for {_names(devices)} ({words})")
-        return f"gave `{words}`" + ("" if single else f" for {_names(devices)}")
-
-    return "; ".join(clause(kind, words, devices)
-                     for (kind, words), devices in outcomes.items())
+    by_kind: dict[str, list] = {}
+    for (kind, words), devices in outcomes.items():
+        by_kind.setdefault(kind, []).append((words, devices))
+    clauses = []
+    if "same" in by_kind:
+        clauses.append("gives " + " and ".join(
+            (f"{'their' if len(devices) > 1 else 'its'} bits {words}" if single
+             else f"the bits of {_names(devices)} {words}")
+            for words, devices in by_kind["same"]))
+    for words, devices in by_kind.get("differs", []):
+        clauses.append(f"matches only {words}" + ("" if single else f" for {_names(devices)}"))
+    if "format" in by_kind:  # float16, bfloat16, float64: the replay is float32's
+        formats = _names(words for words, _ in by_kind["format"]).replace(" and ", " or ")
+        named = [device for _, devices in by_kind["format"] for device in devices]
+        if single:
+            they = "they compute" if len(named) > 1 else "it computes"
+            clauses.append(f"was not run ({they} in {formats}; the replay is float32 only)")
+        else:
+            who = _names(named) if len(named) <= 3 else f"the {len(named)}"
+            clauses.append(f"was not run for {who} computing in {formats} (the replay is "
+                           "float32 only)")
+    for words, devices in by_kind.get("skipped", []):
+        clauses.append(f"was not run ({words})" if single
+                       else f"was not run for {_names(devices)} ({words})")
+    for words, devices in by_kind.get("other", []):
+        clauses.append(f"gave `{words}`" + ("" if single else f" for {_names(devices)}"))
+    return "; ".join(clauses)
 
 
 def orders(table: pd.DataFrame) -> list[str]:

@@ -101,9 +101,9 @@ def test_the_replay_count_leaves_out_what_was_not_revealed_or_replayed():
         "no revealed order, 1 not replayed)." in lines[0]
     assert lines[1] == (
         "m, layer `dense` (sums of 11 terms): a, b, c and e sum sequentially, in index order, "
-        "the bias added last; numpy's replay in that order gives the bits of a with FMA; "
-        "gives the bits of b without FMA; matches only 3 of 10 values at best (with FMA) for "
-        "c; was not run for e (it computes in float64; the replay is float32 only).")
+        "the bias added last; numpy's replay in that order gives the bits of a with FMA and "
+        "the bits of b without FMA; matches only 3 of 10 values at best (with FMA) for c; was "
+        "not run for e computing in float64 (the replay is float32 only).")
     assert lines[2] == ("m, layer `dense` (sums of 11 terms): the order of d was not "
                         "revealed (the runtime computes in bfloat16).")
 
@@ -135,7 +135,7 @@ def test_each_order_sentence_names_model_layer_and_devices():
         assert not re.search(r"height|replay not|not replayed|by batch row:", line), line
     assert "in 4 interleaved partial sums, the bias added last" in lines[1]
     assert "14 additions deep" in lines[3] and "383 of 384 values" in lines[3]
-    assert "was not run (it computes in float16" in lines[4]
+    assert "was not run (it computes in float16; the replay is float32 only)" in lines[4]
     assert "by batch row (rows 0-5: sequentially, in index order, the bias added last; " \
         "rows 6-7: in 2 interleaved partial sums, the bias added last)" in lines[5]
 
