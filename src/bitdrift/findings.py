@@ -420,9 +420,10 @@ def markdown(sections, figure=None, out_path=None) -> str:
 FIGURE_AFTER = "Equivalence classes"  # the section the EQC figure follows
 FIGURE_CAPTION = ("The equivalence classes (eqc.png): a column per test sample, a row per "
                   "device; equal numbers in a column are bit-identical outputs; a colour "
-                  "follows one group of devices. The dendrogram joins the float32 devices by "
-                  "the leading mantissa bits their outputs share (its axis, remaining "
-                  "precision): bit-identical devices join at 23 bits, at its right edge, and "
+                  "follows one group of devices. The dendrogram joins the devices of the "
+                  "analysed precision (float32 by default) by the leading mantissa bits their "
+                  "outputs share (its axis, remaining precision): bit-identical devices join "
+                  "at the format's full mantissa (23 bits in float32), at its right edge, and "
                   "the further left two groups join, the fewer bits they share.")
 
 

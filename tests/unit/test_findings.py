@@ -196,7 +196,8 @@ def test_the_dendrogram_caption_reads_the_axis_as_the_figure_draws_it(make_recor
         np.asarray(path.vertices)[:, 0] for collection in axes.collections
         for path in collection.get_paths()]
     assert any(np.isclose(min(x), 0) for x in joins if len(x))
-    assert "bit-identical devices join at 23 bits, at its right edge" in FIGURE_CAPTION
+    assert "bit-identical devices join at the format's full mantissa (23 bits in float32), " \
+        "at its right edge" in FIGURE_CAPTION
     assert "the further left two groups join, the fewer bits they share" in FIGURE_CAPTION
 
 
