@@ -157,10 +157,11 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
             differ = rows[rows["kernels_differ"].astype(str) == "yes"]
             pairs = differ.apply(lambda row: " vs ".join(sorted(
                 [str(row["kernels_a"]), str(row["kernels_b"])])), axis=1).value_counts()
-            if len(pairs):
+            if len(pairs):  # the three commonest, and any tied with the third
+                shown = pairs[pairs >= pairs.iloc[min(2, len(pairs) - 1)]]
                 lines.append(f"{model}: kernels at the first divergent layer, most often: "
                              + "; ".join(f"`{pair}` ({count})" for pair, count in
-                                         pairs.head(3).items()) + ".")
+                                         shown.items()) + ".")
     for row in coverage.to_dict("records"):
         untraced = pd.to_numeric(pd.Series([row["untraced"]]), errors="coerce").fillna(0)[0]
         lines.append(f"{row['model']}: of {row['first_divergences']} first divergences the "
