@@ -226,3 +226,17 @@ def test_the_eqc_figure_follows_the_classes_inline_in_the_report(tmp_path):
     assert "![equivalence classes](figures/eqc.png)" in text
     assert text.index("## Equivalence classes") < text.index("![") < text.index(
         "## Devices computing")
+
+
+def test_kernel_pairs_tied_with_the_third_commonest_are_all_named():
+    """Kernel pairs at the first divergent layer counted 3, 2, 1 and 1 by hand: the two
+    tied third are both named, not one picked by the sort."""
+    from bitdrift.findings import divergence
+
+    counts = {("k1", "k2"): 3, ("k1", "k3"): 2, ("k2", "k3"): 1, ("k3", "k4"): 1}
+    table = pd.DataFrame([{"model": "m", "first_layer": "conv", "kernels_differ": "yes",
+                           "kernels_a": a, "kernels_b": b}
+                          for (a, b), count in counts.items() for _ in range(count)])
+    lines = divergence(table, pd.DataFrame())
+    assert lines[1] == ("m: kernels at the first divergent layer, most often: `k1 vs k2` (3); "
+                        "`k1 vs k3` (2); `k2 vs k3` (1); `k3 vs k4` (1).")
