@@ -47,7 +47,7 @@ out = torch.nn.functional.conv2d(x, w, padding=2).numpy()
 """),
     # MKL at the default model's shapes (cifar10_small, batch 1: MODEL_MKL_LAYERS), where
     # torch's device runs it: a 64x320 @ 320x128 sgemm gave an AMD host's bits under an
-    # emulated Haswell while the model's layers did not
+    # emulated Haswell while the model's layers did not (a Zen 4 EPYC, 2026-11-26)
     "mkl_torch_sgemm": ("MKL (torch)", """
 import numpy as np, torch
 rng = np.random.default_rng(0)
