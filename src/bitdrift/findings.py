@@ -117,9 +117,26 @@ def explanations(explain: pd.DataFrame) -> list[str]:
         determined = rows["determined"].astype(bool).all()
         named = ", ".join(f"`{name}`" for name in str(attributes).split(";") if name) or \
             "nothing (one class)"
+        first = rows.iloc[0]
+        caveats = [f"{first['search']} search"]
+        if str(first.get("weak", "")).lower() == "true":
+            caveats.append("weak: one of these attributes has a value only one device holds")
+        # "name=other+other;...": attributes that split the devices as the chosen one does
+        for group in str(first.get("confounded") or "").split(";"):
+            if "=" in group:
+                name, others = group.split("=", 1)
+                others = others.split("+")
+                caveats.append(f"`{name}` splits the devices as "
+                               + _names(f"`{other}`" for other in others)
+                               + (" does" if len(others) == 1 else " do"))
+        alternatives = [item for item in str(first.get("alternatives") or "").split("|")
+                        if item and item != "nan"]
+        if alternatives:
+            caveats.append(f"explain.csv lists {len(alternatives)} other sets of as many "
+                           "attributes that do as well")
         lines.append(f"{model}, samples {_samples(rows)}: the classes are "
                      f"{'determined' if determined else 'not fully determined'} by {named} "
-                     f"({rows['search'].iloc[0]} search).")
+                     f"({'; '.join(caveats)}).")
     return lines
 
 

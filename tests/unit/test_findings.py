@@ -240,3 +240,19 @@ def test_kernel_pairs_tied_with_the_third_commonest_are_all_named():
     lines = divergence(table, pd.DataFrame())
     assert lines[1] == ("m: kernels at the first divergent layer, most often: `k1 vs k2` (3); "
                         "`k1 vs k3` (2); `k2 vs k3` (1); `k3 vs k4` (1).")
+
+
+def test_an_explanation_says_when_it_is_weak_confounded_or_not_unique():
+    """An explain row by hand: weak, its kernel attribute splitting the devices as two
+    others do, two alternative sets; the sentence says each, in words."""
+    from bitdrift.findings import explanations
+
+    table = pd.DataFrame([{"model": "m", "sample": 0, "layer": "output", "attributes":
+                           "threads;kernel.dense_1", "determined": True, "search": "exact",
+                           "weak": True, "confounded": "kernel.dense_1=kernel.dense_2+order.d",
+                           "alternatives": "threads;kernel.conv2d|backend;threads"}])
+    assert explanations(table) == [
+        "m, samples #0: the classes are determined by `threads`, `kernel.dense_1` (exact "
+        "search; weak: one of these attributes has a value only one device holds; "
+        "`kernel.dense_1` splits the devices as `kernel.dense_2` and `order.d` do; "
+        "explain.csv lists 2 other sets of as many attributes that do as well)."]
