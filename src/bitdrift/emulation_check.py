@@ -20,6 +20,13 @@ import sys
 
 from bitdrift.errors import StudyError
 
+# cifar10_small's layers that torch computes with MKL's sgemm on a CPU (its first
+# convolution, 3 input channels, as im2col and sgemm; its Dense layers), at batch 1:
+# (kind, input shape, weight shape as torch holds it)
+MODEL_MKL_LAYERS = (("conv2d", (1, 3, 32, 32), (3, 3, 3, 3)),
+                    ("linear", (1, 320), (128, 320)),
+                    ("linear", (1, 128), (128, 128)),
+                    ("linear", (1, 128), (10, 128)))
 # kernel -> (library, Python code printing the digest of its output)
 KERNELS = {
     "openblas_sgemm": ("OpenBLAS (numpy)", """
@@ -38,12 +45,22 @@ x = torch.from_numpy(rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
 w = torch.from_numpy(rng.standard_normal((5, 3, 5, 5)).astype(np.float32))
 out = torch.nn.functional.conv2d(x, w, padding=2).numpy()
 """),
+    # MKL at the default model's shapes (cifar10_small, batch 1: MODEL_MKL_LAYERS), where
+    # torch's device runs it: a 64x320 @ 320x128 sgemm gave an AMD host's bits under an
+    # emulated Haswell while the model's layers did not (a Zen 4 EPYC, 2026-11-26)
     "mkl_torch_sgemm": ("MKL (torch)", """
 import numpy as np, torch
 rng = np.random.default_rng(0)
-a = torch.from_numpy(rng.standard_normal((64, 320)).astype(np.float32))
-b = torch.from_numpy(rng.standard_normal((320, 128)).astype(np.float32))
-out = (a @ b).numpy()
+def draw(*shape):
+    return torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+outs = []
+for kind, x, w in LAYERS:
+    if kind == "conv2d":
+        outs.append(torch.nn.functional.conv2d(draw(*x), draw(*w), draw(w[0]),
+                                               padding=w[-1] // 2))
+    else:
+        outs.append(torch.nn.functional.linear(draw(*x), draw(*w), draw(w[0])))
+out = np.concatenate([o.numpy().ravel() for o in outs])
 """),
     # TensorFlow decides from CPUID whether to use oneDNN at all (under an emulated Haswell
     # it does not, and runs Eigen): switched on here, so the check compares oneDNN's kernel
@@ -115,7 +132,7 @@ def digest(kernel: str, environment: dict | None = None, emulate: str | None = N
     ``emulate``) with ``environment`` added."""
     from bitdrift.emulation import python_command  # only when a kernel runs
 
-    code = KERNELS[kernel][1] + DIGEST
+    code = f"LAYERS = {MODEL_MKL_LAYERS!r}\n" + KERNELS[kernel][1] + DIGEST
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
            **(environment or {})}
     done = subprocess.run([*python_command({"emulate": emulate}), "-c", code], capture_output=True,
@@ -139,6 +156,39 @@ def host_vendor() -> str:
         return ""
 
 
+NO_REFERENCE = "no native reference"
+
+
+def judge(kernel: str, model: str, forcing: dict | None, native: str | None, emulated: str,
+          host: str, vendor: str) -> str:
+    """The verdict on one kernel under one emulated model, from its digests: ``native``
+    (the host forced to the model's class; None: no switch), ``emulated`` and ``host``
+    (the host's own kernel).
+
+    A forced run that gives the host's own bits is no reference: the switch had no effect
+    on this host (MKL's caps on an AMD CPU, a cap at or above what the host has), or none
+    on this kernel at these shapes, and equal bits at one shape would prove nothing. A
+    kernel that follows the vendor is no reference for a model of another vendor, equal
+    or not."""
+    if native is None:
+        return "equals the host's kernel" if emulated == host else \
+            "differs from the host's kernel"
+    switch = " ".join(f"{key}={value}" for key, value in (forcing or {}).items())
+    if native == host:
+        why = (f"MKL's instruction caps have no effect on this {vendor} CPU"
+               if kernel.startswith("mkl") and vendor != "GenuineIntel" else
+               "the switch has no effect on this host, or none on this kernel at these "
+               "shapes")
+        return f"{NO_REFERENCE}: with {switch} the host gives its own bits ({why})"
+    if kernel.startswith(VENDOR_DEPENDENT) and model_vendor(model) != vendor:
+        # Seen on two AMD EPYCs (Zen 3, Zen 4): TensorFlow's oneDNN capped at AVX2 gives
+        # other bits than under an emulated (Intel) Haswell, which gives a real Intel's
+        # bits; an emulated AMD Zen 2 gives the AMD host's bits
+        return (f"{NO_REFERENCE}: the kernel follows the vendor, and this {vendor} host is "
+                f"not {model}'s {model_vendor(model)}")
+    return "faithful" if emulated == native else "MISMATCH"
+
+
 def check(kernels: list[str], models: list[str], log=None) -> list[dict]:
     """The table of the check (COLUMNS); a forced kernel whose emulated bits differ from the
     host forced to the same class raises StudyError naming the kernel and the model,
@@ -158,20 +208,8 @@ def check(kernels: list[str], models: list[str], log=None) -> list[dict]:
             emulated = digest(kernel, emulate=model)
             native = digest(kernel, forcing) if forcing is not None else None
             equal = emulated == (native if native is not None else host[kernel])
-            verdict = ("faithful" if equal else "MISMATCH") if native is not None else \
-                ("equals the host's kernel" if equal else "differs from the host's kernel")
-            if verdict == "MISMATCH" and kernel.startswith("mkl") and \
-                    native == host[kernel] and host_vendor() != "GenuineIntel":
-                # Seen on an AMD EPYC: MKL ignores MKL_ENABLE_INSTRUCTIONS there, so the
-                # host cannot be forced and nothing native says what the class computes
-                verdict = "no native reference: MKL's instruction caps act on Intel CPUs only"
-            elif verdict == "MISMATCH" and kernel.startswith(VENDOR_DEPENDENT) and \
-                    model_vendor(model) != host_vendor():
-                # Seen on two AMD EPYCs (Zen 3, Zen 4): TensorFlow's oneDNN capped at AVX2
-                # gives other bits than under an emulated (Intel) Haswell, which gives a
-                # real Intel's bits; an emulated AMD Zen 2 gives the AMD host's bits
-                verdict = (f"no native reference: the kernel follows the vendor, and this "
-                           f"{host_vendor()} host is not {model}'s {model_vendor(model)}")
+            verdict = judge(kernel, model, forcing, native, emulated, host[kernel],
+                            host_vendor())
             rows.append({"kernel": kernel, "library": KERNELS[kernel][0], "emulated": model,
                          "forced": " ".join(f"{k}={v}" for k, v in (forcing or {}).items())
                          or "no switch: the host's own kernel",

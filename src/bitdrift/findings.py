@@ -118,9 +118,26 @@ def explanations(explain: pd.DataFrame) -> list[str]:
         determined = rows["determined"].astype(bool).all()
         named = ", ".join(f"`{name}`" for name in str(attributes).split(";") if name) or \
             "nothing (one class)"
+        first = rows.iloc[0]
+        caveats = [f"{first['search']} search"]
+        if str(first.get("weak", "")).lower() == "true":
+            caveats.append("weak: one of these attributes has a value only one device holds")
+        # "name=other+other;...": attributes that split the devices as the chosen one does
+        for group in str(first.get("confounded") or "").split(";"):
+            if "=" in group:
+                name, others = group.split("=", 1)
+                others = others.split("+")
+                caveats.append(f"`{name}` splits the devices as "
+                               + _names(f"`{other}`" for other in others)
+                               + (" does" if len(others) == 1 else " do"))
+        alternatives = [item for item in str(first.get("alternatives") or "").split("|")
+                        if item and item != "nan"]
+        if alternatives:
+            caveats.append(f"explain.csv lists {len(alternatives)} other sets of as many "
+                           "attributes that do as well")
         lines.append(f"{model}, samples {_samples(rows)}: the classes are "
                      f"{'determined' if determined else 'not fully determined'} by {named} "
-                     f"({rows['search'].iloc[0]} search).")
+                     f"({'; '.join(caveats)}).")
     return lines
 
 
@@ -160,53 +177,177 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
             differ = rows[rows["kernels_differ"].astype(str) == "yes"]
             pairs = differ.apply(lambda row: " vs ".join(sorted(
                 [str(row["kernels_a"]), str(row["kernels_b"])])), axis=1).value_counts()
-            if len(pairs):
+            if len(pairs):  # the three commonest, and any tied with the third
+                shown = pairs[pairs >= pairs.iloc[min(2, len(pairs) - 1)]]
                 lines.append(f"{model}: kernels at the first divergent layer, most often: "
                              + "; ".join(f"`{pair}` ({count})" for pair, count in
-                                         pairs.head(3).items()) + ".")
+                                         shown.items()) + ".")
     for row in coverage.to_dict("records"):
+        untraced = pd.to_numeric(pd.Series([row["untraced"]]), errors="coerce").fillna(0)[0]
         lines.append(f"{row['model']}: of {row['first_divergences']} first divergences the "
                      f"recorded kernels differ at {row['kernels_differ']}, the same kernels "
                      f"with other settings (threads, batch) at "
-                     f"{row['same_kernels_other_settings']}, {row['unexplained']} unexplained, "
-                     f"{row['untraced']} involve a runtime that names no kernels (untraced).")
+                     f"{row['same_kernels_other_settings']}, {row['unexplained']} unexplained"
+                     + (f", {row['untraced']} involve a runtime that names no kernels "
+                        "(untraced)." if untraced else "."))
     return lines or ["No two classes: nothing parts."]
 
 
+# How an order label of accumulation_orders.csv (bitdrift.accumulation.summary) reads in a
+# sentence; a label not listed is quoted as it is.
+_SHAPES = [(r"^sequential, bias first$", "sequentially, starting from the bias"),
+           (r"^sequential$", "sequentially, in index order"),
+           (r"^pairwise$", "pairwise (balanced halves)"),
+           (r"^single$", "as a single product"),
+           (r"^(\d+) interleaved lanes$", r"in \1 interleaved partial sums"),
+           (r"^blocks of (\d+)$", r"in blocks of \1 terms, then the blocks' sums"),
+           (r"^other \(height (\d+)\)$", r"in an order of none of the shapes looked for "
+            r"(sequential, pairwise, interleaved, blocks), \1 additions deep")]
+_BIAS = {", bias last": ", the bias added last", ", bias inside": ", the bias added inside "
+         "the sum"}
+
+
+def order_phrase(order: str) -> str:
+    """An order label as words: ``4 interleaved lanes, bias last`` -> ``in 4 interleaved
+    partial sums, the bias added last``; per batch row where the rows differ."""
+    import re
+
+    order = str(order)
+    if order.startswith("by batch row: "):
+        return "by batch row (" + "; ".join(
+            f"{rows}: {order_phrase(name)}" for rows, name in
+            (part.split(": ", 1) for part in order[len("by batch row: "):].split("; "))) + ")"
+    bias = next((suffix for suffix in _BIAS if order.endswith(suffix)), "")
+    shape = order[:len(order) - len(bias)]
+    for pattern, words in _SHAPES:
+        if re.match(pattern, shape):
+            return re.sub(pattern, words, shape) + _BIAS.get(bias, "")
+    return f"in the order `{order}`"
+
+
+def _replay_outcome(replay: str) -> tuple[str, str]:
+    """(kind, words) of a replay cell: ``same`` (the record's bits), ``differs``,
+    ``format`` (not replayed: computed in another format than float32), ``skipped`` (not
+    replayed for another reason) or ``other`` (a cell this reader does not know, quoted)."""
+    import re
+
+    replay = str(replay)
+    if replay.startswith("bit-identical "):
+        return "same", replay[len("bit-identical "):]
+    found = re.match(r"differs: (\d+) of (\d+) values bit-identical at best \((.*)\)$", replay)
+    if found:
+        return "differs", f"{found[1]} of {found[2]} values at best ({found[3]})"
+    if replay.startswith("not replayed: "):
+        reason = replay[len("not replayed: "):]
+        return ("format", reason) if re.fullmatch(r"b?float\d+", reason) else \
+            ("skipped", reason)
+    return "other", replay
+
+
+def _names(devices) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    devices = list(devices)
+    return devices[0] if len(devices) == 1 else ", ".join(devices[:-1]) + " and " + devices[-1]
+
+
+def _replay_clause(part: pd.DataFrame) -> str:
+    """What numpy's replay gave for the devices of one order at one layer."""
+    outcomes: dict[tuple, list[str]] = {}
+    for row in part.to_dict("records"):
+        outcomes.setdefault(_replay_outcome(row["replay"]), []).append(str(row["device"]))
+    single = len(outcomes) == 1
+    by_kind: dict[str, list] = {}
+    for (kind, words), devices in outcomes.items():
+        by_kind.setdefault(kind, []).append((words, devices))
+    clauses = []
+    if "same" in by_kind:
+        clauses.append("gives " + " and ".join(
+            (f"{'their' if len(devices) > 1 else 'its'} bits {words}" if single
+             else f"the bits of {_names(devices)} {words}")
+            for words, devices in by_kind["same"]))
+    for words, devices in by_kind.get("differs", []):
+        clauses.append(f"matches only {words}" + ("" if single else f" for {_names(devices)}"))
+    if "format" in by_kind:  # float16, bfloat16, float64: the replay is float32's
+        formats = _names(words for words, _ in by_kind["format"]).replace(" and ", " or ")
+        named = [device for _, devices in by_kind["format"] for device in devices]
+        if single:
+            they = "they compute" if len(named) > 1 else "it computes"
+            clauses.append(f"was not run ({they} in {formats}; the replay is float32 only)")
+        else:
+            who = _names(named) if len(named) <= 3 else f"the {len(named)}"
+            clauses.append(f"was not run for {who} computing in {formats} (the replay is "
+                           "float32 only)")
+    for words, devices in by_kind.get("skipped", []):
+        clauses.append(f"was not run ({words})" if single
+                       else f"was not run for {_names(devices)} ({words})")
+    for words, devices in by_kind.get("other", []):
+        clauses.append(f"gave `{words}`" + ("" if single else f" for {_names(devices)}"))
+    return "; ".join(clauses)
+
+
 def orders(table: pd.DataFrame) -> list[str]:
-    """How the Dense and Conv2D layers sum, per kind of device, and how many replays
-    reproduce the record's bits."""
+    """How each Dense and Conv2D layer sums: per model and layer, one sentence per order
+    naming the devices that sum in it and what numpy's replay in that order gave; first,
+    per model, how many revealed and replayed (device, layer) pairs the replay reproduces
+    bit for bit."""
     lines = []
+    table = table.assign(order=table["order"].astype(str), device=table["device"].astype(str),
+                         replay=table["replay"].fillna("").astype(str))
     for model, rows in table.groupby("model", sort=False):
-        replayed = rows[(rows["order"].astype(str) != "not revealed")
-                        & ~rows["replay"].astype(str).str.startswith("not replayed")]
-        same = replayed["replay"].astype(str).str.startswith("bit-identical")
-        lines.append(f"{model}: numpy replaying each Dense and Conv2D layer in its revealed "
-                     f"order gives the record's bits for {int(same.sum())} of "
-                     f"{len(replayed)} (device, layer) pairs.")
-        replay = rows["replay"].astype(str).str.replace(r"^differs:.*", "differs",
-                                                         regex=True)
-        hidden = rows["order"].astype(str) == "not revealed"
-        kinds = rows.assign(how=(rows["order"].astype(str) + "; replay " + replay)
-                            .where(~hidden, "order not revealed (" + replay + ")"))
-        for how, group in kinds.groupby("how", sort=False):
-            devices = sorted(set(group["device"]))
-            lines.append(f"{model}: {how}: {', '.join(devices)}.")
-        for row in replayed[~same].to_dict("records"):
-            lines.append(f"{model}, {row['device']}, {row['layer']}: not reproduced "
-                         f"({row['replay']}).")
+        hidden = rows["order"] == "not revealed"
+        replayed = rows[~hidden & ~rows["replay"].str.startswith("not replayed")]
+        same = replayed["replay"].str.startswith("bit-identical")
+        lines.append(f"{model}: numpy, summing each Dense and Conv2D layer in the order its "
+                     f"device's runtime revealed, gives the record's bits for "
+                     f"{int(same.sum())} of the {len(replayed)} (device, layer) pairs it "
+                     f"replayed ({int(hidden.sum())} with no revealed order, "
+                     f"{len(rows) - int(hidden.sum()) - len(replayed)} not replayed).")
+        for layer, part in rows.groupby("layer", sort=False):
+            terms = pd.to_numeric(part["terms"], errors="coerce").dropna() \
+                if "terms" in part else pd.Series(dtype=float)
+            where = f"{model}, layer `{layer}`" + (
+                f" (sums of {int(terms.iloc[0])} terms)" if len(terms) else "")
+            for order, group in part[part["order"] != "not revealed"].groupby(
+                    "order", sort=False):
+                devices = list(dict.fromkeys(group["device"]))
+                lines.append(f"{where}: {_names(devices)} "
+                             f"{'sum' if len(devices) > 1 else 'sums'} {order_phrase(order)}; "
+                             f"numpy's replay in that order {_replay_clause(group)}.")
+            for reason, group in part[part["order"] == "not revealed"].groupby(
+                    "replay", sort=False):
+                lines.append(f"{where}: the order of {_names(dict.fromkeys(group['device']))} "
+                             f"was not revealed" + (f" ({reason})." if reason else "."))
     return lines
 
 
 def agreement(table: pd.DataFrame) -> list[str]:
+    """Per model, on how many test images each runtime's predicted label (the argmax of
+    its output) equals TensorFlow's float32 one; the fewest named with every device tied
+    at it."""
     shares = pd.to_numeric(table["share"], errors="coerce")
     checked = table[shares.notna()].assign(share=shares[shares.notna()])
-    if checked.empty:
-        return []
-    low = checked.sort_values("share").iloc[0]
-    return [f"Against TensorFlow's classes on {int(low['images'])} test images: every "
-            f"checked device agrees on at least {low['share']:.1%} (lowest: {low['device']}, "
-            f"{low['model']})."]
+    lines = []
+    for model, rows in checked.groupby("model", sort=False):
+        images = pd.to_numeric(rows["images"], errors="coerce").astype(int)
+        agreeing = pd.to_numeric(rows["agreeing"], errors="coerce") if "agreeing" in rows \
+            else rows["share"] * images
+        rows = rows.assign(images=images, agreeing=agreeing.round().astype(int))
+        devices, most = rows["device"].nunique(), int(rows["images"].max())
+        every = rows["agreeing"] == rows["images"]
+        if every.all():
+            lines.append(f"{model}: all {devices} checked devices predict TensorFlow's "
+                         f"(float32) label on each of the {most} test images.")
+            continue
+        low = rows.loc[(rows["agreeing"] / rows["images"]).idxmin()]
+        share = low["agreeing"] / low["images"]
+        lowest = list(dict.fromkeys(rows.loc[rows["agreeing"] / rows["images"] == share,
+                                             "device"]))
+        lines.append(f"{model}: of {devices} checked devices, {int(every.sum())} predict "
+                     f"TensorFlow's (float32) label on each of the {most} test images; the "
+                     f"fewest agreeing labels are {low['agreeing']} of {low['images']} "
+                     f"({share:.1%}), by {_names(lowest)}"
+                     + (f" ({len(lowest)} tied)." if len(lowest) > 1 else "."))
+    return lines
 
 
 def observer(table: pd.DataFrame) -> list[str]:
@@ -288,7 +429,8 @@ def findings(tables: dict, fingerprints: dict) -> list[tuple[str, list[str]]]:
     if not read["accumulation_orders"].empty:
         sections.append(("How the layers sum", orders(read["accumulation_orders"])))
     if not read["argmax_agreement"].empty:
-        sections.append(("Runtimes against TensorFlow", agreement(read["argmax_agreement"])))
+        sections.append(("Predicted labels against TensorFlow's",
+                         agreement(read["argmax_agreement"])))
     if not read["observer_check"].empty:
         sections.append(("Instrumentation and the deployed model",
                          observer(read["observer_check"])))
@@ -320,8 +462,11 @@ def markdown(sections, figure=None, out_path=None) -> str:
 FIGURE_AFTER = "Equivalence classes"  # the section the EQC figure follows
 FIGURE_CAPTION = ("The equivalence classes (eqc.png): a column per test sample, a row per "
                   "device; equal numbers in a column are bit-identical outputs; a colour "
-                  "follows one group of devices; the dendrogram joins the float32 devices "
-                  "as low mantissa bits are dropped (further right: fewer bits shared).")
+                  "follows one group of devices. The dendrogram joins the devices of the "
+                  "analysed precision (float32 by default) by the leading mantissa bits their "
+                  "outputs share (its axis, remaining precision): bit-identical devices join "
+                  "at the format's full mantissa (23 bits in float32), at its right edge, and "
+                  "the further left two groups join, the fewer bits they share.")
 
 
 def embedded_figure(png) -> list[str]:

@@ -242,23 +242,31 @@ def test_install_qemu_refuses_a_package_that_does_not_match_the_index(debian_mir
         install_qemu(tmp_path / "env", targets=("aarch64",), mirror=mirror)
 
 
+def _host_flags() -> set:
+    with open("/proc/cpuinfo") as cpuinfo:
+        return set(next(line for line in cpuinfo if line.startswith("flags")).split())
+
+
 def test_the_emulation_check_finds_faithful_kernels_and_fails_on_a_wrong_class(
         tmp_path, monkeypatch):
-    """`bitdrift emulation-check` on OpenBLAS and torch's oneDNN and MKL under Haswell-v4:
-    each equals the host forced to AVX2-class kernels (exit 0). Told that Haswell's class
-    is OpenBLAS's Nehalem kernel, the check must fail loudly, naming kernel and model."""
+    """`bitdrift emulation-check` on OpenBLAS under Nehalem-v2: the host forced to
+    OpenBLAS's Nehalem kernel (SSE) gives other bits than its own (an AVX2 or AVX-512
+    kernel), and the emulated Nehalem gives the forced bits (exit 0, faithful). Told that
+    Haswell's class is OpenBLAS's Nehalem kernel, the check must fail loudly, naming kernel
+    and model."""
     import pandas as pd
 
     from bitdrift import emulation_check
 
+    if "avx2" not in _host_flags():
+        pytest.fail("this test needs an AVX2 host (every CPU bitdrift's CI has run on has it)")
     out = tmp_path / "check.csv"
     done = subprocess.run([sys.executable, "-m", "bitdrift", "emulation-check", "--kernels",
-                           "openblas_sgemm", "onednn_torch_conv", "mkl_torch_sgemm",
-                           "--models", "Haswell-v4", "--out", str(out)],
+                           "openblas_sgemm", "--models", "Nehalem-v2", "--out", str(out)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    table = pd.read_csv(out)
-    assert table["verdict"].eq("faithful").all() and len(table) == 3
+    (row,) = pd.read_csv(out).to_dict("records")
+    assert row["verdict"] == "faithful" and row["native_forced"] != row["host_digest"], row
     monkeypatch.setitem(emulation_check.CLASSES, "Haswell-v4",
                         {"openblas": "Nehalem", "onednn": "AVX2", "mkl": "AVX2"})
     with pytest.raises(emulation_check.MismatchError,
@@ -267,25 +275,102 @@ def test_the_emulation_check_finds_faithful_kernels_and_fails_on_a_wrong_class(
         emulation_check.check(["openblas_sgemm"], ["Haswell-v4"])
 
 
+def test_a_switch_that_changes_nothing_on_the_host_is_no_native_reference(monkeypatch):
+    """A forced run that gives the host's own bits says nothing about the class: the
+    check must say "no native reference", whether the emulated bits equal them or not.
+    `ONEDNN_MAX_CPU_ISA=ALL` is oneDNN's default, no cap, on any CPU; and on a host
+    without AVX-512 (its flags) the Haswell class's AVX2 cap is no cap either."""
+    from bitdrift import emulation_check
+
+    flags = _host_flags()
+    monkeypatch.setitem(emulation_check.CLASSES, "Haswell-v4",
+                        {"openblas": "Haswell", "onednn": "ALL", "mkl": "AVX2"})
+    (row,) = emulation_check.check(["onednn_torch_conv"], ["Haswell-v4"])
+    assert row["native_forced"] == row["host_digest"], row
+    assert row["verdict"].startswith("no native reference: with ONEDNN_MAX_CPU_ISA=ALL the "
+                                     "host gives its own bits"), row
+    if not any(flag.startswith("avx512") for flag in flags):
+        monkeypatch.undo()
+        (row,) = emulation_check.check(["onednn_torch_conv"], ["Haswell-v4"])
+        assert row["verdict"].startswith("no native reference: with ONEDNN_MAX_CPU_ISA=AVX2 "
+                                         "the host gives its own bits"), row
+
+
+@pytest.mark.parametrize("case, expected", [
+    # (native, emulated, host) digests, by hand
+    (("n", "n", "h"), "faithful"),
+    (("n", "e", "h"), "MISMATCH"),
+    (("h", "h", "h"), "no native reference: with MKL_ENABLE_INSTRUCTIONS=AVX2 the host "
+                      "gives its own bits"),
+    (("h", "e", "h"), "no native reference: with MKL_ENABLE_INSTRUCTIONS=AVX2 the host "
+                      "gives its own bits"),
+])
+def test_the_verdict_follows_the_digests(case, expected):
+    """Equal bits are faithful only where the forced run differs from the host's own: a
+    switch that changes nothing is no reference (the MKL case of an AMD host, where MKL
+    under an emulated Haswell equalled the capped host at one shape and differed at the
+    model's); a vendor-dependent kernel under another vendor's model is no reference
+    either, equal or not."""
+    from bitdrift.emulation_check import judge
+
+    native, emulated, host = case
+    for vendor in ("GenuineIntel", "AuthenticAMD"):
+        found = judge("mkl_torch_sgemm", "EPYC-Rome-v2" if vendor == "AuthenticAMD"
+                      else "Haswell-v4", {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, native,
+                      emulated, host, vendor)
+        assert found.startswith(expected), (vendor, found)
+    other = judge("mkl_torch_sgemm", "Haswell-v4", {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+                  native, emulated, host, "AuthenticAMD")
+    assert other.startswith("no native reference"), other
+    assert judge("mlas_onnxruntime_conv", "Haswell-v4", None, None, emulated, host,
+                 "GenuineIntel") == ("equals the host's kernel" if emulated == host
+                                     else "differs from the host's kernel")
+
+
+def test_mkl_is_checked_at_the_default_models_shapes(tmp_path):
+    """The MKL kernel runs the layers torch computes with MKL in cifar10_small at batch 1:
+    its first convolution (the only one with 3 input channels and a 3x3 kernel) and its
+    three Dense layers, read from the Keras model itself."""
+    import keras
+
+    from bitdrift.emulation_check import MODEL_MKL_LAYERS
+    from bitdrift.models import cifar10_small
+
+    model = cifar10_small(keras, (32, 32, 3), 10)
+    expected = []
+    for layer in model.layers:
+        if layer.name == "conv2d":
+            height, width, channels, filters = layer.kernel.shape
+            expected.append(("conv2d", (1, channels, *layer.input.shape[1:3]),
+                             (filters, channels, height, width)))
+        elif type(layer).__name__ == "Dense":
+            inputs, units = layer.kernel.shape
+            expected.append(("linear", (1, inputs), (units, inputs)))
+    assert tuple(expected) == MODEL_MKL_LAYERS
+
+
 def test_tensorflows_onednn_is_faithful_under_a_model_of_the_hosts_vendor():
     """TensorFlow's oneDNN follows the CPU's vendor, not only its instruction sets (an
     emulated Intel Haswell and an AMD host capped at AVX2 give other bits): the check
     compares it with the host forced to the class under a model of the host's own vendor,
-    where it must be faithful, and never calls the other vendor's model a mismatch."""
+    where it must be faithful on a host with AVX-512 (the AVX2 cap changes its kernel)
+    and no native reference on one without (the cap changes nothing), and never calls the
+    other vendor's model a mismatch."""
     from bitdrift.emulation_check import check, host_vendor, model_vendor
 
-    with open("/proc/cpuinfo") as cpuinfo:
-        flags = set(next(line for line in cpuinfo if line.startswith("flags")).split())
+    flags = _host_flags()
     if not {"avx2", "fma"} <= flags:
         pytest.fail("this test needs an AVX2 host (every CPU bitdrift's CI has run on has it)")
     same = next(model for model in ("Haswell-v4", "EPYC-Rome-v2")
                 if model_vendor(model) == host_vendor())
     other = "EPYC-Rome-v2" if same == "Haswell-v4" else "Haswell-v4"
     rows = {row["emulated"]: row for row in check(["onednn_tensorflow_conv"], [same, other])}
-    assert rows[same]["verdict"] == "faithful", rows[same]
-    assert rows[other]["verdict"] in ("faithful", "no native reference: the kernel follows "
-                                      f"the vendor, and this {host_vendor()} host is not "
-                                      f"{other}'s {model_vendor(other)}"), rows[other]
+    if "avx512f" in flags:
+        assert rows[same]["verdict"] == "faithful", rows[same]
+    else:
+        assert rows[same]["verdict"].startswith("no native reference: with "
+                                                "ONEDNN_MAX_CPU_ISA=AVX2"), rows[same]
+    assert rows[other]["verdict"].startswith("no native reference"), rows[other]
 
 
 def test_the_generations_grid_is_read_from_the_class_table():

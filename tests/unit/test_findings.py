@@ -86,23 +86,119 @@ def test_no_failure_and_the_report_text_is_valid_rest(tmp_path):
 
 def test_the_replay_count_leaves_out_what_was_not_revealed_or_replayed():
     """Five Dense layers by hand: two reproduced, one that differs, one whose order was not
-    revealed, one not replayed (float64): "2 of 3", and the one that differs is named."""
-    import pandas as pd
-
+    revealed, one not replayed (float64): "2 of the 3", and each is said of its device."""
     from bitdrift.findings import orders
 
     table = pd.DataFrame({
         "model": ["m"] * 5, "device": ["a", "b", "c", "d", "e"], "layer": ["dense"] * 5,
+        "terms": [11, 11, 11, "", 11],
         "order": ["sequential, bias last"] * 3 + ["not revealed", "sequential, bias last"],
         "replay": ["bit-identical with FMA", "bit-identical without FMA",
                    "differs: 3 of 10 values bit-identical at best (with FMA)",
                    "the runtime computes in bfloat16", "not replayed: float64"]})
     lines = orders(table)
-    assert lines[0].endswith("for 2 of 3 (device, layer) pairs.")
-    assert any(line.startswith("m, c, dense: not reproduced (differs: 3 of 10") for line in lines)
-    assert not any(", d, dense: not reproduced" in line for line in lines)
-    assert any(line == "m: order not revealed (the runtime computes in bfloat16): d."
-               for line in lines)
+    assert "gives the record's bits for 2 of the 3 (device, layer) pairs it replayed (1 with " \
+        "no revealed order, 1 not replayed)." in lines[0]
+    assert lines[1] == (
+        "m, layer `dense` (sums of 11 terms): a, b, c and e sum sequentially, in index order, "
+        "the bias added last; numpy's replay in that order gives the bits of a with FMA and "
+        "the bits of b without FMA; matches only 3 of 10 values at best (with FMA) for c; was "
+        "not run for e computing in float64 (the replay is float32 only).")
+    assert lines[2] == ("m, layer `dense` (sums of 11 terms): the order of d was not "
+                        "revealed (the runtime computes in bfloat16).")
+
+
+def test_each_order_sentence_names_model_layer_and_devices():
+    """One device at three layers in three orders, and one summing with FMA at one layer
+    and without at another: every sentence names its model and layer, a device is named
+    once per layer, and no table label ("other (height", "replay not replayed") is left
+    in a sentence."""
+    import re
+
+    from bitdrift.findings import orders
+
+    rows = [("conv2d", 28, "t", "sequential, bias last", "bit-identical without FMA"),
+            ("conv2d", 28, "u", "4 interleaved lanes, bias last", "bit-identical with FMA"),
+            ("dense_1", 321, "t", "sequential, bias last", "bit-identical with FMA"),
+            ("dense_1", 321, "u", "other (height 14), bias last",
+             "differs: 383 of 384 values bit-identical at best (with FMA)"),
+            ("dense_2", 129, "t", "blocks of 16, bias first", "not replayed: float16"),
+            ("dense_2", 129, "u", "by batch row: rows 0-5: sequential, bias last; rows 6-7: "
+             "2 interleaved lanes, bias last", "bit-identical with FMA")]
+    table = pd.DataFrame([{"model": "m", "layer": layer, "terms": terms, "device": device,
+                           "order": order, "replay": replay}
+                          for layer, terms, device, order, replay in rows])
+    lines = orders(table)[1:]
+    assert len(lines) == len(rows)
+    for line, (layer, terms, device, _, _) in zip(lines, rows, strict=True):
+        assert line.startswith(f"m, layer `{layer}` (sums of {terms} terms): {device} sums ")
+        assert not re.search(r"height|replay not|not replayed|by batch row:", line), line
+    assert "in 4 interleaved partial sums, the bias added last" in lines[1]
+    assert "14 additions deep" in lines[3] and "383 of 384 values" in lines[3]
+    assert "was not run (it computes in float16; the replay is float32 only)" in lines[4]
+    assert "by batch row (rows 0-5: sequentially, in index order, the bias added last; " \
+        "rows 6-7: in 2 interleaved partial sums, the bias added last)" in lines[5]
+
+
+def test_a_tie_at_the_fewest_agreeing_labels_is_named_as_a_tie():
+    """Predicted labels against TensorFlow's: two devices tied at the fewest (358 of 359),
+    one agreeing on all; and a table where every device agrees on all says so, with no
+    "lowest" device picked from a tie of everyone."""
+    from bitdrift.findings import agreement
+
+    table = pd.DataFrame({"model": ["m"] * 4, "device": ["tf", "a", "b", "c"],
+                          "images": [None, 359, 359, 359],
+                          "agreeing": [None, 358, 359, 358],
+                          "share": ["reference", 358 / 359, 1.0, 358 / 359]})
+    assert agreement(table) == [
+        "m: of 3 checked devices, 1 predict TensorFlow's (float32) label on each of the 359 "
+        "test images; the fewest agreeing labels are 358 of 359 (99.7%), by a and c (2 tied)."]
+    everyone = table.assign(agreeing=[None, 359, 359, 359],
+                            share=["reference", 1.0, 1.0, 1.0])
+    assert agreement(everyone) == ["m: all 3 checked devices predict TensorFlow's (float32) "
+                                   "label on each of the 359 test images."]
+
+
+def test_the_dendrogram_caption_reads_the_axis_as_the_figure_draws_it(make_record, tmp_path,
+                                                                     monkeypatch):
+    """Two devices bit-identical, a third apart in its last mantissa bits: in the EQC
+    figure the identical pair joins at the remaining precision float32 has in full (23
+    bits), at the right edge of the dendrogram, and the ticks fall towards the left;
+    the caption must say the same."""
+    import numpy as np
+
+    from bitdrift import figures
+    from bitdrift.eqc import eqc_tables
+    from bitdrift.findings import FIGURE_CAPTION
+    from bitdrift.record import open_records
+
+    near = np.array([1.0, 2.0, 3.0], np.float32)
+    apart = near.copy()
+    apart[2] = np.nextafter(np.nextafter(apart[2], np.float32(4)), np.float32(4))
+    files = [make_record(device, {0: np.stack([values])})
+             for device, values in (("d1", near), ("d2", near), ("d3", apart))]
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda figure, out, **_: drawn.append(figure))
+    records = open_records([str(path) for path in files])
+    eqc = pd.DataFrame(eqc_tables(records)[0])
+    figures.plot_eqc(eqc, records, tmp_path / "eqc.pdf")
+    (axes,) = [ax for ax in drawn[0].axes if ax.get_title() == "net (float32)"]
+    ticks = {label.get_text(): position
+             for position, label in zip(axes.get_xticks(), axes.get_xticklabels(), strict=True)}
+    to_screen = axes.transData.transform
+    screen = {bits: to_screen((position, 0))[0] for bits, position in ticks.items()}
+    left, right = axes.get_window_extent().x0, axes.get_window_extent().x1
+    assert abs(screen["23"] - right) < abs(screen["23"] - left)  # 23 bits: the right edge
+    ordered = sorted(screen, key=screen.get)
+    assert [int(bits) for bits in ordered] == sorted(int(bits) for bits in ordered)
+    # the pair's link: the segment drawn at distance 0, i.e. at 23 bits
+    joins = [line.get_xdata() for line in axes.lines] + [
+        np.asarray(path.vertices)[:, 0] for collection in axes.collections
+        for path in collection.get_paths()]
+    assert any(np.isclose(min(x), 0) for x in joins if len(x))
+    assert "bit-identical devices join at the format's full mantissa (23 bits in float32), " \
+        "at its right edge" in FIGURE_CAPTION
+    assert "the further left two groups join, the fewer bits they share" in FIGURE_CAPTION
 
 
 def test_the_eqc_figure_follows_the_classes_inline_in_the_report(tmp_path):
@@ -130,3 +226,33 @@ def test_the_eqc_figure_follows_the_classes_inline_in_the_report(tmp_path):
     assert "![equivalence classes](figures/eqc.png)" in text
     assert text.index("## Equivalence classes") < text.index("![") < text.index(
         "## Devices computing")
+
+
+def test_kernel_pairs_tied_with_the_third_commonest_are_all_named():
+    """Kernel pairs at the first divergent layer counted 3, 2, 1 and 1 by hand: the two
+    tied third are both named, not one picked by the sort."""
+    from bitdrift.findings import divergence
+
+    counts = {("k1", "k2"): 3, ("k1", "k3"): 2, ("k2", "k3"): 1, ("k3", "k4"): 1}
+    table = pd.DataFrame([{"model": "m", "first_layer": "conv", "kernels_differ": "yes",
+                           "kernels_a": a, "kernels_b": b}
+                          for (a, b), count in counts.items() for _ in range(count)])
+    lines = divergence(table, pd.DataFrame())
+    assert lines[1] == ("m: kernels at the first divergent layer, most often: `k1 vs k2` (3); "
+                        "`k1 vs k3` (2); `k2 vs k3` (1); `k3 vs k4` (1).")
+
+
+def test_an_explanation_says_when_it_is_weak_confounded_or_not_unique():
+    """An explain row by hand: weak, its kernel attribute splitting the devices as two
+    others do, two alternative sets; the sentence says each, in words."""
+    from bitdrift.findings import explanations
+
+    table = pd.DataFrame([{"model": "m", "sample": 0, "layer": "output", "attributes":
+                           "threads;kernel.dense_1", "determined": True, "search": "exact",
+                           "weak": True, "confounded": "kernel.dense_1=kernel.dense_2+order.d",
+                           "alternatives": "threads;kernel.conv2d|backend;threads"}])
+    assert explanations(table) == [
+        "m, samples #0: the classes are determined by `threads`, `kernel.dense_1` (exact "
+        "search; weak: one of these attributes has a value only one device holds; "
+        "`kernel.dense_1` splits the devices as `kernel.dense_2` and `order.d` do; "
+        "explain.csv lists 2 other sets of as many attributes that do as well)."]

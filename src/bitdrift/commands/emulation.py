@@ -7,7 +7,7 @@ import sys
 
 def cmd_emulation_check(args) -> int:
     from bitdrift.atomic import write_csv
-    from bitdrift.emulation_check import COLUMNS, MismatchError, check
+    from bitdrift.emulation_check import COLUMNS, NO_REFERENCE, MismatchError, check
 
     try:
         rows = check(args.kernels, args.models)
@@ -17,8 +17,11 @@ def cmd_emulation_check(args) -> int:
         return error.exit_code
     write_csv(rows, args.out, columns=COLUMNS)
     faithful = sum(row["verdict"] == "faithful" for row in rows)
+    unreferenced = sum(row["verdict"].startswith(NO_REFERENCE) for row in rows)
     print(f"bitdrift: emulation check: {faithful} forced kernel(s) faithful, bit for bit; "
-          f"{len(rows) - faithful} informational -> {args.out}", file=sys.stderr)
+          f"{unreferenced} without a native reference; "
+          f"{len(rows) - faithful - unreferenced} informational -> {args.out}",
+          file=sys.stderr)
     return 0
 
 

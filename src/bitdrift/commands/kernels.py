@@ -44,7 +44,8 @@ def cmd_kernels(args) -> None:
             print(f"bitdrift: {row['model']}: {row['first_divergences']} first divergences; "
                   f"kernels differ {row['kernels_differ']}, same kernels but other settings "
                   f"{row['same_kernels_other_settings']}, unexplained {row['unexplained']}, "
-                  f"untraced {row['untraced']}; ARI {row['adjusted_rand_index_mean']}")
+                  f"untraced {row['untraced']}; adjusted Rand index (kernel signature, "
+                  f"class) {_rounded(row['adjusted_rand_index_mean'])}")
     if args.orders_out:
         from bitdrift.accumulation import TABLE_COLUMNS as ORDER_COLUMNS
         from bitdrift.accumulation import orders_table
@@ -53,9 +54,18 @@ def cmd_kernels(args) -> None:
         write_csv(orders, args.orders_out, columns=ORDER_COLUMNS)
         revealed = sum(row["order"] != "not revealed" for row in orders)
         same = sum(row["replay"].startswith("bit-identical") for row in orders)
-        print(f"bitdrift: {len(orders)} Dense layers, {revealed} with a revealed order; the "
-              f"replay in that order is bit-identical for {same}; wrote {args.orders_out}")
+        print(f"bitdrift: {len(orders)} (device, Dense or Conv2D layer) pairs, {revealed} "
+              f"with a revealed order; the replay in that order is bit-identical for {same}; "
+              f"wrote {args.orders_out}")
     print(f"bitdrift: {len(rows)} kernel rows; wrote {args.out}")
+
+
+def _rounded(value) -> str:
+    """A table's float for a log line: two decimals; what is no number, as it is."""
+    try:
+        return f"{float(value):.2f}"
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def cmd_plot_kernels(args) -> None:
@@ -99,8 +109,9 @@ def add_commands(sub) -> None:
                    "--coverage-out)")
     p.add_argument("--coverage-out", help="kernel_coverage.csv: how many first divergences "
                    "the kernels explain")
-    p.add_argument("--orders-out", help="accumulation_orders.csv: the order each Dense layer "
-                   "summed in and whether numpy replaying it gives the record's bits")
+    p.add_argument("--orders-out", help="accumulation_orders.csv: the order each Dense and "
+                   "Conv2D layer summed in and whether numpy replaying it gives the record's "
+                   "bits")
     expect_option(p)
     p.set_defaults(func=cmd_kernels)
 
@@ -113,7 +124,9 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_plot_kernels)
 
     p = sub.add_parser("plot-orders", help="the summation trees of two devices at a Dense "
-                       "layer where they part (PDF)")
+                       "or Conv2D layer whose revealed orders differ: the first divergent "
+                       "layer of a class pair where there is one, else the first layer where "
+                       "the two largest groups of devices sum differently (PDF)")
     p.add_argument("files", nargs="+", help="records (with revealed orders)")
     p.add_argument("--divergence", required=True, help="divergence.csv of the records")
     p.add_argument("--out", required=True, help="accumulation_orders.pdf (and .png beside it)")

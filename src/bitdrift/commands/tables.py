@@ -77,8 +77,8 @@ def cmd_agreement(args) -> None:
     rows = agreement_table(open_checked(args))
     write_csv(rows, args.out, columns=AGREEMENT_COLUMNS)
     shares = [row["share"] for row in rows if isinstance(row.get("share"), float)]
-    print(f"bitdrift: {len(shares)} records checked against TensorFlow's classes"
-          + (f"; the lowest agreement {min(shares):.1%}" if shares else "")
+    print(f"bitdrift: {len(shares)} records' predicted labels checked against TensorFlow's"
+          + (f"; the lowest share agreeing {min(shares):.2%}" if shares else "")
           + f"; wrote {args.out}")
 
 
