@@ -69,6 +69,12 @@ def findings_file(suffix: str = "md") -> str:
     return f"{RESULTS}/findings.{suffix}"
 
 
+def report_file() -> str:
+    """Every figure and table in one HTML page (Snakemake's report), written by a run of
+    `all` at its end."""
+    return f"{RESULTS}/report.html"
+
+
 def table_file(name: str) -> str:
     """A table of the results (CSV), by its name without extension."""
     return f"{TABLES}/{name}.csv"
