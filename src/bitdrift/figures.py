@@ -76,108 +76,133 @@ def _class_colours(grid: np.ndarray) -> np.ndarray:
 MAX_GRID_COLUMNS = 60
 
 
-def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
-             precision: str = "float32") -> None:
-    """Grid devices x (model, sample) coloured by class ('*': non-deterministic), and a
-    dendrogram per model of its devices in ``precision``, x-axis = remaining precision."""
-    from scipy.cluster.hierarchy import dendrogram, linkage
+def _model_tree(group: list[Record]):
+    """(devices, pairwise dropped bits capped at the mantissa, mantissa bits, linkage) of
+    one model's devices of one precision. Bits beyond the mantissa (sign, exponent) count
+    as the whole mantissa: remaining precision is 0 there, never negative."""
+    from scipy.cluster.hierarchy import linkage
     from scipy.spatial.distance import squareform
 
-    groups = [(model, [r for r in group if r.precision == precision])
-              for model, group in group_by_model(records)]
-    groups = [(model, group) for model, group in groups if len(group) >= 2]
-    trees = {}
-    for model, group in groups:
-        names, matrix, mantissa = dendrogram_distances(group)
-        tree = linkage(squareform(matrix.astype(float), checks=False), method="complete")
-        trees[model] = (names, matrix, mantissa, tree)
-    # Grid rows in the first dendrogram's leaf order, so rows and leaves line up; devices
-    # of other precisions follow in their own order.
-    devices = list(dict.fromkeys(eqc["device"]))
-    if trees:
-        names, _, _, tree = next(iter(trees.values()))
-        leaves = [names[i] for i in dendrogram(tree, no_plot=True)["leaves"]][::-1]
-        devices = [d for d in leaves if d in devices] + [d for d in devices if d not in leaves]
-    labels, hardware = _device_labels(records, devices)
-    columns = list(dict.fromkeys(zip(eqc["model"], eqc["sample"], strict=True)))
+    names, matrix, mantissa = dendrogram_distances(group)
+    matrix = np.minimum(matrix, mantissa)
+    return names, matrix, mantissa, linkage(squareform(matrix.astype(float), checks=False),
+                                            method="complete")
+
+
+def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
+             precision: str = "float32") -> None:
+    """Per model, one block: a grid devices x samples coloured by class ('*':
+    non-deterministic), and beside it the dendrogram of its devices in ``precision``, its
+    leaves on the grid's rows, x-axis = remaining precision. Class numbers and colours are
+    the model's own."""
+    from scipy.cluster.hierarchy import dendrogram
+
+    by_model = {model: group for model, group in group_by_model(records)}
+    models = list(dict.fromkeys(eqc["model"]))
     # Thousands of samples would make a figure nobody can read (and a PNG of 100,000+
-    # pixels): the first MAX_GRID_COLUMNS are drawn, and the title says how many are not.
-    left_out = max(len(columns) - MAX_GRID_COLUMNS, 0)
-    columns = columns[:MAX_GRID_COLUMNS]
-    eqc = eqc[[(m, s) in set(columns) for m, s in zip(eqc["model"], eqc["sample"],
-                                                       strict=True)]]
-    grid = np.full((len(devices), len(columns)), np.nan)
-    marks = np.full(grid.shape, "", dtype=object)
-    for row in eqc.itertuples():
-        i, j = devices.index(row.device), columns.index((row.model, row.sample))
-        grid[i, j] = row.eqc
-        marks[i, j] = f"{row.eqc}" + ("" if row.deterministic else "*")
+    # pixels): the first MAX_GRID_COLUMNS of each model are drawn, the title says how many
+    # are not.
+    blocks = []
+    for model in models:
+        part = eqc[eqc["model"] == model]
+        samples = list(dict.fromkeys(part["sample"]))
+        devices = list(dict.fromkeys(part["device"]))
+        group = [r for r in by_model.get(model, []) if r.precision == precision]
+        tree = _model_tree(group) if len(group) >= 2 else None
+        if tree is not None:  # rows in leaf order (top to bottom), so rows and leaves meet
+            leaves = [tree[0][i] for i in dendrogram(tree[3], no_plot=True)["leaves"]][::-1]
+            devices = [d for d in leaves if d in devices] + [d for d in devices
+                                                              if d not in leaves]
+        blocks.append((model, part, devices, samples[:MAX_GRID_COLUMNS],
+                       max(len(samples) - MAX_GRID_COLUMNS, 0), tree))
+    labels = {model: _device_labels(by_model.get(model, records), devices)
+              for model, _, devices, *_ in blocks}
+    hardware = {title for _, title in labels.values()}
+    common = hardware.pop() if len(hardware) == 1 else ""
     # Laid out in inches, so every panel keeps a positive width however many columns.
-    column_inches = 0.6 if len(columns) <= 20 else 0.3
-    label_inches = 0.1 + 0.065 * max((len(label) for label in labels), default=4)
-    grid_inches = column_inches * len(columns) + 0.4
-    # Each dendrogram is followed by its leaf labels (device names) on the right.
-    leaf_inches = 0.3 + 0.065 * max((len(device) for device in devices), default=4)
+    most = max((len(samples) for *_, samples, _, _ in blocks), default=1)
+    column_inches = 0.6 if most <= 20 else 0.3
+    label_inches = 0.1 + 0.065 * max((len(label) for names, _ in labels.values()
+                                      for label in names), default=4)
+    grid_inches = column_inches * max(most, 1) + 0.4
+    leaf_inches = 0.3 + 0.065 * max((len(d) for _, _, devices, *_ in blocks
+                                     for d in devices), default=4)
     dendrogram_inches, gap_inches = 2.4, 0.5
-    width = (label_inches + grid_inches + 0.2
-             + len(groups) * (gap_inches + dendrogram_inches + leaf_inches))
-    height = max(1.8 + 0.35 * len(devices), 3.3)  # 0.3 in more on top: a two-line header
+    width = label_inches + grid_inches + 0.2 + gap_inches + dendrogram_inches + leaf_inches
+    header = ("Equivalence classes of the final output. Equal numbers in a column: "
+              "bit-identical outputs (an equivalence class); a colour follows a group of "
+              "devices across the columns; * = non-deterministic. "
+              + ("Class numbers and colours are each model's own. " if len(blocks) > 1
+                 else "")
+              + "Dendrogram: where the devices in " + precision + " join as low mantissa "
+              "bits are dropped (further left: fewer bits shared)"
+              + (f"; all on {common}" if common else ""))
+    header = textwrap.wrap(header, int(width * 16))
+    header_inches = 0.2 + 0.15 * len(header)
+    title_inches, foot_inches, row_inches = 0.4, 0.75, 0.3
+    heights = [title_inches + row_inches * max(len(devices), 1) + foot_inches
+               for _, _, devices, *_ in blocks]
+    height = header_inches + sum(heights)
     figure = plt.figure(figsize=(width, height))
-    grid_axes = figure.add_axes([label_inches / width, 1.2 / height, grid_inches / width,
-                                 1 - 2.0 / height])
-    colours = _class_colours(grid)
-    count = int(np.nanmax(colours)) + 1 if np.isfinite(colours).any() else 1
-    # tab20, then tab20b and tab20c: up to 60 groups without a colour used twice (tab20
-    # alone gave two of the default's 22 groups one colour).
+    figure.text(0.01, 1 - 0.08 / height, "\n".join(header), fontsize=8, va="top")
     palette = [colour for name in ("tab20", "tab20b", "tab20c")
                for colour in plt.get_cmap(name).colors]
-    cmap = matplotlib.colors.ListedColormap(
-        [palette[k % len(palette)] for k in range(max(count, 1))])
-    grid_axes.imshow(colours, cmap=cmap, aspect="auto", vmin=-0.5, vmax=max(count, 1) - 0.5)
-    for (i, j), text in np.ndenumerate(marks):
-        grid_axes.text(j, i, text, ha="center", va="center", fontsize=8)
-    grid_axes.set_yticks(range(len(devices)), labels, fontsize=8)
-    grid_axes.set_xticks(range(len(columns)), [f"{m}\ntest #{s}" for m, s in columns],
-                         fontsize=7)
-    grid_axes.set_xlabel("model, test sample (index in its test set)", fontsize=7)
-    grid_axes.set_title("Classes of the final output" + (
-        f"\n(first {len(columns)} samples; {left_out} more in eqc.csv)" if left_out else ""),
-        fontsize=9)
-    header = ("Equal numbers in a column: bit-identical outputs (an equivalence class); a "
-              "colour follows a group of devices across the columns; * = non-deterministic"
-              + (f"; all on {hardware}" if hardware else ""))
-    figure.text(0.01, 1 - 0.08 / height, "\n".join(textwrap.wrap(header, int(width * 13))),
-                fontsize=8, va="top")
-    outside = [device for device in devices
-               if not any(device in names for names, *_ in trees.values())]
-    for k, model in enumerate(trees):
-        names, matrix, mantissa, tree = trees[model]
-        left = (label_inches + grid_inches + gap_inches
-                + k * (gap_inches + dendrogram_inches + leaf_inches))
-        # Its leaves span the grid rows of its devices (the top rows, in the same order).
-        rows_height = 1 - 2.0 / height
+    top = height - header_inches  # inches from the bottom where the next block starts
+    for model, part, devices, samples, left_out, tree in blocks:
+        rows = row_inches * max(len(devices), 1)
+        bottom = top - title_inches - rows
+        grid_axes = figure.add_axes([label_inches / width, bottom / height,
+                                     (grid_inches - 0.4) / width, rows / height])
+        grid = np.full((len(devices), len(samples)), np.nan)
+        marks = np.full(grid.shape, "", dtype=object)
+        for row in part[part["sample"].isin(samples)].itertuples():
+            i, j = devices.index(row.device), samples.index(row.sample)
+            grid[i, j] = row.eqc
+            marks[i, j] = f"{row.eqc}" + ("" if row.deterministic else "*")
+        colours = _class_colours(grid)
+        count = int(np.nanmax(colours)) + 1 if np.isfinite(colours).any() else 1
+        cmap = matplotlib.colors.ListedColormap(
+            [palette[k % len(palette)] for k in range(max(count, 1))])
+        grid_axes.imshow(colours, cmap=cmap, aspect="auto", vmin=-0.5,
+                         vmax=max(count, 1) - 0.5)
+        for (i, j), text in np.ndenumerate(marks):
+            grid_axes.text(j, i, text, ha="center", va="center", fontsize=8)
+        names, _ = labels[model]
+        grid_axes.set_yticks(range(len(devices)), names, fontsize=8)
+        grid_axes.set_xticks(range(len(samples)), [f"#{s}" for s in samples], fontsize=7,
+                             rotation=90 if len(samples) > 20 else 0)
+        grid_axes.set_xlabel("test sample (index in the model's test set)", fontsize=7)
+        classes = part.groupby("sample")["eqc"].nunique()
+        outside = len(devices) - (len(tree[0]) if tree is not None else 0)
+        title = (f"{model}: {'/'.join(str(int(classes[s])) for s in samples)} classes among "
+                 f"{len(devices)} devices"
+                 + (f" (first {len(samples)} samples; {left_out} more in eqc.csv)"
+                    if left_out else "")
+                 + (f"; dendrogram: its {len(tree[0])} {precision} devices" if tree else "")
+                 + (f" ({outside} of other precisions: precision_casting.pdf)"
+                    if tree and outside else ""))
+        figure.text(0.01, (top - 0.1) / height, title, fontsize=9, fontweight="bold",
+                    va="top")
+        if tree is None:
+            top = bottom - foot_inches
+            continue
+        names, matrix, mantissa, linked = tree
+        # Its leaves span the grid rows of its devices (the top rows, in the same order)
         share = len(names) / len(devices)
-        axes = figure.add_axes([left / width, 1.2 / height + rows_height * (1 - share),
-                                dendrogram_inches / width, rows_height * share])
+        axes = figure.add_axes([(label_inches + grid_inches + gap_inches) / width,
+                                (bottom + rows * (1 - share)) / height,
+                                dendrogram_inches / width, rows * share / height])
         with warnings.catch_warnings():
             # All devices equal: every merge at height 0; the limits are set below.
             warnings.filterwarnings("ignore", "Attempting to set identical low and high xlims")
-            dendrogram(tree, labels=names, orientation="left", ax=axes, color_threshold=0,
+            dendrogram(linked, labels=names, orientation="left", ax=axes, color_threshold=0,
                        above_threshold_color="k", leaf_font_size=7)
-        top = max(float(matrix.max()), 1.0)
-        ticks = np.unique(np.linspace(0, top, num=min(int(top) + 1, 6)).round())
-        axes.set_xticks(ticks, [f"{mantissa - t:.0f}" for t in ticks])
-        axes.set_xlim(top + 0.5, -0.5)
+        shared = sorted({*range(0, mantissa + 1, 5), mantissa})  # bits, 0 to all
+        axes.set_xticks([mantissa - bits for bits in shared], map(str, shared), fontsize=7)
+        axes.set_xlim(mantissa + 0.5, -0.5)
         axes.set_ylim(0, 10 * len(names))  # leaf i sits at 10 i + 5: one grid row each
-        axes.set_xlabel("remaining precision (bits)", fontsize=8)
-        axes.set_title(f"{model} ({precision})", fontsize=9)
-    if trees and outside:
-        left = label_inches + grid_inches + gap_inches
-        figure.text(left / width, 1.2 / height + 0.02, textwrap.fill(
-            f"Not in the dendrogram: the {len(outside)} devices in other precisions than "
-            f"{precision}. Remaining precision counts bits of one format, so they are "
-            "compared in precision_casting.pdf, each format on its own.", 48),
-            fontsize=8, va="bottom")
+        axes.set_xlabel(f"remaining precision (bits of {mantissa} shared)", fontsize=7)
+        top = bottom - foot_inches
     save_figure(figure, out)
 
 
@@ -259,25 +284,51 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
 
 
 def plot_eqc_table(table: pd.DataFrame, out: str | Path) -> None:
-    """Tables SUP-1/SUP-2: devices (rows, sorted by device class) with what they are and
+    """Tables SUP-1/SUP-2: devices (rows, sorted by settings group) with what they are and
     their class per (model, sample); a class's first occurrence in a column in bold, a cell
-    equal to its left neighbour faded, `*` non-deterministic."""
+    equal to its left neighbour faded, `*` non-deterministic. A column with one value for
+    every device is named once in the title instead; the title says whether the settings
+    groups explain the classes."""
     class_columns = [c for c in table.columns if "#" in c]
-    columns = [c for c in table.columns if c not in class_columns] + class_columns
+    described = [c for c in table.columns if c not in class_columns]
+    constant = [c for c in described if c not in ("device", "settings_group")
+                and table[c].astype(str).nunique() <= 1]
+    columns = [c for c in described if c not in constant] + class_columns
     cells = table[columns].astype(str).to_numpy()
     characters = [max(len(str(c)), table[c].astype(str).str.len().max()) + 2
                   for c in columns]
     width = 1.2 + 0.07 * sum(characters)
-    rows_inches, note_inches = 0.24 * (len(table) + 1), 0.5
-    height = rows_inches + note_inches + 0.1
-    figure = plt.figure(figsize=(max(width, 6), height))
-    # The table fills its axes (bbox), and the axes the canvas above the legend line.
+    rows_inches, note_inches, title_inches = 0.24 * (len(table) + 1), 0.75, 0.75
+    height = rows_inches + note_inches + title_inches + 0.1
+    figure = plt.figure(figsize=(max(width, 7), height))
+    width = max(width, 7)
+    # The table fills its axes (bbox), and the axes the canvas between title and notes.
     axes = figure.add_axes([0.01, (note_inches + 0.05) / height, 0.98, rows_inches / height])
     axes.axis("off")
-    figure.text(0.01, 0.05 / height, "bold: the first device of a class in its column; "
-                "faded: the same class as in the column to its left; * non-deterministic "
-                "(its class is its majority output over the repeats)", fontsize=8,
-                va="bottom")
+    same = "; ".join(f"{c} {table[c].astype(str).iloc[0] or '(none)'}" for c in constant)
+    # Do the settings explain the classes? Every settings group one class in each column
+    mixed = [group for group, part in table.groupby("settings_group")
+             if any(part[c].astype(str).str.rstrip("*").nunique() > 1 for c in class_columns)] \
+        if "settings_group" in table and class_columns else []
+    counts = ", ".join(f"{c}: {table[c].astype(str).str.rstrip('*').nunique()}"
+                       for c in class_columns)
+    takeaway = (f"{len(table)} devices in {table['settings_group'].nunique()} settings groups; "
+                f"classes per column ({counts}). " if "settings_group" in table else "") + (
+        "Each settings group is one class in every column: the settings shown explain the "
+        "classes." if not mixed else
+        f"Settings group(s) {', '.join(map(str, mixed))} hold devices of several classes: "
+        "something the settings do not record differs.")
+    figure.text(0.01, 1 - 0.05 / height, "\n".join(
+        ["Equivalence classes per device, with the settings that separate the rows",
+         *textwrap.wrap(takeaway + (f" Every device: {same}." if same else ""),
+                        int(width * 14))]), fontsize=8.5, va="top")
+    figure.text(0.01, 0.05 / height, "\n".join(textwrap.wrap(
+        "settings_group: devices with equal values of the attributes that explain the "
+        "classes (explain.csv; device_classes.csv); a number of its own, not a class. "
+        "model#n: the device's equivalence class on test sample n (equal numbers: "
+        "bit-identical outputs); bold: the first device of a class in its column; faded: "
+        "the same class as in the column to its left; * non-deterministic (its class is its "
+        "majority output over the repeats)", int(width * 14))), fontsize=8, va="bottom")
     drawn = axes.table(cellText=cells, colLabels=columns, cellLoc="center",
                        colWidths=[n / sum(characters) for n in characters], bbox=[0, 0, 1, 1])
     drawn.auto_set_font_size(False)

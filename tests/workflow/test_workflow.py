@@ -312,7 +312,7 @@ def test_explanations_and_divergence_agree_with_the_classes(run):
     for name in ("eqc_table.pdf", "divergence.pdf"):
         assert (workdir / "results/figures" / name).read_bytes().startswith(b"%PDF")
     table = pd.read_csv(tables / "eqc_table.csv")
-    assert table["device_class"].is_monotonic_increasing
+    assert table["settings_group"].is_monotonic_increasing
 
 
 def test_the_report_opens_in_a_real_browser(run):
