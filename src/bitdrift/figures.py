@@ -612,12 +612,15 @@ def _tree_layout(tree, bias_term: int | None):
     return leaves, segments
 
 
-def plot_orders(pair: dict | None, out: str | Path) -> None:
+def plot_orders(pairs, out: str | Path) -> None:
     """The summation trees of two devices at one Dense or Conv2D layer (bitdrift.accumulation),
-    drawn over the first products and the bias, side by side."""
-    from bitdrift.accumulation import restrict
-
-    if pair is None:
+    drawn over the first products and the bias, side by side; one row per model where
+    ``pairs`` is a list of (model, pair or None), one pair (or None) otherwise."""
+    if not isinstance(pairs, list):
+        pairs = [(pairs["model"] if pairs else "", pairs)]
+    drawn = [(model, pair) for model, pair in pairs if pair is not None]
+    missing = [model for model, pair in pairs if pair is None and model]
+    if not drawn:
         figure, ax = plt.subplots(figsize=(9, 2.2))
         ax.text(0.5, 0.5, "No two devices sum a layer in different revealed orders in "
                 "these records\n(each device's orders and the reasons where one is not revealed "
@@ -626,7 +629,34 @@ def plot_orders(pair: dict | None, out: str | Path) -> None:
         ax.set_axis_off()
         save_figure(figure, out)
         return
-    figure, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharey=False)
+    figure, axes = plt.subplots(len(drawn), 2, figsize=(13, 0.6 + 4.8 * len(drawn)),
+                                squeeze=False)
+    for row, (_, pair) in zip(axes, drawn, strict=True):
+        _draw_pair(row, pair)
+    title = ("How two devices add up one output of a layer, per model: where a class pair "
+             "first parts (or the layer's commonest two orders)")
+    if len(pairs) == 1:
+        pair = drawn[0][1]
+        why = "where this class pair first parts" if pair["first_divergence"] else \
+            "(the devices' classes part elsewhere; these two orders are the layer's commonest)"
+        title = (f"How two devices add up one output of {pair['model']}'s layer "
+                 f"{pair['layer']}, {why}")
+    if missing:
+        title += (f"\nNo two revealed orders differ for {', '.join(missing)} "
+                  "(accumulation_orders.csv)")
+    figure.suptitle(title, fontsize=11)
+    figure.text(0.5, 0.005, "Each joint adds the terms below it; revealed through each "
+                "device's own runtime at the layer's shapes (FPRev's method). Other orders "
+                "round differently, so the two outputs' last bits differ.", ha="center",
+                fontsize=8.5, color="0.3")
+    figure.tight_layout(rect=(0, 0.03, 1, 0.95 if len(drawn) == 1 else 0.97))
+    save_figure(figure, out)
+
+
+def _draw_pair(axes, pair: dict) -> None:
+    """One pair's two summation trees, on two axes."""
+    from bitdrift.accumulation import restrict
+
     for ax, device, order, tree in zip(axes, pair["devices"], pair["orders"], pair["trees"],
                                        strict=True):
         total = tree.size
@@ -650,15 +680,7 @@ def plot_orders(pair: dict | None, out: str | Path) -> None:
                       f" of {products}{' and the bias' if bias_term is not None else ''})")
         ax.set_ylabel("addition step (among the terms drawn)")
         ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.set_title(f"{device}\n{textwrap.fill(order, 60)}", fontsize=10)
+        where = "first parts here" if pair["first_divergence"] else "commonest orders"
+        ax.set_title(f"{pair['model']}/{pair['layer']} ({where}): {device}\n"
+                     f"{textwrap.fill(order, 60)}", fontsize=10)
         ax.spines[["top", "right"]].set_visible(False)
-    why = "where this class pair first parts" if pair["first_divergence"] else \
-        "(the devices' classes part elsewhere; these two orders are the layer's commonest)"
-    figure.suptitle(f"How two devices add up one output of {pair['model']}'s layer "
-                    f"{pair['layer']}, {why}", fontsize=11)
-    figure.text(0.5, 0.005, "Each joint adds the terms below it; revealed through each "
-                "device's own runtime at the layer's shapes (FPRev's method). Other orders "
-                "round differently, so the two outputs' last bits differ.", ha="center",
-                fontsize=8.5, color="0.3")
-    figure.tight_layout(rect=(0, 0.03, 1, 0.95))
-    save_figure(figure, out)
