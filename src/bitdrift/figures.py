@@ -70,7 +70,7 @@ def _class_colours(grid: np.ndarray) -> np.ndarray:
             if not np.isnan(grid[i, j]):
                 first[i, j] = int(np.flatnonzero(grid[:, j] == grid[i, j])[0])
     rows = {row: k for k, row in enumerate(sorted({int(v) for v in first[~np.isnan(first)]}))}
-    return np.vectorize(lambda v: np.nan if np.isnan(v) else rows[int(v)])(first)
+    return np.vectorize(lambda v: np.nan if np.isnan(v) else rows[int(v)], otypes=[float])(first)
 
 
 MAX_GRID_COLUMNS = 60
