@@ -425,37 +425,38 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
     save_figure(figure, out)
 
 
+def _kernel_letters(index: int) -> str:
+    """A, B, ..., Z, AA, AB, ...: a kernel's short name within its layer."""
+    letters = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, 26)
+        letters = chr(ord("A") + rest) + letters
+    return letters
+
+
 def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.DataFrame,
                  coverage: pd.DataFrame, out: str | Path) -> None:
-    """Devices x compute layers, each cell coloured by the layer's kernel signature (the
-    implementations the libraries logged); devices ordered by their final-output class of
+    """Devices x compute layers, each cell a letter naming the kernel signature the layer
+    ran (the implementations the libraries logged), A, B, ... within each layer, coloured by
+    letter so that equal colours in a column mean the same kernel; the letters spelled out
+    under the grid, layer by layer, in full. Devices ordered by their final-output class of
     the model's first sample, with the class boundaries drawn; above each layer, how many
-    class pairs (of one precision, over all samples) first part there; the coverage in
-    the title."""
+    class pairs (of one precision, over all samples) first part there; the coverage and a
+    takeaway in the title."""
     models = list(dict.fromkeys(signatures["model"]))
-    figure, axes = plt.subplots(len(models) or 1, 1, squeeze=False,
-                                figsize=(13, 1.6 + 0.28 * max(
-                                    [signatures[signatures["model"] == m]["device"].nunique()
-                                     for m in models] or [4])))
     if not models:
-        axes[0][0].text(0.5, 0.5, "no record carries kernels", ha="center", va="center")
-        axes[0][0].set_axis_off()
+        figure, ax = plt.subplots(figsize=(9, 2.2))
+        ax.text(0.5, 0.5, "no record carries kernels", ha="center", va="center")
+        ax.set_axis_off()
         save_figure(figure, out)
         return
-    # One grey for every runtime that logs no kernels: the row label names the runtime
-    untraced = f"{UNTRACED}: the runtime names no kernels"
-    signatures = signatures.assign(signature=[
-        untraced if name.startswith(UNTRACED) else name for name in signatures["signature"]])
-    names = sorted(set(signatures["signature"]))
-    # 60 distinct colours: no two kernels share one (six runtimes name about 40)
-    palette = [*plt.get_cmap("tab20").colors, *plt.get_cmap("tab20b").colors,
-               *plt.get_cmap("tab20c").colors]
-    colours = {name: ((0.93, 0.93, 0.93, 1.0) if name == "none" else
-                      (0.6, 0.6, 0.6, 1.0) if name == untraced else
-                      (*palette[index % len(palette)], 1.0))
-               for index, name in enumerate(names)}
-    used = set()
-    for ax, model in zip(axes[:, 0], models, strict=False):
+    # Few colours, each clearly apart: a column rarely holds more than a handful of kernels
+    palette = [*plt.get_cmap("Set2").colors, *plt.get_cmap("Pastel1").colors]
+    untraced_colour, none_colour = (0.62, 0.62, 0.62), (0.93, 0.93, 0.93)
+    width = 13.0
+    panels = []
+    for model in models:
         # One row per layer and device (kernels.csv has one per kernel call).
         part = signatures[signatures["model"] == model].drop_duplicates(["device", "layer"])
         layers = list(dict.fromkeys(part["layer"]))
@@ -467,18 +468,49 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
         devices = sorted(dict.fromkeys(part["device"]),
                          key=lambda d: (classes.get(d, 10**6), list(part["device"]).index(d)))
         grid = part.set_index(["device", "layer"])["signature"]
-        image = np.ones((len(devices), len(layers), 4))
+        letters = {}  # layer -> {signature: letter}, in the order of the rows
+        for layer in layers:
+            names = [grid.get((device, layer), "none") for device in devices]
+            traced = [n for n in dict.fromkeys(names)
+                      if n != "none" and not n.startswith(UNTRACED)]
+            letters[layer] = {name: _kernel_letters(k) for k, name in enumerate(traced)}
+        legend = []
+        for layer in layers:
+            spelled = "; ".join(f"{letter} = {name}" for name, letter in letters[layer].items())
+            if spelled:  # layers no library names a kernel for (activations) stay out
+                legend += textwrap.wrap(f"{layer}: {spelled}", int(width * 14),
+                                        subsequent_indent="    ")
+        panels.append((model, layers, runtimes, classes, first_sample, devices, grid,
+                       letters, legend))
+    # title and takeaway, the grid, its layer names, the letters spelled out
+    heights = [1.05 + 0.26 * len(panel[5]) + 0.95 + 0.15 * (len(panel[8]) + 1) + 0.3
+               for panel in panels]
+    figure = plt.figure(figsize=(width, sum(heights)))
+    top = sum(heights)
+    for (model, layers, runtimes, classes, first_sample, devices, grid, letters,
+         legend), height in zip(panels, heights, strict=True):
+        rows = 0.26 * len(devices)
+        label_inches = 0.3 + 0.062 * max(len(f"{d} ({runtimes.get(d, '?')}, class 99)")
+                                         for d in devices)
+        grid_width = min(0.55 * len(layers), width - label_inches - 0.4)
+        ax = figure.add_axes([label_inches / width, (top - 1.05 - rows) / figure.get_figheight(),
+                              grid_width / width, rows / figure.get_figheight()])
+        image = np.ones((len(devices), len(layers), 3))
         for row, device in enumerate(devices):
             for column, layer in enumerate(layers):
                 name = grid.get((device, layer), "none")
-                image[row, column] = colours.get(name, (1, 1, 1, 1))
-                used.add(name)
+                letter = letters[layer].get(name)
+                image[row, column] = (none_colour if name == "none" else untraced_colour
+                                      if letter is None else
+                                      palette[(ord(letter[-1]) - ord("A")) % len(palette)])
+                ax.text(column, row, letter or ("–" if name != "none" else ""), ha="center",
+                        va="center", fontsize=7)
         ax.imshow(image, aspect="auto", interpolation="nearest")
         ax.set_yticks(range(len(devices)),
                       [f"{d} ({runtimes.get(d, '?')}"
                        + (f", class {classes[d]})" if d in classes else ")") for d in devices],
-                      fontsize=6)
-        ax.set_xticks(range(len(layers)), layers, rotation=90, fontsize=6)
+                      fontsize=7)
+        ax.set_xticks(range(len(layers)), layers, rotation=90, fontsize=7)
         for row in range(1, len(devices)):
             if classes.get(devices[row]) != classes.get(devices[row - 1]):
                 ax.axhline(row - 0.5, color="black", lw=1.2)
@@ -490,7 +522,7 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
                 ax.text(column, -0.7, str(int(counts[layer])), ha="center", va="bottom",
                         fontsize=8, fontweight="bold", color="darkred")
         row = coverage[coverage["model"] == model]
-        caption = ""
+        takeaway = ""
         if len(row):
             row = row.iloc[0]
 
@@ -499,31 +531,31 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
 
             ari = row["adjusted_rand_index_mean"]
             traced = int(row["first_divergences"]) - int(row["untraced"])
-            caption = (f"{int(row['first_divergences'])} first divergences (a pair of "
-                       f"classes, a sample): {int(row['untraced'])} involve an untraced "
-                       f"runtime; of the other {traced}, the kernels differ in "
-                       f"{share(row['share_kernels_differ'])}, the same kernels run with other "
-                       f"settings (threads, batch) in "
-                       f"{share(row['share_same_kernels_other_settings'])}, unexplained: "
-                       f"{share(row['share_unexplained'])}. How well the kernels predict the "
-                       f"classes (adjusted Rand index, 1 = fully, 0 = no better than chance): "
-                       f"{'n/a' if pd.isna(ari) else f'{float(ari):.2f}'}.")
-        ax.set_title(f"{model}: which kernel ran in each compute layer, per device\n"
-                     f"rows grouped by the class of the final output on test sample "
-                     f"#{first_sample} (black lines between classes); red numbers: class "
-                     "pairs that first differ at that layer", fontsize=8, pad=16)
-        if caption:  # below the layer names; the layout leaves room for it
-            ax.annotate(textwrap.fill(caption, 150), (0, 0), xycoords="axes fraction",
-                        xytext=(0, -62), textcoords="offset points", ha="left", va="top",
-                        fontsize=7)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[name]) for name in names
-               if name in used]
-    figure.legend(handles, [name if len(name) <= 44 else name[:43] + "…"
-                            for name in names if name in used],
-                  loc="center right", ncol=1, fontsize=6, frameon=False, title="kernels",
-                  title_fontsize=7)
-    figure.tight_layout(rect=(0, 0.5 / figure.get_figheight(), 0.73, 1))
-    save_figure(figure, out, bbox_inches="tight")  # long device labels, the caption
+            takeaway = (f"Of {traced} first divergences between traced runtimes, the kernels "
+                        f"differ in {share(row['share_kernels_differ'])}; the same kernels "
+                        f"with other settings (threads, batch) in "
+                        f"{share(row['share_same_kernels_other_settings'])}; unexplained "
+                        f"{share(row['share_unexplained'])}"
+                        + (f" ({int(row['untraced'])} more involve a runtime that names no "
+                           "kernels: grey –)" if int(row["untraced"]) else "")
+                        + ". Kernels predict "
+                        "the classes with adjusted Rand index "
+                        f"{'n/a' if pd.isna(ari) else f'{float(ari):.2f}'} (1 = fully, 0 = "
+                        "chance).")
+        figure.text(0.01, (top - 0.08) / figure.get_figheight(), "\n".join(
+            [f"{model}: which kernel ran in each compute layer, per device",
+             *textwrap.wrap(takeaway, int(width * 15))]), fontsize=8.5, va="top",
+            fontweight="normal")
+        ax.set_title(f"rows grouped by the final output's class on test sample #{first_sample}"
+                     " (black lines); red numbers: class pairs that first differ at the layer",
+                     fontsize=7.5, loc="left", pad=14)
+        # The letters spelled out, layer by layer, under the grid
+        figure.text(0.01, (top - 1.05 - rows - 0.95) / figure.get_figheight(), "\n".join(
+            ["Kernels by layer (a letter names one kernel signature within its column; grey "
+             "–: the runtime names none):", *legend]), fontsize=7, va="top",
+            family="monospace")
+        top -= height
+    save_figure(figure, out, bbox_inches="tight")
 
 
 def generations_grid(eqc: pd.DataFrame, devices: dict) -> tuple[pd.DataFrame, list, list]:
