@@ -238,10 +238,20 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
         part = table[table["model"] == model]
         top, bottom = axes[0, k], axes[1, k]
         dotted = False
+        # Devices the effective-precision check flags (a bfloat16-like one among float32
+        # devices) bound the line; dashed: the other devices alone
+        reduced = sorted({device for cell in part.get("reduced_precision_devices",
+                                                      pd.Series(dtype=object)).dropna()
+                          for device in str(cell).split(";") if device})
+        without = pd.to_numeric(part.get("remaining_precision_without_reduced",
+                                         pd.Series(np.nan, index=part.index)), errors="coerce")
         for sample, rows in part.groupby("sample"):
             rows = rows.sort_values("position")
             line, = top.plot(rows["position"], rows["remaining_precision"], marker="o", ms=3,
                              label=f"sample {sample}")
+            apart = without.loc[rows.index]
+            if apart.notna().any():
+                top.plot(rows["position"], apart, ls="--", lw=1, color=line.get_color())
             significant = pd.to_numeric(rows.get("significant_bits_mean"), errors="coerce")
             if significant is not None and significant.notna().any():
                 # The statistical view beside the worst case, same axis and colour.
@@ -256,10 +266,28 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
             mark_layer_kinds(top, layers)
         top.set_ylabel("remaining precision (bits)")
         precision = str(part["precision"].iloc[0]) if "precision" in part else "float32"
-        top.set_title(f"{model}: mantissa bits on which all {int(part['n_devices'].max())} "
-                      f"{precision} devices agree, per layer" if "n_devices" in part
-                      else f"{model}: mantissa bits on which all devices agree, per layer",
-                      fontsize=9)
+        devices = (f"all {int(part['n_devices'].max())} {precision} devices"
+                   if "n_devices" in part else "all devices")
+        output = part[part["layer"] == "output"].sort_values("sample")
+        takeaway = ""
+        if len(output):
+            bits = "/".join(str(int(v)) for v in output["remaining_precision"])
+            takeaway = (f"At the output: {bits} bits on samples "
+                        f"{', '.join(f'#{s}' for s in output['sample'])}")
+            if reduced:
+                alone = pd.to_numeric(output["remaining_precision_without_reduced"],
+                                      errors="coerce")
+                takeaway += (f", bounded by {', '.join(reduced)}, which "
+                             f"{'computes' if len(reduced) == 1 else 'compute'} below "
+                             f"{precision} (effective_precision.csv); the other devices "
+                             "alone (dashed): "
+                             + "/".join("?" if pd.isna(v) else str(int(v)) for v in alone)
+                             + " bits")
+        top.set_title(f"{model}: mantissa bits shared by {devices}, per layer\n"
+                      + textwrap.fill(takeaway, 95), fontsize=9)
+        if reduced:
+            top.plot([], [], ls="--", color="black",
+                     label=f"without {', '.join(reduced)} (below {precision})")
         if dotted:
             top.plot([], [], ls=":", color="black",
                      label="significant bits (statistical, mean)")
