@@ -140,8 +140,9 @@ def fork_servers_in(folder) -> list[int]:
 def open_every_category(page, report, categories):
     """In Snakemake's HTML report `report` (a Playwright page), click each category of the
     sidebar (and each subcategory where it has several), then the view button of each
-    result it lists. Returns the paths of the results that opened; a view that breaks
-    blanks the page and leaves a page error, which the caller listens for."""
+    result it lists (a result the browser cannot show, as findings.md, has a download
+    link instead: not clicked). Returns the paths of the results that opened; a view that
+    breaks blanks the page and leaves a page error, which the caller listens for."""
     opened = set()
     for category, subcategories in categories.items():
         for subcategory, paths in subcategories.items():
@@ -153,6 +154,8 @@ def open_every_category(page, report, categories):
             rows = sidebar.locator("table tbody tr")
             assert rows.count() == len(paths), (category, subcategory, rows.count())
             for index in range(len(paths)):
-                rows.nth(index).locator("a").first.click()
-                opened.add(page.evaluate("() => app.state.resultPath"))
+                button = rows.nth(index).locator("a").first
+                if button.get_attribute("download") is None:
+                    button.click()
+                    opened.add(page.evaluate("() => app.state.resultPath"))
     return opened
