@@ -113,8 +113,18 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
             leaves = [tree[0][i] for i in dendrogram(tree[3], no_plot=True)["leaves"]][::-1]
             devices = [d for d in leaves if d in devices] + [d for d in devices
                                                               if d not in leaves]
-        blocks.append((model, part, devices, samples[:MAX_GRID_COLUMNS],
-                       max(len(samples) - MAX_GRID_COLUMNS, 0), tree))
+        left_out = max(len(samples) - MAX_GRID_COLUMNS, 0)
+        samples = samples[:MAX_GRID_COLUMNS]
+        classes = part.groupby("sample")["eqc"].nunique()
+        outside = len(devices) - (len(tree[0]) if tree is not None else 0)
+        title = (f"{model}: {'/'.join(str(int(classes[s])) for s in samples)} classes among "
+                 f"{len(devices)} devices"
+                 + (f" (first {len(samples)} samples; {left_out} more in eqc.csv)"
+                    if left_out else "")
+                 + (f"; dendrogram: its {len(tree[0])} {precision} devices" if tree else "")
+                 + (f" ({outside} of other precisions: precision_casting.pdf)"
+                    if tree and outside else ""))
+        blocks.append((model, part, devices, samples, title, tree))
     labels = {model: _device_labels(by_model.get(model, records), devices)
               for model, _, devices, *_ in blocks}
     hardware = {title for _, title in labels.values()}
@@ -139,18 +149,20 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
               + (f"; all on {common}" if common else ""))
     header = textwrap.wrap(header, int(width * 16))
     header_inches = 0.2 + 0.15 * len(header)
-    title_inches, foot_inches, row_inches = 0.4, 0.75, 0.3
-    heights = [title_inches + row_inches * max(len(devices), 1) + foot_inches
-               for _, _, devices, *_ in blocks]
+    foot_inches, row_inches = 0.75, 0.3
+    titles = {model: textwrap.wrap(title, int(width * 11))
+              for model, _, _, _, title, _ in blocks}
+    heights = [0.2 + 0.2 * len(titles[model]) + row_inches * max(len(devices), 1)
+               + foot_inches for model, _, devices, *_ in blocks]
     height = header_inches + sum(heights)
     figure = plt.figure(figsize=(width, height))
     figure.text(0.01, 1 - 0.08 / height, "\n".join(header), fontsize=8, va="top")
     palette = [colour for name in ("tab20", "tab20b", "tab20c")
                for colour in plt.get_cmap(name).colors]
     top = height - header_inches  # inches from the bottom where the next block starts
-    for model, part, devices, samples, left_out, tree in blocks:
+    for model, part, devices, samples, _, tree in blocks:
         rows = row_inches * max(len(devices), 1)
-        bottom = top - title_inches - rows
+        bottom = top - 0.2 - 0.2 * len(titles[model]) - rows
         grid_axes = figure.add_axes([label_inches / width, bottom / height,
                                      (grid_inches - 0.4) / width, rows / height])
         grid = np.full((len(devices), len(samples)), np.nan)
@@ -172,17 +184,8 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         grid_axes.set_xticks(range(len(samples)), [f"#{s}" for s in samples], fontsize=7,
                              rotation=90 if len(samples) > 20 else 0)
         grid_axes.set_xlabel("test sample (index in the model's test set)", fontsize=7)
-        classes = part.groupby("sample")["eqc"].nunique()
-        outside = len(devices) - (len(tree[0]) if tree is not None else 0)
-        title = (f"{model}: {'/'.join(str(int(classes[s])) for s in samples)} classes among "
-                 f"{len(devices)} devices"
-                 + (f" (first {len(samples)} samples; {left_out} more in eqc.csv)"
-                    if left_out else "")
-                 + (f"; dendrogram: its {len(tree[0])} {precision} devices" if tree else "")
-                 + (f" ({outside} of other precisions: precision_casting.pdf)"
-                    if tree and outside else ""))
-        figure.text(0.01, (top - 0.1) / height, title, fontsize=9, fontweight="bold",
-                    va="top")
+        figure.text(0.01, (top - 0.1) / height, "\n".join(titles[model]), fontsize=9,
+                    fontweight="bold", va="top")
         if tree is None:
             top = bottom - foot_inches
             continue
@@ -249,9 +252,13 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
             rows = rows.sort_values("position")
             line, = top.plot(rows["position"], rows["remaining_precision"], marker="o", ms=3,
                              label=f"sample {sample}")
+            # measured at the layers the check covers (Dense, Conv2D) and the output: a
+            # point each, joined
             apart = without.loc[rows.index]
-            if apart.notna().any():
-                top.plot(rows["position"], apart, ls="--", lw=1, color=line.get_color())
+            known = apart.notna().to_numpy()
+            if known.any():
+                top.plot(rows["position"][known], apart[known], ls="--", lw=1, marker="x",
+                         ms=4, color=line.get_color())
             significant = pd.to_numeric(rows.get("significant_bits_mean"), errors="coerce")
             if significant is not None and significant.notna().any():
                 # The statistical view beside the worst case, same axis and colour.
@@ -286,7 +293,7 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
         top.set_title(f"{model}: mantissa bits shared by {devices}, per layer\n"
                       + textwrap.fill(takeaway, 95), fontsize=9)
         if reduced:
-            top.plot([], [], ls="--", color="black",
+            top.plot([], [], ls="--", marker="x", ms=4, color="black",
                      label=f"without {', '.join(reduced)} (below {precision})")
         if dotted:
             top.plot([], [], ls=":", color="black",
