@@ -166,7 +166,7 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
         for position, value, interval, top in zip(positions, values, shown,
                                                   np.where(shown, high, values), strict=True):
             if np.isfinite(value):
-                ax.text(max(top, value) * 1.12, position,
+                ax.text(max(top, value, 100 if interval else 0) * 1.12, position,
                         f"{value:.0f} %" + ("" if interval else " (noise unknown)"),
                         va="center", fontsize=7, color="black" if interval else "0.35")
         ax.axvline(100, color="black", linewidth=0.5)
