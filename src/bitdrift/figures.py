@@ -235,7 +235,7 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
     """Per model: RP and number of EQCs per layer, one line per sample; activation layers
     marked by red upward arrows and pooling layers by blue downward arrows (Figure SUP-4)."""
     models = list(dict.fromkeys(table["model"]))
-    figure, axes = plt.subplots(2, max(len(models), 1), figsize=(6.5 * max(len(models), 1), 6.8),
+    figure, axes = plt.subplots(2, max(len(models), 1), figsize=(6.5 * max(len(models), 1), 8.0),
                                 squeeze=False, sharex="col")
     for k, model in enumerate(models):
         part = table[table["model"] == model]
@@ -301,8 +301,9 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
         # What the arrows at the foot of the upper panel mark.
         top.plot([], [], ls="none", marker="^", color="red", label="activation layer")
         top.plot([], [], ls="none", marker="v", color="blue", label="pooling layer")
-        # In the lower panel, whose lower right is empty: the upper one's foot holds arrows.
-        bottom.legend(*top.get_legend_handles_labels(), fontsize=7, loc="lower right", ncol=2)
+        # Under the layer names: inside, the legend covered lines of either panel
+        bottom.legend(*top.get_legend_handles_labels(), fontsize=7, loc="upper center",
+                      bbox_to_anchor=(0.5, -0.42), ncol=2, frameon=False)
         bottom.set_ylabel("equivalence classes")
         bottom.yaxis.get_major_locator().set_params(integer=True)  # counts
         bottom.set_xlabel("layer (input to output)")
