@@ -39,16 +39,24 @@ include: "rules/probes.smk"
 include: "rules/batching.smk"
 
 
-# A device that failed left a failure record and the others went on (bitdrift.failures):
-# the run names each one, removes its failure record so the next run retries it, and ends
-# non-zero. When no device ran, findings.md says so in place of an earlier run's answer.
+# A run of `all` ends by writing results/report.html (write_report), also when a device
+# failed: a device that failed left a failure record and the others went on
+# (bitdrift.failures); the run names each one, removes its failure record so the next run
+# retries it, and ends non-zero. When no device ran, findings.md says so in place of an
+# earlier run's answer.
 onsuccess:
+    write_report()
     if end_of_run(scheduled_record_files(), **answer_files()):
         sys.exit(1)
 
 
 onerror:
     end_of_run(scheduled_record_files(), **answer_files())
+    print(
+        "bitdrift: a job failed, so results/report.html is not rebuilt; once the run "
+        "succeeds, it is (or: snakemake --profile profiles/local --report results/report.html)",
+        file=sys.stderr,
+    )
 
 
 rule all:

@@ -180,6 +180,46 @@ def all_targets():
     )
 
 
+# ---- the report ---------------------------------------------------------------------------
+def write_report():
+    """results/report.html at the end of a run of `all`, from this run's own DAG: what
+    `snakemake --report` does after building the DAG anew (a second Snakemake started
+    here would find this one's lock). A run of other targets leaves the report as it is
+    and says so; the report is written under another name first, so a failure leaves the
+    old one whole."""
+    from pathlib import Path
+
+    from snakemake.report import auto_report
+    from snakemake.settings.types import GlobalReportSettings
+    from snakemake_interface_report_plugins.registry import ReportPluginRegistry
+
+    html = Path(paths.report_file())
+    by_hand = f"snakemake --profile profiles/local --report {html}"
+    if not any(job.rule.name == "all" for job in workflow.dag.targetjobs):
+        print(
+            f"bitdrift: {html} not rebuilt (not a run of `all`): {by_hand}",
+            file=sys.stderr,
+        )
+        return
+    plugin = ReportPluginRegistry().get_plugin("html")
+    partial = html.with_name(f".{html.stem}.partial.html")
+    try:
+        workflow.async_run(
+            auto_report(
+                workflow.dag,
+                plugin,
+                plugin.settings_cls(path=partial),
+                GlobalReportSettings(),
+            )
+        )
+        partial.replace(html)
+    except (WorkflowError, OSError) as error:  # the results stand; the report is old
+        partial.unlink(missing_ok=True)
+        print(f"bitdrift: {html} not rebuilt ({error}): {by_hand}", file=sys.stderr)
+        return
+    print(f"bitdrift: report written: {html}", file=sys.stderr)
+
+
 # ---- input and params functions: core -----------------------------------------------------
 def canonical(entry):
     """A config entry with sorted keys: params are compared by value, so reordering keys

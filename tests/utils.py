@@ -135,3 +135,27 @@ def fork_servers_in(folder) -> list[int]:
                         part.startswith(str(folder).encode()) for part in command):
                     found.append(int(entry))
     return found
+
+
+def open_every_category(page, report, categories):
+    """In Snakemake's HTML report `report` (a Playwright page), click each category of the
+    sidebar (and each subcategory where it has several), then the view button of each
+    result it lists (a result the browser cannot show, as findings.md, has a download
+    link instead: not clicked). Returns the paths of the results that opened; a view that
+    breaks blanks the page and leaves a page error, which the caller listens for."""
+    opened = set()
+    for category, subcategories in categories.items():
+        for subcategory, paths in subcategories.items():
+            page.goto(report.as_uri())
+            sidebar = page.locator("nav")
+            sidebar.get_by_role("link", name=category, exact=True).click()
+            if len(subcategories) > 1:
+                sidebar.get_by_role("link", name=subcategory, exact=True).click()
+            rows = sidebar.locator("table tbody tr")
+            assert rows.count() == len(paths), (category, subcategory, rows.count())
+            for index in range(len(paths)):
+                button = rows.nth(index).locator("a").first
+                if button.get_attribute("download") is None:
+                    button.click()
+                    opened.add(page.evaluate("() => app.state.resultPath"))
+    return opened

@@ -1027,15 +1027,17 @@ def restrict(tree: Node | int, keep: set[int]) -> Node | int | None:
     return kept[id(tree)]
 
 
-def contrasting_pair(divergence, records) -> dict | None:
+def contrasting_pair(divergence, records, model: str | None = None) -> dict | None:
     """The two devices whose orders the figure draws: a class pair whose first divergent
     layer is a Dense or Conv2D layer with both orders revealed and different (float32
     first), else the two largest groups of devices by order at the first layer where revealed
     orders differ (``first_divergence`` False); None where no two orders differ.
     Returns {"model", "layer", "devices": [a, b], "orders": [...], "trees": [Node, Node],
-    "bias": bool, "first_divergence": bool}."""
+    "bias": bool, "first_divergence": bool}. With ``model``, that model's pair only."""
     found = {(record.model, record.device): record.accumulation_orders or {}
-             for record in records}
+             for record in records if model is None or record.model == model}
+    if model is not None and len(divergence):
+        divergence = divergence[divergence["model"] == model]
 
     def entry(model, device, layer):
         return found.get((model, device), {}).get(layer) or {}

@@ -41,7 +41,10 @@ PRECISION_COLUMNS = ["model", "sample", "layer", "position", "n_eqc", "remaining
 # the statistical significant bits (empty unless asked for: `--significant-bits`).
 PRECISION_EXTRA_COLUMNS = ["precision", "n_devices", "layer_class", "significant_bits_mean",
                            "significant_bits_min", "significant_bits_reference",
-                           "reduced_precision_devices"]
+                           "reduced_precision_devices",
+                           # the same over the devices left when those are set aside
+                           # (empty where none is flagged): how far one device bounds it
+                           "remaining_precision_without_reduced"]
 
 
 class OutputKey:
@@ -190,6 +193,8 @@ def _analyse_layer(model, group, sample, info, analysed_precision,
     # NumPy work below made the analysis ~25 % slower (each evicts the other's caches).
     # One label is one dataset name in every record (the final output apart).
     tensors = [record.tensor(sample, info) for record in group]
+    reduced = _reduced_at([r for r in group if r.precision == analysed_precision], info)
+    declared = None  # the analysed devices but the reduced ones, where some are
     for record, tensor in zip(group, tensors, strict=True):
         # Equal element counts in another layout (NCHW vs NHWC) are not comparable values.
         if shape is None:
@@ -215,6 +220,10 @@ def _analyse_layer(model, group, sample, info, analysed_precision,
                 if accumulator is None:
                     accumulator = RemainingPrecisionAccumulator(tensor.float_format)
                 accumulator.add(representative)
+                if reduced and record.device not in reduced:
+                    if declared is None:
+                        declared = RemainingPrecisionAccumulator(tensor.float_format)
+                    declared.add(representative)
     if accumulator is None:
         stats = None
     elif len(formats) > 1:
@@ -228,8 +237,10 @@ def _analyse_layer(model, group, sample, info, analysed_precision,
     if stats is not None:
         stats = {"n_eqc": len(set(selected)), **stats, "precision": analysed_precision,
                  "n_devices": len(selected),
-                 "reduced_precision_devices": ";".join(_reduced_at(
-                     [r for r in group if r.precision == analysed_precision], info))}
+                 "reduced_precision_devices": ";".join(reduced),
+                 "remaining_precision_without_reduced":
+                     declared.result()["remaining_precision"]
+                     if declared is not None and len(formats) == 1 else None}
         if significant and len(formats) == 1:
             stats.update(significant_bits(np.stack(analysed_values), formats.pop(),
                                           reference),

@@ -472,19 +472,28 @@ def _describe(attributes: pd.Series) -> dict:
     environment = ";".join(f"{name[4:]}={value}" for name, value in attributes.items()
                            if name.startswith("env.") and value != MISSING)
     gpu = attributes.get("accelerator.gpu_name", MISSING)
+    # The runtime's knobs the device sets (ONNX Runtime's graph optimisation level,
+    # OpenVINO's precision hint...): often all that separates two rows
+    options = ";".join(f"{knob}={attributes[knob]}"
+                       for knob in KNOBS.get(attributes.get("backend", MISSING), ())
+                       if attributes.get(knob, "default") not in ("default", MISSING))
     return {"vendor": attributes.get("cpu.vendor", MISSING),
             "cores": attributes.get("cpu.count", MISSING),
             "processor": gpu if gpu != MISSING else attributes.get("cpu.brand", MISSING),
             "backend": attributes.get("backend", MISSING),
             "threads": attributes.get("threads", MISSING),
             "batch_size": attributes.get("batch_size", MISSING),
-            "precision": attributes.get("precision", MISSING), "env": environment}
+            "precision": attributes.get("precision", MISSING), "env": environment,
+            "options": options}
 
 
 def class_table(records: list[Record], eqc: pd.DataFrame,
                 classes: pd.DataFrame) -> pd.DataFrame:
-    """One row per device: what it is, its device class, and its class in each (model,
-    sample) column with `*` for a non-deterministic device; sorted by device class, then
+    """One row per device: what it is (hardware, runtime, threads, batch, precision,
+    environment, the runtime's options), its settings group (``device_class`` of
+    device_classes.csv: devices with equal values of the attributes that explain the
+    classes; a number of its own, not an equivalence class), and its class in each (model,
+    sample) column with `*` for a non-deterministic device; sorted by settings group, then
     in the records' order (Tables SUP-1/SUP-2)."""
     from bitdrift.errors import RecordError
 
@@ -502,12 +511,12 @@ def class_table(records: list[Record], eqc: pd.DataFrame,
     for order, device in enumerate(devices):
         attributes = table.loc[device]
         row = {"device": device, **_describe(attributes),
-               "device_class": int(device_class.get(device, 0)), "_order": order}
+               "settings_group": int(device_class.get(device, 0)), "_order": order}
         for item in eqc[eqc["device"] == device].itertuples():
             row[f"{item.model}#{item.sample}"] = f"{item.eqc}" + (
                 "" if item.deterministic else "*")
         rows.append(row)
-    out = pd.DataFrame(rows).sort_values(["device_class", "_order"], kind="stable")
+    out = pd.DataFrame(rows).sort_values(["settings_group", "_order"], kind="stable")
     # A device measured under one model only has no class in another model's columns.
     columns = [column for column in out.columns if "#" in column]
     out[columns] = out[columns].fillna("-")

@@ -70,114 +70,142 @@ def _class_colours(grid: np.ndarray) -> np.ndarray:
             if not np.isnan(grid[i, j]):
                 first[i, j] = int(np.flatnonzero(grid[:, j] == grid[i, j])[0])
     rows = {row: k for k, row in enumerate(sorted({int(v) for v in first[~np.isnan(first)]}))}
-    return np.vectorize(lambda v: np.nan if np.isnan(v) else rows[int(v)])(first)
+    return np.vectorize(lambda v: np.nan if np.isnan(v) else rows[int(v)], otypes=[float])(first)
 
 
 MAX_GRID_COLUMNS = 60
 
 
-def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
-             precision: str = "float32") -> None:
-    """Grid devices x (model, sample) coloured by class ('*': non-deterministic), and a
-    dendrogram per model of its devices in ``precision``, x-axis = remaining precision."""
-    from scipy.cluster.hierarchy import dendrogram, linkage
+def _model_tree(group: list[Record]):
+    """(devices, pairwise dropped bits capped at the mantissa, mantissa bits, linkage) of
+    one model's devices of one precision. Bits beyond the mantissa (sign, exponent) count
+    as the whole mantissa: remaining precision is 0 there, never negative."""
+    from scipy.cluster.hierarchy import linkage
     from scipy.spatial.distance import squareform
 
-    groups = [(model, [r for r in group if r.precision == precision])
-              for model, group in group_by_model(records)]
-    groups = [(model, group) for model, group in groups if len(group) >= 2]
-    trees = {}
-    for model, group in groups:
-        names, matrix, mantissa = dendrogram_distances(group)
-        tree = linkage(squareform(matrix.astype(float), checks=False), method="complete")
-        trees[model] = (names, matrix, mantissa, tree)
-    # Grid rows in the first dendrogram's leaf order, so rows and leaves line up; devices
-    # of other precisions follow in their own order.
-    devices = list(dict.fromkeys(eqc["device"]))
-    if trees:
-        names, _, _, tree = next(iter(trees.values()))
-        leaves = [names[i] for i in dendrogram(tree, no_plot=True)["leaves"]][::-1]
-        devices = [d for d in leaves if d in devices] + [d for d in devices if d not in leaves]
-    labels, hardware = _device_labels(records, devices)
-    columns = list(dict.fromkeys(zip(eqc["model"], eqc["sample"], strict=True)))
+    names, matrix, mantissa = dendrogram_distances(group)
+    matrix = np.minimum(matrix, mantissa)
+    return names, matrix, mantissa, linkage(squareform(matrix.astype(float), checks=False),
+                                            method="complete")
+
+
+def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
+             precision: str = "float32") -> None:
+    """Per model, one block: a grid devices x samples coloured by class ('*':
+    non-deterministic), and beside it the dendrogram of its devices in ``precision``, its
+    leaves on the grid's rows, x-axis = remaining precision. Class numbers and colours are
+    the model's own."""
+    from scipy.cluster.hierarchy import dendrogram
+
+    by_model = {model: group for model, group in group_by_model(records)}
+    models = list(dict.fromkeys(eqc["model"]))
     # Thousands of samples would make a figure nobody can read (and a PNG of 100,000+
-    # pixels): the first MAX_GRID_COLUMNS are drawn, and the title says how many are not.
-    left_out = max(len(columns) - MAX_GRID_COLUMNS, 0)
-    columns = columns[:MAX_GRID_COLUMNS]
-    eqc = eqc[[(m, s) in set(columns) for m, s in zip(eqc["model"], eqc["sample"],
-                                                       strict=True)]]
-    grid = np.full((len(devices), len(columns)), np.nan)
-    marks = np.full(grid.shape, "", dtype=object)
-    for row in eqc.itertuples():
-        i, j = devices.index(row.device), columns.index((row.model, row.sample))
-        grid[i, j] = row.eqc
-        marks[i, j] = f"{row.eqc}" + ("" if row.deterministic else "*")
+    # pixels): the first MAX_GRID_COLUMNS of each model are drawn, the title says how many
+    # are not.
+    blocks = []
+    for model in models:
+        part = eqc[eqc["model"] == model]
+        samples = list(dict.fromkeys(part["sample"]))
+        devices = list(dict.fromkeys(part["device"]))
+        group = [r for r in by_model.get(model, []) if r.precision == precision]
+        tree = _model_tree(group) if len(group) >= 2 else None
+        if tree is not None:  # rows in leaf order (top to bottom), so rows and leaves meet
+            leaves = [tree[0][i] for i in dendrogram(tree[3], no_plot=True)["leaves"]][::-1]
+            devices = [d for d in leaves if d in devices] + [d for d in devices
+                                                              if d not in leaves]
+        left_out = max(len(samples) - MAX_GRID_COLUMNS, 0)
+        samples = samples[:MAX_GRID_COLUMNS]
+        classes = part.groupby("sample")["eqc"].nunique()
+        outside = len(devices) - (len(tree[0]) if tree is not None else 0)
+        title = (f"{model}: {'/'.join(str(int(classes[s])) for s in samples)} classes among "
+                 f"{len(devices)} devices"
+                 + (f" (first {len(samples)} samples; {left_out} more in eqc.csv)"
+                    if left_out else "")
+                 + (f"; dendrogram: its {len(tree[0])} {precision} devices" if tree else "")
+                 + (f" ({outside} of other precisions: precision_casting.pdf)"
+                    if tree and outside else ""))
+        blocks.append((model, part, devices, samples, title, tree))
+    labels = {model: _device_labels(by_model.get(model, records), devices)
+              for model, _, devices, *_ in blocks}
+    hardware = {title for _, title in labels.values()}
+    common = hardware.pop() if len(hardware) == 1 else ""
     # Laid out in inches, so every panel keeps a positive width however many columns.
-    column_inches = 0.6 if len(columns) <= 20 else 0.3
-    label_inches = 0.1 + 0.065 * max((len(label) for label in labels), default=4)
-    grid_inches = column_inches * len(columns) + 0.4
-    # Each dendrogram is followed by its leaf labels (device names) on the right.
-    leaf_inches = 0.3 + 0.065 * max((len(device) for device in devices), default=4)
+    most = max((len(samples) for *_, samples, _, _ in blocks), default=1)
+    column_inches = 0.6 if most <= 20 else 0.3
+    label_inches = 0.1 + 0.065 * max((len(label) for names, _ in labels.values()
+                                      for label in names), default=4)
+    grid_inches = column_inches * max(most, 1) + 0.4
+    leaf_inches = 0.3 + 0.065 * max((len(d) for _, _, devices, *_ in blocks
+                                     for d in devices), default=4)
     dendrogram_inches, gap_inches = 2.4, 0.5
-    width = (label_inches + grid_inches + 0.2
-             + len(groups) * (gap_inches + dendrogram_inches + leaf_inches))
-    height = max(1.8 + 0.35 * len(devices), 3.3)  # 0.3 in more on top: a two-line header
+    width = label_inches + grid_inches + 0.2 + gap_inches + dendrogram_inches + leaf_inches
+    header = ("Equivalence classes of the final output. Equal numbers in a column: "
+              "bit-identical outputs (an equivalence class); a colour follows a group of "
+              "devices across the columns; * = non-deterministic. "
+              + ("Class numbers and colours are each model's own. " if len(blocks) > 1
+                 else "")
+              + "Dendrogram: where the devices in " + precision + " join as low mantissa "
+              "bits are dropped (further left: fewer bits shared)"
+              + (f"; all on {common}" if common else ""))
+    header = textwrap.wrap(header, int(width * 16))
+    header_inches = 0.2 + 0.15 * len(header)
+    foot_inches, row_inches = 0.75, 0.3
+    titles = {model: textwrap.wrap(title, int(width * 11))
+              for model, _, _, _, title, _ in blocks}
+    heights = [0.2 + 0.2 * len(titles[model]) + row_inches * max(len(devices), 1)
+               + foot_inches for model, _, devices, *_ in blocks]
+    height = header_inches + sum(heights)
     figure = plt.figure(figsize=(width, height))
-    grid_axes = figure.add_axes([label_inches / width, 1.2 / height, grid_inches / width,
-                                 1 - 2.0 / height])
-    colours = _class_colours(grid)
-    count = int(np.nanmax(colours)) + 1 if np.isfinite(colours).any() else 1
-    # tab20, then tab20b and tab20c: up to 60 groups without a colour used twice (tab20
-    # alone gave two of the default's 22 groups one colour).
+    figure.text(0.01, 1 - 0.08 / height, "\n".join(header), fontsize=8, va="top")
     palette = [colour for name in ("tab20", "tab20b", "tab20c")
                for colour in plt.get_cmap(name).colors]
-    cmap = matplotlib.colors.ListedColormap(
-        [palette[k % len(palette)] for k in range(max(count, 1))])
-    grid_axes.imshow(colours, cmap=cmap, aspect="auto", vmin=-0.5, vmax=max(count, 1) - 0.5)
-    for (i, j), text in np.ndenumerate(marks):
-        grid_axes.text(j, i, text, ha="center", va="center", fontsize=8)
-    grid_axes.set_yticks(range(len(devices)), labels, fontsize=8)
-    grid_axes.set_xticks(range(len(columns)), [f"{m}\ntest #{s}" for m, s in columns],
-                         fontsize=7)
-    grid_axes.set_xlabel("model, test sample (index in its test set)", fontsize=7)
-    grid_axes.set_title("Classes of the final output" + (
-        f"\n(first {len(columns)} samples; {left_out} more in eqc.csv)" if left_out else ""),
-        fontsize=9)
-    header = ("Equal numbers in a column: bit-identical outputs (an equivalence class); a "
-              "colour follows a group of devices across the columns; * = non-deterministic"
-              + (f"; all on {hardware}" if hardware else ""))
-    figure.text(0.01, 1 - 0.08 / height, "\n".join(textwrap.wrap(header, int(width * 13))),
-                fontsize=8, va="top")
-    outside = [device for device in devices
-               if not any(device in names for names, *_ in trees.values())]
-    for k, model in enumerate(trees):
-        names, matrix, mantissa, tree = trees[model]
-        left = (label_inches + grid_inches + gap_inches
-                + k * (gap_inches + dendrogram_inches + leaf_inches))
-        # Its leaves span the grid rows of its devices (the top rows, in the same order).
-        rows_height = 1 - 2.0 / height
+    top = height - header_inches  # inches from the bottom where the next block starts
+    for model, part, devices, samples, _, tree in blocks:
+        rows = row_inches * max(len(devices), 1)
+        bottom = top - 0.2 - 0.2 * len(titles[model]) - rows
+        grid_axes = figure.add_axes([label_inches / width, bottom / height,
+                                     (grid_inches - 0.4) / width, rows / height])
+        grid = np.full((len(devices), len(samples)), np.nan)
+        marks = np.full(grid.shape, "", dtype=object)
+        for row in part[part["sample"].isin(samples)].itertuples():
+            i, j = devices.index(row.device), samples.index(row.sample)
+            grid[i, j] = row.eqc
+            marks[i, j] = f"{row.eqc}" + ("" if row.deterministic else "*")
+        colours = _class_colours(grid)
+        count = int(np.nanmax(colours)) + 1 if np.isfinite(colours).any() else 1
+        cmap = matplotlib.colors.ListedColormap(
+            [palette[k % len(palette)] for k in range(max(count, 1))])
+        grid_axes.imshow(colours, cmap=cmap, aspect="auto", vmin=-0.5,
+                         vmax=max(count, 1) - 0.5)
+        for (i, j), text in np.ndenumerate(marks):
+            grid_axes.text(j, i, text, ha="center", va="center", fontsize=8)
+        names, _ = labels[model]
+        grid_axes.set_yticks(range(len(devices)), names, fontsize=8)
+        grid_axes.set_xticks(range(len(samples)), [f"#{s}" for s in samples], fontsize=7,
+                             rotation=90 if len(samples) > 20 else 0)
+        grid_axes.set_xlabel("test sample (index in the model's test set)", fontsize=7)
+        figure.text(0.01, (top - 0.1) / height, "\n".join(titles[model]), fontsize=9,
+                    fontweight="bold", va="top")
+        if tree is None:
+            top = bottom - foot_inches
+            continue
+        names, matrix, mantissa, linked = tree
+        # Its leaves span the grid rows of its devices (the top rows, in the same order)
         share = len(names) / len(devices)
-        axes = figure.add_axes([left / width, 1.2 / height + rows_height * (1 - share),
-                                dendrogram_inches / width, rows_height * share])
+        axes = figure.add_axes([(label_inches + grid_inches + gap_inches) / width,
+                                (bottom + rows * (1 - share)) / height,
+                                dendrogram_inches / width, rows * share / height])
         with warnings.catch_warnings():
             # All devices equal: every merge at height 0; the limits are set below.
             warnings.filterwarnings("ignore", "Attempting to set identical low and high xlims")
-            dendrogram(tree, labels=names, orientation="left", ax=axes, color_threshold=0,
+            dendrogram(linked, labels=names, orientation="left", ax=axes, color_threshold=0,
                        above_threshold_color="k", leaf_font_size=7)
-        top = max(float(matrix.max()), 1.0)
-        ticks = np.unique(np.linspace(0, top, num=min(int(top) + 1, 6)).round())
-        axes.set_xticks(ticks, [f"{mantissa - t:.0f}" for t in ticks])
-        axes.set_xlim(top + 0.5, -0.5)
+        shared = sorted({*range(0, mantissa + 1, 5), mantissa})  # bits, 0 to all
+        axes.set_xticks([mantissa - bits for bits in shared], map(str, shared), fontsize=7)
+        axes.set_xlim(mantissa + 0.5, -0.5)
         axes.set_ylim(0, 10 * len(names))  # leaf i sits at 10 i + 5: one grid row each
-        axes.set_xlabel("remaining precision (bits)", fontsize=8)
-        axes.set_title(f"{model} ({precision})", fontsize=9)
-    if trees and outside:
-        left = label_inches + grid_inches + gap_inches
-        figure.text(left / width, 1.2 / height + 0.02, textwrap.fill(
-            f"Not in the dendrogram: the {len(outside)} devices in other precisions than "
-            f"{precision}. Remaining precision counts bits of one format, so they are "
-            "compared in precision_casting.pdf, each format on its own.", 48),
-            fontsize=8, va="bottom")
+        axes.set_xlabel(f"remaining precision (bits of {mantissa} shared)", fontsize=7)
+        top = bottom - foot_inches
     save_figure(figure, out)
 
 
@@ -207,16 +235,30 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
     """Per model: RP and number of EQCs per layer, one line per sample; activation layers
     marked by red upward arrows and pooling layers by blue downward arrows (Figure SUP-4)."""
     models = list(dict.fromkeys(table["model"]))
-    figure, axes = plt.subplots(2, max(len(models), 1), figsize=(6.5 * max(len(models), 1), 6.8),
+    figure, axes = plt.subplots(2, max(len(models), 1), figsize=(6.5 * max(len(models), 1), 8.0),
                                 squeeze=False, sharex="col")
     for k, model in enumerate(models):
         part = table[table["model"] == model]
         top, bottom = axes[0, k], axes[1, k]
         dotted = False
+        # Devices the effective-precision check flags (a bfloat16-like one among float32
+        # devices) bound the line; dashed: the other devices alone
+        reduced = sorted({device for cell in part.get("reduced_precision_devices",
+                                                      pd.Series(dtype=object)).dropna()
+                          for device in str(cell).split(";") if device})
+        without = pd.to_numeric(part.get("remaining_precision_without_reduced",
+                                         pd.Series(np.nan, index=part.index)), errors="coerce")
         for sample, rows in part.groupby("sample"):
             rows = rows.sort_values("position")
             line, = top.plot(rows["position"], rows["remaining_precision"], marker="o", ms=3,
                              label=f"sample {sample}")
+            # measured at the layers the check covers (Dense, Conv2D) and the output: a
+            # point each, joined
+            apart = without.loc[rows.index]
+            known = apart.notna().to_numpy()
+            if known.any():
+                top.plot(rows["position"][known], apart[known], ls="--", lw=1, marker="x",
+                         ms=4, color=line.get_color())
             significant = pd.to_numeric(rows.get("significant_bits_mean"), errors="coerce")
             if significant is not None and significant.notna().any():
                 # The statistical view beside the worst case, same axis and colour.
@@ -231,18 +273,37 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
             mark_layer_kinds(top, layers)
         top.set_ylabel("remaining precision (bits)")
         precision = str(part["precision"].iloc[0]) if "precision" in part else "float32"
-        top.set_title(f"{model}: mantissa bits on which all {int(part['n_devices'].max())} "
-                      f"{precision} devices agree, per layer" if "n_devices" in part
-                      else f"{model}: mantissa bits on which all devices agree, per layer",
-                      fontsize=9)
+        devices = (f"all {int(part['n_devices'].max())} {precision} devices"
+                   if "n_devices" in part else "all devices")
+        output = part[part["layer"] == "output"].sort_values("sample")
+        takeaway = ""
+        if len(output):
+            bits = "/".join(str(int(v)) for v in output["remaining_precision"])
+            takeaway = (f"At the output: {bits} bits on samples "
+                        f"{', '.join(f'#{s}' for s in output['sample'])}")
+            if reduced:
+                alone = pd.to_numeric(output["remaining_precision_without_reduced"],
+                                      errors="coerce")
+                takeaway += (f", bounded by {', '.join(reduced)}, which "
+                             f"{'computes' if len(reduced) == 1 else 'compute'} below "
+                             f"{precision} (effective_precision.csv); the other devices "
+                             "alone (dashed): "
+                             + "/".join("?" if pd.isna(v) else str(int(v)) for v in alone)
+                             + " bits")
+        top.set_title(f"{model}: mantissa bits shared by {devices}, per layer\n"
+                      + textwrap.fill(takeaway, 95), fontsize=9)
+        if reduced:
+            top.plot([], [], ls="--", marker="x", ms=4, color="black",
+                     label=f"without {', '.join(reduced)} (below {precision})")
         if dotted:
             top.plot([], [], ls=":", color="black",
                      label="significant bits (statistical, mean)")
         # What the arrows at the foot of the upper panel mark.
         top.plot([], [], ls="none", marker="^", color="red", label="activation layer")
         top.plot([], [], ls="none", marker="v", color="blue", label="pooling layer")
-        # In the lower panel, whose lower right is empty: the upper one's foot holds arrows.
-        bottom.legend(*top.get_legend_handles_labels(), fontsize=7, loc="lower right", ncol=2)
+        # Under the layer names: inside, the legend covered lines of either panel
+        bottom.legend(*top.get_legend_handles_labels(), fontsize=7, loc="upper center",
+                      bbox_to_anchor=(0.5, -0.42), ncol=2, frameon=False)
         bottom.set_ylabel("equivalence classes")
         bottom.yaxis.get_major_locator().set_params(integer=True)  # counts
         bottom.set_xlabel("layer (input to output)")
@@ -259,25 +320,51 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path) -> None:
 
 
 def plot_eqc_table(table: pd.DataFrame, out: str | Path) -> None:
-    """Tables SUP-1/SUP-2: devices (rows, sorted by device class) with what they are and
+    """Tables SUP-1/SUP-2: devices (rows, sorted by settings group) with what they are and
     their class per (model, sample); a class's first occurrence in a column in bold, a cell
-    equal to its left neighbour faded, `*` non-deterministic."""
+    equal to its left neighbour faded, `*` non-deterministic. A column with one value for
+    every device is named once in the title instead; the title says whether the settings
+    groups explain the classes."""
     class_columns = [c for c in table.columns if "#" in c]
-    columns = [c for c in table.columns if c not in class_columns] + class_columns
+    described = [c for c in table.columns if c not in class_columns]
+    constant = [c for c in described if c not in ("device", "settings_group")
+                and table[c].astype(str).nunique() <= 1]
+    columns = [c for c in described if c not in constant] + class_columns
     cells = table[columns].astype(str).to_numpy()
     characters = [max(len(str(c)), table[c].astype(str).str.len().max()) + 2
                   for c in columns]
     width = 1.2 + 0.07 * sum(characters)
-    rows_inches, note_inches = 0.24 * (len(table) + 1), 0.5
-    height = rows_inches + note_inches + 0.1
-    figure = plt.figure(figsize=(max(width, 6), height))
-    # The table fills its axes (bbox), and the axes the canvas above the legend line.
+    rows_inches, note_inches, title_inches = 0.24 * (len(table) + 1), 0.75, 0.75
+    height = rows_inches + note_inches + title_inches + 0.1
+    figure = plt.figure(figsize=(max(width, 7), height))
+    width = max(width, 7)
+    # The table fills its axes (bbox), and the axes the canvas between title and notes.
     axes = figure.add_axes([0.01, (note_inches + 0.05) / height, 0.98, rows_inches / height])
     axes.axis("off")
-    figure.text(0.01, 0.05 / height, "bold: the first device of a class in its column; "
-                "faded: the same class as in the column to its left; * non-deterministic "
-                "(its class is its majority output over the repeats)", fontsize=8,
-                va="bottom")
+    same = "; ".join(f"{c} {table[c].astype(str).iloc[0] or '(none)'}" for c in constant)
+    # Do the settings explain the classes? Every settings group one class in each column
+    mixed = [group for group, part in table.groupby("settings_group")
+             if any(part[c].astype(str).str.rstrip("*").nunique() > 1 for c in class_columns)] \
+        if "settings_group" in table and class_columns else []
+    counts = ", ".join(f"{c}: {table[c].astype(str).str.rstrip('*').nunique()}"
+                       for c in class_columns)
+    takeaway = (f"{len(table)} devices in {table['settings_group'].nunique()} settings groups; "
+                f"classes per column ({counts}). " if "settings_group" in table else "") + (
+        "Each settings group is one class in every column: the settings shown explain the "
+        "classes." if not mixed else
+        f"Settings group(s) {', '.join(map(str, mixed))} hold devices of several classes: "
+        "something the settings do not record differs.")
+    figure.text(0.01, 1 - 0.05 / height, "\n".join(
+        ["Equivalence classes per device, with the settings that separate the rows",
+         *textwrap.wrap(takeaway + (f" Every device: {same}." if same else ""),
+                        int(width * 14))]), fontsize=8.5, va="top")
+    figure.text(0.01, 0.05 / height, "\n".join(textwrap.wrap(
+        "settings_group: devices with equal values of the attributes that explain the "
+        "classes (explain.csv; device_classes.csv); a number of its own, not a class. "
+        "model#n: the device's equivalence class on test sample n (equal numbers: "
+        "bit-identical outputs); bold: the first device of a class in its column; faded: "
+        "the same class as in the column to its left; * non-deterministic (its class is its "
+        "majority output over the repeats)", int(width * 14))), fontsize=8, va="bottom")
     drawn = axes.table(cellText=cells, colLabels=columns, cellLoc="center",
                        colWidths=[n / sum(characters) for n in characters], bbox=[0, 0, 1, 1])
     drawn.auto_set_font_size(False)
@@ -374,39 +461,40 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
     save_figure(figure, out)
 
 
+def _kernel_letters(index: int) -> str:
+    """A, B, ..., Z, AA, AB, ...: a kernel's short name within its layer."""
+    letters = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, 26)
+        letters = chr(ord("A") + rest) + letters
+    return letters
+
+
 def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.DataFrame,
                  coverage: pd.DataFrame, out: str | Path) -> None:
-    """Devices x compute layers, each cell coloured by the layer's kernel signature (the
-    implementations the libraries logged); devices ordered by their final-output class of
+    """Devices x compute layers, each cell a letter naming the kernel signature the layer
+    ran (the implementations the libraries logged), A, B, ... within each layer, coloured by
+    letter so that equal colours in a column mean the same kernel; the letters spelled out
+    under the grid, layer by layer, in full. Devices ordered by their final-output class of
     the model's first sample, with the class boundaries drawn; above each layer, how many
-    class pairs (of one precision, over all samples) first part there; the coverage in
-    the title."""
+    class pairs (of one precision, over all samples) first part there; the coverage and a
+    takeaway in the title."""
     from bitdrift.divergence import class_pairs
 
     models = list(dict.fromkeys(signatures["model"]))
-    figure, axes = plt.subplots(len(models) or 1, 1, squeeze=False,
-                                figsize=(13, 1.6 + 0.28 * max(
-                                    [signatures[signatures["model"] == m]["device"].nunique()
-                                     for m in models] or [4])))
     if not models:
-        axes[0][0].text(0.5, 0.5, "no record carries kernels", ha="center", va="center")
-        axes[0][0].set_axis_off()
+        figure, ax = plt.subplots(figsize=(9, 2.2))
+        ax.text(0.5, 0.5, "no record carries kernels", ha="center", va="center")
+        ax.set_axis_off()
         save_figure(figure, out)
         return
-    # One grey for every runtime that logs no kernels: the row label names the runtime
-    untraced = f"{UNTRACED}: the runtime names no kernels"
-    signatures = signatures.assign(signature=[
-        untraced if name.startswith(UNTRACED) else name for name in signatures["signature"]])
-    names = sorted(set(signatures["signature"]))
-    # 60 distinct colours: no two kernels share one (six runtimes name about 40)
-    palette = [*plt.get_cmap("tab20").colors, *plt.get_cmap("tab20b").colors,
-               *plt.get_cmap("tab20c").colors]
-    colours = {name: ((0.93, 0.93, 0.93, 1.0) if name == "none" else
-                      (0.6, 0.6, 0.6, 1.0) if name == untraced else
-                      (*palette[index % len(palette)], 1.0))
-               for index, name in enumerate(names)}
-    used = set()
-    for ax, model in zip(axes[:, 0], models, strict=False):
+    # Few colours, each clearly apart: a column rarely holds more than a handful of kernels
+    palette = [*plt.get_cmap("Set2").colors, *plt.get_cmap("Pastel1").colors]
+    untraced_colour, none_colour = (0.62, 0.62, 0.62), (0.93, 0.93, 0.93)
+    width = 13.0
+    panels = []
+    for model in models:
         # One row per layer and device (kernels.csv has one per kernel call).
         part = signatures[signatures["model"] == model].drop_duplicates(["device", "layer"])
         layers = list(dict.fromkeys(part["layer"]))
@@ -418,18 +506,49 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
         devices = sorted(dict.fromkeys(part["device"]),
                          key=lambda d: (classes.get(d, 10**6), list(part["device"]).index(d)))
         grid = part.set_index(["device", "layer"])["signature"]
-        image = np.ones((len(devices), len(layers), 4))
+        letters = {}  # layer -> {signature: letter}, in the order of the rows
+        for layer in layers:
+            names = [grid.get((device, layer), "none") for device in devices]
+            traced = [n for n in dict.fromkeys(names)
+                      if n != "none" and not n.startswith(UNTRACED)]
+            letters[layer] = {name: _kernel_letters(k) for k, name in enumerate(traced)}
+        legend = []
+        for layer in layers:
+            spelled = "; ".join(f"{letter} = {name}" for name, letter in letters[layer].items())
+            if spelled:  # layers no library names a kernel for (activations) stay out
+                legend += textwrap.wrap(f"{layer}: {spelled}", int(width * 14),
+                                        subsequent_indent="    ")
+        panels.append((model, layers, runtimes, classes, first_sample, devices, grid,
+                       letters, legend))
+    # title and takeaway, the grid, its layer names, the letters spelled out
+    heights = [1.05 + 0.26 * len(panel[5]) + 0.95 + 0.15 * (len(panel[8]) + 1) + 0.3
+               for panel in panels]
+    figure = plt.figure(figsize=(width, sum(heights)))
+    top = sum(heights)
+    for (model, layers, runtimes, classes, first_sample, devices, grid, letters,
+         legend), height in zip(panels, heights, strict=True):
+        rows = 0.26 * len(devices)
+        label_inches = 0.3 + 0.062 * max(len(f"{d} ({runtimes.get(d, '?')}, class 99)")
+                                         for d in devices)
+        grid_width = min(0.55 * len(layers), width - label_inches - 0.4)
+        ax = figure.add_axes([label_inches / width, (top - 1.05 - rows) / figure.get_figheight(),
+                              grid_width / width, rows / figure.get_figheight()])
+        image = np.ones((len(devices), len(layers), 3))
         for row, device in enumerate(devices):
             for column, layer in enumerate(layers):
                 name = grid.get((device, layer), "none")
-                image[row, column] = colours.get(name, (1, 1, 1, 1))
-                used.add(name)
+                letter = letters[layer].get(name)
+                image[row, column] = (none_colour if name == "none" else untraced_colour
+                                      if letter is None else
+                                      palette[(ord(letter[-1]) - ord("A")) % len(palette)])
+                ax.text(column, row, letter or ("–" if name != "none" else ""), ha="center",
+                        va="center", fontsize=7)
         ax.imshow(image, aspect="auto", interpolation="nearest")
         ax.set_yticks(range(len(devices)),
                       [f"{d} ({runtimes.get(d, '?')}"
                        + (f", class {classes[d]})" if d in classes else ")") for d in devices],
-                      fontsize=6)
-        ax.set_xticks(range(len(layers)), layers, rotation=90, fontsize=6)
+                      fontsize=7)
+        ax.set_xticks(range(len(layers)), layers, rotation=90, fontsize=7)
         for row in range(1, len(devices)):
             if classes.get(devices[row]) != classes.get(devices[row - 1]):
                 ax.axhline(row - 0.5, color="black", lw=1.2)
@@ -440,7 +559,7 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
                 ax.text(column, -0.7, str(int(counts[layer])), ha="center", va="bottom",
                         fontsize=8, fontweight="bold", color="darkred")
         row = coverage[coverage["model"] == model]
-        caption = ""
+        takeaway = ""
         if len(row):
             row = row.iloc[0]
 
@@ -449,31 +568,31 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
 
             ari = row["adjusted_rand_index_mean"]
             traced = int(row["first_divergences"]) - int(row["untraced"])
-            caption = (f"{int(row['first_divergences'])} first divergences (a pair of "
-                       f"classes, a sample): {int(row['untraced'])} involve an untraced "
-                       f"runtime; of the other {traced}, the kernels differ in "
-                       f"{share(row['share_kernels_differ'])}, the same kernels run with other "
-                       f"settings (threads, batch) in "
-                       f"{share(row['share_same_kernels_other_settings'])}, unexplained: "
-                       f"{share(row['share_unexplained'])}. How well the kernels predict the "
-                       f"classes (adjusted Rand index, 1 = fully, 0 = no better than chance): "
-                       f"{'n/a' if pd.isna(ari) else f'{float(ari):.2f}'}.")
-        ax.set_title(f"{model}: which kernel ran in each compute layer, per device\n"
-                     f"rows grouped by the class of the final output on test sample "
-                     f"#{first_sample} (black lines between classes); red numbers: class "
-                     "pairs that first differ at that layer", fontsize=8, pad=16)
-        if caption:  # below the layer names; the layout leaves room for it
-            ax.annotate(textwrap.fill(caption, 150), (0, 0), xycoords="axes fraction",
-                        xytext=(0, -62), textcoords="offset points", ha="left", va="top",
-                        fontsize=7)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[name]) for name in names
-               if name in used]
-    figure.legend(handles, [name if len(name) <= 44 else name[:43] + "…"
-                            for name in names if name in used],
-                  loc="center right", ncol=1, fontsize=6, frameon=False, title="kernels",
-                  title_fontsize=7)
-    figure.tight_layout(rect=(0, 0.5 / figure.get_figheight(), 0.73, 1))
-    save_figure(figure, out, bbox_inches="tight")  # long device labels, the caption
+            takeaway = (f"Of {traced} first divergences between traced runtimes, the kernels "
+                        f"differ in {share(row['share_kernels_differ'])}; the same kernels "
+                        f"with other settings (threads, batch) in "
+                        f"{share(row['share_same_kernels_other_settings'])}; unexplained "
+                        f"{share(row['share_unexplained'])}"
+                        + (f" ({int(row['untraced'])} more involve a runtime that names no "
+                           "kernels: grey –)" if int(row["untraced"]) else "")
+                        + ". Kernels predict "
+                        "the classes with adjusted Rand index "
+                        f"{'n/a' if pd.isna(ari) else f'{float(ari):.2f}'} (1 = fully, 0 = "
+                        "chance).")
+        figure.text(0.01, (top - 0.08) / figure.get_figheight(), "\n".join(
+            [f"{model}: which kernel ran in each compute layer, per device",
+             *textwrap.wrap(takeaway, int(width * 15))]), fontsize=8.5, va="top",
+            fontweight="normal")
+        ax.set_title(f"rows grouped by the final output's class on test sample #{first_sample}"
+                     " (black lines); red numbers: class pairs that first differ at the layer",
+                     fontsize=7.5, loc="left", pad=14)
+        # The letters spelled out, layer by layer, under the grid
+        figure.text(0.01, (top - 1.05 - rows - 0.95) / figure.get_figheight(), "\n".join(
+            ["Kernels by layer (a letter names one kernel signature within its column; grey "
+             "–: the runtime names none):", *legend]), fontsize=7, va="top",
+            family="monospace")
+        top -= height
+    save_figure(figure, out, bbox_inches="tight")
 
 
 def generations_grid(eqc: pd.DataFrame, devices: dict) -> tuple[pd.DataFrame, list, list]:
@@ -562,12 +681,15 @@ def _tree_layout(tree, bias_term: int | None):
     return leaves, segments
 
 
-def plot_orders(pair: dict | None, out: str | Path) -> None:
+def plot_orders(pairs, out: str | Path) -> None:
     """The summation trees of two devices at one Dense or Conv2D layer (bitdrift.accumulation),
-    drawn over the first products and the bias, side by side."""
-    from bitdrift.accumulation import restrict
-
-    if pair is None:
+    drawn over the first products and the bias, side by side; one row per model where
+    ``pairs`` is a list of (model, pair or None), one pair (or None) otherwise."""
+    if not isinstance(pairs, list):
+        pairs = [(pairs["model"] if pairs else "", pairs)]
+    drawn = [(model, pair) for model, pair in pairs if pair is not None]
+    missing = [model for model, pair in pairs if pair is None and model]
+    if not drawn:
         figure, ax = plt.subplots(figsize=(9, 2.2))
         ax.text(0.5, 0.5, "No two devices sum a layer in different revealed orders in "
                 "these records\n(each device's orders and the reasons where one is not revealed "
@@ -576,7 +698,34 @@ def plot_orders(pair: dict | None, out: str | Path) -> None:
         ax.set_axis_off()
         save_figure(figure, out)
         return
-    figure, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharey=False)
+    figure, axes = plt.subplots(len(drawn), 2, figsize=(13, 0.6 + 4.8 * len(drawn)),
+                                squeeze=False)
+    for row, (_, pair) in zip(axes, drawn, strict=True):
+        _draw_pair(row, pair)
+    title = ("How two devices add up one output of a layer, per model: where a class pair "
+             "first parts (or the layer's commonest two orders)")
+    if len(pairs) == 1:
+        pair = drawn[0][1]
+        why = "where this class pair first parts" if pair["first_divergence"] else \
+            "(the devices' classes part elsewhere; these two orders are the layer's commonest)"
+        title = (f"How two devices add up one output of {pair['model']}'s layer "
+                 f"{pair['layer']}, {why}")
+    if missing:
+        title += (f"\nNo two revealed orders differ for {', '.join(missing)} "
+                  "(accumulation_orders.csv)")
+    figure.suptitle(title, fontsize=11)
+    figure.text(0.5, 0.005, "Each joint adds the terms below it; revealed through each "
+                "device's own runtime at the layer's shapes (FPRev's method). Other orders "
+                "round differently, so the two outputs' last bits differ.", ha="center",
+                fontsize=8.5, color="0.3")
+    figure.tight_layout(rect=(0, 0.03, 1, 0.95 if len(drawn) == 1 else 0.97))
+    save_figure(figure, out)
+
+
+def _draw_pair(axes, pair: dict) -> None:
+    """One pair's two summation trees, on two axes."""
+    from bitdrift.accumulation import restrict
+
     for ax, device, order, tree in zip(axes, pair["devices"], pair["orders"], pair["trees"],
                                        strict=True):
         total = tree.size
@@ -600,15 +749,7 @@ def plot_orders(pair: dict | None, out: str | Path) -> None:
                       f" of {products}{' and the bias' if bias_term is not None else ''})")
         ax.set_ylabel("addition step (among the terms drawn)")
         ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.set_title(f"{device}\n{textwrap.fill(order, 60)}", fontsize=10)
+        where = "first parts here" if pair["first_divergence"] else "commonest orders"
+        ax.set_title(f"{pair['model']}/{pair['layer']} ({where}): {device}\n"
+                     f"{textwrap.fill(order, 60)}", fontsize=10)
         ax.spines[["top", "right"]].set_visible(False)
-    why = "where this class pair first parts" if pair["first_divergence"] else \
-        "(the devices' classes part elsewhere; these two orders are the layer's commonest)"
-    figure.suptitle(f"How two devices add up one output of {pair['model']}'s layer "
-                    f"{pair['layer']}, {why}", fontsize=11)
-    figure.text(0.5, 0.005, "Each joint adds the terms below it; revealed through each "
-                "device's own runtime at the layer's shapes (FPRev's method). Other orders "
-                "round differently, so the two outputs' last bits differ.", ha="center",
-                fontsize=8.5, color="0.3")
-    figure.tight_layout(rect=(0, 0.03, 1, 0.95))
-    save_figure(figure, out)

@@ -76,7 +76,8 @@ def findings_file(suffix: str = "md") -> str:
 
 
 def report_file() -> str:
-    """The HTML report (``snakemake --report``): every figure and table of the run."""
+    """Every figure and table in one HTML page (Snakemake's report), written by a run of
+    `all` at its end."""
     return f"{RESULTS}/report.html"
 
 

@@ -133,6 +133,21 @@ def test_plot_eqc_with_thousands_of_samples_stays_readable(make_record, tmp_path
     assert width < 4000 and height < 2000, (width, height)
 
 
+def test_plot_eqc_with_two_models_of_other_devices(make_record, tmp_path):
+    """Two models, each with devices the other lacks: one figure, a block per model (the
+    grid once had a row per device of either model, and its colours failed on the empty
+    cells)."""
+    files = [make_record(device, {0: repeats(output), 1: repeats(output)}, model=model)
+             for model, devices in (("m1", {"d1": A, "d2": B, "d3": A}),
+                                    ("m2", {"d1": B, "d4": A}))
+             for device, output in devices.items()]
+    table = tmp_path / "eqc.csv"
+    assert main(["eqc", *map(str, files), "--out", str(table)]) == 0
+    assert main(["plot-eqc", *map(str, files), "--eqc", str(table), "--out",
+                 str(tmp_path / "e.pdf")]) == 0
+    assert (tmp_path / "e.png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_an_invalid_dendrogram_precision_is_refused(make_record, tmp_path):
     with pytest.raises(SystemExit) as refused:
         main(["plot-eqc", "x.h5", "--eqc", "e.csv", "--out", "e.pdf", "--precision", "f32"])

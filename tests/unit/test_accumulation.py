@@ -454,6 +454,20 @@ def test_the_figure_draws_the_two_orders_of_a_pair_that_parts_at_a_dense_layer(
         plot_orders(found, tmp_path / f"{name}.pdf")
         assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
     assert from_flat(to_flat(trees["blk"]), 49).terms == tuple(range(49))
+    # A second model whose devices part too: each model has its own pair, and the figure
+    # draws both (one no longer hides the other)
+    other = [make_record(name, {0: np.ones((1, 3), dtype=np.float32)}, model="net2",
+                         accumulation_orders=orders(tree))
+             for name, tree in (("blk", trees["blk"]), ("seq", trees["seq"]))]
+    both = open_records(paths + other)
+    second = parting.assign(model="net2", device_a="blk", device_b="seq")
+    table = pd.concat([second, parting])  # the second model's row first
+    assert contrasting_pair(table, both, "net")["devices"] == ["seq", "blk"]
+    assert contrasting_pair(table, both, "net2")["devices"] == ["blk", "seq"]
+    assert contrasting_pair(table, both, "net2")["model"] == "net2"
+    plot_orders([(model, contrasting_pair(table, both, model)) for model in ("net", "net2")],
+                tmp_path / "models.pdf")
+    assert (tmp_path / "models.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_rows_of_a_batch_are_named_in_runs():

@@ -157,3 +157,28 @@ def test_parallel_workers_give_the_rows_of_one_process(make_record):
     assert precision_rows(records, "float32", significant=True, workers=1) == serial
     with pytest.raises(RecordError, match="no record has precision 'float64'"):
         precision_rows(records, "float64", workers=2)
+
+
+def test_remaining_precision_without_the_device_its_check_flags(make_record):
+    """One device computes in bfloat16 (its check flags a layer): the table names it, and
+    the remaining precision of the others is theirs alone. Truth built by hand: the other
+    two are bit-identical (23 bits), and the bfloat16 output's difference from them is
+    recounted here with numpy."""
+    import json
+
+    from bitdrift.precision import MANTISSA_BITS
+
+    exact = np.array([1.1, -2.3, 3.7], np.float32)
+    bf16 = (exact.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)  # truncated
+    flagged = json.dumps({"dense": {"reduced": True, "format": "bfloat16"}})
+    paths = [make_record("f1", {0: repeats(exact)}), make_record("f2", {0: repeats(exact)}),
+             make_record("bf", {0: repeats(bf16)}, effective_precision=flagged)]
+    row = precision_table(open_records(paths)).set_index("layer").loc["output"]
+    differing = np.bitwise_or.reduce(exact.view(np.uint32) ^ bf16.view(np.uint32))
+    assert row["remaining_precision"] == MANTISSA_BITS["float32"] - int(differing).bit_length()
+    assert row["reduced_precision_devices"] == "bf"
+    assert row["remaining_precision_without_reduced"] == MANTISSA_BITS["float32"]
+    unflagged = precision_table(open_records(paths[:2])).set_index("layer").loc["output"]
+    assert unflagged["reduced_precision_devices"] == ""
+    assert unflagged["remaining_precision_without_reduced"] is None or \
+        np.isnan(unflagged["remaining_precision_without_reduced"])

@@ -315,6 +315,10 @@ def test_class_table_sorts_by_device_class_and_marks_noise(make_record):
     classes = pd.DataFrame({"model": "net", "device": ["t1", "t2", "t3"],
                             "device_class": [2, 1, 2]})
     table = class_table(records, eqc, classes)
+    # the settings group is named as such, never a class: equivalence classes are numbers
+    # of the model#sample columns
+    assert "settings_group" in table and "device_class" not in table
+    assert table["settings_group"].tolist() == [1, 2, 2]
     assert table["device"].tolist() == ["t2", "t1", "t3"]
     assert table.loc[0, "net#0"] == "1*"  # non-deterministic
 

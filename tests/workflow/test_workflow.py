@@ -14,7 +14,7 @@ import yaml
 
 from bitdrift.eqc import EQC_COLUMNS, EQC_EXTRA_COLUMNS, PRECISION_COLUMNS
 from bitdrift.record import Record
-from tests.utils import snakemake
+from tests.utils import open_every_category, snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -312,7 +312,7 @@ def test_explanations_and_divergence_agree_with_the_classes(run):
     for name in ("eqc_table.pdf", "divergence.pdf"):
         assert (workdir / "results/figures" / name).read_bytes().startswith(b"%PDF")
     table = pd.read_csv(tables / "eqc_table.csv")
-    assert table["device_class"].is_monotonic_increasing
+    assert table["settings_group"].is_monotonic_increasing
 
 
 def test_the_report_opens_in_a_real_browser(run):
@@ -363,8 +363,17 @@ def test_the_report_opens_in_a_real_browser(run):
         page.get_by_text("Results", exact=True).first.click()
         page.wait_for_timeout(500)
         page.screenshot(path=str(workdir / "results/report_screenshot.png"))
+        # Every category of the sidebar opens (and each of its subcategories), listing its
+        # results, and every result listed opens; a blank page raises a page error
+        categories = page.evaluate("() => window.categories")
+        opened = open_every_category(page, workdir / "results/report.html", categories)
         browser.close()
     assert not errors, errors
+    shown = ("image/", "text/html", "application/pdf")  # the rest are download links
+    assert opened == {path for subcategories in categories.values()
+                      for paths in subcategories.values() for path in paths
+                      if results[path]["mime_type"].startswith(shown)}
+    assert {"Findings", "Remaining precision"} <= set(categories)  # they once opened blank
     assert layout["graph"] >= layout["text"] - 1 and layout["width"] > 700, layout
     assert 0 <= layout["top"] < 100, layout  # not centred out of reach above the window
     assert layout["figure"] > 100, layout  # the EQC figure, inline after the classes

@@ -90,11 +90,14 @@ def cmd_plot_orders(args) -> None:
     from bitdrift.figures import plot_orders
 
     records = open_checked(args)
-    pair = contrasting_pair(read_table(args.divergence, DIVERGENCE_COLUMNS,
-                                       "bitdrift divergence"), records)
-    plot_orders(pair, args.out)
-    said = "no two revealed orders differ" if pair is None else \
-        f"{pair['devices'][0]} vs {pair['devices'][1]} at {pair['model']}/{pair['layer']}"
+    divergence = read_table(args.divergence, DIVERGENCE_COLUMNS, "bitdrift divergence")
+    # One pair per model (a row each), so a second model never hides the first
+    models = list(dict.fromkeys(record.model for record in records))
+    pairs = [(model, contrasting_pair(divergence, records, model)) for model in models]
+    plot_orders(pairs, args.out)
+    said = "; ".join(f"{model}: no two revealed orders differ" if pair is None else
+                     f"{pair['devices'][0]} vs {pair['devices'][1]} at {model}/{pair['layer']}"
+                     for model, pair in pairs)
     print(f"bitdrift: the summation trees of {said}; wrote {args.out}")
 
 

@@ -73,29 +73,67 @@ def plot_backprop_variation(table: pd.DataFrame, out) -> None:
     save_figure(figure, out)
 
 
+# An interval wider than this (of the [0, 1] a share can take) says little: its setting is
+# drawn in grey and counted as inconclusive in the title
+WIDE_INTERVAL = 0.5
+
+
 def plot_bifurcation_volume(table: pd.DataFrame, out) -> None:
     """Share of parameter draws (Eq. 18) and of mini-batches (Eq. 19) in S, per setting,
-    with the Hoeffding and McDiarmid margins (clipped to [0, 1]) and the threshold used;
-    a threshold of 0 (tau^1 on deterministic kernels) is said to count every nonzero D."""
+    each a point with its 95 % interval (Hoeffding's, McDiarmid's margins clipped to
+    [0, 1]) and the threshold used; a title that says what the intervals allow: with few
+    draws they span most of [0, 1], and the settings cannot be told apart. A threshold of 0
+    (tau^1 on deterministic kernels) is said to count every nonzero D."""
+    from bitdrift.studies.maxpool.jacobians import hoeffding_margin
+
     labels = [f"{setting}\nτ = {threshold:.0e}" if threshold else f"{setting}\nτ = 0 (!)"
               for setting, threshold in zip(table["setting"], table["threshold"], strict=True)]
     x = np.arange(len(labels))
-    figure, ax = plt.subplots(figsize=(max(6, 1.4 * len(labels)), 4.6))
-    for offset, share, margin, label in (
-            (-0.2, "share_theta", "share_theta_margin", "draws θ in S (Eq. 18, Hoeffding)"),
-            (0.2, "share_batches", "share_batches_margin",
+    figure, ax = plt.subplots(figsize=(max(6.5, 1.4 * len(labels)), 5.2))
+    widths = []
+    for offset, share, margin, colour, label in (
+            (-0.12, "share_theta", "share_theta_margin", "tab:blue",
+             "draws θ in S (Eq. 18, Hoeffding)"),
+            (0.12, "share_batches", "share_batches_margin", "tab:orange",
              "mini-batches in S (Eq. 19, McDiarmid)")):
         values, half = table[share].to_numpy(float), table[margin].to_numpy(float)
-        errors = [values - np.clip(values - half, 0, 1), np.clip(values + half, 0, 1) - values]
-        ax.bar(x + offset, values, 0.4, yerr=errors, label=label, capsize=3)
+        low, high = np.clip(values - half, 0, 1), np.clip(values + half, 0, 1)
+        widths.append(high - low)
+        for position, value, lo, hi in zip(x + offset, values, low, high, strict=True):
+            wide = hi - lo > WIDE_INTERVAL
+            ax.plot([position, position], [lo, hi], color="0.6" if wide else colour, lw=2.5,
+                    solid_capstyle="butt")
+            ax.plot(position, value, "o", color=colour, ms=6, mec="black", mew=0.5)
+        ax.plot([], [], "o-", color=colour, label=label)
+    ax.plot([], [], "-", color="0.6", lw=2.5,
+            label=f"interval wider than {WIDE_INTERVAL:g}: inconclusive")
     ax.set_xticks(x, labels, rotation=0, fontsize=7)
-    ax.set_ylim(-0.04, 1.06)  # the error caps at 0 and 1 stay inside the axes
-    ax.set_ylabel("proportion in the bifurcation zone S")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
+    ax.set_ylim(-0.04, 1.06)
+    ax.set_ylabel("proportion in the bifurcation zone S (95 % interval)")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    draws = int(table["M"].max()) if len(table) else 0
+    batches = int(table["R"].max()) if len(table) else 0
+    wide = int(np.sum(np.maximum(*widths) > WIDE_INTERVAL)) if len(table) else 0
+    # Draws for a ±0.1 interval on the draws' share (Hoeffding): what a finding would need
+    needed = next(n for n in range(1, 10**6) if hoeffding_margin(n) <= 0.1)
+    if len(table) and wide == len(table):
+        takeaway = (f"Inconclusive at this size: with M = {draws} draws and R = {batches} "
+                    "mini-batches every interval spans most of [0, 1], so no setting can be "
+                    f"told from another. About {needed} draws give ±0.1 "
+                    "(maxpool.volume.draws).")
+    elif wide:
+        takeaway = (f"{wide} of {len(table)} settings inconclusive (grey: intervals wider "
+                    f"than {WIDE_INTERVAL:g}); M = {draws} draws, R = {batches} mini-batches.")
+    else:
+        takeaway = (f"M = {draws} draws, R = {batches} mini-batches: settings whose intervals "
+                    "do not overlap differ in the share of the zone.")
+    title = ("Volume of the bifurcation zone S: how often the two MaxPool Jacobians give "
+             "different gradients\n" + textwrap.fill(takeaway, 110))
     if (table["threshold"] == 0).any():
-        ax.set_title("τ = 0 (!): every nonzero D counts, compensation errors included; "
-                     "set maxpool.volume.thresholds (Table 4) to compare with Table 2",
-                     fontsize=8)
+        title += ("\nτ = 0 (!): every nonzero D counts, compensation errors included; set "
+                  "maxpool.volume.thresholds (Table 4) to compare with Table 2")
+    ax.set_title(title, fontsize=8.5, loc="left")
     figure.tight_layout()
     save_figure(figure, out)
 

@@ -117,46 +117,90 @@ def plot_churn(summary: pd.DataFrame, out) -> None:
 
 
 def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
-    """Overhead of deterministic training per plan (model, kernel size) and device."""
+    """Overhead of deterministic training per plan (model, kernel size) and device: the
+    deterministic arm's wall time as a percentage of the default arm's (log scale, 100 % =
+    no cost). A ratio with a 95 % bootstrap interval over the arms' runs is a bar with its
+    interval; one without (fewer than MIN_RUNS_FOR_INTERVAL runs in an arm) is a hollow
+    grey point, and the title says that its noise is not measured."""
+    import textwrap
+
+    from bitdrift.studies.variance.stats import MIN_RUNS_FOR_INTERVAL
+
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 0.35 * max(len(cost), 1)), sharey=True,
+    fig, axes = plt.subplots(1, 2, figsize=(12, 2.0 + 0.4 * max(len(cost), 1)), sharey=True,
                              layout="constrained")
     positions = np.arange(len(cost))
-    labels = [f"{r['plan']} @{r['device']} ({_arm(r['arm_deterministic'])} vs "
+
+    def seconds(value):
+        return "?" if pd.isna(value) else f"{float(value):.2g} s"
+
+    labels = [f"{r['plan']} @{r['device']}\n({_arm(r['arm_deterministic'])} vs "
               f"{_arm(r['arm_default'])}, n = {r.get('runs_deterministic', '?')} + "
-              f"{r.get('runs_default', '?')} runs"
-              + ("" if np.isfinite(r.get("epoch_ratio_low", np.nan)) else ", no interval")
-              + ")"
+              f"{r.get('runs_default', '?')} runs; epoch "
+              f"{seconds(r.get('epoch_seconds_deterministic'))} vs "
+              f"{seconds(r.get('epoch_seconds_default'))})"
               + (f" [{r['flag']}]" if isinstance(r.get("flag"), str) and r["flag"] else "")
               for _, r in cost.iterrows()]
-    for ax, column, title in ((axes[0], "epoch_percent_of_default", "per epoch"),
+    with_interval = np.zeros(len(cost), dtype=bool)
+    for ax, column, title in ((axes[0], "epoch_percent_of_default", "per epoch (mean)"),
                               (axes[1], "step_percent_of_default", "per step (median)")):
         # Zhuang et al.'s view: deterministic time as a percentage of the default time.
         values = cost[column].to_numpy(dtype=float)
-        ax.barh(positions, values - 100, left=100,
-                color=np.where(values > 100, "tab:red", "tab:green"))
         unit = column.split("_")[0]
-        ends = np.maximum(values, 100)
-        if f"{unit}_ratio_low" in cost:  # bootstrap over the arms' runs
-            low = 100 * cost[f"{unit}_ratio_low"].to_numpy(dtype=float)
-            high = 100 * cost[f"{unit}_ratio_high"].to_numpy(dtype=float)
-            shown = np.isfinite(low) & np.isfinite(high)
-            ax.errorbar(values[shown], positions[shown],
-                        xerr=[values[shown] - low[shown], high[shown] - values[shown]],
-                        fmt="none", ecolor="black", elinewidth=1, capsize=3)
-            ends = np.where(shown, np.maximum(ends, high), ends)
-        for position, value, end in zip(positions, values, ends, strict=True):
-            ax.text(end, position, f"  {value:.0f} % ({value / 100:.2f}x)", va="center",
-                    fontsize=7)
+        low = 100 * cost.get(f"{unit}_ratio_low", pd.Series(np.nan, index=cost.index)) \
+            .to_numpy(dtype=float)
+        high = 100 * cost.get(f"{unit}_ratio_high", pd.Series(np.nan, index=cost.index)) \
+            .to_numpy(dtype=float)
+        shown = np.isfinite(low) & np.isfinite(high)
+        with_interval |= shown
+        # A bar only where an interval says how far the run-to-run noise reaches
+        # red: slower beyond the noise; green: faster; grey: the interval holds 100 %
+        ax.barh(positions[shown], values[shown] - 100, left=100, height=0.5,
+                color=np.where(low[shown] > 100, "tab:red",
+                               np.where(high[shown] < 100, "tab:green", "0.7")))
+        ax.errorbar(values[shown], positions[shown],
+                    xerr=[values[shown] - low[shown], high[shown] - values[shown]],
+                    fmt="none", ecolor="black", elinewidth=1, capsize=3)
+        ax.plot(values[~shown], positions[~shown], "o", mfc="white", mec="0.45", mew=1.5,
+                ms=8, ls="none")
+        for position, value, interval, top in zip(positions, values, shown,
+                                                  np.where(shown, high, values), strict=True):
+            if np.isfinite(value):
+                ax.text(max(top, value, 100 if interval else 0) * 1.12, position,
+                        f"{value:.0f} %" + ("" if interval else " (noise unknown)"),
+                        va="center", fontsize=7, color="black" if interval else "0.35")
         ax.axvline(100, color="black", linewidth=0.5)
+        ax.set_xscale("log")
+        finite = np.concatenate([values, low[shown], high[shown], [100.0]])
+        finite = finite[np.isfinite(finite) & (finite > 0)]
+        ax.set_xlim(min(finite.min() / 1.6, 50), max(finite.max() * 4, 200))
+        ticks = [t for t in (10, 25, 50, 100, 200, 400, 800, 1600)
+                 if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        ax.set_xticks(ticks, [f"{t} %" for t in ticks])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
         ax.set_yticks(positions, labels, fontsize=7)
-        ax.set_xlabel("deterministic wall time, % of default (100 % = no cost)", fontsize=8)
-        ax.margins(x=0.25)
+        ax.set_ylim(len(cost) - 0.5, -0.5)  # first row on top, half a row of room
+        ax.set_xlabel("deterministic wall time, % of default (100 % = no cost; log scale)",
+                      fontsize=8)
         ax.set_title(f"time of deterministic ops, {title}", fontsize=9)
-    axes[0].invert_yaxis()
-    fig.suptitle("Cost of deterministic ops (wall clock)\nerror bars: 95 % bootstrap over "
-                 "the arms' runs (run-to-run variance included), drawn with 3 or more runs "
-                 "per arm; with fewer, no interval: a single number", fontsize=9)
+    if cost.empty:
+        takeaway = "No pair of arms that differ only in op determinism."
+    elif not with_interval.any():
+        takeaway = (f"No finding: every pair has fewer than {MIN_RUNS_FOR_INTERVAL} runs per "
+                    "arm, so each percentage compares single wall-clock measurements whose "
+                    "run-to-run noise is not measured (on a busy machine one short epoch "
+                    "can take twice another). "
+                    f"{MIN_RUNS_FOR_INTERVAL} or more runs per arm give 95 % intervals.")
+    elif not with_interval.all():
+        takeaway = (f"Bars with 95 % bootstrap intervals over the arms' runs; hollow grey "
+                    f"points: fewer than {MIN_RUNS_FOR_INTERVAL} runs per arm, one "
+                    "measurement each, noise unknown, not a finding. Grey bar: its interval "
+                    "holds 100 %, no cost beyond the noise.")
+    else:
+        takeaway = ("Error bars: 95 % bootstrap over the arms' runs (run-to-run variance "
+                    "included); a grey bar's interval holds 100 %: no cost beyond the noise.")
+    fig.suptitle("Cost of deterministic ops (wall clock)\n" + textwrap.fill(takeaway, 130),
+                 fontsize=9)
     if cost.empty:
         axes[0].text(0.5, 0.5, "no pair of arms differing only in op determinism",
                      transform=axes[0].transAxes, ha="center")
