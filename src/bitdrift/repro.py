@@ -371,7 +371,12 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
     """Write the repro folder ``out`` for the records at ``path_a`` and ``path_b``;
     returns {"layer", "devices": {name: {"script", "expected"} or {"refused"}}}. The folder
     is written whole or not at all."""
+    from bitdrift.atomic import atomic_folder, check_output
+
     out = Path(out)
+    if not Path(model_path).is_file():
+        raise RecordError(f"{model_path}: model file does not exist (--model-file)")
+    check_output("--out", out, folder=True, whole=True)
     if out.exists() and any(out.iterdir()) and not (out / EXPECTED).is_file():
         raise ConfigError(f"--out {out}: a folder with other files; give a new or empty one")
     with Record(path_a) as record_a, Record(path_b) as record_b:
@@ -395,9 +400,7 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
         summary = {"model": record_a.model, "layer": split.layer,
                    "class_name": split.class_name, "inbound": split.inbound or "model input",
                    "samples": order, "devices": {}}
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent
-                                        if out.parent.exists() else None))
-        try:
+        with atomic_folder(out) as staging:
             np.save(staging / "input.npy", x)
             for index, value in enumerate(weights):
                 np.save(staging / f"weight_{index}.npy", value)
@@ -430,12 +433,6 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
                     "command": command_line(device, script, "python")}
             (staging / EXPECTED).write_text(json.dumps(summary, indent=1, sort_keys=True))
             (staging / "README.md").write_text(readme(summary))
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(staging, out)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
     return summary
 
 
