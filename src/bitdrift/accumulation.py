@@ -586,6 +586,50 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
     return results
 
 
+# -- the record's attribute ------------------------------------------------------------------
+def checked_orders(found, wrong: Callable[[str], Exception]) -> dict | None:
+    """The ``accumulation_orders`` attribute of a record, its structure checked where it
+    is read (bitdrift.record.Record.accumulation_orders): ``{layer: {"order": text,
+    "replay": text, "terms": n, "trees": [[[child, ...], ...]], "bias": bool}}``, each tree
+    as to_flat keeps it (a child a term 0..n-1 or n + an earlier node). A record from
+    another tool may hold anything: ``wrong(what)`` is raised naming what is wrong."""
+    from bitdrift.record import json_kind
+
+    if found is None:
+        return None
+    if not isinstance(found, dict):
+        raise wrong(f"{json_kind(found)}, not an object of layers")
+    for layer, entry in found.items():
+        if not isinstance(entry, dict):
+            raise wrong(f"layer {layer!r} is {json_kind(entry)}, not an object")
+        for key, kind, name in (("order", str, "text"), ("replay", str, "text"),
+                                ("error", str, "text"), ("bias", bool, "true or false")):
+            if key in entry and not isinstance(entry[key], kind):
+                raise wrong(f"layer {layer!r}: {key!r} is not {name}")
+        terms = entry.get("terms")
+        if "terms" in entry and (isinstance(terms, bool) or not isinstance(terms, int)
+                                 or terms < 1):
+            raise wrong(f"layer {layer!r}: 'terms' is not a count of terms")
+        if "trees" not in entry:
+            continue
+        trees = entry["trees"]
+        if "terms" not in entry or "order" not in entry:
+            raise wrong(f"layer {layer!r}: 'trees' without 'terms' and 'order'")
+        if not isinstance(trees, list) or not trees:
+            raise wrong(f"layer {layer!r}: 'trees' is not a list of trees")
+        for index, nodes in enumerate(trees):
+            if not isinstance(nodes, list) or not all(isinstance(node, list) for node in nodes):
+                raise wrong(f"layer {layer!r}: tree {index} is not a list of nodes")
+            for number, node in enumerate(nodes):
+                for child in node:
+                    if isinstance(child, bool) or not isinstance(child, int) \
+                            or not 0 <= child < terms + number:
+                        raise wrong(f"layer {layer!r}: tree {index}, node {number}: child "
+                                    f"{child!r} is neither a term (0..{terms - 1}) nor an "
+                                    "earlier node")
+    return found
+
+
 # -- the table over records ------------------------------------------------------------------
 TABLE_COLUMNS = ["model", "device", "backend", "layer", "terms", "order", "replay"]
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bitdrift.errors import ConfigError, InferenceError
+from bitdrift.errors import ConfigError, InferenceError, InstallError
 from bitdrift.qemu import ARM_QEMU, QEMU, qemu_path, qemu_version
 
 INSTALL = ("install Debian's qemu-user (`apt-get install qemu-user`; ./quickstart does), or "
@@ -146,7 +146,10 @@ def python_command(device: dict, python: str = sys.executable) -> list[str]:
             raise InferenceError(f"device key emulate: {model} needs QEMU 10 or newer "
                                  f"({qemu} is {qemu_version(ARM_QEMU)}: 7.2 crashes in LiteRT "
                                  "and ONNX Runtime); run `bitdrift install-aarch64`")
-        manifest = aarch64.installed()
+        try:
+            manifest = aarch64.installed()
+        except InstallError as error:
+            raise InferenceError(f"device key emulate: {model}: {error}") from error
         if manifest is None:
             raise InferenceError(f"device key emulate: {model} runs in an aarch64 userland "
                                  f"that is not built ({aarch64.folder()}); run `bitdrift "

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pprint
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +66,11 @@ def run_order(record: Record, dataset_path) -> list[int]:
     before it, the order whose images give the record's ``input_sha256`` (with the
     dataset, up to 6 samples), else the record's (sorted) order."""
     if record.has_attr("samples_order"):
-        return [int(sample) for sample in json.loads(record.attr("samples_order"))]
+        order = record.json_attr("samples_order", list)
+        if sorted(sample for sample in order if type(sample) is int) != record.samples:
+            raise RecordError(f"{record.path}: attribute 'samples_order' is not the record's "
+                              f"samples in some order ({record.samples})")
+        return order
     if dataset_path is None or len(record.samples) > 6:
         return list(record.samples)
     from itertools import permutations
@@ -82,6 +83,21 @@ def run_order(record: Record, dataset_path) -> list[int]:
     return next((list(order) for order in permutations(record.samples)
                  if input_sha256(np.stack([images[s] for s in order]))
                  == record.attr("input_sha256")), list(record.samples))
+
+
+def device_config(record: Record) -> dict:
+    """The device's settings the record was run with, as a script needs them."""
+    if not record.has_attr("device_config"):
+        raise RecordError(f"{record.path}: no attribute 'device_config' (a record of "
+                          "`bitdrift infer` holds the device's settings)")
+    device = record.json_attr("device_config")
+    wrong = [key for key, kinds in (("backend", str), ("precision", str),
+                                    ("batch_size", int), ("accelerator", str))
+             if not isinstance(device.get(key), kinds) or isinstance(device.get(key), bool)]
+    if wrong or not isinstance(device.get("threads"), int | None):
+        raise RecordError(f"{record.path}: attribute 'device_config' lacks a valid "
+                          f"{', '.join(map(repr, wrong or ['threads']))}")
+    return device
 
 
 def digest(values: np.ndarray) -> str:
@@ -406,7 +422,7 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
                 np.save(staging / f"weight_{index}.npy", value)
             wrote_onnx = False
             for record in (record_a, record_b):
-                device = json.loads(record.attr("device_config"))
+                device = device_config(record)
                 name = record.device
                 expected = digest(layer_bits(record, split.layer, order))
                 why = refusal(device, split)
