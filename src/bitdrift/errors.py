@@ -68,7 +68,8 @@ class OutputError(BitdriftError, OSError):
 
 
 class InstallError(BitdriftError, OSError):
-    """A download that failed or does not match its index's checksum (install-qemu)."""
+    """A download that failed or does not match its index's checksum, or a build that
+    cannot be used (install-qemu, install-aarch64)."""
 
     exit_code = 7
 
@@ -81,4 +82,4 @@ EXIT_CODES = """exit status:
   4  a study, inference or training run failed (the log is named)
   5  the device's accelerator (GPU/TPU) is not visible: never a CPU fallback
   6  an output cannot be written (disk full, read-only folder); nothing half-written is left
-  7  install-qemu: a download failed or does not match the index's SHA-256"""
+  7  install-qemu, install-aarch64: a download failed or does not match the index's SHA-256"""

@@ -2,6 +2,7 @@
 is refused with the file or key named (one line, a documented exit status), or analysed
 correctly, and nothing is overwritten or lost."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -519,3 +520,246 @@ def test_commands_that_write_data_files_may_name_them(command, tmp_path, monkeyp
     with pytest.raises(ConfigError, match="also an input"):
         check_outputs(build_parser().parse_args(["probe-set", "p.h5", "--dataset", "d.h5",
                                                  "--out", "p.h5"]))
+
+
+# -- issue 51: every failure one line, naming the file, key or folder ---------------------
+def _written(folder) -> list[str]:
+    """What a command left in ``folder`` (temporaries included: none may be left)."""
+    return sorted(path.name for path in folder.iterdir()) if folder.exists() else []
+
+
+@pytest.fixture
+def parting(trained, tmp_path):
+    """Two hand-made records of the `trained` model that part at its first Dense layer fed
+    by a recorded layer (their model digest is the model file's), for `repro`."""
+    from bitdrift.models import keras_file_layers, model_digest
+    from bitdrift.record import write_record
+    from tests.utils import BASE_ATTRS
+
+    _, _, _, model = trained
+    layers = {layer["name"]: layer for layer in keras_file_layers(model)}
+    dense = next(layer for layer in layers.values() if layer["class_name"] == "Dense"
+                 and layers[layer["inbound"][0]]["class_name"] != "InputLayer")
+    fed_by = dense["inbound"][0]
+    inputs, units = dense["weights"][0].shape
+    device = {"accelerator": "cpu", "backend": "torch", "precision": "float32",
+              "batch_size": 2, "threads": 1, "env": {}}
+    paths = []
+    for name, value in (("d1", 1.0), ("d2", 1.5)):
+        path = tmp_path / "records" / f"{name}.h5"
+        path.parent.mkdir(exist_ok=True)
+        write_record(path, {**BASE_ATTRS, "model": "m", "device": name,
+                            "model_sha256": model_digest(model),
+                            "device_config": json.dumps(device)},
+                     {0: {"output": np.ones((1, 10), np.float32),
+                          "layers": [(fed_by, np.ones((1, 1, inputs), np.float32)),
+                                     (dense["name"], np.full((1, 1, units), value,
+                                                             np.float32))]}})
+        paths.append(path)
+    return paths, model, dense["name"]
+
+
+def test_repro_refusals_are_one_line_and_leave_nothing(parting, tmp_path, capsys):
+    """A --model-file that is missing (FileNotFoundError), an --out that is a file
+    (NotADirectoryError) or under one; an --out under folders that do not exist is made
+    (FileNotFoundError at os.replace)."""
+    (first, second), model, layer = parting
+    base = ["repro", str(first), str(second)]
+    out = tmp_path / "out"
+    assert main([*base, "--model-file", str(tmp_path / "gone.keras"), "--out", str(out)]) == 3
+    assert one_line_error(capsys) == (f"bitdrift: error: {tmp_path / 'gone.keras'}: model file "
+                                      "does not exist (--model-file)")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    assert main([*base, "--model-file", str(model), "--out", str(a_file)]) == 2
+    assert one_line_error(capsys) == f"bitdrift: error: --out {a_file} is a file, not a folder"
+    assert main([*base, "--model-file", str(model), "--out", str(a_file / "r")]) == 2
+    assert one_line_error(capsys) == \
+        f"bitdrift: error: --out {a_file / 'r'}: {a_file} is a file, not a folder"
+    assert a_file.read_text() == "mine" and not out.exists()
+    assert _written(tmp_path) == ["a_file", "records"]  # nothing half-written beside them
+    deep = tmp_path / "new" / "deeper" / "repro"
+    assert main([*base, "--model-file", str(model), "--out", str(deep)]) == 0
+    capsys.readouterr()
+    assert json.loads((deep / "expected.json").read_text())["layer"] == layer
+    assert _written(deep.parent) == ["repro"]  # no staging folder left beside it
+
+
+NOTHING_LEFT = "nothing of this command's output was left"
+
+
+@pytest.mark.parametrize("case", ["read-only", "read-only mount", "mount", "full"])
+def test_repro_on_a_read_only_full_or_mounted_folder_is_one_line(parting, tmp_path, case):
+    """tmpfs mounts in a private namespace: --out inside a read-only one (EROFS), that
+    mount itself, a writable mount as --out (a folder written whole is renamed into
+    place; a mount point cannot be: EBUSY), a full one (ENOSPC)."""
+    from tests.utils import on_mounts
+
+    (first, second), model, _ = parting
+    disk = tmp_path / "disk"
+    options, out, reason = {
+        "read-only": ("ro", disk / "repro", "Read-only file system"),
+        "read-only mount": ("ro", disk, "Read-only file system"),
+        "mount": ("size=1m", disk, "--out is a mount point, which a folder written whole "
+                                   "cannot replace: give a folder inside it"),
+        "full": ("size=64k", disk / "repro", "No space left on device")}[case]
+    done = on_mounts({disk: options}, [sys.executable, "-m", "bitdrift", "repro", first,
+                                       second, "--model-file", model, "--out", out],
+                     fill=[disk] if case == "full" else [])
+    assert done["status"] == 6, done["stderr"]
+    tail = "" if case == "mount" else f"; {NOTHING_LEFT}"
+    assert done["stderr"].strip() == f"bitdrift: error: {out}: cannot be written ({reason}){tail}"
+    assert done["left"] == {str(disk): []}
+    assert _written(tmp_path) == ["disk", "records"]
+
+
+SEQUENTIAL, OTHER = [[0, 1], [3, 2]], [[1, 2], [0, 3]]  # (t0 + t1) + t2, t0 + (t1 + t2)
+
+
+def _orders(tree, name):
+    return {"dense": {"trees": [tree], "terms": 3, "bias": False, "order": name,
+                      "replay": "not replayed"}}
+
+
+WRONG_ORDERS = {
+    "a list": ([], "is a list, not an object"),
+    "a string": ("sequential", "is a string, not an object"),
+    "an int": (3, "is a number, not an object"),
+    "an entry that is a string": ({"dense": "sequential"},
+                                  "is not an order record (layer 'dense' is a string, not an "
+                                  "object)"),
+    "a term out of range": (_orders([[0, 9], [3, 2]], "sequential"),
+                            "is not an order record (layer 'dense': tree 0, node 0: child 9 "
+                            "is neither a term (0..2) nor an earlier node)"),
+    "a node out of range": (_orders([[0, 1], [5, 2]], "sequential"),
+                            "is not an order record (layer 'dense': tree 0, node 1: child 5 "
+                            "is neither a term (0..2) nor an earlier node)"),
+}
+
+
+@pytest.fixture
+def ordered(tmp_path):
+    """Records of two devices that part at a Dense layer, summed in other revealed orders,
+    with kernels; their divergence table; and a writer of a third whose orders are given."""
+    from bitdrift.record import write_record
+    from tests.utils import BASE_ATTRS
+
+    def write(device, value, orders):
+        path = tmp_path / f"{device}.h5"
+        output = np.array([[1.0, 2.0, value]], np.float32)
+        write_record(path, {**BASE_ATTRS, "model": "net", "device": device,
+                            "accumulation_orders": json.dumps(orders)},
+                     {0: {"output": output, "layers": [("dense", output)],
+                          "layer_classes": ["Dense"]}},
+                     kernels={"traced": True, "layers": {"dense": {"signature": "k",
+                                                                   "calls": []}}})
+        return path
+
+    good = write("d1", 3.0, _orders(SEQUENTIAL, "sequential"))
+    other = write("d2", 3.5, _orders(OTHER, "other"))
+    divergence = tmp_path / "divergence.csv"
+    assert main(["divergence", str(good), str(other), "--out", str(divergence)]) == 0
+    return write, other, divergence
+
+
+def _order_commands(files, divergence, out):
+    return {"kernels": ["kernels", *files, "--out", str(out / "k.csv"), "--orders-out",
+                        str(out / "o.csv")],
+            "divergence": ["divergence", *files, "--out", str(out / "d.csv")],
+            "explain": ["explain", *files, "--out", str(out / "x.csv")],
+            "plot-orders": ["plot-orders", *files, "--divergence", str(divergence), "--out",
+                            str(out / "o.pdf")]}
+
+
+@pytest.mark.parametrize("command", ["kernels", "divergence", "explain", "plot-orders"])
+@pytest.mark.parametrize("case", list(WRONG_ORDERS))
+def test_accumulation_orders_of_the_wrong_type_are_one_line(ordered, tmp_path, capsys,
+                                                            command, case):
+    """A record from another tool may hold anything in `accumulation_orders`: each command
+    that reads it refuses such a record naming the file and the attribute (exit 3), and
+    writes none of its outputs (they were AttributeError and IndexError tracebacks)."""
+    write, other, divergence = ordered
+    value, message = WRONG_ORDERS[case]
+    bad = write("d3", 3.0, value)
+    out = tmp_path / "out"
+    out.mkdir()
+    capsys.readouterr()
+    assert main(_order_commands([str(bad), str(other)], divergence, out)[command]) == 3
+    assert one_line_error(capsys) == \
+        f"bitdrift: error: {bad}: attribute 'accumulation_orders' {message}"
+    assert _written(out) == []
+    # the same record with valid orders goes through: the attribute was the fault
+    good = write("d3", 3.0, _orders(SEQUENTIAL, "sequential"))
+    assert main(_order_commands([str(good), str(other)], divergence, out)[command]) == 0
+
+
+WRONG_ATTRIBUTES = [
+    # (attribute, value, command, the message after "FILE: ")
+    ("effective_precision", [], "eqc", "attribute 'effective_precision' is a list, not an "
+                                       "object"),
+    ("effective_precision", {"dense": "declared"}, "effective-precision",
+     "attribute 'effective_precision': layer 'dense' is a string"),
+    ("effective_precision", {"dense": {"reduced": True}}, "effective-precision",
+     "attribute 'effective_precision': layer 'dense' is reduced without a number of "
+     "'effective_bits'"),
+    ("effective_precision", {"dense": {"reduced": "yes"}}, "precision",
+     "attribute 'effective_precision': layer 'dense' 'reduced' is not true or false"),
+    ("fingerprint", ["host"], "eqc", "root attribute 'fingerprint' is a list, not an object"),
+    ("fingerprint", {"cpu": "x86"}, "explain",
+     "root attribute 'fingerprint': 'cpu' is a string, not an object"),
+    ("fingerprint", {"cpu": {"flags": "avx2 fma"}}, "explain",
+     "root attribute 'fingerprint': 'cpu.flags' is a string, not a list"),
+    ("device_config", ["cpu"], "explain", "attribute 'device_config' is a list, not an object"),
+    ("device_config", {"env": ["OMP_NUM_THREADS=1"]}, "explain",
+     "attribute 'device_config': 'env' is not an object"),
+    ("device_config", 4, "plot-generations",
+     "attribute 'device_config' is a number, not an object"),
+    ("argmax_agreement", [1, 2], "agreement",
+     "attribute 'argmax_agreement' is a list, not an object"),
+    ("argmax_agreement", {"images": "12"}, "agreement",
+     "attribute 'argmax_agreement' has no number 'images', 'agreeing', 'share'"),
+    ("unmapped_layers", "dense", "agreement",
+     "attribute 'unmapped_layers' is a string, not a list"),
+]
+
+
+@pytest.mark.parametrize("attribute, value, command, message", WRONG_ATTRIBUTES)
+def test_every_json_attribute_a_command_reads_is_checked_where_read(
+        make_record, tmp_path, capsys, attribute, value, command, message):
+    """The sweep: each JSON attribute of a record that a command reads, of the wrong type,
+    is one line naming the file and the attribute (exit 3), and no output is left."""
+    good = make_record("d1", {0: repeats(A)})
+    eqc = tmp_path / "eqc.csv"
+    assert main(["eqc", str(good), "--out", str(eqc)]) == 0
+    stored = value if attribute == "fingerprint" else json.dumps(value)  # write_record
+    bad = make_record("d2", {0: repeats(B)}, **{attribute: stored})  # dumps a fingerprint
+    out = tmp_path / "out"
+    out.mkdir()
+    files = [str(good), str(bad)]
+    extra = {"plot-generations": ["--eqc", str(eqc)]}.get(command, [])
+    suffix = ".pdf" if command.startswith("plot") else ".csv"
+    capsys.readouterr()
+    assert main([command, *files, *extra, "--out", str(out / f"o{suffix}")]) == 3
+    assert one_line_error(capsys) == f"bitdrift: error: {bad}: {message}"
+    assert _written(out) == []
+
+
+@pytest.mark.parametrize("attribute, value, message", [
+    ("samples_order", "0", "attribute 'samples_order' is a string, not a list"),
+    ("samples_order", [7], "attribute 'samples_order' is not the record's samples in some "
+                           "order ([0])"),
+    ("device_config", [], "attribute 'device_config' is a list, not an object"),
+    ("device_config", {"backend": "torch"}, "attribute 'device_config' lacks a valid "
+                                            "'precision', 'batch_size', 'accelerator'")])
+def test_repro_checks_the_attributes_it_reads(parting, tmp_path, capsys, attribute, value,
+                                              message):
+    import h5py
+
+    (first, second), model, _ = parting
+    with h5py.File(second, "r+") as handle:
+        handle.attrs[attribute] = json.dumps(value)
+    out = tmp_path / "out"
+    assert main(["repro", str(first), str(second), "--model-file", str(model), "--out",
+                 str(out)]) == 3
+    assert one_line_error(capsys) == f"bitdrift: error: {second}: {message}"
+    assert not out.exists() and _written(tmp_path) == ["records"]
