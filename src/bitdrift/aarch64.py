@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bitdrift.errors import InstallError
+from bitdrift.errors import InstallError, json_kind
 
 # Runtimes with an aarch64 CPU wheel on PyPI that the site can hold, and the wheels each
 # needs. torch's aarch64 wheel on PyPI (2.13.0) is its CUDA build.
@@ -75,19 +75,20 @@ def _read_manifest(prefix) -> tuple[dict | None, str | None]:
         return None, None
     except (OSError, ValueError) as error:
         return None, f"{path}: not a readable manifest ({error})"
-    lists = {"runtimes": "a list of runtimes", "wheels": "a list of pins",
-             "packages": "a list of packages"}
     if not isinstance(manifest, dict):
-        return None, f"{path}: not a manifest of `bitdrift install-aarch64` (a JSON " \
-            f"{type(manifest).__name__}, not an object)"
-    for key, what in lists.items():
-        value = manifest.get(key)
+        return None, f"{path}: not a manifest of `bitdrift install-aarch64` " \
+            f"({json_kind(manifest)}, not an object)"
+    # what is read of it: the runtimes and pins (stale), the packages and QEMU (reported)
+    for key, what, required in (("runtimes", "a list of runtimes", True),
+                                ("wheels", "a list of pins", True),
+                                ("packages", "a list of packages", False)):
+        value = manifest.get(key, None if required else [])
         if not isinstance(value, list) or not all(isinstance(one, str) for one in value):
             return None, f"{path}: key {key!r} is not {what}"
     unknown = sorted(set(manifest["runtimes"]) - set(RUNTIMES))
     if unknown:
         return None, f"{path}: key 'runtimes' names {', '.join(unknown)}, not an aarch64 runtime"
-    if not isinstance(manifest.get("qemu"), str):
+    if not isinstance(manifest.get("qemu", ""), str):
         return None, f"{path}: key 'qemu' is not QEMU's version"
     python = path.parent / "root" / PYTHON
     if not python.is_file() and not python.is_symlink():

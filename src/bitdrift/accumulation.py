@@ -26,7 +26,7 @@ from itertools import combinations
 
 import numpy as np
 
-from bitdrift.errors import BitdriftError
+from bitdrift.errors import BitdriftError, json_kind
 
 # The probe's values (M, the unit) per input format, the sums being float32 or wider.
 # 2**40: a float32 sum of up to 2**15 ones added to it stays exactly ±2**40 (its ulp is
@@ -593,8 +593,6 @@ def checked_orders(found, wrong: Callable[[str], Exception]) -> dict | None:
     "replay": text, "terms": n, "trees": [[[child, ...], ...]], "bias": bool}}``, each tree
     as to_flat keeps it (a child a term 0..n-1 or n + an earlier node). A record from
     another tool may hold anything: ``wrong(what)`` is raised naming what is wrong."""
-    from bitdrift.record import json_kind
-
     if found is None:
         return None
     if not isinstance(found, dict):

@@ -23,23 +23,33 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPE
 # The outputs of one command, renamed into place together at its end (output_group): a
 # command that cannot write its last output leaves none of them looking complete.
 _GROUP: contextvars.ContextVar[list | None] = contextvars.ContextVar("outputs", default=None)
+# ... and the folders made for them, removed again (when empty) if the command fails
+_MADE: contextvars.ContextVar[list | None] = contextvars.ContextVar("folders", default=None)
 
 
 @contextlib.contextmanager
 def output_group() -> Iterator[None]:
     """Every atomic_output inside is renamed into place only when the whole block
-    succeeds; on any error none is, and their temporaries are removed."""
+    succeeds; on any error none is, their temporaries are removed, and so are the
+    folders made for them that are still empty."""
     pending: list[tuple[Path, Path]] = []
-    token = _GROUP.set(pending)
+    made: list[Path] = []
+    tokens = _GROUP.set(pending), _MADE.set(made)
+    done = False
     try:
         yield
         for tmp, path in pending:
             os.replace(tmp, path)
+        done = True
     finally:
-        _GROUP.reset(token)
+        _GROUP.reset(tokens[0])
+        _MADE.reset(tokens[1])
         for tmp, _ in pending:
             if tmp.exists():
                 tmp.unlink()
+        for folder in reversed(made if not done else []):  # the deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only an empty one
 
 
 def _output_error(path: Path, error: OSError) -> OutputError:
@@ -82,8 +92,11 @@ def check_output(flag: str, path: str | Path, folder: bool = False,
 def make_folder(folder: Path, path: Path) -> None:
     """``folder`` (``path``'s, or ``path`` itself), made with its parents if missing; a file
     in the way is named (mkdir says only 'File exists')."""
+    missing = [one for one in (folder, *folder.parents) if not one.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        if _MADE.get() is not None:
+            _MADE.get().extend(reversed(missing))
     except FileExistsError as error:
         raise OutputError(f"{path}: cannot be written ({_existing(folder)} is a file, not a "
                           "folder); nothing of this command's output was left") from error

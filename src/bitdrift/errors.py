@@ -74,6 +74,14 @@ class InstallError(BitdriftError, OSError):
     exit_code = 7
 
 
+def json_kind(value) -> str:
+    """What a JSON value is, in JSON's words (an object, a list, a string, ...): the
+    messages that refuse a value of the wrong type say what was found."""
+    return {dict: "an object", list: "a list", str: "a string", bool: "true or false",
+            int: "a number", float: "a number", type(None): "null"}.get(
+        type(value), type(value).__name__)
+
+
 EXIT_CODES = """exit status:
   0  success (identify: the record matched a known class)
   1  identify: the record matched no known class

@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 
 from bitdrift.atomic import atomic_output
-from bitdrift.errors import RecordError
+from bitdrift.errors import RecordError, json_kind
 
 # 2: the effective-precision check (root attribute effective_precision); version-1
 # records are read as before, the check reported as unchecked.
@@ -488,13 +488,6 @@ def _is_bfloat16(dataset) -> bool:
     # and the analysis asks once per dataset of every file.
     return h5py.h5a.exists(dataset.id, BFLOAT16_ATTR.encode()) and \
         bool(dataset.attrs[BFLOAT16_ATTR])
-
-
-def json_kind(value) -> str:
-    """What a JSON value is, in JSON's words: an object, a list, a string, ..."""
-    return {dict: "an object", list: "a list", str: "a string", bool: "true or false",
-            int: "a number", float: "a number", type(None): "null"}.get(
-        type(value), type(value).__name__)
 
 
 def _text(value) -> str:

@@ -190,8 +190,9 @@ def test_infer_problems_are_found_before_any_repeat(trained, tmp_path, capsys):
     assert "missing.keras: model file does not exist" in one_line_error(capsys)
     blocked = tmp_path / "a_file"
     blocked.write_text("")
-    assert main([*base, "--model-file", str(model), "--out", str(blocked / "r.h5")]) == 4
-    assert "cannot create its folder" in one_line_error(capsys)
+    assert main([*base, "--model-file", str(model), "--out", str(blocked / "r.h5")]) == 2
+    assert one_line_error(capsys) == \
+        f"bitdrift: error: --out {blocked / 'r.h5'}: {blocked} is a file, not a folder"
     with h5py.File(dataset) as handle:
         n_test = handle["x_test"].shape[0]
     beyond = tmp_path / "beyond.yaml"
@@ -763,3 +764,215 @@ def test_repro_checks_the_attributes_it_reads(parting, tmp_path, capsys, attribu
                  str(out)]) == 3
     assert one_line_error(capsys) == f"bitdrift: error: {second}: {message}"
     assert not out.exists() and _written(tmp_path) == ["records"]
+
+
+def _output_commands(files, eqc, out):
+    """Commands and the output option each is checked through (a sample of every kind:
+    tables, a second table, a figure, an HDF5 index, a folder of tables). ``files``:
+    two records, then two training runs."""
+    return [(["eqc", *files[:2], "--out", "{}"], "--out"),
+            (["eqc", *files[:2], "--out", str(out / "e.csv"), "--layers-out", "{}"],
+             "--layers-out"),
+            (["explain", *files[:2], "--out", str(out / "x.csv"), "--classes-out", "{}"],
+             "--classes-out"),
+            (["plot-eqc", *files[:2], "--eqc", str(eqc), "--out", "{}"], "--out"),
+            (["index", *files[:2], "--out", "{}"], "--out"),
+            (["training-stats", *files[2:], "--out-dir", "{}"], "--out-dir")]
+
+
+def _records_and_runs(make_record, folder) -> list[str]:
+    from tests.utils import write_run
+
+    runs = [write_run(folder / f"run_{run}.h5", run=run, predictions=[0, 1, 1],
+                      labels=[0, 1, 0], weights=[1.0, 2.0 + run]) for run in (0, 1)]
+    return [str(make_record("d1", {0: repeats(A)})), str(make_record("d2", {0: repeats(B)})),
+            *map(str, runs)]
+
+
+def _with(command, path):
+    return [str(path) if part == "{}" else part for part in command]
+
+
+def test_every_output_goes_through_one_check(make_record, tmp_path, capsys):
+    """An output that is a folder (IsADirectoryError), a folder output that is a file, an
+    output under a file (FileExistsError): one line naming the option and the path, exit
+    2, before anything runs; one under folders that do not exist: they are made."""
+    files = _records_and_runs(make_record, tmp_path)
+    eqc = tmp_path / "eqc.csv"
+    assert main(["eqc", *files[:2], "--out", str(eqc)]) == 0
+    out = tmp_path / "out"
+    a_folder, a_file = out / "a_folder", out / "a_file"
+    a_folder.mkdir(parents=True)
+    a_file.write_text("mine")
+    capsys.readouterr()
+    for command, flag in _output_commands(files, eqc, out):
+        in_the_way = a_file if flag == "--out-dir" else a_folder
+        what = "is a file, not a folder" if flag == "--out-dir" else \
+            "is a folder; give a file name"
+        assert main(_with(command, in_the_way)) == 2, command
+        assert one_line_error(capsys) == f"bitdrift: error: {flag} {in_the_way} {what}"
+        under = a_file / "x.csv"
+        assert main(_with(command, under)) == 2, command
+        assert one_line_error(capsys) == \
+            f"bitdrift: error: {flag} {under}: {a_file} is a file, not a folder"
+        assert _written(out) == ["a_file", "a_folder"] and _written(a_folder) == []
+        assert a_file.read_text() == "mine"
+    for index, (command, flag) in enumerate(_output_commands(files, eqc, out)):
+        new = tmp_path / f"new_{index}" / "deeper" / ("tables" if flag == "--out-dir"
+                                                      else "x.h5" if command[0] == "index"
+                                                      else "x.pdf" if "plot" in command[0]
+                                                      else "x.csv")
+        assert main(_with(command, new)) == 0, command
+        assert new.exists()
+
+
+@pytest.mark.parametrize("disk", ["read-only", "full"])
+def test_every_output_on_a_read_only_or_full_disk_is_one_line(make_record, tmp_path, disk):
+    """The same commands with their output on a read-only tmpfs (refused before they run)
+    or a full one (met when written): one line naming the path, exit 6, nothing left."""
+    from tests.utils import on_mounts
+
+    files = _records_and_runs(make_record, tmp_path)
+    eqc = tmp_path / "eqc.csv"
+    assert main(["eqc", *files[:2], "--out", str(eqc)]) == 0
+    mount = tmp_path / "disk"
+    reason = "Read-only file system" if disk == "read-only" else "No space left on device"
+    for command, flag in _output_commands(files, eqc, mount):
+        if flag != "--out":  # the second output of a pair goes to the disk, the first too
+            command = [str(mount / "first.csv") if part.startswith(str(mount)) else part
+                       for part in command]
+        target = mount / ("tables" if flag == "--out-dir" else "x.h5"
+                          if command[0] == "index" else "x.pdf" if "plot" in command[0]
+                          else "x.csv")
+        done = on_mounts({mount: "ro" if disk == "read-only" else "size=64k"},
+                         [sys.executable, "-m", "bitdrift", *_with(command, target)],
+                         fill=[mount] if disk == "full" else [])
+        assert done["status"] == 6, (command, done["stderr"])
+        lines = done["stderr"].strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("bitdrift: error: ") and \
+            f": cannot be written ({reason}); {NOTHING_LEFT}" in lines[0], done["stderr"]
+        assert str(mount) in lines[0]
+        assert done["left"] == {str(mount): []}, command
+
+
+def _arm_userland(prefix, manifest):
+    """A stand-in aarch64 userland under ``prefix`` (sys.prefix in the test): QEMU 10 that
+    only answers --version, the root's python and the site as empty files, and
+    ``manifest`` as its manifest.json (text, or JSON of anything)."""
+    from bitdrift import aarch64
+
+    (prefix / "bin").mkdir(parents=True)
+    qemu = prefix / "bin" / "qemu-aarch64"
+    qemu.write_text("#!/bin/sh\necho 'qemu-aarch64 version 10.0.13 (Debian 1:10.0.13)'\n")
+    qemu.chmod(0o755)
+    built = aarch64.folder(prefix)
+    (built / "root" / aarch64.PYTHON).parent.mkdir(parents=True)
+    (built / "root" / aarch64.PYTHON).write_text("")
+    (built / "site").mkdir()
+    (built / aarch64.MANIFEST).write_text(manifest if isinstance(manifest, str)
+                                          else json.dumps(manifest))
+    return built
+
+
+def _pins():
+    from bitdrift import aarch64
+
+    return aarch64.requirements(("tensorflow",))
+
+
+DAMAGED_MANIFESTS = {
+    "a list": ([], "not a manifest of `bitdrift install-aarch64` (a list, not an object)"),
+    "a string": ("\"litert\"", "not a manifest of `bitdrift install-aarch64` (a string, not "
+                               "an object)"),
+    "runtimes as a string": ({"runtimes": "tensorflow", "wheels": []},
+                             "key 'runtimes' is not a list of runtimes"),
+    "wheels as an int": ({"runtimes": ["tensorflow"], "wheels": 3},
+                         "key 'wheels' is not a list of pins"),
+    "an unknown runtime": ({"runtimes": ["torch"], "wheels": []},
+                           "key 'runtimes' names torch, not an aarch64 runtime"),
+}
+
+
+@pytest.mark.parametrize("case", [*DAMAGED_MANIFESTS, "its root removed"])
+def test_an_arm_device_with_a_damaged_userland_is_one_line(trained, tmp_path, monkeypatch,
+                                                          capsys, case):
+    """`infer` on an emulated Arm device whose userland's manifest is of the wrong JSON
+    type (AttributeError, KeyError, TypeError) or whose root/ was deleted under a current
+    manifest ("repeat 1 failed (exit 1); see log"): one line naming the file, exit 4,
+    before any repeat, and no record."""
+    import yaml
+
+    folder, _, dataset, model = trained
+    monkeypatch.setattr("sys.prefix", str(tmp_path / "env"))
+    manifest, problem = DAMAGED_MANIFESTS.get(case, ({"runtimes": ["tensorflow"],
+                                                      "wheels": _pins()}, None))
+    built = _arm_userland(tmp_path / "env", manifest)
+    if problem is None:  # a current manifest, its root gone
+        import shutil as _shutil
+
+        _shutil.rmtree(built / "root")
+        problem = "the userland lacks root/usr/bin/python3.11 (removed since it was built)"
+        named = built
+    else:
+        named = built / "manifest.json"
+    config = tmp_path / "arm.yaml"
+    config.write_text(yaml.safe_dump(_config(devices={"arm": {
+        "accelerator": "cpu", "backend": "tensorflow", "emulate": "neoverse-n1"}})))
+    out = tmp_path / "out" / "arm.h5"
+    assert main(["infer", "--config", str(config), "--model", "m", "--device", "arm",
+                 "--dataset-file", str(dataset), "--model-file", str(model),
+                 "--out", str(out)]) == 4
+    assert one_line_error(capsys) == (
+        f"bitdrift: error: device key emulate: neoverse-n1: {named}: {problem}; run "
+        "`bitdrift install-aarch64` to build it anew")
+    assert _written(out.parent) == []
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_MANIFESTS))
+def test_install_aarch64_builds_a_damaged_userland_anew(tmp_path, monkeypatch, capsys, case):
+    """install-aarch64 reads the manifest of the build there to keep its runtimes: one
+    of the wrong type is named and built anew, not a traceback. (The mirror here is a
+    folder that does not exist: the build stops at its first download, exit 7.)"""
+    monkeypatch.setattr("sys.prefix", str(tmp_path / "env"))
+    built = _arm_userland(tmp_path / "env", DAMAGED_MANIFESTS[case][0])
+    mirror = f"file://{tmp_path / 'no-mirror'}"
+    assert main(["install-aarch64", "--mirror", mirror]) == 7
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == (f"bitdrift: {built / 'manifest.json'}: {DAMAGED_MANIFESTS[case][1]}; "
+                        "building it anew")
+    assert len(lines) == 2 and lines[1].startswith(
+        f"bitdrift: error: cannot fetch {mirror}/dists/"), lines
+
+
+def test_install_aarch64_refuses_a_mirror_that_is_no_url(capsys):
+    for command in ("install-aarch64", "install-qemu"):
+        assert main([command, "--mirror", "not-a-url"]) == 2
+        assert one_line_error(capsys) == (
+            "bitdrift: error: --mirror 'not-a-url': not the URL of a Debian mirror (e.g. "
+            "https://deb.debian.org/debian, or file:///path for a local copy)")
+
+
+@pytest.mark.parametrize("what", ["a file", "a link"])
+def test_a_fork_server_folder_that_is_a_file_is_one_line(trained, tmp_path, monkeypatch,
+                                                         capsys, what):
+    """The fork servers' socket folder path taken by a regular file (FileExistsError) or a
+    link to a folder: refused in one line naming it, as a folder of the wrong owner or
+    mode is, before any repeat; the file is left as it was."""
+    folder, config, dataset, model = trained
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("BITDRIFT_FRESH_WORKERS", raising=False)
+    sockets = tmp_path / f"bitdrift-forkserver-{os.getuid()}"
+    if what == "a file":
+        sockets.write_text("mine")
+    else:
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        sockets.symlink_to(tmp_path / "elsewhere")
+    out = tmp_path / "out" / "r.h5"
+    assert main(["infer", "--config", str(config), "--model", "m", "--device", "cpu",
+                 "--dataset-file", str(dataset), "--model-file", str(model),
+                 "--out", str(out)]) == 2
+    assert one_line_error(capsys) == (
+        f"bitdrift: error: {sockets} is {what}, not a folder private to this user; refusing "
+        "to look for fork servers there (remove it, or set BITDRIFT_FRESH_WORKERS=1)")
+    assert not out.exists() and _written(out.parent) == []
+    assert what == "a link" or sockets.read_text() == "mine"
