@@ -226,23 +226,7 @@ class Record:
         self.samples.sort()
 
     def _check_fingerprint(self) -> None:
-        """The fingerprint's parts the analysis reads (bitdrift.devices.fingerprint), of the
-        types it reads them as: an object, and in it objects and a list of CPU flags."""
-        found = self.fingerprint
-        if found is None:
-            self.fingerprint = {}
-            return
-        if not isinstance(found, dict):
-            raise self._fail(f"root attribute 'fingerprint' is {json_kind(found)}, not an "
-                             "object")
-        for key in ("accelerator", "cpu", "environment", "versions", "emulation"):
-            if found.get(key) is not None and not isinstance(found[key], dict):
-                raise self._fail(f"root attribute 'fingerprint': {key!r} is "
-                                 f"{json_kind(found[key])}, not an object")
-        flags = (found.get("cpu") or {}).get("flags")
-        if flags is not None and not isinstance(flags, list):
-            raise self._fail(f"root attribute 'fingerprint': 'cpu.flags' is "
-                             f"{json_kind(flags)}, not a list")
+        self.fingerprint = checked_fingerprint(self.fingerprint, self.path)
 
     # -- metadata -------------------------------------------------------------------------
     def attr(self, key: str) -> str:
@@ -310,6 +294,10 @@ class Record:
         for key in ("order",):
             if key in found and not isinstance(found[key], list):
                 raise wrong(f"{key!r} is not a list")
+        unlisted = [str(name) for name in found.get("order") or []
+                    if not isinstance(name, str) or name not in layers]
+        if unlisted:  # the layers are read in this order (bitdrift.kernels.kernels_table)
+            raise wrong(f"'order' names {', '.join(unlisted)}, which 'layers' lacks")
         for key in ("layer_classes", "header"):
             if key in found and not isinstance(found[key], dict):
                 raise wrong(f"{key!r} is not an object")
@@ -488,6 +476,26 @@ def _is_bfloat16(dataset) -> bool:
     # and the analysis asks once per dataset of every file.
     return h5py.h5a.exists(dataset.id, BFLOAT16_ATTR.encode()) and \
         bool(dataset.attrs[BFLOAT16_ATTR])
+
+
+def checked_fingerprint(found, path) -> dict:
+    """A record's fingerprint with the parts the analysis reads (bitdrift.devices.
+    fingerprint) of the types it reads them as: an object, and in it objects and a list of
+    CPU flags; null is an empty one. Else RecordError naming ``path``."""
+    def wrong(what: str) -> RecordError:
+        return RecordError(f"{path}: root attribute 'fingerprint'{what}")
+
+    if found is None:
+        return {}
+    if not isinstance(found, dict):
+        raise wrong(f" is {json_kind(found)}, not an object")
+    for key in ("accelerator", "cpu", "environment", "versions", "emulation"):
+        if found.get(key) is not None and not isinstance(found[key], dict):
+            raise wrong(f": {key!r} is {json_kind(found[key])}, not an object")
+    flags = (found.get("cpu") or {}).get("flags")
+    if flags is not None and not isinstance(flags, list):
+        raise wrong(f": 'cpu.flags' is {json_kind(flags)}, not a list")
+    return found
 
 
 def _text(value) -> str:

@@ -472,6 +472,14 @@ def test_a_kernels_dataset_of_the_wrong_shape_is_one_line(make_record, tmp_path,
         handle.create_dataset("kernels", data='{"traced": true, "layers": {"c": "x"}}')
     assert main(["kernels", str(path), "--out", str(tmp_path / "k.csv")]) == 3
     assert "layer 'c': not {signature: text, calls: [objects]}" in one_line_error(capsys)
+    with h5py.File(path, "r+") as handle:  # a layer in its order without an entry (KeyError)
+        del handle["kernels"]
+        handle.create_dataset("kernels", data='{"traced": true, "order": ["c", "d"], '
+                                              '"layers": {"c": {"signature": "x"}}}')
+    assert main(["kernels", str(path), "--out", str(tmp_path / "k.csv")]) == 3
+    assert one_line_error(capsys) == (f"bitdrift: error: {path}: dataset 'kernels' is not a "
+                                      "kernel record ('order' names d, which 'layers' lacks)")
+    assert not (tmp_path / "k.csv").exists()
 
 
 @pytest.mark.parametrize("name", ["01", "٦", "²", "+1"])
@@ -710,6 +718,10 @@ WRONG_ATTRIBUTES = [
      "root attribute 'fingerprint': 'cpu' is a string, not an object"),
     ("fingerprint", {"cpu": {"flags": "avx2 fma"}}, "explain",
      "root attribute 'fingerprint': 'cpu.flags' is a string, not a list"),
+    ("fingerprint", {"cpu": {"flags": "avx2 fma"}}, "findings",
+     "root attribute 'fingerprint': 'cpu.flags' is a string, not a list"),
+    ("fingerprint", {"emulation": "Haswell"}, "findings",
+     "root attribute 'fingerprint': 'emulation' is a string, not an object"),
     ("device_config", ["cpu"], "explain", "attribute 'device_config' is a list, not an object"),
     ("device_config", {"env": ["OMP_NUM_THREADS=1"]}, "explain",
      "attribute 'device_config': 'env' is not an object"),
@@ -737,8 +749,12 @@ def test_every_json_attribute_a_command_reads_is_checked_where_read(
     out = tmp_path / "out"
     out.mkdir()
     files = [str(good), str(bad)]
-    extra = {"plot-generations": ["--eqc", str(eqc)]}.get(command, [])
-    suffix = ".pdf" if command.startswith("plot") else ".csv"
+    tables = tmp_path / "tables"  # findings: a run's tables (none here) and its records
+    tables.mkdir()
+    extra = {"plot-generations": ["--eqc", str(eqc)], "findings": ["--tables", str(tables)]
+             }.get(command, [])
+    suffix = ".pdf" if command.startswith("plot") else ".md" if command == "findings" \
+        else ".csv"
     capsys.readouterr()
     assert main([command, *files, *extra, "--out", str(out / f"o{suffix}")]) == 3
     assert one_line_error(capsys) == f"bitdrift: error: {bad}: {message}"
