@@ -992,3 +992,25 @@ def test_a_fork_server_folder_that_is_a_file_is_one_line(trained, tmp_path, monk
         "to look for fork servers there (remove it, or set BITDRIFT_FRESH_WORKERS=1)")
     assert not out.exists() and _written(out.parent) == []
     assert what == "a link" or sockets.read_text() == "mine"
+
+
+@pytest.mark.parametrize("attribute, value, why", [
+    ("labels", '{"d1": 0}', "attribute 'labels' is not a list of record names"),
+    ("entries/0:key", "5", "entries/0: attribute 'key' is not [model, inputs, sample, "
+                           "format, shape]"),
+    ("entries/0:key", '["m"]', "entries/0: attribute 'key' is not [model, inputs, sample, "
+                               "format, shape]")])
+def test_an_atlas_index_of_the_wrong_json_type_is_one_line(make_record, tmp_path, capsys,
+                                                           attribute, value, why):
+    """`identify --index` reads JSON from the index file: of another type, one line
+    naming the file (exit 3), not a TypeError or IndexError."""
+    first, second = make_record("d1", {0: repeats(A)}), make_record("d2", {0: repeats(B)})
+    index = tmp_path / "atlas.h5"
+    assert main(["index", str(first), str(second), "--out", str(index)]) == 0
+    group, _, name = attribute.rpartition(":")
+    with h5py.File(index, "r+") as handle:
+        (handle[group] if group else handle).attrs[name or attribute] = value
+    capsys.readouterr()
+    assert main(["identify", str(first), "--index", str(index)]) == 3
+    assert one_line_error(capsys) == \
+        f"bitdrift: error: {index}: not a readable atlas index ({why})"
