@@ -1014,3 +1014,19 @@ def test_an_atlas_index_of_the_wrong_json_type_is_one_line(make_record, tmp_path
     assert main(["identify", str(first), "--index", str(index)]) == 3
     assert one_line_error(capsys) == \
         f"bitdrift: error: {index}: not a readable atlas index ({why})"
+
+
+@pytest.mark.parametrize("meta", [[], {"layers": "conv2d", "checked": {}, "check_indices": [],
+                                       "argmax_indices": [], "model_sha256": "m"}])
+def test_an_export_reference_whose_meta_is_of_another_json_type_is_one_error(tmp_path, meta):
+    from bitdrift.errors import RecordError
+    from bitdrift.reference import read_reference
+
+    path = tmp_path / "reference.npz"
+    np.savez(path, meta=json.dumps(meta), argmax=np.zeros(2, np.int64))
+    with pytest.raises(RecordError) as refused:
+        read_reference(path)
+    assert str(refused.value).startswith(
+        f"{path}: not a bitdrift export reference, damaged or of another kind (ValueError: "
+        "its meta is not {layers, checked, check_indices, argmax_indices, model_sha256} of "
+        "JSON types list, dict, list, list, str)")
