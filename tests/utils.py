@@ -159,3 +159,47 @@ def open_every_category(page, report, categories):
                     button.click()
                     opened.add(page.evaluate("() => app.state.resultPath"))
     return opened
+
+
+# Run inside a private user and mount namespace (tests.utils.on_mounts): mount each tmpfs,
+# fill the ones asked, run the command, list what each mount holds after it.
+_ON_MOUNTS = r"""
+import json, os, subprocess, sys
+spec = json.loads(sys.argv[1])
+for folder, options in spec["mounts"].items():
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", folder])
+    if mounted.returncode != 0:
+        sys.exit(77)
+for folder in spec["fill"]:
+    with open(os.path.join(folder, "filler"), "wb", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+        except OSError:
+            pass
+done = subprocess.run(spec["command"], capture_output=True, text=True)
+print(json.dumps({"status": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
+                  "left": {folder: sorted(name for name in os.listdir(folder) if name != "filler")
+                           for folder in spec["mounts"]}}))
+"""
+
+
+def on_mounts(mounts: dict, command: list[str], fill=(), timeout=300) -> dict:
+    """Run ``command`` with each folder of ``mounts`` {folder: tmpfs options ("ro",
+    "size=64k")} a tmpfs of its own, those in ``fill`` filled up first, in a private user
+    and mount namespace (as ./quickstart's test mounts its disks: no root needed, nothing
+    seen outside). Returns {"status", "stdout", "stderr", "left": {folder: names in it
+    after the command, the filler left out}}."""
+    for folder in mounts:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    spec = {"mounts": {str(folder): options for folder, options in mounts.items()},
+            "fill": [str(folder) for folder in fill], "command": [str(c) for c in command]}
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", sys.executable,
+                           "-c", _ON_MOUNTS, json.dumps(spec)], capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0 and (done.returncode == 77 or "unshare" in done.stderr):
+        import pytest
+
+        pytest.skip(f"this kernel lets no user namespace mount a tmpfs: {done.stderr[-2000:]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bitdrift.errors import InstallError
+from bitdrift.errors import InstallError, json_kind
 
 # Runtimes with an aarch64 CPU wheel on PyPI that the site can hold, and the wheels each
 # needs. torch's aarch64 wheel on PyPI (2.13.0) is its CUDA build.
@@ -57,11 +57,47 @@ def folder(prefix: Path | str | None = None) -> Path:
 
 
 def installed(prefix: Path | str | None = None) -> dict | None:
-    """The manifest of a complete build, else None."""
+    """The manifest of a complete build, else None (none was built, or a build was cut
+    off before its manifest). A manifest of the wrong shape, or a build that lost its
+    root's python since, is refused naming the file (InstallError)."""
+    manifest, problem = _read_manifest(prefix)
+    if problem:
+        raise InstallError(f"{problem}; run `bitdrift install-aarch64` to build it anew")
+    return manifest
+
+
+def _read_manifest(prefix) -> tuple[dict | None, str | None]:
+    """(the manifest, None), (None, None) where none is, or (None, what is wrong)."""
+    path = folder(prefix) / MANIFEST
     try:
-        return json.loads((folder(prefix) / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as error:
+        return None, f"{path}: not a readable manifest ({error})"
+    if not isinstance(manifest, dict):
+        return None, f"{path}: not a manifest of `bitdrift install-aarch64` " \
+            f"({json_kind(manifest)}, not an object)"
+    # what is read of it: the runtimes and pins (stale), the packages and QEMU (reported)
+    for key, what, required in (("runtimes", "a list of runtimes", True),
+                                ("wheels", "a list of pins", True),
+                                ("packages", "a list of packages", False)):
+        value = manifest.get(key, None if required else [])
+        if not isinstance(value, list) or not all(isinstance(one, str) for one in value):
+            return None, f"{path}: key {key!r} is not {what}"
+    unknown = sorted(set(manifest["runtimes"]) - set(RUNTIMES))
+    if unknown:
+        return None, f"{path}: key 'runtimes' names {', '.join(unknown)}, not an aarch64 runtime"
+    if not isinstance(manifest.get("qemu", ""), str):
+        return None, f"{path}: key 'qemu' is not QEMU's version"
+    python = path.parent / "root" / PYTHON
+    if not python.is_file() and not python.is_symlink():
+        return None, f"{path.parent}: the userland lacks root/{PYTHON} (removed since it " \
+            "was built)"
+    if not (path.parent / "site").is_dir():
+        return None, f"{path.parent}: the userland lacks its site/ of aarch64 wheels " \
+            "(removed since it was built)"
+    return manifest, None
 
 
 def parse_index(text: str) -> dict[str, dict]:
@@ -205,20 +241,28 @@ def install(prefix: Path | str | None = None, mirror: str | None = None,
     import fcntl
 
     from bitdrift.atomic import work_folder
-    from bitdrift.qemu import DEBIAN_MIRROR, install_qemu, qemu_path, qemu_version
+    from bitdrift.qemu import (
+        DEBIAN_MIRROR,
+        check_mirror,
+        install_qemu,
+        qemu_path,
+        qemu_version,
+    )
 
     if sys.version_info[:2] != (3, 11):
         # the Arm worker runs this environment's bitdrift under bookworm's python3.11
         raise InstallError(f"install-aarch64: the aarch64 userland runs Python 3.11 (Debian "
                            f"{ROOT_SUITE}'s); this environment runs {sys.version.split()[0]}")
-    mirror = mirror or DEBIAN_MIRROR
+    mirror = check_mirror(mirror or DEBIAN_MIRROR)
     target = folder(prefix)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / "aarch64.lock", "w") as lock:
         # A second build (two workdirs, the command beside the rule) waits, then finds
         # the first one's result
         fcntl.flock(lock, fcntl.LOCK_EX)
-        manifest = installed(prefix)
+        manifest, problem = _read_manifest(prefix)
+        if problem:  # built anew, with the runtimes asked for
+            print(f"bitdrift: {problem}; building it anew", file=sys.stderr)
         if not force and manifest and not stale(manifest) and \
                 set(runtimes) <= set(manifest.get("runtimes", ())):
             return manifest

@@ -26,7 +26,7 @@ from itertools import combinations
 
 import numpy as np
 
-from bitdrift.errors import BitdriftError
+from bitdrift.errors import BitdriftError, json_kind
 
 # The probe's values (M, the unit) per input format, the sums being float32 or wider.
 # 2**40: a float32 sum of up to 2**15 ones added to it stays exactly ±2**40 (its ulp is
@@ -991,6 +991,75 @@ def _value_trees(found: dict, trees: int, samples: int, pixels: int) -> np.ndarr
         raise OrderError(f"the order's grid {places['grid']} is not the layer's "
                          f"{pixels} output pixels")
     return place_trees(places, samples).reshape(-1)
+
+
+# -- the record's attribute ------------------------------------------------------------------
+def checked_orders(found, wrong: Callable[[str], Exception]) -> dict | None:
+    """The ``accumulation_orders`` attribute of a record, its structure checked where it
+    is read (bitdrift.record.Record.accumulation_orders): ``{layer: {"order": text,
+    "replay": text, "terms": n, "trees": [[[child, ...], ...]], "bias": bool}}``, each tree
+    as to_flat keeps it (a child a term 0..n-1 or n + an earlier node). A record from
+    another tool may hold anything: ``wrong(what)`` is raised naming what is wrong."""
+    if found is None:
+        return None
+    if not isinstance(found, dict):
+        raise wrong(f"{json_kind(found)}, not an object of layers")
+    for layer, entry in found.items():
+        if not isinstance(entry, dict):
+            raise wrong(f"layer {layer!r} is {json_kind(entry)}, not an object")
+        for key, kind, name in (("order", str, "text"), ("replay", str, "text"),
+                                ("error", str, "text"), ("bias", bool, "true or false")):
+            if key in entry and not isinstance(entry[key], kind):
+                raise wrong(f"layer {layer!r}: {key!r} is not {name}")
+        terms = entry.get("terms")
+        if "terms" in entry and (isinstance(terms, bool) or not isinstance(terms, int)
+                                 or terms < 1):
+            raise wrong(f"layer {layer!r}: 'terms' is not a count of terms")
+        if "trees" not in entry:
+            continue
+        trees = entry["trees"]
+        if "places" in entry:
+            _check_places(entry["places"], len(trees) if isinstance(trees, list) else 0,
+                          lambda what, layer=layer: wrong(f"layer {layer!r}: 'places' {what}"))
+        if "terms" not in entry or "order" not in entry:
+            raise wrong(f"layer {layer!r}: 'trees' without 'terms' and 'order'")
+        if not isinstance(trees, list) or not trees:
+            raise wrong(f"layer {layer!r}: 'trees' is not a list of trees")
+        for index, nodes in enumerate(trees):
+            if not isinstance(nodes, list) or not all(isinstance(node, list) for node in nodes):
+                raise wrong(f"layer {layer!r}: tree {index} is not a list of nodes")
+            for number, node in enumerate(nodes):
+                for child in node:
+                    if isinstance(child, bool) or not isinstance(child, int) \
+                            or not 0 <= child < terms + number:
+                        raise wrong(f"layer {layer!r}: tree {index}, node {number}: child "
+                                    f"{child!r} is neither a term (0..{terms - 1}) nor an "
+                                    "earlier node")
+    return found
+
+
+def _check_places(places, trees: int, wrong: Callable[[str], Exception]) -> None:
+    """An entry's ``places`` (Places.entry): ``grid`` [height, width], ``maps`` (one per
+    batch row, or one) of ``height`` strings of ``width`` characters, each a tree's
+    symbol below ``trees`` or ``.``, ``searched`` [[row, y, x], ...]."""
+    if not isinstance(places, dict):
+        raise wrong(f"is {json_kind(places)}, not an object")
+    grid, maps = places.get("grid"), places.get("maps")
+    if not (isinstance(grid, list) and len(grid) == 2 and all(
+            isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in grid)):
+        raise wrong("has no 'grid' [height, width]")
+    symbols = set(TREE_SYMBOLS[:trees]) | {"."}
+    if not isinstance(maps, list) or not maps or not all(
+            isinstance(lines, list) and len(lines) == grid[0] and all(
+                isinstance(line, str) and len(line) == grid[1] and set(line) <= symbols
+                for line in lines) for lines in maps):
+        raise wrong(f"'maps' are not {grid[0]} rows of {grid[1]} tree symbols each")
+    searched = places.get("searched", [])
+    if not isinstance(searched, list) or not all(
+            isinstance(place, list) and len(place) == 3 and all(
+                isinstance(n, int) and not isinstance(n, bool) for n in place)
+            for place in searched):
+        raise wrong("'searched' is not a list of [row, y, x]")
 
 
 # -- the table over records ------------------------------------------------------------------

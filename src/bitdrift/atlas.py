@@ -124,15 +124,23 @@ class Index:
                     raise RecordError(f"{path}: not a bitdrift atlas index of format "
                                       f"{INDEX_FORMAT}")
                 labels = json.loads(handle.attrs["labels"])
+                if not isinstance(labels, list) or not all(isinstance(label, str)
+                                                           for label in labels):
+                    raise ValueError("attribute 'labels' is not a list of record names")
                 layer = str(handle.attrs["layer"])
                 entries = {}
                 for group in handle["entries"].values():
                     key = json.loads(group.attrs["key"])
+                    if not isinstance(key, list) or len(key) != 5 or \
+                            not isinstance(key[4], list):
+                        raise ValueError(f"entries/{group.name.rsplit('/', 1)[-1]}: "
+                                         "attribute 'key' is not [model, inputs, sample, "
+                                         "format, shape]")
                     key = (key[0], key[1], int(key[2]), key[3], tuple(key[4]))
                     entries[key] = Entry(group["records"][()],
                                          [bytes(row) for row in group["digests"][()]],
                                          group["bits"][()])
-        except (OSError, KeyError, ValueError) as error:
+        except (OSError, KeyError, ValueError, TypeError) as error:
             raise RecordError(f"{path}: not a readable atlas index ({error})") from error
         return cls(labels, layer, entries)
 

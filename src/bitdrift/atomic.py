@@ -11,37 +11,99 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bitdrift.errors import OutputError
+from bitdrift.errors import ConfigError, OutputError
 
 # A full disk, a read-only file system or folder, a quota: the output cannot be written.
-WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
+# Also a path in the way (a file where a folder must be, a folder where the file goes, a
+# mount point that a rename cannot replace), should it appear after check_output.
+WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM,
+                errno.ENOTDIR, errno.EISDIR, errno.EBUSY}
 
 
 # The outputs of one command, renamed into place together at its end (output_group): a
 # command that cannot write its last output leaves none of them looking complete.
 _GROUP: contextvars.ContextVar[list | None] = contextvars.ContextVar("outputs", default=None)
+# ... and the folders made for them, removed again (when empty) if the command fails
+_MADE: contextvars.ContextVar[list | None] = contextvars.ContextVar("folders", default=None)
 
 
 @contextlib.contextmanager
 def output_group() -> Iterator[None]:
     """Every atomic_output inside is renamed into place only when the whole block
-    succeeds; on any error none is, and their temporaries are removed."""
+    succeeds; on any error none is, their temporaries are removed, and so are the
+    folders made for them that are still empty."""
     pending: list[tuple[Path, Path]] = []
-    token = _GROUP.set(pending)
+    made: list[Path] = []
+    tokens = _GROUP.set(pending), _MADE.set(made)
+    done = False
     try:
         yield
         for tmp, path in pending:
             os.replace(tmp, path)
+        done = True
     finally:
-        _GROUP.reset(token)
+        _GROUP.reset(tokens[0])
+        _MADE.reset(tokens[1])
         for tmp, _ in pending:
             if tmp.exists():
                 tmp.unlink()
+        for folder in reversed(made if not done else []):  # the deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only an empty one
 
 
 def _output_error(path: Path, error: OSError) -> OutputError:
     return OutputError(f"{path}: cannot be written ({os.strerror(error.errno)}); nothing of "
                        "this command's output was left")
+
+
+def _existing(path: Path) -> Path:
+    """The nearest of ``path`` and its ancestors that exists (a file or a folder)."""
+    path = path.absolute()
+    return next(one for one in (path, *path.parents) if one.exists() or one.is_symlink())
+
+
+def check_output(flag: str, path: str | Path, folder: bool = False,
+                 whole: bool = False) -> None:
+    """The check every output of a command passes before the command runs (the command
+    line's options and defaulted outputs, bitdrift.commands.common.refuse_overwriting):
+    a folder where the file goes, a file where a folder goes or on the way to it, and a
+    read-only or unwritable folder are refused in one line naming the path; a missing
+    folder is made when the output is written, and a disk that fills up then is met by
+    the writers (OutputError; nothing half-written is left). ``folder``: the output is a
+    folder of files; ``whole``: a folder replaced whole by one rename (not a mount point)."""
+    path = Path(path)
+    if path.is_dir() and not folder:
+        raise ConfigError(f"{flag} {path} is a folder; give a file name")
+    if (path.exists() or path.is_symlink()) and not path.is_dir() and folder:
+        raise ConfigError(f"{flag} {path} is a file, not a folder")
+    found = _existing(path if folder and not whole else path.parent)
+    if not found.is_dir():
+        raise ConfigError(f"{flag} {path}: {found} is a file, not a folder")
+    if whole and path.is_dir() and os.path.ismount(path):
+        raise OutputError(f"{path}: cannot be written ({flag} is a mount point, which a "
+                          "folder written whole cannot replace: give a folder inside it)")
+    if os.statvfs(found).f_flag & os.ST_RDONLY:
+        raise _output_error(path, OSError(errno.EROFS, os.strerror(errno.EROFS)))
+    if not os.access(found, os.W_OK | os.X_OK):
+        raise _output_error(path, OSError(errno.EACCES, os.strerror(errno.EACCES)))
+
+
+def make_folder(folder: Path, path: Path) -> None:
+    """``folder`` (``path``'s, or ``path`` itself), made with its parents if missing; a file
+    in the way is named (mkdir says only 'File exists')."""
+    missing = [one for one in (folder, *folder.parents) if not one.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if _MADE.get() is not None:
+            _MADE.get().extend(reversed(missing))
+    except FileExistsError as error:
+        raise OutputError(f"{path}: cannot be written ({_existing(folder)} is a file, not a "
+                          "folder); nothing of this command's output was left") from error
+    except OSError as error:
+        if error.errno not in WRITE_ERRNOS:
+            raise
+        raise _output_error(path, error) from error
 
 
 @contextlib.contextmanager
@@ -56,7 +118,7 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
     tmp = None
     group = _GROUP.get()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent, path)
         handle, tmp_name = tempfile.mkstemp(
             prefix=f".{path.stem}.", suffix=f".partial{path.suffix}", dir=path.parent
         )
@@ -76,6 +138,39 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
     finally:
         if tmp is not None and tmp.exists():
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | Path) -> Iterator[Path]:
+    """Yield a staging folder beside ``path``; on success it takes the place of ``path``
+    (a folder, an earlier one moved aside by one rename and removed after), on any error it
+    is removed and ``path`` left as it was. A full or read-only disk, or a mount point as
+    ``path``, is an OutputError naming ``path``."""
+    path = Path(path)
+    staging = None
+    try:
+        make_folder(path.parent, path)
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial",
+                                        dir=path.parent))
+        yield staging
+        aside = staging.with_suffix(".old")  # the earlier folder, moved aside whole
+        if path.exists():
+            os.replace(path, aside)
+        try:
+            os.replace(staging, path)
+        except OSError:
+            if aside.exists():
+                os.replace(aside, path)
+            raise
+        staging = None
+        shutil.rmtree(aside, ignore_errors=True)
+    except OSError as error:
+        if getattr(error, "errno", None) not in WRITE_ERRNOS or isinstance(error, OutputError):
+            raise
+        raise _output_error(path, error) from error
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:

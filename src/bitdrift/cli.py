@@ -67,22 +67,21 @@ def check_outputs(args) -> None:
     """Outputs are never inputs, nor each other: a shell glob that puts a record after
     --out, or --out naming one of the inputs or another output, must not replace a file;
     an --out-dir must be a folder."""
-    from pathlib import Path
-
     from bitdrift.atomic import is_data_file
 
     inputs = {"--" + option.replace("_", "-"): getattr(args, option, None)
               for option in INPUT_OPTIONS if getattr(args, option, None)}
     outputs = {"--" + option.replace("_", "-"): getattr(args, option, None)
                for option in OUTPUT_OPTIONS if getattr(args, option, None)}
-    refuse_overwriting(inputs, outputs)
+    folders = {"--out"} if getattr(args, "out_folder", False) else set()
+    # every output path, a folder's too, passes one check (bitdrift.atomic.check_output)
+    refuse_overwriting(inputs, {**outputs, "--out-dir": getattr(args, "out_dir", None)},
+                       folders=folders | {"--out-dir"})
     for flag, out in outputs.items():
-        if not getattr(args, "writes_data", False) and is_data_file(out):
+        if flag not in folders and not getattr(args, "writes_data", False) \
+                and is_data_file(out):
             raise ConfigError(f"{flag} {out} is a record, model or dataset file (HDF5/Keras); "
                               "this command writes a table or figure, refusing to overwrite it")
-    out_dir = getattr(args, "out_dir", None)
-    if out_dir and Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise ConfigError(f"--out-dir {out_dir} is a file, not a folder")
 
 
 def main(argv=None) -> int:

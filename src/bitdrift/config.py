@@ -67,7 +67,13 @@ def validate_config(config: dict) -> dict:
         message = best.message
         if best.validator == "oneOf" and _key_path(best).startswith("models."):
             message = "a model needs exactly one of 'architecture' or 'file'"
-        if best.validator == "enum" and len(best.validator_value) > 12:
+        if best.validator == "enum" and list(best.absolute_path)[-1:] == ["emulate"]:
+            from bitdrift.emulation import beyond_tcg
+
+            if beyond_tcg(best.instance):  # a real CPU model, refused for a reason
+                message = f"{best.instance!r} {beyond_tcg(best.instance)}"
+        if best.validator == "enum" and len(best.validator_value) > 12 and \
+                message == best.message:
             # a long list (QEMU's CPU models) is named by its start, not dumped whole
             message = (f"{best.instance!r} is not one of the {len(best.validator_value)} "
                        f"accepted values ({', '.join(map(str, best.validator_value[:6]))}, "

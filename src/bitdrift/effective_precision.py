@@ -339,7 +339,8 @@ def effective_precision_table(records) -> list[dict]:
         for layer, result in effective.items():
             rows.append({**base, "layer": layer, **{key: result.get(key) for key in
                                                     TABLE_COLUMNS[4:]}})
-    return rows
+    # every column in every row (an unchecked record's row has no layer)
+    return [{column: row.get(column) for column in TABLE_COLUMNS} for row in rows]
 
 
 def describe_reduced(effective: dict, device: dict, device_name: str, model_name: str) -> str:

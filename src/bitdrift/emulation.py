@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bitdrift.errors import ConfigError, InferenceError
+from bitdrift.errors import ConfigError, InferenceError, InstallError
 from bitdrift.qemu import ARM_QEMU, QEMU, qemu_path, qemu_version
 
 INSTALL = ("install Debian's qemu-user (`apt-get install qemu-user`; ./quickstart does), or "
@@ -50,6 +50,14 @@ RUNTIME_NEEDS = {"tensorflow": "avx", "jax": "avx", "torch": BASELINE,
                  "onnxruntime": BASELINE, "openvino": BASELINE, "litert": BASELINE}
 # Instruction sets above which QEMU's TCG cannot go: a model needing them is refused.
 BEYOND_TCG = ("avx512", "amx", "fma4", "xop")
+# QEMU's x86 models that have them (`qemu-x86_64 -cpu help`, 7.2 to 10), named in the
+# refusal: the model is not offered because TCG would run it without them.
+BEYOND_TCG_MODELS = {
+    **dict.fromkeys(("Skylake-Server", "Cascadelake-Server", "Cooperlake", "Icelake-Server",
+                     "Icelake-Client", "KnightsMill", "EPYC-Genoa", "EPYC-Turin"), "AVX-512"),
+    **dict.fromkeys(("SapphireRapids", "GraniteRapids", "DiamondRapids"), "AVX-512 and AMX"),
+    **dict.fromkeys(("Opteron_G4", "Opteron_G5"), "FMA4 and XOP"),
+}
 
 
 # aarch64 models QEMU (10 or newer) emulates, with the float and SIMD extensions each shows
@@ -74,6 +82,19 @@ def family(model: str) -> str | None:
     return match["family"] if match and match["family"] in FAMILIES else None
 
 
+def beyond_tcg(model: str) -> str | None:
+    """Why a QEMU model is not offered, where it is one TCG cannot run in full:
+    ``has AVX-512, which QEMU's TCG does not emulate (...)``; None for any other name."""
+    match = MODEL.fullmatch(str(model))
+    sets = BEYOND_TCG_MODELS.get(match["family"]) if match else None
+    if sets is None:
+        return None
+    them = "them" if " and " in sets else "it"
+    return (f"has {sets}, which QEMU's TCG does not emulate (it would run the model without "
+            f"{them}, not as that CPU); emulate a model without {them} (Skylake-Client-v4 or "
+            "EPYC-Milan: AVX2 and FMA) or run a real one")
+
+
 def architecture(model: str) -> str | None:
     """``aarch64`` or ``x86_64``: which QEMU runs ``model``; None if unknown."""
     return "aarch64" if model in ARM_FAMILIES else "x86_64" if family(model) else None
@@ -90,6 +111,8 @@ def check_device(name: str, device: dict) -> None:
     if not model:
         return
     key = f"devices.{name}.emulate"
+    if beyond_tcg(model):
+        raise ConfigError(f"config key {key}: {model!r} {beyond_tcg(model)}")
     if family(model) is None:
         raise ConfigError(f"config key {key}: {model!r} is not a CPU model QEMU emulates in "
                           f"full for floating point (one of the families "
@@ -146,7 +169,10 @@ def python_command(device: dict, python: str = sys.executable) -> list[str]:
             raise InferenceError(f"device key emulate: {model} needs QEMU 10 or newer "
                                  f"({qemu} is {qemu_version(ARM_QEMU)}: 7.2 crashes in LiteRT "
                                  "and ONNX Runtime); run `bitdrift install-aarch64`")
-        manifest = aarch64.installed()
+        try:
+            manifest = aarch64.installed()
+        except InstallError as error:
+            raise InferenceError(f"device key emulate: {model}: {error}") from error
         if manifest is None:
             raise InferenceError(f"device key emulate: {model} runs in an aarch64 userland "
                                  f"that is not built ({aarch64.folder()}); run `bitdrift "

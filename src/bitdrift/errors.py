@@ -68,9 +68,18 @@ class OutputError(BitdriftError, OSError):
 
 
 class InstallError(BitdriftError, OSError):
-    """A download that failed or does not match its index's checksum (install-qemu)."""
+    """A download that failed or does not match its index's checksum, or a build that
+    cannot be used (install-qemu, install-aarch64)."""
 
     exit_code = 7
+
+
+def json_kind(value) -> str:
+    """What a JSON value is, in JSON's words (an object, a list, a string, ...): the
+    messages that refuse a value of the wrong type say what was found."""
+    return {dict: "an object", list: "a list", str: "a string", bool: "true or false",
+            int: "a number", float: "a number", type(None): "null"}.get(
+        type(value), type(value).__name__)
 
 
 EXIT_CODES = """exit status:
@@ -81,4 +90,4 @@ EXIT_CODES = """exit status:
   4  a study, inference or training run failed (the log is named)
   5  the device's accelerator (GPU/TPU) is not visible: never a CPU fallback
   6  an output cannot be written (disk full, read-only folder); nothing half-written is left
-  7  install-qemu: a download failed or does not match the index's SHA-256"""
+  7  install-qemu, install-aarch64: a download failed or does not match the index's SHA-256"""

@@ -11,7 +11,6 @@ value, ``missing``, never an error.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from bitdrift.backends import KNOBS
+from bitdrift.errors import RecordError
 from bitdrift.kernels import UNTRACED, divergence_kernels, record_signatures
 from bitdrift.record import Record
 
@@ -48,18 +48,19 @@ def _text(value) -> str:
     return str(value)
 
 
-def _json(record: Record, key: str) -> dict:
-    try:
-        return json.loads(record.attr(key)) if record.has_attr(key) else {}
-    except (TypeError, ValueError):
-        return {}
+def _device_config(record: Record) -> dict:
+    """The record's device settings (absent: none), of the types read below."""
+    config = record.json_attr("device_config", default={})
+    if config.get("env") is not None and not isinstance(config["env"], dict):
+        raise RecordError(f"{record.path}: attribute 'device_config': 'env' is not an object")
+    return config
 
 
 def device_attributes(record: Record) -> tuple[dict[str, str], list[str]]:
     """(named attributes, CPU flags) of one record, from its root attributes and its
     `fingerprint` JSON; anything absent is ``missing``."""
     fingerprint = record.fingerprint if isinstance(record.fingerprint, dict) else {}
-    config = _json(record, "device_config")
+    config = _device_config(record)
     def first(*values):
         return next((v for v in values if v is not None), None)
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from bitdrift.atomic import atomic_output
 from bitdrift.datasets import count_test_images, read_test_images
-from bitdrift.errors import InferenceError
+from bitdrift.errors import InferenceError, RecordError
 from bitdrift.reference import FORMATS, Reference, format_of
 
 CHECK_IMAGES = 8  # test images on which every layer's mapping is checked
@@ -162,14 +162,21 @@ def agreement_table(records) -> list[dict]:
         row = {"model": record.model, "device": record.device, "backend": record.attr("backend"),
                "precision": record.precision}
         if record.has_attr("argmax_agreement"):
-            agreement = json.loads(record.attr("argmax_agreement"))
+            agreement = record.json_attr("argmax_agreement")
+            lacking = [key for key in ("images", "agreeing", "share")
+                       if isinstance(agreement.get(key), bool)
+                       or not isinstance(agreement.get(key), int | float)]
+            if lacking:
+                raise RecordError(f"{record.path}: attribute 'argmax_agreement' has no number "
+                                  f"{', '.join(map(repr, lacking))}")
             row.update({key: agreement[key] for key in ("images", "agreeing", "share")})
         elif record.attr("backend") == "tensorflow":
             row["share"] = "reference"
         else:
             row["share"] = "unchecked"
         if record.has_attr("unmapped_layers"):
-            row["unmapped_layers"] = " ".join(json.loads(record.attr("unmapped_layers")))
+            row["unmapped_layers"] = " ".join(
+                map(str, record.json_attr("unmapped_layers", list)))
         if record.has_attr("export_sha256"):
             row["export_sha256"] = record.attr("export_sha256")
         rows.append({column: row.get(column) for column in AGREEMENT_COLUMNS})

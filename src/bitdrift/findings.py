@@ -40,7 +40,7 @@ STUDY_TABLES = ("probe_summary", "batching_summary")
 def machine(fingerprint: dict) -> list[str]:
     """Sentences naming the CPU and the instruction sets that matter, from a record's
     fingerprint (what the device's process saw)."""
-    cpu = fingerprint.get("cpu", {})
+    cpu = fingerprint.get("cpu") or {}
     flags = set(cpu.get("flags") or [])
     have = [name for name, names in instruction_sets(cpu) if flags & set(names)]
     lack = [name for name, names in instruction_sets(cpu) if not flags & set(names)]
@@ -60,10 +60,10 @@ def emulated(fingerprints: dict) -> list[str]:
         emulation = found.get("emulation")
         if not emulation:
             continue
-        cpu = found.get("cpu", {})
+        cpu = found.get("cpu") or {}
         flags = set(cpu.get("flags") or [])
         have = [name for name, names in instruction_sets(cpu) if flags & set(names)]
-        key = (emulation.get("model"), found.get("cpu", {}).get("brand"),
+        key = (emulation.get("model"), (found.get("cpu") or {}).get("brand"),
                ", ".join(have) or "none of the sets above",
                str(emulation.get("qemu", "")).split(" ")[0])
         groups.setdefault(key, []).append(device)
@@ -503,7 +503,7 @@ def fingerprints(records) -> dict:
     """{device: fingerprint} of the records that ran (failure records have none)."""
     import h5py
 
-    from bitdrift.record import FAILED
+    from bitdrift.record import FAILED, checked_fingerprint
 
     found = {}
     for path in records:
@@ -516,6 +516,7 @@ def fingerprints(records) -> dict:
                 device = device.decode() if isinstance(device, bytes) else str(device)
         except (OSError, ValueError, KeyError):
             continue
+        value = checked_fingerprint(value, path)  # read as an object below: refused else
         if value:
             found.setdefault(device, value)
     return found

@@ -81,10 +81,20 @@ def socket_folder() -> Path:
     that name that another user made, or a link, is refused: it could pose as a server)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     folder = Path(base) / f"bitdrift-forkserver-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        pass  # checked below, whatever it is
+    except OSError as error:
+        raise BitdriftError(f"{folder}: cannot make the fork servers' folder "
+                            f"({error.strerror}); set XDG_RUNTIME_DIR to a folder of this "
+                            f"user's, or {FRESH}=1") from error
     found = folder.lstat()
-    if (not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid()
-            or stat.S_IMODE(found.st_mode) & 0o077):
+    if not stat.S_ISDIR(found.st_mode):
+        what = "a link" if stat.S_ISLNK(found.st_mode) else "a file"
+        raise BitdriftError(f"{folder} is {what}, not a folder private to this user; refusing "
+                            f"to look for fork servers there (remove it, or set {FRESH}=1)")
+    if found.st_uid != os.getuid() or stat.S_IMODE(found.st_mode) & 0o077:
         raise BitdriftError(f"{folder} is not a folder private to this user (owner, mode "
                             f"{stat.S_IMODE(found.st_mode):o}); refusing to look for fork "
                             f"servers there (remove it, or set {FRESH}=1)")

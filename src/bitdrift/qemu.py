@@ -48,6 +48,21 @@ def static_entry(index: str) -> dict:
                        f"({' or '.join(STATIC_PACKAGES)})")
 
 
+def check_mirror(mirror: str) -> str:
+    """``--mirror`` as a URL urllib can fetch from (http, https, ftp or file), else one
+    line naming the option."""
+    from urllib.parse import urlsplit
+
+    from bitdrift.errors import ConfigError
+
+    parts = urlsplit(str(mirror))
+    if parts.scheme not in ("http", "https", "ftp", "file") or \
+            (parts.scheme != "file" and not parts.netloc):
+        raise ConfigError(f"--mirror {mirror!r}: not the URL of a Debian mirror (e.g. "
+                          f"{DEBIAN_MIRROR}, or file:///path for a local copy)")
+    return str(mirror).rstrip("/")
+
+
 def _fetch(url: str, out: Path | None = None) -> bytes | None:
     import urllib.request
 
@@ -57,7 +72,7 @@ def _fetch(url: str, out: Path | None = None) -> bytes | None:
                 return response.read()
             with open(out, "wb") as handle:
                 shutil.copyfileobj(response, handle, 1 << 20)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # ValueError: a URL urllib cannot parse
         raise InstallError(f"cannot fetch {url} ({error})") from error
     return None
 
@@ -134,6 +149,7 @@ def install_qemu(prefix: Path | str | None = None, targets=("x86_64",),
     import lzma
     import tempfile
 
+    mirror = check_mirror(mirror)
     index = lzma.decompress(_fetch(f"{mirror}/dists/{suite}/main/binary-amd64/Packages.xz"))
     entry = static_entry(index.decode("utf-8", "replace"))
     bindir = Path(prefix or sys.prefix) / "bin"

@@ -31,7 +31,7 @@ import h5py
 import numpy as np
 
 from bitdrift.atomic import atomic_output
-from bitdrift.errors import RecordError
+from bitdrift.errors import RecordError, json_kind
 
 # 2: the effective-precision check (root attribute effective_precision); version-1
 # records are read as before, the check reported as unchecked.
@@ -220,6 +220,7 @@ class Record:
             self.fingerprint = json.loads(_text(attrs["fingerprint"]))
         except (TypeError, ValueError) as error:
             raise self._fail(f"root attribute 'fingerprint' is not JSON ({error})") from error
+        self._check_fingerprint()
         if "samples" not in self._file or not isinstance(self._file["samples"], h5py.Group):
             raise self._fail("missing group 'samples'")
         self.samples: list[int] = []
@@ -238,9 +239,26 @@ class Record:
             raise self._fail("group 'samples' is empty")
         self.samples.sort()
 
+    def _check_fingerprint(self) -> None:
+        self.fingerprint = checked_fingerprint(self.fingerprint, self.path)
+
     # -- metadata -------------------------------------------------------------------------
     def attr(self, key: str) -> str:
         return _text(self._attrs[key])
+
+    def json_attr(self, key: str, kind: type = dict, default=None):
+        """A root attribute that holds JSON of ``kind`` (dict or list), parsed and its type
+        checked where it is read: a record from another tool may hold anything there, and
+        is refused naming the file and the attribute. ``default`` when it is absent."""
+        if not self.has_attr(key):
+            return default
+        try:
+            found = json.loads(self.attr(key))
+        except ValueError as error:
+            raise self._fail(f"attribute {key!r} is not JSON ({error})") from error
+        if not isinstance(found, kind):
+            raise self._fail(f"attribute {key!r} is {json_kind(found)}, not {json_kind(kind())}")
+        return found
 
     def has_attr(self, key: str) -> bool:
         return key in self._attrs
@@ -290,6 +308,10 @@ class Record:
         for key in ("order",):
             if key in found and not isinstance(found[key], list):
                 raise wrong(f"{key!r} is not a list")
+        unlisted = [str(name) for name in found.get("order") or []
+                    if not isinstance(name, str) or name not in layers]
+        if unlisted:  # the layers are read in this order (bitdrift.kernels.kernels_table)
+            raise wrong(f"'order' names {', '.join(unlisted)}, which 'layers' lacks")
         for key in ("layer_classes", "header"):
             if key in found and not isinstance(found[key], dict):
                 raise wrong(f"{key!r} is not an object")
@@ -319,13 +341,13 @@ class Record:
     def accumulation_orders(self) -> dict | None:
         """The order each Dense layer summed in, as revealed through the device's runtime,
         and its replay (bitdrift.accumulation); None for a record written without it."""
-        if not self.has_attr("accumulation_orders"):
-            return None
-        try:
-            return json.loads(self.attr("accumulation_orders"))
-        except ValueError as error:
-            raise self._fail(f"attribute 'accumulation_orders' is not JSON ({error})") \
-                from error
+        if "_orders" not in self.__dict__:
+            from bitdrift.accumulation import checked_orders
+
+            self._orders = checked_orders(
+                self.json_attr("accumulation_orders"), lambda what: self._fail(
+                    f"attribute 'accumulation_orders' is not an order record ({what})"))
+        return self._orders
 
     @property
     def effective_precision(self) -> dict | None:
@@ -333,12 +355,22 @@ class Record:
         bitdrift.effective_precision), or None for a record written without it. Parsed
         once: the analysis asks for it at every layer."""
         if "_effective" not in self.__dict__:
-            try:
-                self._effective = json.loads(self.attr("effective_precision")) \
-                    if self.has_attr("effective_precision") else None
-            except ValueError as error:
-                raise self._fail(f"attribute 'effective_precision' is not JSON ({error})") \
-                    from error
+            found = self.json_attr("effective_precision")
+            for layer, result in (found or {}).items():
+                # what the tables read of each layer (bitdrift.effective_precision)
+                wrong = None if isinstance(result, dict) else f"is {json_kind(result)}"
+                if wrong is None and not isinstance(result.get("reduced", False), bool):
+                    wrong = "'reduced' is not true or false"
+                if wrong is None and result.get("reduced") and (
+                        isinstance(result.get("effective_bits"), bool)
+                        or not isinstance(result.get("effective_bits"), int | float)):
+                    wrong = "is reduced without a number of 'effective_bits'"
+                if wrong is None and not isinstance(result.get("format", ""), str):
+                    wrong = "'format' is not a string"
+                if wrong:
+                    raise self._fail(f"attribute 'effective_precision': layer {layer!r} "
+                                     f"{wrong}")
+            self._effective = found
         return self._effective
 
     def recheck_effective_precision(self, model_path, dataset_path) -> str | None:
@@ -487,6 +519,26 @@ def _is_bfloat16(dataset) -> bool:
     # and the analysis asks once per dataset of every file.
     return h5py.h5a.exists(dataset.id, BFLOAT16_ATTR.encode()) and \
         bool(dataset.attrs[BFLOAT16_ATTR])
+
+
+def checked_fingerprint(found, path) -> dict:
+    """A record's fingerprint with the parts the analysis reads (bitdrift.devices.
+    fingerprint) of the types it reads them as: an object, and in it objects and a list of
+    CPU flags; null is an empty one. Else RecordError naming ``path``."""
+    def wrong(what: str) -> RecordError:
+        return RecordError(f"{path}: root attribute 'fingerprint'{what}")
+
+    if found is None:
+        return {}
+    if not isinstance(found, dict):
+        raise wrong(f" is {json_kind(found)}, not an object")
+    for key in ("accelerator", "cpu", "environment", "versions", "emulation"):
+        if found.get(key) is not None and not isinstance(found[key], dict):
+            raise wrong(f": {key!r} is {json_kind(found[key])}, not an object")
+    flags = (found.get("cpu") or {}).get("flags")
+    if flags is not None and not isinstance(flags, list):
+        raise wrong(f": 'cpu.flags' is {json_kind(flags)}, not a list")
+    return found
 
 
 def _text(value) -> str:

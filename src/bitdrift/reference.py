@@ -81,11 +81,20 @@ def format_of(runtime: str) -> str:
     return next(name for name, (_, runtimes) in FORMATS.items() if runtime in runtimes)
 
 
+# The reference's meta as export_model writes it, read below
+META_TYPES = {"layers": list, "checked": dict, "check_indices": list, "argmax_indices": list,
+              "model_sha256": str}
+
+
 def read_reference(path: str | Path) -> Reference:
     """The reference ``export_model`` wrote; RecordError naming the file if it is not one."""
     try:
         with np.load(path) as data:
             meta = json.loads(str(data["meta"]))
+            if not isinstance(meta, dict) or not all(
+                    isinstance(meta.get(key), kind) for key, kind in META_TYPES.items()):
+                raise ValueError(f"its meta is not {{{', '.join(META_TYPES)}}} of JSON types "
+                                 f"{', '.join(kind.__name__ for kind in META_TYPES.values())}")
             check = [data[f"check/{position}"] for position in range(len(meta["layers"]))]
             weights = {key: data[key] for key in data.files if key.startswith("weights/")}
             argmax = data["argmax"]

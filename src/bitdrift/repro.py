@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pprint
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +66,11 @@ def run_order(record: Record, dataset_path) -> list[int]:
     before it, the order whose images give the record's ``input_sha256`` (with the
     dataset, up to 6 samples), else the record's (sorted) order."""
     if record.has_attr("samples_order"):
-        return [int(sample) for sample in json.loads(record.attr("samples_order"))]
+        order = record.json_attr("samples_order", list)
+        if sorted(sample for sample in order if type(sample) is int) != record.samples:
+            raise RecordError(f"{record.path}: attribute 'samples_order' is not the record's "
+                              f"samples in some order ({record.samples})")
+        return order
     if dataset_path is None or len(record.samples) > 6:
         return list(record.samples)
     from itertools import permutations
@@ -82,6 +83,21 @@ def run_order(record: Record, dataset_path) -> list[int]:
     return next((list(order) for order in permutations(record.samples)
                  if input_sha256(np.stack([images[s] for s in order]))
                  == record.attr("input_sha256")), list(record.samples))
+
+
+def device_config(record: Record) -> dict:
+    """The device's settings the record was run with, as a script needs them."""
+    if not record.has_attr("device_config"):
+        raise RecordError(f"{record.path}: no attribute 'device_config' (a record of "
+                          "`bitdrift infer` holds the device's settings)")
+    device = record.json_attr("device_config")
+    wrong = [key for key, kinds in (("backend", str), ("precision", str),
+                                    ("batch_size", int), ("accelerator", str))
+             if not isinstance(device.get(key), kinds) or isinstance(device.get(key), bool)]
+    if wrong or not isinstance(device.get("threads"), int | None):
+        raise RecordError(f"{record.path}: attribute 'device_config' lacks a valid "
+                          f"{', '.join(map(repr, wrong or ['threads']))}")
+    return device
 
 
 def digest(values: np.ndarray) -> str:
@@ -371,7 +387,12 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
     """Write the repro folder ``out`` for the records at ``path_a`` and ``path_b``;
     returns {"layer", "devices": {name: {"script", "expected"} or {"refused"}}}. The folder
     is written whole or not at all."""
+    from bitdrift.atomic import atomic_folder, check_output
+
     out = Path(out)
+    if not Path(model_path).is_file():
+        raise RecordError(f"{model_path}: model file does not exist (--model-file)")
+    check_output("--out", out, folder=True, whole=True)
     if out.exists() and any(out.iterdir()) and not (out / EXPECTED).is_file():
         raise ConfigError(f"--out {out}: a folder with other files; give a new or empty one")
     with Record(path_a) as record_a, Record(path_b) as record_b:
@@ -395,15 +416,13 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
         summary = {"model": record_a.model, "layer": split.layer,
                    "class_name": split.class_name, "inbound": split.inbound or "model input",
                    "samples": order, "devices": {}}
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent
-                                        if out.parent.exists() else None))
-        try:
+        with atomic_folder(out) as staging:
             np.save(staging / "input.npy", x)
             for index, value in enumerate(weights):
                 np.save(staging / f"weight_{index}.npy", value)
             wrote_onnx = False
             for record in (record_a, record_b):
-                device = json.loads(record.attr("device_config"))
+                device = device_config(record)
                 name = record.device
                 expected = digest(layer_bits(record, split.layer, order))
                 why = refusal(device, split)
@@ -430,12 +449,6 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
                     "command": command_line(device, script, "python")}
             (staging / EXPECTED).write_text(json.dumps(summary, indent=1, sort_keys=True))
             (staging / "README.md").write_text(readme(summary))
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(staging, out)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
     return summary
 
 

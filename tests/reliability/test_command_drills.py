@@ -2,6 +2,7 @@
 is refused with the file or key named (one line, a documented exit status), or analysed
 correctly, and nothing is overwritten or lost."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -204,8 +205,9 @@ def test_infer_problems_are_found_before_any_repeat(trained, tmp_path, capsys):
     assert "missing.keras: model file does not exist" in one_line_error(capsys)
     blocked = tmp_path / "a_file"
     blocked.write_text("")
-    assert main([*base, "--model-file", str(model), "--out", str(blocked / "r.h5")]) == 4
-    assert "cannot create its folder" in one_line_error(capsys)
+    assert main([*base, "--model-file", str(model), "--out", str(blocked / "r.h5")]) == 2
+    assert one_line_error(capsys) == \
+        f"bitdrift: error: --out {blocked / 'r.h5'}: {blocked} is a file, not a folder"
     with h5py.File(dataset) as handle:
         n_test = handle["x_test"].shape[0]
     beyond = tmp_path / "beyond.yaml"
@@ -485,6 +487,14 @@ def test_a_kernels_dataset_of_the_wrong_shape_is_one_line(make_record, tmp_path,
         handle.create_dataset("kernels", data='{"traced": true, "layers": {"c": "x"}}')
     assert main(["kernels", str(path), "--out", str(tmp_path / "k.csv")]) == 3
     assert "layer 'c': not {signature: text, calls: [objects]}" in one_line_error(capsys)
+    with h5py.File(path, "r+") as handle:  # a layer in its order without an entry (KeyError)
+        del handle["kernels"]
+        handle.create_dataset("kernels", data='{"traced": true, "order": ["c", "d"], '
+                                              '"layers": {"c": {"signature": "x"}}}')
+    assert main(["kernels", str(path), "--out", str(tmp_path / "k.csv")]) == 3
+    assert one_line_error(capsys) == (f"bitdrift: error: {path}: dataset 'kernels' is not a "
+                                      "kernel record ('order' names d, which 'layers' lacks)")
+    assert not (tmp_path / "k.csv").exists()
 
 
 @pytest.mark.parametrize("name", ["01", "٦", "²", "+1"])
@@ -534,3 +544,512 @@ def test_commands_that_write_data_files_may_name_them(command, tmp_path, monkeyp
     with pytest.raises(ConfigError, match="also an input"):
         check_outputs(build_parser().parse_args(["probe-set", "p.h5", "--dataset", "d.h5",
                                                  "--out", "p.h5"]))
+
+
+# -- issue 51: every failure one line, naming the file, key or folder ---------------------
+def _written(folder) -> list[str]:
+    """What a command left in ``folder`` (temporaries included: none may be left)."""
+    return sorted(path.name for path in folder.iterdir()) if folder.exists() else []
+
+
+@pytest.fixture
+def parting(trained, tmp_path):
+    """Two hand-made records of the `trained` model that part at its first Dense layer fed
+    by a recorded layer (their model digest is the model file's), for `repro`."""
+    from bitdrift.models import keras_file_layers, model_digest
+    from bitdrift.record import write_record
+    from tests.utils import BASE_ATTRS
+
+    _, _, _, model = trained
+    layers = {layer["name"]: layer for layer in keras_file_layers(model)}
+    dense = next(layer for layer in layers.values() if layer["class_name"] == "Dense"
+                 and layers[layer["inbound"][0]]["class_name"] != "InputLayer")
+    fed_by = dense["inbound"][0]
+    inputs, units = dense["weights"][0].shape
+    device = {"accelerator": "cpu", "backend": "torch", "precision": "float32",
+              "batch_size": 2, "threads": 1, "env": {}}
+    paths = []
+    for name, value in (("d1", 1.0), ("d2", 1.5)):
+        path = tmp_path / "records" / f"{name}.h5"
+        path.parent.mkdir(exist_ok=True)
+        write_record(path, {**BASE_ATTRS, "model": "m", "device": name,
+                            "model_sha256": model_digest(model),
+                            "device_config": json.dumps(device)},
+                     {0: {"output": np.ones((1, 10), np.float32),
+                          "layers": [(fed_by, np.ones((1, 1, inputs), np.float32)),
+                                     (dense["name"], np.full((1, 1, units), value,
+                                                             np.float32))]}})
+        paths.append(path)
+    return paths, model, dense["name"]
+
+
+def test_repro_refusals_are_one_line_and_leave_nothing(parting, tmp_path, capsys):
+    """A --model-file that is missing (FileNotFoundError), an --out that is a file
+    (NotADirectoryError) or under one; an --out under folders that do not exist is made
+    (FileNotFoundError at os.replace)."""
+    (first, second), model, layer = parting
+    base = ["repro", str(first), str(second)]
+    out = tmp_path / "out"
+    assert main([*base, "--model-file", str(tmp_path / "gone.keras"), "--out", str(out)]) == 3
+    assert one_line_error(capsys) == (f"bitdrift: error: {tmp_path / 'gone.keras'}: model file "
+                                      "does not exist (--model-file)")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    assert main([*base, "--model-file", str(model), "--out", str(a_file)]) == 2
+    assert one_line_error(capsys) == f"bitdrift: error: --out {a_file} is a file, not a folder"
+    assert main([*base, "--model-file", str(model), "--out", str(a_file / "r")]) == 2
+    assert one_line_error(capsys) == \
+        f"bitdrift: error: --out {a_file / 'r'}: {a_file} is a file, not a folder"
+    assert a_file.read_text() == "mine" and not out.exists()
+    assert _written(tmp_path) == ["a_file", "records"]  # nothing half-written beside them
+    deep = tmp_path / "new" / "deeper" / "repro"
+    assert main([*base, "--model-file", str(model), "--out", str(deep)]) == 0
+    capsys.readouterr()
+    assert json.loads((deep / "expected.json").read_text())["layer"] == layer
+    assert _written(deep.parent) == ["repro"]  # no staging folder left beside it
+
+
+NOTHING_LEFT = "nothing of this command's output was left"
+
+
+@pytest.mark.parametrize("case", ["read-only", "read-only mount", "mount", "full"])
+def test_repro_on_a_read_only_full_or_mounted_folder_is_one_line(parting, tmp_path, case):
+    """tmpfs mounts in a private namespace: --out inside a read-only one (EROFS), that
+    mount itself, a writable mount as --out (a folder written whole is renamed into
+    place; a mount point cannot be: EBUSY), a full one (ENOSPC)."""
+    from tests.utils import on_mounts
+
+    (first, second), model, _ = parting
+    disk = tmp_path / "disk"
+    options, out, reason = {
+        "read-only": ("ro", disk / "repro", "Read-only file system"),
+        "read-only mount": ("ro", disk, "Read-only file system"),
+        "mount": ("size=1m", disk, "--out is a mount point, which a folder written whole "
+                                   "cannot replace: give a folder inside it"),
+        "full": ("size=64k", disk / "repro", "No space left on device")}[case]
+    done = on_mounts({disk: options}, [sys.executable, "-m", "bitdrift", "repro", first,
+                                       second, "--model-file", model, "--out", out],
+                     fill=[disk] if case == "full" else [])
+    assert done["status"] == 6, done["stderr"]
+    tail = "" if case == "mount" else f"; {NOTHING_LEFT}"
+    assert done["stderr"].strip() == f"bitdrift: error: {out}: cannot be written ({reason}){tail}"
+    assert done["left"] == {str(disk): []}
+    assert _written(tmp_path) == ["disk", "records"]
+
+
+SEQUENTIAL, OTHER = [[0, 1], [3, 2]], [[1, 2], [0, 3]]  # (t0 + t1) + t2, t0 + (t1 + t2)
+
+
+def _orders(tree, name):
+    return {"dense": {"trees": [tree], "terms": 3, "bias": False, "order": name,
+                      "replay": "not replayed"}}
+
+
+WRONG_ORDERS = {
+    "a list": ([], "is a list, not an object"),
+    "a string": ("sequential", "is a string, not an object"),
+    "an int": (3, "is a number, not an object"),
+    "an entry that is a string": ({"dense": "sequential"},
+                                  "is not an order record (layer 'dense' is a string, not an "
+                                  "object)"),
+    "a term out of range": (_orders([[0, 9], [3, 2]], "sequential"),
+                            "is not an order record (layer 'dense': tree 0, node 0: child 9 "
+                            "is neither a term (0..2) nor an earlier node)"),
+    "a node out of range": (_orders([[0, 1], [5, 2]], "sequential"),
+                            "is not an order record (layer 'dense': tree 0, node 1: child 5 "
+                            "is neither a term (0..2) nor an earlier node)"),
+    "a place map naming no tree": (
+        {"dense": {**_orders(SEQUENTIAL, "sequential")["dense"],
+                   "places": {"grid": [1, 1], "searched": [[0, 0, 0]], "maps": [["1"]]}}},
+        "is not an order record (layer 'dense': 'places' 'maps' are not 1 rows of 1 tree "
+        "symbols each)"),
+    "places without a grid": (
+        {"dense": {**_orders(SEQUENTIAL, "sequential")["dense"], "places": {"maps": []}}},
+        "is not an order record (layer 'dense': 'places' has no 'grid' [height, width])"),
+}
+
+
+@pytest.fixture
+def ordered(tmp_path):
+    """Records of two devices that part at a Dense layer, summed in other revealed orders,
+    with kernels; their divergence table; and a writer of a third whose orders are given."""
+    from bitdrift.record import write_record
+    from tests.utils import BASE_ATTRS
+
+    def write(device, value, orders):
+        path = tmp_path / f"{device}.h5"
+        output = np.array([[1.0, 2.0, value]], np.float32)
+        write_record(path, {**BASE_ATTRS, "model": "net", "device": device,
+                            "accumulation_orders": json.dumps(orders)},
+                     {0: {"output": output, "layers": [("dense", output)],
+                          "layer_classes": ["Dense"]}},
+                     kernels={"traced": True, "layers": {"dense": {"signature": "k",
+                                                                   "calls": []}}})
+        return path
+
+    good = write("d1", 3.0, _orders(SEQUENTIAL, "sequential"))
+    other = write("d2", 3.5, _orders(OTHER, "other"))
+    divergence = tmp_path / "divergence.csv"
+    assert main(["divergence", str(good), str(other), "--out", str(divergence)]) == 0
+    return write, other, divergence
+
+
+def _order_commands(files, divergence, out):
+    return {"kernels": ["kernels", *files, "--out", str(out / "k.csv"), "--orders-out",
+                        str(out / "o.csv")],
+            "divergence": ["divergence", *files, "--out", str(out / "d.csv")],
+            "explain": ["explain", *files, "--out", str(out / "x.csv")],
+            "plot-orders": ["plot-orders", *files, "--divergence", str(divergence), "--out",
+                            str(out / "o.pdf")]}
+
+
+@pytest.mark.parametrize("command", ["kernels", "divergence", "explain", "plot-orders"])
+@pytest.mark.parametrize("case", list(WRONG_ORDERS))
+def test_accumulation_orders_of_the_wrong_type_are_one_line(ordered, tmp_path, capsys,
+                                                            command, case):
+    """A record from another tool may hold anything in `accumulation_orders`: each command
+    that reads it refuses such a record naming the file and the attribute (exit 3), and
+    writes none of its outputs (they were AttributeError and IndexError tracebacks)."""
+    write, other, divergence = ordered
+    value, message = WRONG_ORDERS[case]
+    bad = write("d3", 3.0, value)
+    out = tmp_path / "out"
+    out.mkdir()
+    capsys.readouterr()
+    assert main(_order_commands([str(bad), str(other)], divergence, out)[command]) == 3
+    assert one_line_error(capsys) == \
+        f"bitdrift: error: {bad}: attribute 'accumulation_orders' {message}"
+    assert _written(out) == []
+    # the same record with valid orders goes through: the attribute was the fault
+    good = write("d3", 3.0, _orders(SEQUENTIAL, "sequential"))
+    assert main(_order_commands([str(good), str(other)], divergence, out)[command]) == 0
+
+
+WRONG_ATTRIBUTES = [
+    # (attribute, value, command, the message after "FILE: ")
+    ("effective_precision", [], "eqc", "attribute 'effective_precision' is a list, not an "
+                                       "object"),
+    ("effective_precision", {"dense": "declared"}, "effective-precision",
+     "attribute 'effective_precision': layer 'dense' is a string"),
+    ("effective_precision", {"dense": {"reduced": True}}, "effective-precision",
+     "attribute 'effective_precision': layer 'dense' is reduced without a number of "
+     "'effective_bits'"),
+    ("effective_precision", {"dense": {"reduced": "yes"}}, "precision",
+     "attribute 'effective_precision': layer 'dense' 'reduced' is not true or false"),
+    ("fingerprint", ["host"], "eqc", "root attribute 'fingerprint' is a list, not an object"),
+    ("fingerprint", {"cpu": "x86"}, "explain",
+     "root attribute 'fingerprint': 'cpu' is a string, not an object"),
+    ("fingerprint", {"cpu": {"flags": "avx2 fma"}}, "explain",
+     "root attribute 'fingerprint': 'cpu.flags' is a string, not a list"),
+    ("fingerprint", {"cpu": {"flags": "avx2 fma"}}, "findings",
+     "root attribute 'fingerprint': 'cpu.flags' is a string, not a list"),
+    ("fingerprint", {"emulation": "Haswell"}, "findings",
+     "root attribute 'fingerprint': 'emulation' is a string, not an object"),
+    ("device_config", ["cpu"], "explain", "attribute 'device_config' is a list, not an object"),
+    ("device_config", {"env": ["OMP_NUM_THREADS=1"]}, "explain",
+     "attribute 'device_config': 'env' is not an object"),
+    ("device_config", 4, "plot-generations",
+     "attribute 'device_config' is a number, not an object"),
+    ("argmax_agreement", [1, 2], "agreement",
+     "attribute 'argmax_agreement' is a list, not an object"),
+    ("argmax_agreement", {"images": "12"}, "agreement",
+     "attribute 'argmax_agreement' has no number 'images', 'agreeing', 'share'"),
+    ("unmapped_layers", "dense", "agreement",
+     "attribute 'unmapped_layers' is a string, not a list"),
+]
+
+
+@pytest.mark.parametrize("attribute, value, command, message", WRONG_ATTRIBUTES)
+def test_every_json_attribute_a_command_reads_is_checked_where_read(
+        make_record, tmp_path, capsys, attribute, value, command, message):
+    """The sweep: each JSON attribute of a record that a command reads, of the wrong type,
+    is one line naming the file and the attribute (exit 3), and no output is left."""
+    good = make_record("d1", {0: repeats(A)})
+    eqc = tmp_path / "eqc.csv"
+    assert main(["eqc", str(good), "--out", str(eqc)]) == 0
+    stored = value if attribute == "fingerprint" else json.dumps(value)  # write_record
+    bad = make_record("d2", {0: repeats(B)}, **{attribute: stored})  # dumps a fingerprint
+    out = tmp_path / "out"
+    out.mkdir()
+    files = [str(good), str(bad)]
+    tables = tmp_path / "tables"  # findings: a run's tables (none here) and its records
+    tables.mkdir()
+    extra = {"plot-generations": ["--eqc", str(eqc)], "findings": ["--tables", str(tables)]
+             }.get(command, [])
+    suffix = ".pdf" if command.startswith("plot") else ".md" if command == "findings" \
+        else ".csv"
+    capsys.readouterr()
+    assert main([command, *files, *extra, "--out", str(out / f"o{suffix}")]) == 3
+    assert one_line_error(capsys) == f"bitdrift: error: {bad}: {message}"
+    assert _written(out) == []
+
+
+@pytest.mark.parametrize("attribute, value, message", [
+    ("samples_order", "0", "attribute 'samples_order' is a string, not a list"),
+    ("samples_order", [7], "attribute 'samples_order' is not the record's samples in some "
+                           "order ([0])"),
+    ("device_config", [], "attribute 'device_config' is a list, not an object"),
+    ("device_config", {"backend": "torch"}, "attribute 'device_config' lacks a valid "
+                                            "'precision', 'batch_size', 'accelerator'")])
+def test_repro_checks_the_attributes_it_reads(parting, tmp_path, capsys, attribute, value,
+                                              message):
+    import h5py
+
+    (first, second), model, _ = parting
+    with h5py.File(second, "r+") as handle:
+        handle.attrs[attribute] = json.dumps(value)
+    out = tmp_path / "out"
+    assert main(["repro", str(first), str(second), "--model-file", str(model), "--out",
+                 str(out)]) == 3
+    assert one_line_error(capsys) == f"bitdrift: error: {second}: {message}"
+    assert not out.exists() and _written(tmp_path) == ["records"]
+
+
+def _output_commands(files, eqc, out):
+    """Commands and the output option each is checked through (a sample of every kind:
+    tables, a second table, a figure, an HDF5 index, a folder of tables). ``files``:
+    two records, then two training runs."""
+    return [(["eqc", *files[:2], "--out", "{}"], "--out"),
+            (["eqc", *files[:2], "--out", str(out / "e.csv"), "--layers-out", "{}"],
+             "--layers-out"),
+            (["explain", *files[:2], "--out", str(out / "x.csv"), "--classes-out", "{}"],
+             "--classes-out"),
+            (["plot-eqc", *files[:2], "--eqc", str(eqc), "--out", "{}"], "--out"),
+            (["index", *files[:2], "--out", "{}"], "--out"),
+            (["training-stats", *files[2:], "--out-dir", "{}"], "--out-dir")]
+
+
+def _records_and_runs(make_record, folder) -> list[str]:
+    from tests.utils import write_run
+
+    runs = [write_run(folder / f"run_{run}.h5", run=run, predictions=[0, 1, 1],
+                      labels=[0, 1, 0], weights=[1.0, 2.0 + run]) for run in (0, 1)]
+    return [str(make_record("d1", {0: repeats(A)})), str(make_record("d2", {0: repeats(B)})),
+            *map(str, runs)]
+
+
+def _with(command, path):
+    return [str(path) if part == "{}" else part for part in command]
+
+
+def test_every_output_goes_through_one_check(make_record, tmp_path, capsys):
+    """An output that is a folder (IsADirectoryError), a folder output that is a file, an
+    output under a file (FileExistsError): one line naming the option and the path, exit
+    2, before anything runs; one under folders that do not exist: they are made."""
+    files = _records_and_runs(make_record, tmp_path)
+    eqc = tmp_path / "eqc.csv"
+    assert main(["eqc", *files[:2], "--out", str(eqc)]) == 0
+    out = tmp_path / "out"
+    a_folder, a_file = out / "a_folder", out / "a_file"
+    a_folder.mkdir(parents=True)
+    a_file.write_text("mine")
+    capsys.readouterr()
+    for command, flag in _output_commands(files, eqc, out):
+        in_the_way = a_file if flag == "--out-dir" else a_folder
+        what = "is a file, not a folder" if flag == "--out-dir" else \
+            "is a folder; give a file name"
+        assert main(_with(command, in_the_way)) == 2, command
+        assert one_line_error(capsys) == f"bitdrift: error: {flag} {in_the_way} {what}"
+        under = a_file / "x.csv"
+        assert main(_with(command, under)) == 2, command
+        assert one_line_error(capsys) == \
+            f"bitdrift: error: {flag} {under}: {a_file} is a file, not a folder"
+        assert _written(out) == ["a_file", "a_folder"] and _written(a_folder) == []
+        assert a_file.read_text() == "mine"
+    for index, (command, flag) in enumerate(_output_commands(files, eqc, out)):
+        new = tmp_path / f"new_{index}" / "deeper" / ("tables" if flag == "--out-dir"
+                                                      else "x.h5" if command[0] == "index"
+                                                      else "x.pdf" if "plot" in command[0]
+                                                      else "x.csv")
+        assert main(_with(command, new)) == 0, command
+        assert new.exists()
+
+
+@pytest.mark.parametrize("disk", ["read-only", "full"])
+def test_every_output_on_a_read_only_or_full_disk_is_one_line(make_record, tmp_path, disk):
+    """The same commands with their output on a read-only tmpfs (refused before they run)
+    or a full one (met when written): one line naming the path, exit 6, nothing left."""
+    from tests.utils import on_mounts
+
+    files = _records_and_runs(make_record, tmp_path)
+    eqc = tmp_path / "eqc.csv"
+    assert main(["eqc", *files[:2], "--out", str(eqc)]) == 0
+    mount = tmp_path / "disk"
+    reason = "Read-only file system" if disk == "read-only" else "No space left on device"
+    for command, flag in _output_commands(files, eqc, mount):
+        if flag != "--out":  # the second output of a pair goes to the disk, the first too
+            command = [str(mount / "first.csv") if part.startswith(str(mount)) else part
+                       for part in command]
+        target = mount / ("tables" if flag == "--out-dir" else "x.h5"
+                          if command[0] == "index" else "x.pdf" if "plot" in command[0]
+                          else "x.csv")
+        done = on_mounts({mount: "ro" if disk == "read-only" else "size=64k"},
+                         [sys.executable, "-m", "bitdrift", *_with(command, target)],
+                         fill=[mount] if disk == "full" else [])
+        assert done["status"] == 6, (command, done["stderr"])
+        lines = done["stderr"].strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("bitdrift: error: ") and \
+            f": cannot be written ({reason}); {NOTHING_LEFT}" in lines[0], done["stderr"]
+        assert str(mount) in lines[0]
+        assert done["left"] == {str(mount): []}, command
+
+
+def _arm_userland(prefix, manifest):
+    """A stand-in aarch64 userland under ``prefix`` (sys.prefix in the test): QEMU 10 that
+    only answers --version, the root's python and the site as empty files, and
+    ``manifest`` as its manifest.json (text, or JSON of anything)."""
+    from bitdrift import aarch64
+
+    (prefix / "bin").mkdir(parents=True)
+    qemu = prefix / "bin" / "qemu-aarch64"
+    qemu.write_text("#!/bin/sh\necho 'qemu-aarch64 version 10.0.13 (Debian 1:10.0.13)'\n")
+    qemu.chmod(0o755)
+    built = aarch64.folder(prefix)
+    (built / "root" / aarch64.PYTHON).parent.mkdir(parents=True)
+    (built / "root" / aarch64.PYTHON).write_text("")
+    (built / "site").mkdir()
+    (built / aarch64.MANIFEST).write_text(manifest if isinstance(manifest, str)
+                                          else json.dumps(manifest))
+    return built
+
+
+def _pins():
+    from bitdrift import aarch64
+
+    return aarch64.requirements(("tensorflow",))
+
+
+DAMAGED_MANIFESTS = {
+    "a list": ([], "not a manifest of `bitdrift install-aarch64` (a list, not an object)"),
+    "a string": ("\"litert\"", "not a manifest of `bitdrift install-aarch64` (a string, not "
+                               "an object)"),
+    "runtimes as a string": ({"runtimes": "tensorflow", "wheels": []},
+                             "key 'runtimes' is not a list of runtimes"),
+    "wheels as an int": ({"runtimes": ["tensorflow"], "wheels": 3},
+                         "key 'wheels' is not a list of pins"),
+    "an unknown runtime": ({"runtimes": ["torch"], "wheels": []},
+                           "key 'runtimes' names torch, not an aarch64 runtime"),
+}
+
+
+@pytest.mark.parametrize("case", [*DAMAGED_MANIFESTS, "its root removed"])
+def test_an_arm_device_with_a_damaged_userland_is_one_line(trained, tmp_path, monkeypatch,
+                                                          capsys, case):
+    """`infer` on an emulated Arm device whose userland's manifest is of the wrong JSON
+    type (AttributeError, KeyError, TypeError) or whose root/ was deleted under a current
+    manifest ("repeat 1 failed (exit 1); see log"): one line naming the file, exit 4,
+    before any repeat, and no record."""
+    import yaml
+
+    folder, _, dataset, model = trained
+    monkeypatch.setattr("sys.prefix", str(tmp_path / "env"))
+    manifest, problem = DAMAGED_MANIFESTS.get(case, ({"runtimes": ["tensorflow"],
+                                                      "wheels": _pins()}, None))
+    built = _arm_userland(tmp_path / "env", manifest)
+    if problem is None:  # a current manifest, its root gone
+        import shutil as _shutil
+
+        _shutil.rmtree(built / "root")
+        problem = "the userland lacks root/usr/bin/python3.11 (removed since it was built)"
+        named = built
+    else:
+        named = built / "manifest.json"
+    config = tmp_path / "arm.yaml"
+    config.write_text(yaml.safe_dump(_config(devices={"arm": {
+        "accelerator": "cpu", "backend": "tensorflow", "emulate": "neoverse-n1"}})))
+    out = tmp_path / "out" / "arm.h5"
+    assert main(["infer", "--config", str(config), "--model", "m", "--device", "arm",
+                 "--dataset-file", str(dataset), "--model-file", str(model),
+                 "--out", str(out)]) == 4
+    assert one_line_error(capsys) == (
+        f"bitdrift: error: device key emulate: neoverse-n1: {named}: {problem}; run "
+        "`bitdrift install-aarch64` to build it anew")
+    assert _written(out.parent) == []
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_MANIFESTS))
+def test_install_aarch64_builds_a_damaged_userland_anew(tmp_path, monkeypatch, capsys, case):
+    """install-aarch64 reads the manifest of the build there to keep its runtimes: one
+    of the wrong type is named and built anew, not a traceback. (The mirror here is a
+    folder that does not exist: the build stops at its first download, exit 7.)"""
+    monkeypatch.setattr("sys.prefix", str(tmp_path / "env"))
+    built = _arm_userland(tmp_path / "env", DAMAGED_MANIFESTS[case][0])
+    mirror = f"file://{tmp_path / 'no-mirror'}"
+    assert main(["install-aarch64", "--mirror", mirror]) == 7
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == (f"bitdrift: {built / 'manifest.json'}: {DAMAGED_MANIFESTS[case][1]}; "
+                        "building it anew")
+    assert len(lines) == 2 and lines[1].startswith(
+        f"bitdrift: error: cannot fetch {mirror}/dists/"), lines
+
+
+def test_install_aarch64_refuses_a_mirror_that_is_no_url(capsys):
+    for command in ("install-aarch64", "install-qemu"):
+        assert main([command, "--mirror", "not-a-url"]) == 2
+        assert one_line_error(capsys) == (
+            "bitdrift: error: --mirror 'not-a-url': not the URL of a Debian mirror (e.g. "
+            "https://deb.debian.org/debian, or file:///path for a local copy)")
+
+
+@pytest.mark.parametrize("what", ["a file", "a link"])
+def test_a_fork_server_folder_that_is_a_file_is_one_line(trained, tmp_path, monkeypatch,
+                                                         capsys, what):
+    """The fork servers' socket folder path taken by a regular file (FileExistsError) or a
+    link to a folder: refused in one line naming it, as a folder of the wrong owner or
+    mode is, before any repeat; the file is left as it was."""
+    folder, config, dataset, model = trained
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("BITDRIFT_FRESH_WORKERS", raising=False)
+    sockets = tmp_path / f"bitdrift-forkserver-{os.getuid()}"
+    if what == "a file":
+        sockets.write_text("mine")
+    else:
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        sockets.symlink_to(tmp_path / "elsewhere")
+    out = tmp_path / "out" / "r.h5"
+    assert main(["infer", "--config", str(config), "--model", "m", "--device", "cpu",
+                 "--dataset-file", str(dataset), "--model-file", str(model),
+                 "--out", str(out)]) == 2
+    assert one_line_error(capsys) == (
+        f"bitdrift: error: {sockets} is {what}, not a folder private to this user; refusing "
+        "to look for fork servers there (remove it, or set BITDRIFT_FRESH_WORKERS=1)")
+    assert not out.exists() and _written(out.parent) == []
+    assert what == "a link" or sockets.read_text() == "mine"
+
+
+@pytest.mark.parametrize("attribute, value, why", [
+    ("labels", '{"d1": 0}', "attribute 'labels' is not a list of record names"),
+    ("entries/0:key", "5", "entries/0: attribute 'key' is not [model, inputs, sample, "
+                           "format, shape]"),
+    ("entries/0:key", '["m"]', "entries/0: attribute 'key' is not [model, inputs, sample, "
+                               "format, shape]")])
+def test_an_atlas_index_of_the_wrong_json_type_is_one_line(make_record, tmp_path, capsys,
+                                                           attribute, value, why):
+    """`identify --index` reads JSON from the index file: of another type, one line
+    naming the file (exit 3), not a TypeError or IndexError."""
+    first, second = make_record("d1", {0: repeats(A)}), make_record("d2", {0: repeats(B)})
+    index = tmp_path / "atlas.h5"
+    assert main(["index", str(first), str(second), "--out", str(index)]) == 0
+    group, _, name = attribute.rpartition(":")
+    with h5py.File(index, "r+") as handle:
+        (handle[group] if group else handle).attrs[name or attribute] = value
+    capsys.readouterr()
+    assert main(["identify", str(first), "--index", str(index)]) == 3
+    assert one_line_error(capsys) == \
+        f"bitdrift: error: {index}: not a readable atlas index ({why})"
+
+
+@pytest.mark.parametrize("meta", [[], {"layers": "conv2d", "checked": {}, "check_indices": [],
+                                       "argmax_indices": [], "model_sha256": "m"}])
+def test_an_export_reference_whose_meta_is_of_another_json_type_is_one_error(tmp_path, meta):
+    from bitdrift.errors import RecordError
+    from bitdrift.reference import read_reference
+
+    path = tmp_path / "reference.npz"
+    np.savez(path, meta=json.dumps(meta), argmax=np.zeros(2, np.int64))
+    with pytest.raises(RecordError) as refused:
+        read_reference(path)
+    assert str(refused.value).startswith(
+        f"{path}: not a bitdrift export reference, damaged or of another kind (ValueError: "
+        "its meta is not {layers, checked, check_indices, argmax_indices, model_sha256} of "
+        "JSON types list, dict, list, list, str)")

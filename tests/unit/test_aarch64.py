@@ -74,6 +74,14 @@ def _stand_in_qemu(folder, version):
     qemu.chmod(0o755)
 
 
+def _stand_in_userland(built):
+    """The files of a built userland that are looked for before a run (its python, its
+    site), empty: nothing here runs under QEMU."""
+    (built / "root" / aarch64.PYTHON).parent.mkdir(parents=True)
+    (built / "root" / aarch64.PYTHON).write_text("")
+    (built / "site").mkdir()
+
+
 def test_an_arm_device_refuses_qemu_older_than_8_and_a_missing_userland(tmp_path,
                                                                         monkeypatch):
     """QEMU 7.2 crashes in LiteRT and ONNX Runtime: an Arm device needs 10 or newer, and
@@ -102,7 +110,7 @@ def test_an_arm_device_refuses_a_userland_of_other_versions_or_runtimes(tmp_path
     monkeypatch.setattr("sys.prefix", str(tmp_path))
     _stand_in_qemu(tmp_path, "10.0.13 (Debian 1:10.0.13+ds-0+deb13u1)")
     built = aarch64.folder()
-    (built / "root").mkdir(parents=True)
+    _stand_in_userland(built)
     assert aarch64.installed() is None
     numpy_now = f"numpy=={metadata.version('numpy')}"
     pins = aarch64.requirements(("onnxruntime",))

@@ -33,3 +33,30 @@ def test_long_tables_show_the_first_rows_in_html_and_keep_all_in_csv(tmp_path):
 def test_an_intermediate_part_gets_no_html(tmp_path):
     write_csv(pd.DataFrame({"i": [1]}), tmp_path / "part.csv", html=False)
     assert [p.name for p in tmp_path.iterdir()] == ["part.csv"]
+
+
+def test_a_folder_output_replaces_the_old_one_whole_or_leaves_it_as_it_was(tmp_path):
+    """atomic_folder: the new folder takes the old one's place by renames; an error while
+    it is written leaves the old folder as it was and no staging folder beside it, and the
+    folders made for a failed command's outputs are removed again (output_group)."""
+    import pytest
+
+    from bitdrift.atomic import atomic_folder, output_group
+
+    out = tmp_path / "repro"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError), atomic_folder(out) as staging:
+        (staging / "new.txt").write_text("new")
+        raise RuntimeError("cut off")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["repro"]
+    assert [path.name for path in out.iterdir()] == ["old.txt"]
+    with atomic_folder(out) as staging:
+        (staging / "new.txt").write_text("new")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["repro"]
+    assert [path.name for path in out.iterdir()] == ["new.txt"]
+    deep = tmp_path / "a" / "b" / "t.csv"
+    with pytest.raises(RuntimeError), output_group():
+        write_csv([{"x": 1}], deep, columns=["x"])
+        raise RuntimeError("the command failed after writing")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["repro"]

@@ -95,6 +95,8 @@ def test_the_host_is_seen_natively():
 
 @pytest.mark.parametrize(("device", "message"), [
     ({"backend": "torch", "accelerator": "cpu", "emulate": "Skylake-Server-v4"},
+     "'Skylake-Server-v4' has AVX-512, which QEMU's TCG does not emulate"),
+    ({"backend": "torch", "accelerator": "cpu", "emulate": "Pentium-v9"},
      "not a CPU model QEMU emulates in full"),
     ({"backend": "torch", "accelerator": "gpu", "emulate": "Haswell-v4"},
      "an emulated CPU runs on the CPU"),
@@ -117,8 +119,36 @@ def test_the_schema_offers_only_models_qemu_emulates_in_full():
               "models": {"m": {"architecture": "cifar10_small", "dataset": "digits"}},
               "devices": {"d": {"accelerator": "cpu", "backend": "torch",
                                 "emulate": "Icelake-Server"}}}
-    with pytest.raises(ConfigError, match="devices.d.emulate"):
+    with pytest.raises(ConfigError, match="devices.d.emulate") as refused:
         validate_config(config)
+    # the refusal says why: a CPU with AVX-512, which TCG does not run (issue 51)
+    assert "'Icelake-Server' has AVX-512, which QEMU's TCG does not emulate" in \
+        str(refused.value)
+    config["devices"]["d"]["emulate"] = "Icelake"  # no such model: the accepted ones
+    with pytest.raises(ConfigError, match="is not one of the .* accepted values"):
+        validate_config(config)
+
+
+def test_the_models_refused_as_beyond_tcg_are_those_qemu_runs_without_their_sets():
+    """Each model the refusal names as having AVX-512, AMX, FMA4 or XOP is one that this
+    QEMU lists and warns, at start, that TCG runs without those sets (truth from QEMU)."""
+    import re
+
+    from bitdrift.emulation import BEYOND_TCG_MODELS, QEMU, qemu_path
+
+    qemu = qemu_path() or QEMU
+    listed = subprocess.run([qemu, "-cpu", "help"], capture_output=True,  # exits 1
+                            text=True).stdout.split()
+    checked = [name for name in BEYOND_TCG_MODELS if name in listed]
+    assert {"Skylake-Server", "Icelake-Server", "Opteron_G5"} <= set(checked), listed
+    for name in checked:
+        done = subprocess.run([qemu, "-cpu", name, "/bin/true"], capture_output=True,
+                              text=True, timeout=60)
+        lost = set(re.findall(r"TCG doesn't support requested feature: CPUID\.[^ ]*?\."
+                              r"([a-z0-9_-]+)", done.stderr))
+        for stated in BEYOND_TCG_MODELS[name].lower().split(" and "):
+            prefix = stated.replace("-", "")
+            assert any(feature.startswith(prefix) for feature in lost), (name, stated, lost)
 
 
 def test_qemu_missing_is_one_line_naming_the_fix(monkeypatch, tmp_path):

@@ -29,6 +29,21 @@ def test_every_domain_error_is_a_bitdrift_error():
         assert f"  {cls.exit_code}  " in errors.EXIT_CODES, name
 
 
+def test_the_documented_exit_statuses_are_those_the_command_line_lists():
+    """docs/layout.md's table of exit statuses and `bitdrift --help`'s (errors.EXIT_CODES)
+    say the same, status by status, and every error class's status is among them."""
+    import re
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "layout.md").read_text()
+    table = dict(re.findall(r"^\| (\d+) \| (.+?) \|$", docs, re.MULTILINE))
+    listed = dict(re.findall(r"^  (\d+)  (.+)$", errors.EXIT_CODES, re.MULTILINE))
+    assert table == listed and len(listed) >= 7
+    classes = [value for value in vars(errors).values()
+               if isinstance(value, type) and issubclass(value, errors.BitdriftError)]
+    assert {str(cls.exit_code) for cls in classes} <= set(listed)
+
+
 def test_errors_are_one_line_with_their_exit_code(tmp_path, capsys):
     missing = tmp_path / "missing.h5"
     assert main(["eqc", str(missing), "--out", str(tmp_path / "e.csv")]) == 3

@@ -61,11 +61,14 @@ def open_checked(args):
     return records
 
 
-def refuse_overwriting(inputs: dict, outputs: dict) -> None:
+def refuse_overwriting(inputs: dict, outputs: dict, folders=()) -> None:
     """No output may be an input (named or defaulted) or another output: `infer --out`
     equal to the default model file replaced the model with a record, and `eqc --out X
-    --layers-out X` wrote one table over the other. Both maps: flag -> path."""
+    --layers-out X` wrote one table over the other. Both maps: flag -> path. Each output
+    then passes bitdrift.atomic.check_output (a folder if its flag is in ``folders``)."""
     from pathlib import Path
+
+    from bitdrift.atomic import check_output
 
     seen = {}
     for flag, path in inputs.items():
@@ -81,3 +84,6 @@ def refuse_overwriting(inputs: dict, outputs: dict) -> None:
             what = "also an input" if other in inputs else f"also the output of {other}"
             raise ConfigError(f"{flag} {path} is {what} ({other}); refusing to overwrite it")
         seen[resolved] = flag
+    for flag, path in outputs.items():
+        if path:
+            check_output(flag, path, folder=flag in folders)

@@ -55,8 +55,6 @@ def cmd_plot_divergence(args) -> None:
 
 
 def cmd_plot_generations(args) -> None:
-    import json
-
     from bitdrift.atomic import read_table
     from bitdrift.eqc import EQC_COLUMNS
     from bitdrift.figures import plot_generations
@@ -64,9 +62,8 @@ def cmd_plot_generations(args) -> None:
 
     devices = {}
     for record in open_records(args.files):
-        config = json.loads(record.attr("device_config")) if record.has_attr(
-            "device_config") else {}
-        devices[record.device] = (record.attr("backend"), config.get("emulate") or "host")
+        emulated = record.json_attr("device_config", default={}).get("emulate")
+        devices[record.device] = (record.attr("backend"), str(emulated or "host"))
     plot_generations(read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"), devices, args.out)
 
 

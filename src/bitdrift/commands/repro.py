@@ -39,4 +39,4 @@ def add_commands(sub) -> None:
                    "earlier repro)")
     p.add_argument("--check", action="store_true", help="run both scripts and compare their "
                    "digests with the records (exit 1 unless both reproduce)")
-    p.set_defaults(func=cmd_repro)
+    p.set_defaults(func=cmd_repro, out_folder=True)
