@@ -321,12 +321,10 @@ class Record:
     def observer_check(self) -> dict | None:
         """The observer check the inference wrote (bitdrift.observer.observer_check), or
         None for a record without the deployed output."""
-        if not self.has_attr(OBSERVER_ATTR):
-            return None
-        try:
-            return json.loads(self.attr(OBSERVER_ATTR))
-        except ValueError as error:
-            raise self._fail(f"attribute {OBSERVER_ATTR!r} is not JSON ({error})") from error
+        found = self.json_attr(OBSERVER_ATTR)
+        if found is not None and not isinstance(found.get("program", ""), str):
+            raise self._fail(f"attribute {OBSERVER_ATTR!r}: 'program' is not text")
+        return found
 
     def has_deployed(self, sample: int) -> bool:
         """Whether the sample holds the deployed model's final output (the observer check)."""

@@ -240,3 +240,25 @@ def test_litert_names_the_nodes_a_delegate_took_when_only_the_final_output_is_kn
     deployed = nodes + [op(3, "DELEGATE", [0, 1], [4])]
     assert _delegated(instrumented) == _delegated(deployed) == {0, 1}
     assert _delegated(nodes) == set()  # no delegate: the built-in kernels
+
+
+@pytest.mark.parametrize("stored, message", [
+    ("[]", "attribute 'observer_check' is a list, not an object"),
+    ("not json", "attribute 'observer_check' is not JSON"),
+    ('{"program": 3}', "attribute 'observer_check': 'program' is not text")])
+def test_an_observer_check_of_the_wrong_type_is_refused_naming_the_file(tmp_path, stored,
+                                                                        message):
+    """A record from another tool may hold anything in `observer_check`: the reader
+    refuses it naming the file and the attribute, where it is read."""
+    import h5py
+
+    from bitdrift.errors import RecordError
+
+    base = np.array([[0.25, 0.5]], np.float32)
+    record = _record(tmp_path, "odd", {0: base}, deployed={0: base})
+    record.close()
+    with h5py.File(record.path, "r+") as handle:
+        handle.attrs["observer_check"] = stored
+    with pytest.raises(RecordError, match=f"{record.path}.*{message}"):
+        with Record(record.path) as reopened:
+            observer_table([reopened])
