@@ -21,7 +21,7 @@ import pandas as pd
 from bitdrift.backends import KNOBS
 from bitdrift.errors import RecordError
 from bitdrift.kernels import UNTRACED, divergence_kernels, record_signatures
-from bitdrift.record import Record
+from bitdrift.record import OUTPUT, Record
 
 MISSING = "missing"
 FLAG_PREFIX = "cpu.flags["
@@ -526,7 +526,7 @@ def class_table(records: list[Record], eqc: pd.DataFrame,
 
 # The kernels against the classes: kernel_coverage.csv
 COVERAGE_COLUMNS = ["model", "first_divergences", "kernels_differ", "same_kernels_other_settings",
-                    "unexplained", "untraced", "share_kernels_differ",
+                    "unexplained", "untraced", "deployed_only", "share_kernels_differ",
                     "share_same_kernels_other_settings", "share_unexplained",
                     "adjusted_rand_index_mean", "adjusted_rand_index_min",
                     "adjusted_rand_index_max", "traced_devices"]
@@ -537,7 +537,9 @@ def coverage(records, divergence, eqc) -> list[dict]:
     once: divergence.class_pairs), the share where the recorded kernels differ at that
     layer, where they are the same but another attribute differs
     (threads, batch size: same kernel, other blocking or reduction order), and the share
-    left unexplained; pairs with an untraced device are counted apart. And the adjusted
+    left unexplained; pairs with an untraced device are counted apart, and so are pairs
+    that part only at the deployed model's final output (every recorded layer agrees: the
+    instrumented and the deployed program differ, bitdrift.observer). And the adjusted
     Rand index between each traced device's kernel signature over all layers and its
     final-output class, per sample (mean, min, max)."""
     from sklearn.metrics import adjusted_rand_score
@@ -558,9 +560,11 @@ def coverage(records, divergence, eqc) -> list[dict]:
                     if not name.startswith(("kernel.", "order."))]
         part = class_pairs(table[table["model"] == model])  # each class pair once
         counts = {"kernels_differ": 0, "same_kernels_other_settings": 0, "unexplained": 0,
-                  "untraced": 0}
+                  "untraced": 0, "deployed_only": 0}
         for row in part.itertuples(index=False):
-            if row.kernels_differ == "yes":
+            if row.first_layer == OUTPUT:  # no recorded layer parts: no kernel to compare
+                counts["deployed_only"] += 1
+            elif row.kernels_differ == "yes":
                 counts["kernels_differ"] += 1
             elif row.kernels_differ == "no":
                 apart = attributes.loc[row.device_a, settings] != \
@@ -569,7 +573,7 @@ def coverage(records, divergence, eqc) -> list[dict]:
                 counts[key] += 1
             else:
                 counts["untraced"] += 1
-        traced_total = len(part) - counts["untraced"]
+        traced_total = len(part) - counts["untraced"] - counts["deployed_only"]
         signatures = {record.device: record_signatures(record) for record in group}
         traced = [device for device, value in signatures.items()
                   if value and not any(s.startswith(UNTRACED) for s in value.values())]

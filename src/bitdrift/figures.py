@@ -567,7 +567,8 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
                 return "n/a" if pd.isna(value) else f"{float(value):.0%}"
 
             ari = row["adjusted_rand_index_mean"]
-            traced = int(row["first_divergences"]) - int(row["untraced"])
+            deployed_only = int(row.get("deployed_only", 0) or 0)
+            traced = int(row["first_divergences"]) - int(row["untraced"]) - deployed_only
             takeaway = (f"Of {traced} first divergences between traced runtimes, the kernels "
                         f"differ in {share(row['share_kernels_differ'])}; the same kernels "
                         f"with other settings (threads, batch) in "
@@ -575,6 +576,8 @@ def plot_kernels(signatures: pd.DataFrame, eqc: pd.DataFrame, divergence: pd.Dat
                         f"{share(row['share_unexplained'])}"
                         + (f" ({int(row['untraced'])} more involve a runtime that names no "
                            "kernels: grey –)" if int(row["untraced"]) else "")
+                        + (f" ({deployed_only} more part only at the deployed model's output, "
+                           "every recorded layer agreeing)" if deployed_only else "")
                         + ". Kernels predict "
                         "the classes with adjusted Rand index "
                         f"{'n/a' if pd.isna(ari) else f'{float(ari):.2f}'} (1 = fully, 0 = "

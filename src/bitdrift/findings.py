@@ -184,12 +184,17 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
                                          shown.items()) + ".")
     for row in coverage.to_dict("records"):
         untraced = pd.to_numeric(pd.Series([row["untraced"]]), errors="coerce").fillna(0)[0]
+        deployed_only = int(pd.to_numeric(pd.Series([row.get("deployed_only", 0)]),
+                                          errors="coerce").fillna(0)[0])
         lines.append(f"{row['model']}: of {row['first_divergences']} first divergences the "
                      f"recorded kernels differ at {row['kernels_differ']}, the same kernels "
                      f"with other settings (threads, batch) at "
                      f"{row['same_kernels_other_settings']}, {row['unexplained']} unexplained"
                      + (f", {row['untraced']} involve a runtime that names no kernels "
-                        "(untraced)." if untraced else "."))
+                        "(untraced)" if untraced else "")
+                     + (f", {deployed_only} part only at the deployed model's final output, "
+                        "every recorded layer agreeing (the observer check below)"
+                        if deployed_only else "") + ".")
     return lines or ["No two classes: nothing parts."]
 
 
@@ -213,6 +218,12 @@ def order_phrase(order: str) -> str:
     import re
 
     order = str(order)
+    varies = re.match(r"^varies by position \((\d+) trees; searched at (.*) of (\d+x\d+)\): "
+                      r"(.*)$", order)
+    if varies:
+        return (f"in an order that varies with the output position ({varies[1]} trees, "
+                f"searched at {varies[2]} of the {varies[3]} grid: "
+                + "; ".join(_place_phrase(part) for part in varies[4].split("; ")) + ")")
     if order.startswith("by batch row: "):
         return "by batch row (" + "; ".join(
             f"{rows}: {order_phrase(name)}" for rows, name in
@@ -223,6 +234,22 @@ def order_phrase(order: str) -> str:
         if re.match(pattern, shape):
             return re.sub(pattern, words, shape) + _BIAS.get(bias, "")
     return f"in the order `{order}`"
+
+
+def _place_phrase(part: str) -> str:
+    """One part of a ``varies by position`` label (bitdrift.accumulation.order_name) as
+    words: ``other (height 8), bias last: 4 trees at 257/256/255/256 pixels`` -> ``4
+    trees, each 8 additions deep, ... over 257/256/255/256 pixels``."""
+    import re
+
+    unknown = re.match(r"^order unknown at (\d+) (pixels|places)$", part)
+    if unknown:
+        return f"the order is unknown at {unknown[1]} {unknown[2]}"
+    found = re.match(r"^(.*?)(?:: (\d+) trees)? at ([\d/]+) (pixels|places)$", part)
+    if not found:
+        return f"`{part}`"
+    trees = f"{found[2]} trees summing " if found[2] else "one tree summing "
+    return f"{trees}{order_phrase(found[1])}, over {found[3]} {found[4]}"
 
 
 def _replay_outcome(replay: str) -> tuple[str, str]:

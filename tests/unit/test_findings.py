@@ -182,7 +182,7 @@ def test_the_dendrogram_caption_reads_the_axis_as_the_figure_draws_it(make_recor
     records = open_records([str(path) for path in files])
     eqc = pd.DataFrame(eqc_tables(records)[0])
     figures.plot_eqc(eqc, records, tmp_path / "eqc.pdf")
-    (axes,) = [ax for ax in drawn[0].axes if ax.get_title() == "net (float32)"]
+    (axes,) = [ax for ax in drawn[0].axes if "remaining precision" in ax.get_xlabel()]
     ticks = {label.get_text(): position
              for position, label in zip(axes.get_xticks(), axes.get_xticklabels(), strict=True)}
     to_screen = axes.transData.transform
@@ -234,9 +234,11 @@ def test_kernel_pairs_tied_with_the_third_commonest_are_all_named():
     from bitdrift.findings import divergence
 
     counts = {("k1", "k2"): 3, ("k1", "k3"): 2, ("k2", "k3"): 1, ("k3", "k4"): 1}
-    table = pd.DataFrame([{"model": "m", "first_layer": "conv", "kernels_differ": "yes",
-                           "kernels_a": a, "kernels_b": b}
-                          for (a, b), count in counts.items() for _ in range(count)])
+    rows = [(a, b) for (a, b), count in counts.items() for _ in range(count)]
+    # each row a class pair of its own (a sample each): every one counts once
+    table = pd.DataFrame([{"model": "m", "sample": sample, "class_a": 1, "class_b": 2,
+                           "first_layer": "conv", "kernels_differ": "yes", "kernels_a": a,
+                           "kernels_b": b} for sample, (a, b) in enumerate(rows)])
     lines = divergence(table, pd.DataFrame())
     assert lines[1] == ("m: kernels at the first divergent layer, most often: `k1 vs k2` (3); "
                         "`k1 vs k3` (2); `k2 vs k3` (1); `k3 vs k4` (1).")
@@ -256,3 +258,31 @@ def test_an_explanation_says_when_it_is_weak_confounded_or_not_unique():
         "search; weak: one of these attributes has a value only one device holds; "
         "`kernel.dense_1` splits the devices as `kernel.dense_2` and `order.d` do; "
         "explain.csv lists 2 other sets of as many attributes that do as well)."]
+
+
+def test_an_order_that_varies_by_position_reads_as_words():
+    """A layer whose pixels sum in two trees (a hand-built map: even columns one tree, odd
+    columns the other, one pixel unknown): the sentence counts the trees, names the grid
+    and the places searched, gives each tree's pixels as counted from the map, and leaves
+    no table label."""
+    import numpy as np
+
+    from bitdrift.accumulation import from_flat, order_name
+    from bitdrift.findings import order_phrase
+
+    # 4 products and the bias (term 4), as to_flat keeps them
+    sequential = from_flat([[0, 1], [5, 2], [6, 3], [7, 4]], 5)
+    pairwise = from_flat([[0, 1], [2, 3], [5, 6], [7, 4]], 5)
+    maps = [["0101", "0101", "01.1"]]
+    places = {"grid": [3, 4], "searched": [[0, 1, 1], [0, 1, 2]], "maps": maps}
+    label = order_name([sequential, pairwise], places, bias=True)
+    phrase = order_phrase(label)
+    cells = np.array([list(line) for line in maps[0]])
+    counts = {symbol: int((cells == symbol).sum()) for symbol in "01."}
+    assert "varies by position" not in phrase and "height" not in phrase
+    assert phrase.startswith("in an order that varies with the output position (2 trees")
+    assert "searched at (1,1), (1,2) of the 3x4 grid" in phrase
+    assert f"sequentially, in index order, the bias added last, over {counts['0']} pixels" \
+        in phrase
+    assert f"over {counts['1']} pixels" in phrase and "pairwise" in phrase
+    assert f"the order is unknown at {counts['.']} pixels" in phrase

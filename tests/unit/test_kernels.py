@@ -282,12 +282,13 @@ def _records(tmp_path):
     from a at dense with a's kernels but 2 threads; e differs from a at dense with the same
     kernels and the same settings (nothing recorded explains it); f is untraced (an
     exported runtime) and differs at conv; g is d's class with a's settings (a against g
-    meets the classes of a and d a second time)."""
+    meets the classes of a and d a second time); h records a's layers and kernels, but its
+    deployed model's final output differs (the observer check's finding)."""
     import json
 
     import numpy as np
 
-    from bitdrift.record import open_records, write_record
+    from bitdrift.record import DEPLOYED, open_records, write_record
     from tests.utils import BASE_ATTRS
 
     conv = np.arange(8, dtype=np.float32).reshape(1, 1, 8)
@@ -297,7 +298,7 @@ def _records(tmp_path):
         "a": (0, 0, "brg_conv_fwd:avx2", 1, True), "b": (0, 0, "brg_conv_fwd:avx2", 1, True),
         "c": (1, 4, "jit:sse41", 1, True), "d": (0, 1, "brg_conv_fwd:avx2", 2, True),
         "e": (0, 2, "brg_conv_fwd:avx2", 1, True), "f": (3, 3, "", 1, False),
-        "g": (0, 1, "brg_conv_fwd:avx2", 1, True)}
+        "g": (0, 1, "brg_conv_fwd:avx2", 1, True), "h": (0, 0, "brg_conv_fwd:avx2", 1, True)}
     paths = []
     for device, (conv_change, dense_change, kernel, threads, traced) in devices.items():
         layers = [("conv", conv + conv_change * bump), ("dense", dense + dense_change * bump)]
@@ -315,6 +316,8 @@ def _records(tmp_path):
                  "backend": "torch" if traced else "onnxruntime",
                  "device_config": json.dumps({"threads": threads})}
         content = {"output": layers[-1][1], "layers": layers, "layer_classes": ["Conv2D", "Dense"]}
+        if device == "h":
+            content[DEPLOYED] = layers[-1][1] + 5 * bump
         write_record(path, attrs, {0: content}, kernels=kernels)
         paths.append(path)
     return open_records(paths)
@@ -344,15 +347,20 @@ def test_coverage_against_a_hand_count(tmp_path):
             parted.append(row)
     assert {(row.device_a, row.device_b) for row in parted} == {
         ("a", "c"), ("a", "d"), ("a", "e"), ("a", "f"), ("c", "d"), ("c", "e"), ("c", "f"),
-        ("d", "e"), ("d", "f"), ("e", "f")}  # a-g left out: the classes of a-d
+        ("d", "e"), ("d", "f"), ("e", "f"), ("a", "h"), ("c", "h"), ("d", "h"), ("e", "h"),
+        ("f", "h")}  # a-g left out: the classes of a-d
     assert ("a", "g") in set(zip(divergence["device_a"], divergence["device_b"], strict=True))
     expected = {"kernels_differ": 0, "same_kernels_other_settings": 0, "unexplained": 0,
-                "untraced": 0}
-    threads = {"a": 1, "b": 1, "c": 1, "d": 2, "e": 1, "g": 1}
-    kernel = {"a": "avx2", "b": "avx2", "c": "sse41", "d": "avx2", "e": "avx2", "g": "avx2"}
+                "untraced": 0, "deployed_only": 0}
+    threads = {"a": 1, "b": 1, "c": 1, "d": 2, "e": 1, "g": 1, "h": 1}
+    kernel = {"a": "avx2", "b": "avx2", "c": "sse41", "d": "avx2", "e": "avx2", "g": "avx2",
+              "h": "avx2"}
     for row in parted:
         a, b = row.device_a, row.device_b
-        if "f" in (a, b):
+        if {a, b} == {"a", "h"}:  # every recorded layer equal, the deployed outputs not
+            assert row.first_layer == "output"
+            expected["deployed_only"] += 1
+        elif "f" in (a, b):
             expected["untraced"] += 1
         elif row.first_layer == "conv" and kernel[a] != kernel[b]:
             expected["kernels_differ"] += 1
@@ -361,20 +369,20 @@ def test_coverage_against_a_hand_count(tmp_path):
         else:
             expected["unexplained"] += 1
     assert expected["kernels_differ"] and expected["same_kernels_other_settings"] \
-        and expected["unexplained"] and expected["untraced"]
+        and expected["unexplained"] and expected["untraced"] and expected["deployed_only"]
     (row,) = coverage(records, divergence, eqc)
     assert {key: row[key] for key in expected} == expected
     assert row["first_divergences"] == len(parted)
-    traced_total = len(parted) - expected["untraced"]
+    traced_total = len(parted) - expected["untraced"] - expected["deployed_only"]
     assert row["share_unexplained"] == pytest.approx(expected["unexplained"] / traced_total)
     # Kernel signatures (a,b,d,e,g share one; c another) against the classes {a,b}, c,
     # {d,g}, e: scikit-learn's adjusted Rand index of the same two labelings.
     from sklearn.metrics import adjusted_rand_score
 
-    classes = eqc.set_index("device").loc[["a", "b", "c", "d", "e", "g"], "eqc"].tolist()
+    classes = eqc.set_index("device").loc[["a", "b", "c", "d", "e", "g", "h"], "eqc"].tolist()
     assert row["adjusted_rand_index_mean"] == pytest.approx(
-        adjusted_rand_score(classes, [0, 0, 1, 0, 0, 0]))
-    assert row["traced_devices"] == 6
+        adjusted_rand_score(classes, [0, 0, 1, 0, 0, 0, 0]))
+    assert row["traced_devices"] == 7
     table = pd.DataFrame(divergence)
     assert set(table.loc[table["device_b"] == "c", "kernels_differ"]) == {"yes"}
 

@@ -44,7 +44,8 @@ def cmd_kernels(args) -> None:
             print(f"bitdrift: {row['model']}: {row['first_divergences']} first divergences; "
                   f"kernels differ {row['kernels_differ']}, same kernels but other settings "
                   f"{row['same_kernels_other_settings']}, unexplained {row['unexplained']}, "
-                  f"untraced {row['untraced']}; adjusted Rand index (kernel signature, "
+                  f"untraced {row['untraced']}, only at the deployed output "
+                  f"{row['deployed_only']}; adjusted Rand index (kernel signature, "
                   f"class) {_rounded(row['adjusted_rand_index_mean'])}")
     if args.orders_out:
         from bitdrift.accumulation import TABLE_COLUMNS as ORDER_COLUMNS
