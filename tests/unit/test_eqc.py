@@ -170,7 +170,8 @@ def test_remaining_precision_without_the_device_its_check_flags(make_record):
 
     exact = np.array([1.1, -2.3, 3.7], np.float32)
     bf16 = (exact.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)  # truncated
-    flagged = json.dumps({"dense": {"reduced": True, "format": "bfloat16"}})
+    flagged = json.dumps({"dense": {"reduced": True, "format": "bfloat16",
+                                    "effective_bits": 7.6}})
     paths = [make_record("f1", {0: repeats(exact)}), make_record("f2", {0: repeats(exact)}),
              make_record("bf", {0: repeats(bf16)}, effective_precision=flagged)]
     row = precision_table(open_records(paths)).set_index("layer").loc["output"]
