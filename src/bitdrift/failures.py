@@ -52,14 +52,16 @@ def end_of_run(paths, stream=sys.stderr, findings=None, stale=(),
     failed = [found for found in map(read_failure, paths) if found is not None]
     analysed = paths if analysed is None else analysed
     ran = [path for path in analysed if Path(path).exists() and read_failure(path) is None]
+    analysed_failed = [found for found in failed if found["path"] in set(map(str, analysed))]
+    none_ran = not ran and bool(analysed_failed)
     if failed:
-        print(f"bitdrift: {len(failed)} device(s) failed; the tables, figures and report "
-              "hold the others:", file=stream)
+        print(f"bitdrift: {len(failed)} device(s) failed; " + (
+            "no device ran, so the analyses had nothing to read:" if none_ran
+            else "the tables, figures and report hold the others:"), file=stream)
         for found in failed:
             print(f"  {found['device']} (model {found['model']}): {found['reason']} "
                   f"[log: {found['log']}]", file=stream)
-        analysed_failed = [found for found in failed if found["path"] in set(map(str, analysed))]
-        if findings is not None and not ran and analysed_failed:
+        if findings is not None and none_ran:
             write_no_device_findings(analysed_failed, len(analysed), findings)
             removed = [str(path) for path in stale if Path(path).exists()]
             for path in removed:
