@@ -45,9 +45,11 @@ include: "rules/batching.smk"
 # retries it, and ends non-zero. When no device ran, findings.md says so in place of an
 # earlier run's answer.
 onsuccess:
-    write_report()
-    if end_of_run(scheduled_record_files(), **answer_files()):
-        sys.exit(1)
+    try:
+        write_report()
+    finally:
+        if end_of_run(scheduled_record_files(), **answer_files()):
+            sys.exit(1)
 
 
 onerror:

@@ -1028,13 +1028,24 @@ def checked_orders(found, wrong: Callable[[str], Exception]) -> dict | None:
         for index, nodes in enumerate(trees):
             if not isinstance(nodes, list) or not all(isinstance(node, list) for node in nodes):
                 raise wrong(f"layer {layer!r}: tree {index} is not a list of nodes")
+            used: set[int] = set()
             for number, node in enumerate(nodes):
+                if len(node) < 2:
+                    raise wrong(f"layer {layer!r}: tree {index}, node {number} adds fewer "
+                                "than two operands")
                 for child in node:
                     if isinstance(child, bool) or not isinstance(child, int) \
                             or not 0 <= child < terms + number:
                         raise wrong(f"layer {layer!r}: tree {index}, node {number}: child "
                                     f"{child!r} is neither a term (0..{terms - 1}) nor an "
                                     "earlier node")
+                    if child in used:  # a sum holds each term and partial sum once
+                        raise wrong(f"layer {layer!r}: tree {index}, node {number}: child "
+                                    f"{child} is added a second time")
+                    used.add(child)
+            if nodes and set(range(terms, terms + len(nodes) - 1)) - used:
+                raise wrong(f"layer {layer!r}: tree {index}: its nodes do not meet in one "
+                            "sum")
     return found
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from bitdrift.errors import BitdriftError
 from bitdrift.record import read_failure, write_failure
 
 TABLE_COLUMNS = ["model", "device", "backend", "reason", "log"]
@@ -61,17 +62,24 @@ def end_of_run(paths, stream=sys.stderr, findings=None, stale=(),
         for found in failed:
             print(f"  {found['device']} (model {found['model']}): {found['reason']} "
                   f"[log: {found['log']}]", file=stream)
-        if findings is not None and none_ran:
-            write_no_device_findings(analysed_failed, len(analysed), findings)
-            removed = [str(path) for path in stale if Path(path).exists()]
-            for path in removed:
-                Path(path).unlink()
-            print(f"bitdrift: no device ran, so there are no classes, tables or figures: "
-                  f"{findings} says so" + (f"; removed the earlier run's {', '.join(removed)}"
-                                           if removed else ""), file=stream)
+        # First, so that whatever fails below, the next run retries the failed devices
         for found in failed:
             Path(found["path"]).unlink(missing_ok=True)
         print("bitdrift: the next run tries the failed devices again", file=stream)
+        if findings is not None and none_ran:
+            try:
+                write_no_device_findings(analysed_failed, len(analysed), findings)
+                removed = [str(path) for path in stale if Path(path).exists()]
+                for path in removed:
+                    Path(path).unlink()
+            except (BitdriftError, OSError) as error:
+                print(f"bitdrift: no device ran, and {findings} could not be rewritten to say "
+                      f"so: {error}", file=stream)
+            else:
+                print("bitdrift: no device ran, so this run has no classes, tables or figures: "
+                      f"{findings} says so" + (f"; removed the earlier run's "
+                                               f"{', '.join(removed)}" if removed else ""),
+                      file=stream)
     return failed
 
 

@@ -267,14 +267,18 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                                           sample_images, device["precision"]) \
         if layers else None
     orders = meta.get("orders")
-    if orders and layers:
+    if orders:
         from bitdrift.accumulation import replay_layers
 
-        per_sample = [dict(content["layers"]) for content in samples_content.values()]
-        first = {name: np.stack([outputs[name][0] for outputs in per_sample])
-                 for name in layer_names}  # repeat 0 of every sample
-        orders = replay_layers(orders, meta.get("checked", {}), weights, first,
-                               device["precision"], sample_images.astype(np.float32))
+        # Every revealed order is named; without recorded layers there is nothing to
+        # replay it against, and replay_layers says so per layer
+        first = {}
+        if layers:
+            per_sample = [dict(content["layers"]) for content in samples_content.values()]
+            first = {name: np.stack([outputs[name][0] for outputs in per_sample])
+                     for name in layer_names}  # repeat 0 of every sample
+        orders = replay_layers(orders, meta.get("checked", {}) if layers else {}, weights,
+                               first, device["precision"], sample_images.astype(np.float32))
     finding = describe_reduced(effective or {}, device, device_name, model_name)
     if finding:
         print(finding, file=log, flush=True)

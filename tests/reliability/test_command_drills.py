@@ -658,6 +658,16 @@ WRONG_ORDERS = {
     "a node out of range": (_orders([[0, 1], [5, 2]], "sequential"),
                             "is not an order record (layer 'dense': tree 0, node 1: child 5 "
                             "is neither a term (0..2) nor an earlier node)"),
+    "a node of one operand": (_orders([[0], [3, 1]], "sequential"),
+                              "is not an order record (layer 'dense': tree 0, node 0 adds "
+                              "fewer than two operands)"),
+    "a term added twice": (_orders([[0, 1], [3, 1]], "sequential"),
+                           "is not an order record (layer 'dense': tree 0, node 1: child 1 "
+                           "is added a second time)"),
+    "two sums that never meet": ({"dense": {**_orders(SEQUENTIAL, "sequential")["dense"],
+                                            "terms": 4, "trees": [[[0, 1], [2, 3]]]}},
+                                 "is not an order record (layer 'dense': tree 0: its nodes do "
+                                 "not meet in one sum)"),
     "a place map naming no tree": (
         {"dense": {**_orders(SEQUENTIAL, "sequential")["dense"],
                    "places": {"grid": [1, 1], "searched": [[0, 0, 0]], "maps": [["1"]]}}},

@@ -332,3 +332,24 @@ def test_a_truncated_reference_is_one_line(assets, tmp_path):
     with pytest.raises(RecordError, match=r"not a bitdrift export reference, damaged or of "
                        r"another kind \(BadZipFile.*snakemake --forcerun export_reference"):
         run(assets, tmp_path, "ort", {**CPU, "backend": "onnxruntime"}, reference=truncated)
+
+
+def test_without_recorded_layers_the_revealed_orders_are_named_and_read(assets, tmp_path):
+    """`analysis.layers: false` with kernels on: an exported runtime still reveals its
+    orders; each is named (there is no recorded layer to replay it against, and the record
+    says so), and the record reads back through the checked reader, every order a phrase."""
+    folder, dataset, model, _ = assets
+    out = tmp_path / "no_layers.h5"
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="small", device_name="ort", device={**CPU, **DEVICES["onnxruntime"]},
+              model_path=model, dataset_path=dataset, samples=SAMPLES, out=out, log=log,
+              layers=False, reference=folder / "reference.npz",
+              export=folder / FILES["onnxruntime"],
+              deployed_export=folder / DEPLOYED_FILES["onnxruntime"])
+    with Record(out) as record:
+        orders = record.accumulation_orders
+        assert orders  # the order search ran
+        for layer, entry in orders.items():
+            assert entry["order"], layer
+            if entry["order"] != "not revealed":
+                assert entry["replay"] == "not replayed: its input is not recorded", layer

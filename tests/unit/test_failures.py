@@ -138,3 +138,19 @@ def test_one_device_that_ran_keeps_the_findings_to_the_analysis(tmp_path, capsys
     end_of_run([never_started], sys.stderr, findings=findings, stale=[report])
     assert findings.read_text() == "earlier" and report.read_text() == "earlier"
     assert "no device ran" not in capsys.readouterr().err
+
+
+def test_findings_that_cannot_be_written_still_leave_the_failures_cleared(tmp_path, capsys):
+    """No device ran and findings.md cannot be written (a file stands where its folder
+    goes): one line says so, and the failure records are removed all the same, so the next
+    run retries the devices."""
+    from bitdrift.record import write_failure
+
+    failed = tmp_path / "failed.h5"
+    write_failure(failed, ATTRS, "exit 139")
+    (tmp_path / "results").write_text("a file, not a folder")
+    findings = tmp_path / "results" / "findings.md"
+    end_of_run([failed], sys.stderr, findings=findings, stale=[])
+    said = capsys.readouterr().err
+    assert f"{findings} could not be rewritten to say so" in said
+    assert not failed.exists()
