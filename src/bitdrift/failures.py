@@ -52,7 +52,10 @@ def end_of_run(paths, stream=sys.stderr, findings=None, stale=(),
     and the ``stale`` files (the report, findings.rst) are removed."""
     failed = [found for found in map(read_failure, paths) if found is not None]
     analysed = paths if analysed is None else analysed
-    ran = [path for path in analysed if Path(path).exists() and read_failure(path) is None]
+    # Each file is opened once: an analysed path among ``paths`` was read above
+    failed_paths, scanned = {found["path"] for found in failed}, set(map(str, paths))
+    ran = [path for path in analysed if Path(path).exists() and str(path) not in failed_paths
+           and (str(path) in scanned or read_failure(path) is None)]
     analysed_failed = [found for found in failed if found["path"] in set(map(str, analysed))]
     none_ran = not ran and bool(analysed_failed)
     if failed:
