@@ -4,11 +4,11 @@
 
 CARRIED holds what the GPU machine cannot make without TensorFlow or a network:
 ``reference.npz`` (TensorFlow's reference of the reference model: `bitdrift export`) and
-``model.onnx`` and ``deployed.onnx`` (its exports, for ONNX Runtime on the host CPU). The reference model and its
-inputs come from the package (bitdrift.reference_set). Every device below runs through
-`bitdrift infer` (all repeats, the traced repeat, the orders), one record each under
-OUT/records; OUT gets ``records.tar.gz`` and ``log.txt``. `bitdrift atlas add` turns the
-records into the machine's atlas entry where the analysis is installed.
+``model.onnx`` and ``deployed.onnx`` (its exports, for ONNX Runtime on the host CPU). The
+reference model and its inputs come from the package (bitdrift.reference_set). Every device
+below runs through `bitdrift infer` (all repeats, the traced repeat, the orders), one
+record each under OUT/records; OUT gets ``records.tar.gz`` and ``log.txt``. `bitdrift atlas
+add` turns the records into the machine's atlas entry where the analysis is installed.
 
 The devices are the study's GPU questions for the reference model on torch (Keras' torch
 backend): TF32 as torch sets it (convolutions with, matmuls without), TF32 everywhere and
