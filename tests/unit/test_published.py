@@ -174,6 +174,10 @@ def test_an_existing_record_or_other_samples_are_refused_in_one_line(imported, t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "exists; refusing to overwrite it" in err[0]
     assert (imported / MODEL / "aws-gpu-g3s.xlarge-Tesla_M60.h5").read_bytes() == before
+    # nor into the folder it reads
+    assert main(["import-published", str(DATA), "--out", str(DATA)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is also an input" in err[0]
     # --datasets: a samples.npy that is not the published one
     samples = tmp_path / "datasets" / "cifar10" / "samples.npy"
     samples.parent.mkdir(parents=True)
