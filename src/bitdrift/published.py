@@ -207,6 +207,8 @@ def import_published(folder: str | Path, out: str | Path,
     folder = Path(folder)
     if not folder.is_dir():
         raise RecordError(f"{folder}: not a folder (give their {RESULTS})")
+    if (folder / RESULTS).is_dir():  # the clone itself
+        raise RecordError(f"{folder}: the repository; give its {folder / RESULTS}")
     paths = sorted(folder.glob("**/*.json"))
     if not paths:
         raise RecordError(f"{folder}: no published record (*.json) in it; give their {RESULTS}")

@@ -178,6 +178,12 @@ def test_an_existing_record_or_other_samples_are_refused_in_one_line(imported, t
     assert main(["import-published", str(DATA), "--out", str(DATA)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is also an input" in err[0]
+    # their clone's root, not its results
+    clone = tmp_path / "unaNNticipated"
+    shutil.copytree(DATA, clone / "experiments" / "results" / "equivalence_classes")
+    assert main(["import-published", str(clone), "--out", str(tmp_path / "out")]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "experiments/results/equivalence_classes" in err[0]
     # --datasets: a samples.npy that is not the published one
     samples = tmp_path / "datasets" / "cifar10" / "samples.npy"
     samples.parent.mkdir(parents=True)
