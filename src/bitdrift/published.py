@@ -121,6 +121,10 @@ def read_published(path: Path) -> dict:
     for key in ("cpu_info", "device"):
         if not isinstance(found.get(key), dict):
             raise _refuse(path, f"{key!r} is missing or not an object")
+    if not isinstance(found["cpu_info"].get("flags", []), list):
+        raise _refuse(path, "'cpu_info.flags' is not a list")
+    if not isinstance(found["device"].get("physical_description", {}), dict):
+        raise _refuse(path, "'device.physical_description' is not an object")
     prediction = _array(path, found.get("prediction"), "prediction").reshape(1, -1)
     runs = prediction
     if "all_predictions" in found:
@@ -134,8 +138,7 @@ def read_published(path: Path) -> dict:
                           f"times in 'all_predictions', the file says {found.get('count')!r}")
     return {"path": path, "cloud": cloud, "kind": kind, "host": name["host"],
             "device_name": name["device"], "model": name["model"],
-            "sample": int(name["sample"]), "runs": runs, "prediction": prediction[0],
-            "json": found}
+            "sample": int(name["sample"]), "runs": runs, "json": found}
 
 
 def device_name(cloud: str, kind: str, host: str, device: str) -> str:
