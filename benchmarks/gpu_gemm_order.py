@@ -324,6 +324,7 @@ def one_case(torch, device, op, precision, kernel, bias, inputs, params) -> dict
         replays["mmasim"] = same_bits(values[known], actual[known])
         case["mmasim tree"] = shapes
     case["bit-identical values"] = replays
+    case["mismatches"] = {name: total - same for name, same in replays.items()}
     case["reproduced by"] = [name for name, same in replays.items() if same == total] or \
         ["none"]
     return case
