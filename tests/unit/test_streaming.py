@@ -108,3 +108,108 @@ def test_remaining_precision_rows_stream(big_records):
         assert row["n_eqc"] == len({bytes(line) for line in bits.view(np.uint8)})
         differing = np.bitwise_or.reduce(bits ^ bits[0], axis=0)
         assert row["remaining_precision"] == 23 - int(differing.max()).bit_length()
+
+
+# -- the export reference ---------------------------------------------------------------------
+CONVS, FILTERS, SIDE, TEST_IMAGES = 6, 64, 32, 96
+PER_IMAGE = CONVS * SIDE * SIDE * FILTERS * 4  # every Conv2D layer's output of one image
+REFERENCE_CODE = f"""
+import json, resource, sys
+import keras, numpy as np
+from bitdrift import export
+from bitdrift.datasets import read_test_images
+from bitdrift.models import layer_probe
+
+model_path, dataset, out, batch_bytes, check_elements = sys.argv[1:6]
+keras.utils.set_random_seed(0)
+x = inputs = keras.Input((32, 32, 3))
+for _ in range({CONVS}):
+    x = keras.layers.Conv2D({FILTERS}, 3, padding="same", activation="relu")(x)
+x = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(x))
+keras.Model(inputs, x).save(model_path)
+model = keras.saving.load_model(model_path)
+probe, _ = layer_probe(keras, model)
+images = read_test_images(dataset, list(range({TEST_IMAGES}))).astype("float32")
+# the truth, computed apart: every layer on the check images, and the classes
+truth = [keras.ops.convert_to_numpy(v) for v in probe(images[:export.CHECK_IMAGES])]
+classes = np.concatenate([np.argmax(keras.ops.convert_to_numpy(model(images[i:i + 8])), -1)
+                          for i in range(0, len(images), 8)])
+np.savez(out + ".truth.npz", classes=classes, *truth)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+export.REFERENCE_BATCH_BYTES, export.CHECK_ELEMENTS = int(batch_bytes), int(check_elements)
+export.write_reference(model_path, dataset, out)
+print(json.dumps({{"grew": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+                  * 1024}}))
+"""
+
+
+def write_reference_in_tensorflow(tmp_path, batch_bytes: int, check_elements: int):
+    """A model of CONVS 32x32x64 Conv2D layers, its reference written by
+    bitdrift.export in a TensorFlow process; (how much its peak RSS grew while writing it,
+    the reference's path, the truth computed there by Keras apart from it)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from bitdrift.datasets import prepare_dataset
+
+    dataset = tmp_path / "digits.h5"
+    prepare_dataset("digits", {"source": "digits", "limit_train": 8,
+                               "limit_test": TEST_IMAGES}, dataset)
+    out = tmp_path / "reference.npz"
+    said = subprocess.run(
+        [sys.executable, "-c", REFERENCE_CODE, str(tmp_path / "convs.keras"), str(dataset),
+         str(out), str(batch_bytes), str(check_elements)], check=True, capture_output=True,
+        text=True, env={**os.environ, "KERAS_BACKEND": "tensorflow",
+                        "TF_CPP_MIN_LOG_LEVEL": "3"})
+    grew = json.loads(said.stdout.strip().splitlines()[-1])["grew"]
+    with np.load(f"{out}.truth.npz") as data:
+        truth = [data[f"arr_{index}"] for index in range(CONVS + 2)]
+        classes = data["classes"]
+    return grew, out, truth, classes
+
+
+def test_the_export_reference_is_written_in_bounded_memory(tmp_path):
+    """The reference of a model whose layers hold PER_IMAGE bytes an image: with batches
+    of 2 images and 2**14 check values a layer, writing it grows the process by far less
+    than the 64-image batch it ran in (96 MB of outputs held at once) or every layer in
+    full; what it keeps is Keras' own values at every stride-th place, the layers'
+    largest magnitudes and the classes, and a runtime's outputs still map by it."""
+    from bitdrift.reference import mapped_positions, read_reference
+
+    grew, out, truth, classes = write_reference_in_tensorflow(tmp_path, 2 * PER_IMAGE,
+                                                              2**14)
+    assert grew < 64 * PER_IMAGE / 3, grew
+    reference = read_reference(out)
+    assert list(reference.argmax) == list(classes)
+    assert reference.check_strides[:CONVS] == [32] * CONVS  # 8 x 32 x 32 x 64 / 2**14
+    assert reference.check_strides[CONVS:] == [1, 1]  # the pooling and the Dense: whole
+    for position, full in enumerate(truth):
+        assert reference.check_shape(position) == full.shape
+        stride = reference.stride(position)
+        kept = full.reshape(len(full), -1)[:, ::stride]
+        scale = np.abs(full).max()
+        # batches of 2 against one of 8: a convolution may round its last bits otherwise
+        assert np.abs(reference.check_outputs[position] - kept).max() <= 1e-5 * scale
+        if stride > 1:
+            assert reference.check_scales[position] == pytest.approx(scale, rel=1e-5)
+    assert mapped_positions(truth, reference) == ["float32"] * len(truth)
+    swapped = [truth[1], truth[0], *truth[2:]]  # another layer's values of the same shape
+    assert mapped_positions(swapped, reference)[:2] == [None, None]
+
+
+def test_a_reference_whose_sampling_is_damaged_is_refused_in_one_line(tmp_path):
+    import json
+
+    from bitdrift.errors import RecordError
+    from bitdrift.reference import read_reference
+
+    meta = {"layers": [["conv", "Conv2D"]], "checked": {}, "check_indices": [0],
+            "argmax_indices": [0], "model_sha256": "m", "check_shapes": [[1, 4]],
+            "check_strides": [0], "check_scales": [1.0]}
+    path = tmp_path / "reference.npz"
+    np.savez(path, meta=json.dumps(meta), argmax=np.zeros(1), **{"check/0": np.zeros((1, 4))})
+    with pytest.raises(RecordError, match=r"reference.npz: not a bitdrift export reference.*"
+                                          r"check_strides are not counts.*export_reference"):
+        read_reference(path)
