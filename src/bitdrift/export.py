@@ -9,8 +9,9 @@ TensorFlow processes write ``results/exports/<model>/`` (one job per file):
 - ``deployed.onnx`` and ``deployed.tflite``: the model itself, its final output alone, as
   a user deploys it (the observer check, bitdrift.observer: each runtime also runs it);
 - ``reference.npz``: the recorded layers, what the effective-precision check needs, every
-  layer's TensorFlow float32 output on the first test images (the layer-mapping check) and
-  TensorFlow's class for the first test images (the argmax check).
+  layer's TensorFlow float32 output on the first test images (the layer-mapping check; of
+  a large layer a regular sample of its values, see write_reference) and TensorFlow's
+  class for the first test images (the argmax check).
 
 What is exported is the layer probe (:func:`bitdrift.models.layer_probe`): a model with one
 output per recorded layer, in the probe's order, so a runtime's outputs map to Keras layers
