@@ -107,11 +107,11 @@ def write_reference(model_path: str | Path, dataset_path: str | Path,
     Memory stays about REFERENCE_BATCH_BYTES whatever the model: the images are run in
     batches whose every layer's outputs fit in it (Keras' eager call keeps each layer's
     output until the call ends: 64 images of a ResNet-50 at 224 held 10 GB), and of a
-    layer larger than CHECK_ELEMENTS over the check images the reference keeps every
+    layer larger than its share of CHECK_BYTES the reference keeps every
     ``stride``-th value per image and the layer's largest magnitude (reference.mapped_
-    positions compares those): a ResNet-50 at 224's reference held every layer in full
-    (1.28 GB) and 12 GB while writing it. A small model (the default's) runs in one batch
-    and keeps every value, as before."""
+    positions compares those), about CHECK_BYTES in all: a ResNet-50 at 224's reference
+    held every layer in full (1.28 GB) and 12 GB while writing it. A small model (the
+    default's) runs in one batch and keeps every value, as before."""
     from bitdrift.backends.keras_common import checked_layers
     from bitdrift.models import model_digest
 
@@ -120,7 +120,8 @@ def write_reference(model_path: str | Path, dataset_path: str | Path,
     check_indices = list(range(min(CHECK_IMAGES, n_test)))
     argmax_indices = list(range(min(ARGMAX_IMAGES, n_test)))
     batch = _batch_for(keras, probe, dataset_path)
-    sampled = _SampledOutputs(len(layers), len(check_indices))
+    sampled = _SampledOutputs(len(layers), len(check_indices),
+                              max(CHECK_FLOOR, CHECK_BYTES // 4 // max(len(layers), 1)))
     for start in range(0, len(check_indices), batch):
         images = read_test_images(dataset_path, check_indices[start:start + batch])
         sampled.add([keras.ops.convert_to_numpy(value) for value in
@@ -143,10 +144,12 @@ def write_reference(model_path: str | Path, dataset_path: str | Path,
 
 
 # The reference's memory, whatever the model (write_reference): the images of one batch
-# with every layer's outputs, and the check values kept of a layer over the check images
-REFERENCE_BATCH_BYTES = 256 * 2**20
+# with every layer's outputs; the check values kept over all layers (a layer keeps at
+# least CHECK_FLOOR values over the check images, in full where it has no more)
+REFERENCE_BATCH_BYTES = 512 * 2**20
 ARGMAX_BATCH = 64  # images per call at most (the batch of a small model, as before)
-CHECK_ELEMENTS = 2**20
+CHECK_BYTES = 64 * 2**20
+CHECK_FLOOR = 2**16
 
 
 def _batch_for(keras, probe, dataset_path) -> int:
@@ -162,11 +165,11 @@ def _batch_for(keras, probe, dataset_path) -> int:
 
 class _SampledOutputs:
     """The check values of each layer, batch by batch: in full where the layer holds at
-    most CHECK_ELEMENTS over the check images, else every ``stride``-th value of each
+    most ``cap`` values over the check images, else every ``stride``-th value of each
     image's (its largest magnitude kept over all of them)."""
 
-    def __init__(self, layers: int, images: int):
-        self.images = images
+    def __init__(self, layers: int, images: int, cap: int):
+        self.images, self.cap = images, cap
         self.parts: list[list[np.ndarray]] = [[] for _ in range(layers)]
         self.shapes: list[list[int] | None] = [None] * layers
         self.strides = [1] * layers
@@ -177,7 +180,7 @@ class _SampledOutputs:
             if self.shapes[position] is None:
                 per_image = int(np.prod(value.shape[1:]))
                 self.shapes[position] = [self.images, *map(int, value.shape[1:])]
-                self.strides[position] = max(1, -(-per_image * self.images // CHECK_ELEMENTS))
+                self.strides[position] = max(1, -(-per_image * self.images // self.cap))
             stride = self.strides[position]
             if stride > 1:
                 self.scales[position] = max(self.scales[position], float(np.max(np.abs(

@@ -120,7 +120,7 @@ from bitdrift import export
 from bitdrift.datasets import read_test_images
 from bitdrift.models import layer_probe
 
-model_path, dataset, out, batch_bytes, check_elements = sys.argv[1:6]
+model_path, dataset, out, batch_bytes, check_bytes = sys.argv[1:6]
 keras.utils.set_random_seed(0)
 x = inputs = keras.Input((32, 32, 3))
 for _ in range({CONVS}):
@@ -136,14 +136,15 @@ classes = np.concatenate([np.argmax(keras.ops.convert_to_numpy(model(images[i:i 
                           for i in range(0, len(images), 8)])
 np.savez(out + ".truth.npz", classes=classes, *truth)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-export.REFERENCE_BATCH_BYTES, export.CHECK_ELEMENTS = int(batch_bytes), int(check_elements)
+export.REFERENCE_BATCH_BYTES, export.CHECK_BYTES = int(batch_bytes), int(check_bytes)
+export.CHECK_FLOOR = 1
 export.write_reference(model_path, dataset, out)
 print(json.dumps({{"grew": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
                   * 1024}}))
 """
 
 
-def write_reference_in_tensorflow(tmp_path, batch_bytes: int, check_elements: int):
+def write_reference_in_tensorflow(tmp_path, batch_bytes: int, check_bytes: int):
     """A model of CONVS 32x32x64 Conv2D layers, its reference written by
     bitdrift.export in a TensorFlow process; (how much its peak RSS grew while writing it,
     the reference's path, the truth computed there by Keras apart from it)."""
@@ -160,7 +161,7 @@ def write_reference_in_tensorflow(tmp_path, batch_bytes: int, check_elements: in
     out = tmp_path / "reference.npz"
     said = subprocess.run(
         [sys.executable, "-c", REFERENCE_CODE, str(tmp_path / "convs.keras"), str(dataset),
-         str(out), str(batch_bytes), str(check_elements)], check=True, capture_output=True,
+         str(out), str(batch_bytes), str(check_bytes)], check=True, capture_output=True,
         text=True, env={**os.environ, "KERAS_BACKEND": "tensorflow",
                         "TF_CPP_MIN_LOG_LEVEL": "3"})
     grew = json.loads(said.stdout.strip().splitlines()[-1])["grew"]
@@ -172,14 +173,15 @@ def write_reference_in_tensorflow(tmp_path, batch_bytes: int, check_elements: in
 
 def test_the_export_reference_is_written_in_bounded_memory(tmp_path):
     """The reference of a model whose layers hold PER_IMAGE bytes an image: with batches
-    of 2 images and 2**14 check values a layer, writing it grows the process by far less
+    of 2 images and 2**14 check values a layer (the model's 8 layers share 8 x 2**14
+    values' bytes, CHECK_BYTES), writing it grows the process by far less
     than the 64-image batch it ran in (96 MB of outputs held at once) or every layer in
     full; what it keeps is Keras' own values at every stride-th place, the layers'
     largest magnitudes and the classes, and a runtime's outputs still map by it."""
     from bitdrift.reference import mapped_positions, read_reference
 
     grew, out, truth, classes = write_reference_in_tensorflow(tmp_path, 2 * PER_IMAGE,
-                                                              2**14)
+                                                              4 * 8 * 2**14)
     assert grew < 64 * PER_IMAGE / 3, grew
     reference = read_reference(out)
     assert list(reference.argmax) == list(classes)
