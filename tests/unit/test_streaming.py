@@ -215,3 +215,22 @@ def test_a_reference_whose_sampling_is_damaged_is_refused_in_one_line(tmp_path):
     with pytest.raises(RecordError, match=r"reference.npz: not a bitdrift export reference.*"
                                           r"check_strides are not counts.*export_reference"):
         read_reference(path)
+
+
+def test_the_class_tables_stream(big_records):
+    """eqc.csv and eqc_layers.csv (eqc_tables): per layer each device's class, one layer
+    over all devices at a time; the classes are those of the files' bytes."""
+    from bitdrift.eqc import eqc_tables
+
+    records = open_records(big_records)
+    (final, layers), peak = peak_of(eqc_tables, records)
+    assert peak < 4 * LAYER_BYTES, peak
+    assert len(final) == DEVICES * SAMPLES
+    for (sample, layer), part in layers.groupby(["sample", "layer"]):
+        where = "output" if layer == "output" else f"layers/{layer}"
+        seen: dict[bytes, int] = {}
+        for path, device in zip(big_records, range(DEVICES), strict=True):
+            with h5py.File(path, "r") as handle:
+                bits = handle[f"samples/{sample}/{where}"][0].tobytes()
+            expected = seen.setdefault(bits, len(seen) + 1)
+            assert part.set_index("device").loc[f"d{device}", "eqc"] == expected
