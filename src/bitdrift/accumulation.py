@@ -1029,7 +1029,8 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
 def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
               samples: int) -> dict:
     """replay_layers' verdict on one layer: ``replay`` and, where the replay sampled,
-    ``replayed`` {"rows": samples in run order, "y", "x": the grid's rows and columns}."""
+    ``replayed`` {"rows": samples in run order, and a Conv2D's "y", "x": the grid's rows
+    and columns}."""
     rows = sampled_samples(inbound.shape[0], samples)
     units = kernel.shape[-1]
     if spec["class_name"] == "Conv2D":  # the GEMM it runs: a row per output pixel
@@ -1068,11 +1069,13 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
                                         == recorded[known].view(np.uint32)))
     left = (f"; {size - total} of {size} values not replayed (order unknown there)"
             if total < size else "")
+    conv = spec["class_name"] == "Conv2D"
     sampled = len(rows) < inbound.shape[0] or len(ys) * len(xs) < pixels
     if sampled:
         left += (f"; replayed at {len(ys) * len(xs)} of {pixels} positions of "
                  f"{len(rows)} of {inbound.shape[0]} samples (analysis.replay_positions, "
-                 "analysis.replay_samples)")
+                 "analysis.replay_samples)" if conv else f"; replayed at {len(rows)} of "
+                 f"{inbound.shape[0]} samples (analysis.replay_samples)")
     if total and (verdicts[True] == total or verdicts[False] == total):
         said = "bit-identical " + ("with FMA" if verdicts[True] == total
                                    else "without FMA") + left
@@ -1082,7 +1085,7 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
                 f"at best ({'with' if best else 'without'} FMA)" + left)
     found_entry = {"replay": said}
     if sampled:
-        found_entry["replayed"] = {"rows": rows, "y": ys, "x": xs}
+        found_entry["replayed"] = {"rows": rows, "y": ys, "x": xs} if conv else {"rows": rows}
     return found_entry
 
 

@@ -821,6 +821,40 @@ def test_a_sampled_replay_counts_the_sampled_values_and_names_them():
     assert again["replay"] == sampled["replay"]  # what was left out is not looked at
 
 
+def test_a_sampled_dense_replay_reads_the_rows_it_names():
+    """A Dense layer of 5 samples summed by hand in float32, products first, bias last:
+    the replay at 2 samples reads rows 0 and 4 alone (a wrong value in row 2 is not seen,
+    one in row 4 is)."""
+    from bitdrift.accumulation import replay_layers
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 4)).astype(F32)
+    kernel = rng.standard_normal((4, 3)).astype(F32)
+    bias = rng.standard_normal(3).astype(F32)
+    out = np.zeros((5, 3), dtype=F32)
+    for k in range(4):
+        out = (out + (x[:, k:k + 1] * kernel[k]).astype(F32)).astype(F32)
+    out = (out + bias).astype(F32)
+    # the sequential tree over 4 products and the bias (term 4): ((((0+1)+2)+3)+4)
+    entry = {"trees": [[[0, 1], [5, 2], [6, 3], [7, 4]]], "terms": 5, "bias": True}
+    checked = {"dense": {"class_name": "Dense", "inbound": "input", "activation": "linear"}}
+    weights = {"weights/dense/0": kernel, "weights/dense/1": bias}
+
+    def verdict(outputs):
+        return replay_layers({"dense": entry}, checked, weights,
+                             {"input": x, "dense": outputs}, "float32",
+                             replay_samples=2)["dense"]
+
+    assert verdict(out)["replayed"] == {"rows": [0, 4]}
+    assert verdict(out)["replay"] == "bit-identical without FMA; replayed at 2 of 5 " \
+        "samples (analysis.replay_samples)"
+    wrong = out.copy()
+    wrong[2, 1] = np.nextafter(wrong[2, 1], F32(np.inf))
+    assert verdict(wrong)["replay"] == verdict(out)["replay"]
+    wrong[4, 0] = np.nextafter(wrong[4, 0], F32(np.inf))
+    assert verdict(wrong)["replay"].startswith("differs: 5 of 6 values bit-identical")
+
+
 def test_the_replay_switch_skips_the_replay_alone():
     from bitdrift.accumulation import replay_layers
 
