@@ -174,3 +174,24 @@ def with_outputs(model, values: list[str]):
             raise ConversionError(f"ONNX value {value!r} has no type after shape inference")
         copy.graph.output.append(known[value])
     return copy
+
+
+def to_executorch(program, out: str | Path) -> Conversion:
+    """The program lowered to ExecuTorch with every partition XNNPACK takes delegated to
+    it (the rest on ExecuTorch's portable kernels), written to ``out`` (``.pte``)."""
+    versions = package_versions("executorch", "torch")
+    if versions["executorch"] is None:
+        raise ConversionError(f"{EXECUTORCH_CONVERTER} needs the Python package "
+                              "'executorch' (pip install executorch; it is in requirements.txt)")
+    try:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+            XnnpackPartitioner,
+        )
+        from executorch.exir import to_edge_transform_and_lower
+
+        lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        buffer = lowered.to_executorch().buffer
+    except Exception as error:  # exir's verifier, the partitioner, the emitter
+        raise _failed(EXECUTORCH_CONVERTER, versions, error) from error
+    Path(out).write_bytes(buffer)
+    return Conversion(buffer, EXECUTORCH_CONVERTER, versions, Path(out), {"backend": "xnnpack"})

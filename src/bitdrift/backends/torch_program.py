@@ -142,10 +142,11 @@ def check_inputs(signature: list[InputSpec], arrays: list[np.ndarray], source: s
     if len(arrays) != len(signature):
         raise ProgramError(f"{source}: {len(arrays)} input array(s) but the model takes "
                            f"{len(signature)}: {', '.join(s.describe() for s in signature)}")
-    for spec, array in zip(signature, arrays):
+    for spec, array in zip(signature, arrays, strict=True):
         given = f"{tuple(array.shape)} {array.dtype}"
         fits = (array.ndim == len(spec.shape) and str(array.dtype) == spec.dtype
-                and all(size is None or size == got for size, got in zip(spec.shape, array.shape)))
+                and all(size in (None, got)
+                        for size, got in zip(spec.shape, array.shape, strict=False)))
         if not fits:
             raise ProgramError(f"{source}: input {spec.name!r} is {given} but the model takes "
                                f"{spec.describe()}")
