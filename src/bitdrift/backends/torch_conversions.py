@@ -23,6 +23,7 @@ import importlib.metadata
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bitdrift.atomic import atomic_output, write_bytes
 from bitdrift.errors import InferenceError
 
 ONNX_EXPORTER = "torch.onnx.export(dynamo=True)"
@@ -99,9 +100,10 @@ def to_onnx(program, out: str | Path, *, optimize: bool = True,
     try:
         exported = torch.onnx.export(program, args=(), dynamo=True, verbose=False,
                                      optimize=optimize, opset_version=opset_version)
-        exported.save(str(out))
     except Exception as error:  # the exporter raises its own errors, RuntimeError, ...
         raise _failed(ONNX_EXPORTER, versions, error) from error
+    with atomic_output(out) as partial:
+        exported.save(str(partial), external_data=False)
     return Conversion(onnx.load(str(out)), ONNX_EXPORTER, versions, Path(out), options)
 
 
@@ -193,5 +195,5 @@ def to_executorch(program, out: str | Path) -> Conversion:
         buffer = lowered.to_executorch().buffer
     except Exception as error:  # exir's verifier, the partitioner, the emitter
         raise _failed(EXECUTORCH_CONVERTER, versions, error) from error
-    Path(out).write_bytes(buffer)
+    write_bytes(out, buffer)
     return Conversion(buffer, EXECUTORCH_CONVERTER, versions, Path(out), {"backend": "xnnpack"})
