@@ -100,6 +100,10 @@ def test_signature_names_shapes_dtypes_and_dynamic_dimensions(cnn, encoder):
     signature = torch_program.input_signature(load_program(cnn[2]))
     assert [(s.name, s.shape, s.dtype) for s in signature] == [("x", (None, 3, 8, 8), "float32")]
     assert signature[0].dynamic[0][1] == 64  # Dim("batch", max=64)
+    unbounded = torch.export.export(nn.Linear(3, 2), (torch.randn(4, 3),),
+                                    dynamic_shapes=({0: torch.export.Dim("rows")},))
+    signature = torch_program.input_signature(unbounded)
+    assert signature[0].shape == (None, 3) and signature[0].dynamic[0][1] is None
     signature = torch_program.input_signature(load_program(encoder[2]))
     assert [(s.shape, s.dtype, s.dynamic) for s in signature] == [((2, 5, 16), "float32", {})]
 

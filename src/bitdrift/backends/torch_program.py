@@ -130,10 +130,19 @@ def input_signature(program) -> list[InputSpec]:
                 continue
             shape.append(None)
             bounds = program.range_constraints.get(size.node.expr)
-            upper = None if bounds is None or not bounds.upper.is_finite else int(bounds.upper)
-            dynamic[axis] = (int(bounds.lower) if bounds is not None else 0, upper)
+            dynamic[axis] = (0, None) if bounds is None else (
+                _bound(bounds.lower) or 0, _bound(bounds.upper))
         signature.append(InputSpec(name, tuple(shape), dtype_name(value.dtype), dynamic))
     return signature
+
+
+def _bound(value) -> int | None:
+    """A range's end as an int; None for an unbounded one (torch's int_oo says it is a
+    finite integer: it is compared, not asked)."""
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+
+    return None if value in (int_oo, -int_oo, sympy.oo, -sympy.oo) else int(value)
 
 
 def check_inputs(signature: list[InputSpec], arrays: list[np.ndarray], source: str) -> None:
