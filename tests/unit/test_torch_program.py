@@ -222,6 +222,23 @@ def test_precision_casts_parameters_buffers_and_inputs(cnn, precision):
         assert same_bits(value, expected[name]), name
 
 
+def test_precision_casts_the_programs_constants_too():
+    class Offset(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.offset = nn.Linear(4, 4), torch.randn(4)  # a constant, no buffer
+
+        def forward(self, x):
+            return self.lin(x) + self.offset
+
+    torch.manual_seed(3)
+    model, x = Offset().eval(), torch.randn(2, 4)
+    program = torch.export.export(model, (x,))
+    run = EagerRunner(program, precision="float16")([x.numpy()])
+    model.offset = model.offset.half()
+    assert same_bits(run.outputs[0], model.half()(x.half()).detach())  # float16, not float32
+
+
 def test_threads_and_determinism_are_set_and_reported(cnn):
     before = torch.get_num_threads()
     try:

@@ -316,11 +316,22 @@ class ProgramRun:
 
 
 def cast_module(module, precision: str, source: str = "the program"):
-    """``module`` with every floating parameter and buffer in ``precision``."""
+    """``module`` with every floating parameter, buffer and constant in ``precision``.
+    ``Module.to`` casts parameters and buffers only: the program's lifted constants (a
+    tensor the model kept as a plain attribute) are attributes of the unlifted module, and
+    one left in float32 would silently promote a float16 run back to float32."""
+    import torch
+
+    dtype = torch_dtype(precision)
     try:
-        return module.to(torch_dtype(precision))
+        module = module.to(dtype)
+        for submodule in module.modules():
+            for name, value in list(vars(submodule).items()):
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    setattr(submodule, name, value.to(dtype))
     except RuntimeError as error:
         raise ProgramError(f"{source}: cannot cast to {precision}: {_first_line(error)}") from error
+    return module
 
 
 class EagerRunner:
