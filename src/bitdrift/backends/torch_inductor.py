@@ -66,7 +66,7 @@ class CompiledRunner:
     input arrays gives a :class:`ProgramRun` with the final outputs only."""
 
     def __init__(self, program, *, options=("default",), precision: str = "float32",
-                 threads: int | None = None, deterministic: bool = False,
+                 threads: int | None = None, deterministic: bool | None = None,
                  source: str = "the program"):
         import torch
 

@@ -279,13 +279,15 @@ def process_environment(onednn_max_cpu_isa: str | None = None, mkl_cbwr: str | N
     return environment
 
 
-def configure(threads: int | None = None, deterministic: bool = False) -> None:
-    """torch's process-wide switches: intra-op threads and deterministic algorithms."""
+def configure(threads: int | None = None, deterministic: bool | None = None) -> None:
+    """torch's process-wide switches: intra-op threads and deterministic algorithms; None
+    leaves the process's own setting."""
     import torch
 
     if threads:
         torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic, warn_only=False)
+    if deterministic is not None:
+        torch.use_deterministic_algorithms(deterministic, warn_only=False)
 
 
 def settings() -> dict:
@@ -343,7 +345,7 @@ class EagerRunner:
     the outputs (the program run as a user runs it, ``program.module()``)."""
 
     def __init__(self, program, *, precision: str = "float32", threads: int | None = None,
-                 deterministic: bool = False, source: str = "the program"):
+                 deterministic: bool | None = None, source: str = "the program"):
         configure(threads, deterministic)
         self.source, self.precision = source, precision
         self.signature = input_signature(program)
