@@ -46,7 +46,12 @@ def small_cnn():
 def small_encoder():
     torch.manual_seed(1)
     layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
-    return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    with torch.no_grad():  # layer norms that are not the identity: a converter keeps them
+        for name, parameter in model.named_parameters():
+            if ".norm" in name:
+                parameter.uniform_(0.5, 1.5) if name.endswith("weight") else parameter.uniform_()
+    return model
 
 
 def hooked_outputs(model, x):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,8 @@ class Conversion:
     versions: dict
     path: Path | None = None
     options: dict = field(default_factory=dict)
+    # {layer: where the converted model holds it}, for a converter that keeps the names
+    layers: dict = field(default_factory=dict)
 
     def fingerprint(self) -> dict:
         """What the record's fingerprint says about the conversion."""
@@ -109,15 +112,65 @@ def to_onnx(program, out: str | Path, *, optimize: bool = True,
 
 def to_openvino(program) -> Conversion:
     """The program as an ``openvino.Model`` (OpenVINO's PyTorch frontend reading the
-    ExportedProgram itself, no ONNX in between)."""
+    ExportedProgram itself, no ONNX in between); ``layers`` maps the eager run's module
+    calls to the model's outputs that hold them (:func:`openvino_module_outputs`).
+
+    The frontend's decoder is built here, not inside ``convert_model``, so that the graph
+    it converts (the program after OpenVINO's own decompositions) is the one whose node
+    names are read; its logged warnings about its decomposition table are muted."""
     import openvino
 
     versions = {"openvino": openvino.get_version()}
+    quiet = logging.getLogger()
+    level, quiet.level = quiet.level, logging.CRITICAL
     try:
-        model = openvino.convert_model(program)
+        from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
+
+        decoder = TorchFXPythonDecoder.from_exported_program(program)
+        model = openvino.convert_model(decoder)
     except Exception as error:  # OpConversionFailure, GeneralFailure, RuntimeError
         raise _failed(OPENVINO_CONVERTER, versions, error) from error
-    return Conversion(model, OPENVINO_CONVERTER, versions)
+    finally:
+        quiet.setLevel(level)
+    conversion = Conversion(model, OPENVINO_CONVERTER, versions)
+    conversion.layers = openvino_module_outputs(model, decoder.pt_module.graph)
+    return conversion
+
+
+def openvino_module_outputs(model, graph) -> dict:
+    """{layer: openvino Output} for the module calls of ``graph`` (the torch graph the
+    frontend converted) whose value an op of ``model`` still computes. The frontend names
+    the ops it makes for a torch node ``<node>/<aten op>/<op type>``; the node's value is
+    the output of that node's op that reaches another node's op or a result. A node whose
+    ops the frontend fused into another's (a convolution whose batch norm was folded
+    into it) keeps no op of its own and is left out."""
+    import operator
+
+    from bitdrift.backends.torch_program import module_outputs
+
+    nodes = {node.name: node for node in graph.nodes}
+
+    def prefix(op) -> str:
+        return op.get_friendly_name().split("/", 1)[0]
+
+    handed_on: dict[str, list] = {}
+    for op in model.get_ordered_ops():
+        for output in op.outputs():
+            targets = [target.get_node() for target in output.get_target_inputs()]
+            if any(target.get_type_name() == "Result" or prefix(target) != prefix(op)
+                   for target in targets):
+                handed_on.setdefault(prefix(op), []).append(output)
+    layers = {}
+    for call in module_outputs(graph)[0]:
+        node, index = nodes[call.node], 0
+        if node.target is operator.getitem:  # one value of a node with several outputs
+            node, index = node.args[0], node.args[1]
+        outputs = handed_on.get(node.name, [])
+        if len(outputs) == 1 and index == 0:
+            layers[call.name] = outputs[0]
+        elif len(outputs) > index > 0:
+            layers[call.name] = outputs[index]
+    return layers
 
 
 def name_scopes(node) -> list[str]:
@@ -197,3 +250,15 @@ def to_executorch(program, out: str | Path) -> Conversion:
         raise _failed(EXECUTORCH_CONVERTER, versions, error) from error
     write_bytes(out, buffer)
     return Conversion(buffer, EXECUTORCH_CONVERTER, versions, Path(out), {"backend": "xnnpack"})
+
+
+def openvino_with_outputs(conversion: Conversion) -> dict[str, int]:
+    """Adds the mapped layers' values to the OpenVINO model's outputs (which also keeps
+    the plugin from fusing them away) and gives {layer: index of its output}: a compiled
+    model's results are indexed the same way. Changes ``conversion.model`` in place."""
+    model = conversion.model
+    # the model's outputs, in the order asked: one already an output is not added again
+    added = model.add_outputs(list(conversion.layers.values()))
+    results = [output.get_node().get_friendly_name() for output in model.outputs]
+    return {layer: results.index(output.get_node().get_friendly_name())
+            for layer, output in zip(conversion.layers, added, strict=True)}
