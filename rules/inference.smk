@@ -74,5 +74,7 @@ rule run_inference:
         samples=config["samples"],
         layers=config["analysis"]["layers"],
         kernels=config["analysis"]["kernels"],
+        full_samples=config["analysis"].get("full_samples"),
+        layer_select=config["analysis"].get("layer_select"),
     script:
         "../workflow/scripts/run_inference.py"

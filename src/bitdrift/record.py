@@ -539,6 +539,17 @@ class Record:
             raise self._fail(f"attribute {OBSERVER_ATTR!r}: 'program' is not text")
         return found
 
+    @property
+    def value_samples(self) -> list[int]:
+        """The samples whose layers hold their values (the attribute ``full_samples``, of
+        a record written with analysis.full_samples); the others' layers hold digests only
+        (:meth:`digests`), their final outputs in full."""
+        if "_value_samples" not in self.__dict__:
+            found = self.json_attr("full_samples", list)
+            self._value_samples = self.samples if found is None else [
+                sample for sample in self.samples if sample in set(found)]
+        return self._value_samples
+
     def has_deployed(self, sample: int) -> bool:
         """Whether the sample holds the deployed model's final output (the observer check)."""
         return DEPLOYED in self._sample_group(sample, True)

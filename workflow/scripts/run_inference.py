@@ -27,5 +27,7 @@ with workflow_job(snakemake.log[0], on_failure=on_failure):
         export=snakemake.input.get("export"),
         deployed_export=snakemake.input.get("deployed_export"),
         kernels=snakemake.params.kernels,
+        full_samples=snakemake.params.full_samples,
+        layer_select=snakemake.params.layer_select,
         log=sys.stderr,
     )
