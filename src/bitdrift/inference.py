@@ -607,7 +607,9 @@ def check_effective_precision(checked: dict, weights: dict, read, samples: list[
                 continue
             if spec["inbound"]:
                 inputs = read(sample, spec["inbound"])
-                if inputs is None:  # its input layer is not recorded (analysis.layer_select)
+                if inputs is None:
+                    results.setdefault(name, []).append({"unchecked": (
+                        f"its input {spec['inbound']} is not recorded (analysis.layer_select)")})
                     continue
             else:
                 inputs = np.repeat(images[row][None], outputs.shape[0], axis=0)

@@ -129,6 +129,8 @@ def write_record(path: str | Path, attrs: dict, samples: dict[int, dict],
     """
     with RecordWriter(path) as writer:
         writer.set_attrs(attrs)
+        if full_samples is not None and set(map(int, samples)) - set(full_samples):
+            writer.set_attrs({"full_samples": json.dumps(sorted(map(int, full_samples)))})
         if kernels is not None:
             writer.set_kernels(kernels)
         for index, content in samples.items():
