@@ -64,6 +64,9 @@ COMPRESSION = {"shuffle": True, "compression": "gzip", "compression_opts": 4}
 # uint8, and per repeat its row there, which is also its row of the dataset where the
 # values are stored (a dataset of 0 rows holds the digests only).
 DIGESTS = "sha256"
+# HDF5 1.10's object headers and chunk indexes (readable by HDF5 >= 1.10, 2016): a record of
+# many small layers took 44 % less room than with the 1.8 layout (docs/record-format.md).
+LIBVER = ("v110", "latest")
 REPEAT_DIGEST = "repeat_digest"
 OUTPUT = "output"
 # The observer check (bitdrift.observer): the final output of the model as deployed (final
@@ -279,7 +282,7 @@ class RecordWriter:
         try:
             tmp = self._stack.enter_context(atomic_output(self.path))
             self._guard = _DiskGuard(tmp)
-            self.file = h5py.File(self._guard, "w")
+            self.file = h5py.File(self._guard, "w", libver=LIBVER)
             self._samples = self.file.create_group("samples")
         except BaseException:
             self._stack.close()
