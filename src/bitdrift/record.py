@@ -59,7 +59,7 @@ CHECKSUM = {"fletcher32": True}
 # Lossless compression of floats: HDF5's byte shuffle puts the bytes of equal significance
 # together (exponents, then mantissa bytes), which gzip then finds (docs/record-format.md
 # has the ratios measured). Built into every HDF5: another tool reads it without a plugin.
-COMPRESSION = {"shuffle": True, "compression": "gzip", "compression_opts": 4}
+COMPRESSION = {"shuffle": True, "compression": "gzip", "compression_opts": 1}
 # Format 4, per tensor: the SHA-256 (output_digest) of each distinct repeat, (distinct, 32)
 # uint8, and per repeat its row there, which is also its row of the dataset where the
 # values are stored (a dataset of 0 rows holds the digests only).
