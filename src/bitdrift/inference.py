@@ -71,20 +71,23 @@ def run_repeat(job: dict) -> None:
     batch = device["batch_size"]
     out = RepeatWriter(job["out"])
     # Each batch's outputs go to the file as they come (the filler rows left out): the
-    # worker holds one batch of the model's layers, not every sample's.
+    # worker holds one batch of the model's layers, not every sample's. A sample outside
+    # analysis.full_samples leaves its layers' digests only (its final output in full).
+    keep = set(job.get("full_samples", job["samples"]))
     for number, start in enumerate(range(0, len(indices), batch)):
-        rows = min(batch, len(job["samples"]) - start)
+        names = job["samples"][start:start + batch]
         outputs = session.run(images[start:start + batch])
         for position, value in enumerate(outputs):
-            out.add(batch_key(position, number), np.asarray(value)[:rows])
+            out.add_batch(position, number, np.asarray(value)[:len(names)], names,
+                          None if position == len(outputs) - 1 else keep)
         del outputs
     if session.deployed is not None and job.get("observe", True):
         # the observer check (bitdrift.observer): the model as deployed, after the
         # instrumented run in the same process, on the same batches
         for number, start in enumerate(range(0, len(indices), batch)):
-            rows = min(batch, len(job["samples"]) - start)
-            out.add(batch_key(DEPLOYED, number),
-                    np.asarray(session.deployed(images[start:start + batch]))[:rows])
+            names = job["samples"][start:start + batch]
+            out.add_batch(DEPLOYED, number, np.asarray(session.deployed(
+                images[start:start + batch]))[:len(names)], names, None)
     arrays = {}
     # The first repeat also classifies the reference's test images (the argmax check
     # against TensorFlow, see bitdrift.export) and describes the machine; py-cpuinfo
@@ -113,6 +116,7 @@ def run_repeat(job: dict) -> None:
     if job.get("orders") and session.order_probe is not None:
         meta["orders"] = reveal_orders(session, device)
     meta["outputs"] = out.positions
+    meta["shapes"] = out.shapes
     meta["batches"] = -(-len(indices) // batch)
     # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
     # (bitdrift.prefork.exit_now), fresh or forked.
@@ -123,8 +127,18 @@ def run_repeat(job: dict) -> None:
 
 def batch_key(position: int | str, batch: int) -> str:
     """The key of one batch of one output (a layer's position, or DEPLOYED) in a repeat's
-    file."""
+    file: the values of the rows it keeps (RepeatWriter.add_batch)."""
     return f"{position}_batch{batch}"
+
+
+def digest_key(position: int | str, batch: int) -> str:
+    """The key of the digests of one batch's rows of one output."""
+    return f"{position}_digests{batch}"
+
+
+def _raw(values: np.ndarray) -> np.ndarray:
+    """bfloat16 as its raw bits (uint16): numpy's files hold no bfloat16."""
+    return values.view(np.uint16) if values.dtype.name == "bfloat16" else values
 
 
 class RepeatWriter:
@@ -135,22 +149,30 @@ class RepeatWriter:
         import zipfile
 
         self._zip = zipfile.ZipFile(path, "w", allowZip64=True)
-        self._positions: set[str] = set()
+        # per output (a layer's position, or DEPLOYED): [shape of one sample's, dtype]
+        self.shapes: dict[str, list] = {}
 
     @property
     def positions(self) -> int:
         """How many outputs (layer positions) were added."""
-        return len(self._positions)
+        return sum(1 for key in self.shapes if key.isdigit())
+
+    def add_batch(self, position: int | str, number: int, values: np.ndarray,
+                  samples: list[int], keep: set[int] | None) -> None:
+        """One batch of one output: each row's digest (bitdrift.record.output_digest), and
+        the values of the rows whose sample is in ``keep`` (None: every row)."""
+        values = _raw(np.asarray(values))
+        float_format = "bfloat16" if values.dtype == np.uint16 else values.dtype.name
+        self.shapes.setdefault(str(position), [list(values.shape[1:]), values.dtype.str])
+        self.add(digest_key(position, number), np.array(
+            [np.frombuffer(output_digest(row, float_format), np.uint8) for row in values],
+            np.uint8).reshape(len(values), 32))
+        chosen = [row for row, sample in enumerate(samples) if keep is None or sample in keep]
+        self.add(batch_key(position, number), values[chosen])
 
     def add(self, key: str, value: np.ndarray) -> None:
-        value = np.asanyarray(value)
-        if value.dtype.name == "bfloat16":
-            value = value.view(np.uint16)
-        head = key.split("_batch")[0]
-        if head.isdigit():
-            self._positions.add(head)
         with self._zip.open(f"{key}.npy", "w", force_zip64=True) as handle:
-            np.lib.format.write_array(handle, value, allow_pickle=False)
+            np.lib.format.write_array(handle, _raw(np.asanyarray(value)), allow_pickle=False)
 
     def close(self) -> None:
         self._zip.close()
@@ -264,7 +286,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                                "repeats", file=log):
             job = {"device": device, "device_name": device_name, "model_path": str(model_path),
                    "dataset_path": str(dataset_path), "samples": list(samples),
-                   "layers": layers, "out": str(Path(tmp) / f"repeat{repeat}.npz"),
+                   "full_samples": full, "layers": layers,
+                   "out": str(Path(tmp) / f"repeat{repeat}.npz"),
                    "fingerprint": repeat == 0, "orders": repeat == 0 and kernels,
                    "reference": str(reference) if reference else None,
                    "export": str(export) if export else None,
@@ -290,7 +313,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         traced = traced_repeat(model_name, device_name, device, metas[0], {
             "device": device, "device_name": device_name, "model_path": str(model_path),
             "dataset_path": str(dataset_path), "samples": list(samples), "layers": layers,
-            "out": str(Path(tmp) / "traced.npz"), "fingerprint": False,
+            "full_samples": full, "out": str(Path(tmp) / "traced.npz"), "fingerprint": False,
             # an exported runtime maps its outputs to the layers by the reference
             "reference": str(reference) if reference else None,
             "export": str(export) if export else None, "trace": True,
@@ -365,11 +388,16 @@ def merge_repeats(writer: RecordWriter, files: list, meta: dict, samples: list[i
         traced_data = stack.enter_context(np.load(traced)) if traced else None
 
         def rows(data, position):
+            """(row, digest, values or None where the repeat kept the digest only)."""
             for number in range(meta["batches"]):
-                batch = data[batch_key(position, number)]
-                for offset, row in enumerate(batch):
-                    yield number * batch_size + offset, row
-                del batch
+                digests, values = data[digest_key(position, number)], \
+                    data[batch_key(position, number)]
+                kept = iter(values)
+                for offset, digest in enumerate(digests):
+                    row = number * batch_size + offset
+                    whole = position in (last, DEPLOYED) or samples[row] in keep
+                    yield row, digest.tobytes(), next(kept) if whole else None
+                del values
 
         outputs = [(position, position in selected) for position in range(last + 1)
                    if position in selected or position == last]
@@ -390,16 +418,19 @@ def merge_repeats(writer: RecordWriter, files: list, meta: dict, samples: list[i
                 elif position == DEPLOYED:
                     tensors[row].append(writer.tensor(sample, DEPLOYED, final=True,
                                                       bfloat16=bfloat16))
+            shape, dtype = meta["shapes"][str(position)]
             for data in repeats:
-                for row, values in rows(data, position):
+                for row, digest, values in rows(data, position):
                     for tensor in tensors[row]:
-                        tensor.add(values)
+                        if values is None:
+                            tensor.add_digest(digest, shape, dtype)
+                        else:
+                            tensor.add(values)
             if traced_data is not None and position != DEPLOYED:
-                for row, values in rows(traced_data, position):
+                for row, digest, _ in rows(traced_data, position):
                     # the majority of the measured repeats, a tie to the first seen
                     majority = Counter(tensors[row][0].digests).most_common(1)[0][0]
-                    match = match and majority == output_digest(
-                        values, "bfloat16" if bfloat16 else values.dtype.name)
+                    match = match and majority == digest
             for found in tensors:
                 for tensor in found:
                     tensor.close()

@@ -253,6 +253,20 @@ class TensorWriter:
         self.repeat_digest.append(row)
         return digest
 
+    def add_digest(self, digest: bytes, shape, dtype) -> None:
+        """One repeat known by its digest alone (its values computed and hashed elsewhere),
+        for a tensor of digests only: ``shape`` and ``dtype`` those of its values."""
+        if self.values:
+            raise RecordError(f"{self._writer.path}: {self._group.name}/{self._name}: a "
+                              "digest without values for a tensor that keeps its values")
+        if self._dataset is None:
+            shape = tuple(shape)
+            self._dataset = self._group.create_dataset(
+                self._name, shape=(0, *shape), maxshape=(None, *shape), dtype=np.dtype(dtype),
+                chunks=(1, *shape) if all(shape) else None,
+                **(CHECKSUM | COMPRESSION if all(shape) else {}))
+        self.repeat_digest.append(self._rows.setdefault(bytes(digest), len(self._rows)))
+
     def close(self) -> None:
         if self._dataset is None:
             raise RecordError(f"{self._writer.path}: {self._group.name}/{self._name}: no "

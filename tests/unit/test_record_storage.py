@@ -190,8 +190,9 @@ def test_writing_a_record_holds_one_layer_in_memory(tmp_path):
 def test_merging_repeats_holds_one_batch_of_one_layer(tmp_path):
     """The parent's merge of the repeats' files (bitdrift.inference.merge_repeats): 3
     repeats x 4 samples x 12 layers of 512 KiB per sample, read back equal to the
-    repeats' values; Python's peak allocation stays near one batch of one layer."""
-    samples, batch, positions, repeats = [5, 1, 7, 2], 2, 12, 3
+    repeats' values; Python's peak allocation stays near one batch of one layer. Sample 2
+    is outside full_samples: its repeats' files hold its layers' digests only."""
+    samples, full, batch, positions, repeats = [5, 1, 7, 2], [5, 1, 7], 2, 12, 3
     row_bytes = 512 << 10
 
     def values(position, sample, repeat):
@@ -204,17 +205,21 @@ def test_merging_repeats_holds_one_batch_of_one_layer(tmp_path):
         out = RepeatWriter(files[-1])
         for position in range(positions):
             for number in range(len(samples) // batch):
-                out.add(batch_key(position, number), np.stack([
-                    values(position, sample, repeat)
-                    for sample in samples[number * batch:(number + 1) * batch]]))
+                names = samples[number * batch:(number + 1) * batch]
+                out.add_batch(position, number, np.stack([
+                    values(position, sample, repeat) for sample in names]), names,
+                    None if position == positions - 1 else set(full))
+        shapes = out.shapes
         out.close()
+    with np.load(files[0]) as data:  # sample 2 is the second row of batch 1
+        assert data[batch_key(0, 1)].shape == (1, row_bytes // 4)
     meta = {"bfloat16": False, "outputs": positions, "batches": len(samples) // batch,
-            "layers": [[f"layer{p}", "Dense"] for p in range(positions)]}
+            "layers": [[f"layer{p}", "Dense"] for p in range(positions)], "shapes": shapes}
     tracemalloc.start()
     try:
         with RecordWriter(tmp_path / "r.h5") as writer:
             writer.set_attrs(ATTRS)
-            assert merge_repeats(writer, files, meta, samples, samples, set(range(positions)),
+            assert merge_repeats(writer, files, meta, samples, full, set(range(positions)),
                                  batch, False, None)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -223,12 +228,18 @@ def test_merging_repeats_holds_one_batch_of_one_layer(tmp_path):
     with Record(tmp_path / "r.h5") as record:
         for sample in samples:
             for position in (0, 4, 11):
-                stored = record.tensor(sample, f"layer{position}").values
                 truth = np.stack([values(position, sample, r) for r in range(repeats)])
-                assert stored.tobytes() == truth.tobytes()
-        with h5py.File(tmp_path / "r.h5") as handle:
-            assert handle["samples/7/layers/layer0"].shape[0] == 1
-            assert handle["samples/7/layers/layer4"].shape[0] == 3
+                assert record.digests(sample, f"layer{position}") == [
+                    sha256(repeat, "float32") for repeat in truth]
+                if sample in full or position == 11:
+                    info = record.layers(sample)[-1] if position == 11 else f"layer{position}"
+                    stored = record.tensor(sample, info).values
+                    assert stored.tobytes() == truth.tobytes()
+        assert not record.has_values(2, "layer0")
+    with h5py.File(tmp_path / "r.h5") as handle:
+        assert handle["samples/7/layers/layer0"].shape[0] == 1
+        assert handle["samples/7/layers/layer4"].shape[0] == 3
+        assert handle["samples/2/layers/layer4"].shape == (0, row_bytes // 4)
 
 
 def test_a_record_stopped_between_layers_leaves_nothing(tmp_path):
