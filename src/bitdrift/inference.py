@@ -4,7 +4,8 @@ Each repeat runs in a process of its own with the device's environment, in which
 run before it (the reference study's protocol: autotuning, thread pools and CPU dispatch are
 decided per process): a fresh process, or for a runtime that allows it a child forked from a
 parent that has only imported the framework (bitdrift.prefork).
-The parent merges the repeats into one record (see bitdrift.record) written atomically.
+The parent merges the repeats into one record (see bitdrift.record) a layer at a time, written
+atomically.
 
     python -m bitdrift.inference WORKER_JSON   # one repeat; used by infer()
 """
