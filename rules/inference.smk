@@ -75,5 +75,7 @@ rule run_inference:
         layers=config["analysis"]["layers"],
         kernels=config["analysis"]["kernels"],
         replay=replay_settings(config),
+        full_samples=config["analysis"].get("full_samples"),
+        layer_select=config["analysis"].get("layer_select"),
     script:
         "../workflow/scripts/run_inference.py"

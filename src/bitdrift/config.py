@@ -95,6 +95,11 @@ def validate_config(config: dict) -> dict:
                            "to another runtime; see the schema's description)")
         raise ConfigError(f"config key {key}: {message}")
     _check_references(config, trained_files)
+    full = config.get("analysis", {}).get("full_samples")
+    if isinstance(full, list) and set(full) - set(config.get("samples", [])):
+        raise ConfigError(f"config key analysis.full_samples: "
+                          f"{sorted(set(full) - set(config['samples']))} not among the "
+                          f"samples {config['samples']}")
     return config
 
 

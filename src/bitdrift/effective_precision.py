@@ -383,10 +383,13 @@ def recheck(record, model_path, dataset_path) -> dict:
         if spec is not None and layer["weights"]:
             checked[layer["name"]] = (spec, [np.asarray(value).astype(dtype).astype(np.float64)
                                              for value in layer["weights"]])
-    images = read_test_images(dataset_path, record.samples).astype(dtype) \
+    # the samples whose layers hold values (a record written with analysis.full_samples
+    # holds the others' digests only)
+    samples = record.value_samples
+    images = read_test_images(dataset_path, samples).astype(dtype) \
         if any(spec["inbound"] is None for spec, _ in checked.values()) else None
     results: dict[str, list[dict]] = {}
-    for row, sample in enumerate(record.samples):
+    for row, sample in enumerate(samples):
         for name, (spec, weights) in checked.items():
             outputs = _as_float(record.tensor(sample, name))
             if spec["inbound"] is None:

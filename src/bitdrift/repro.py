@@ -118,7 +118,7 @@ def first_split(record_a: Record, record_b: Record, model_path) -> Split:
         raise RecordError(f"{record_a.path} and {record_b.path} hold other samples")
     if record_a.attr("model_sha256") != record_b.attr("model_sha256"):
         raise RecordError(f"{record_a.path} and {record_b.path} ran other model files")
-    sample = record_a.samples[0]
+    sample = record_a.value_samples[0]  # a sample whose layers hold values
     layers = [info for info in record_a.layers(sample) if not info.final]
     if not layers:
         raise RecordError(f"{record_a.path}: no layers recorded (analysis.layers off); "

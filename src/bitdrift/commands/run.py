@@ -91,7 +91,9 @@ def cmd_infer(args) -> None:
           model_path=model_path, dataset_path=dataset_path, samples=config["samples"],
           out=out, layers=config["analysis"]["layers"], reference=reference, export=export,
           kernels=config["analysis"]["kernels"], deployed_export=deployed,
-          replay=replay_settings(config))
+          replay=replay_settings(config),
+          full_samples=config["analysis"].get("full_samples"),
+          layer_select=config["analysis"].get("layer_select"))
     if unchecked:
         print(f"bitdrift: wrote {out} without the argmax check against TensorFlow ({unchecked}; "
               "`bitdrift export` makes one)", file=sys.stderr)
