@@ -216,10 +216,12 @@ NOT_COUNTS = ("the kernel's sums are not counts of the terms left after a cancel
 
 
 def _probe_call(dense, chunk: list[tuple[int, int]], terms: int, bias: bool, width: int,
-                precision: str) -> np.ndarray:
+                precision: str, places: int | None = None,
+                kept: np.ndarray | None = None) -> np.ndarray:
     """One call of the probe with the pairs of ``chunk`` in its first columns: its outputs
     in units, (places, width), a place being a batch row (Dense) or a batch row and output
-    pixel (Conv2D, row-major)."""
+    pixel (Conv2D, row-major); ``places``: how many there must be; ``kept``: those
+    returned (None: all)."""
     dtype = input_dtype(precision)
     big, unit = PROBE_VALUES[precision]
     weights = np.full((terms, width), unit, dtype=dtype)
@@ -230,7 +232,11 @@ def _probe_call(dense, chunk: list[tuple[int, int]], terms: int, bias: bool, wid
                 shift[column] = sign * big
             else:
                 weights[term, column] = sign * big
-    return np.asarray(dense(weights, shift), dtype=np.float64).reshape(-1, width) / unit
+    outputs = np.asarray(dense(weights, shift)).reshape(-1, width)
+    if places is not None and outputs.shape[0] != places:
+        raise OrderError(f"the probe gave {outputs.shape[0]} outputs per probe, not the "
+                         f"{places} places of the layer")
+    return (outputs if kept is None else outputs[kept]).astype(np.float64) / unit
 
 
 def _counts(values: np.ndarray, count) -> np.ndarray:
@@ -626,7 +632,9 @@ class _Seen:
 
     def __init__(self, dense, terms: int, bias: bool, width: int, precision: str,
                  places: int, kept: np.ndarray | None = None):
-        self.call = lambda chunk: _probe_call(dense, chunk, terms, bias, width, precision)
+        # only the places kept (the sample's) are converted and held
+        self.call = lambda chunk: _probe_call(dense, chunk, terms, bias, width, precision,
+                                              places, kept)
         self.width, self.places = width, places
         self.kept = kept  # the places whose answers are kept (None: all)
         self.index: dict[tuple[int, int], int] = {}
@@ -637,11 +645,6 @@ class _Seen:
         for start in range(0, len(new), self.width):
             chunk = new[start:start + self.width]
             outputs = self.call(chunk)
-            if outputs.shape[0] != self.places:
-                raise OrderError(f"the probe gave {outputs.shape[0]} outputs per probe, not "
-                                 f"the {self.places} places of the layer")
-            if self.kept is not None:
-                outputs = outputs[self.kept]
             for column, pair in enumerate(chunk):
                 self.index[pair] = len(self.values)
                 self.values.append(outputs[:, column].astype(np.float32))  # counts
