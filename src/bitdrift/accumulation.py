@@ -871,6 +871,8 @@ def order_name(trees: list[Node], places: dict | None, bias: bool) -> str:
     if uniform:
         rows = [names[row[seen][0]] if row[seen][0] >= 0 else "not revealed"
                 for row, seen in zip(maps, looked, strict=True)]
+        if suffix and set(rows) == {"not revealed"}:  # the readers' label for no order
+            return "not revealed"
         return (rows[0] if len(rows) == 1 else by_rows(rows)) + suffix
     unit = "pixels" if len(maps) == 1 else "places"
     searched = ", ".join(f"({y},{x})" for _, y, x in places["searched"])
