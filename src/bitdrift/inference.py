@@ -56,17 +56,21 @@ def batch_indices(samples: list[int], batch_size: int, n_test: int) -> list[int]
 
 def run_repeat(job: dict) -> None:
     """One repeat inside its own process: load, cast, run, save outputs to job['out']."""
-    from bitdrift import backends
+    from bitdrift import formats
     from bitdrift.devices import fingerprint
     from bitdrift.models import numpy_dtype
 
     device, name = job["device"], job["device_name"]
-    session = backends.get(device["backend"]).open_session(job, name)
+    session = formats.open_session(job, name)
     first = job.get("fingerprint", True)
     indices = batch_indices(job["samples"], device["batch_size"],
                             count_test_images(job["dataset_path"]))
     dtype = numpy_dtype(device["precision"])
-    images = read_test_images(job["dataset_path"], indices).astype(dtype)
+    images = read_test_images(job["dataset_path"], indices)
+    if job.get("model_format", "keras") == "keras":
+        images = images.astype(dtype)
+    # a model of another format takes its inputs as its signature says (checked before
+    # the repeats: bitdrift.formats.check_inputs)
     results: dict[str, list[np.ndarray]] = {}
     for start in range(0, len(indices), device["batch_size"]):
         for position, value in enumerate(session.run(images[start:start + device["batch_size"]])):
@@ -145,14 +149,21 @@ def reveal_orders(session, device: dict) -> dict:
     return orders
 
 
-def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> None:
+def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> str:
     """What would otherwise fail only after the repeats' start-up: a missing model or
-    dataset, sample indices beyond the test set, an output folder that cannot be written."""
+    dataset, a model of no format bitdrift reads, sample indices beyond the test set,
+    inputs that do not fit the model, an output folder that cannot be written. Returns
+    the model's format (bitdrift.formats)."""
     for kind, path in (("model", model_path), ("dataset", dataset_path)):
         if not Path(path).is_file():
             raise InferenceError(f"{path}: {kind} file does not exist")
     check_samples(dataset_path, samples)
-    expected = model_input_shape(model_path)
+    from bitdrift import formats
+
+    format = formats.detect(model_path)
+    if format != "keras":
+        formats.check_inputs(dataset_path, model_path, format)
+    expected = model_input_shape(model_path) if format == "keras" else None
     images = test_image_shape(dataset_path)
     if expected is not None and None not in expected and tuple(expected) != images:
         raise InferenceError(f"{dataset_path}: images of shape {images}, but model "
@@ -164,6 +175,7 @@ def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> N
         raise InferenceError(f"{out}: cannot create its folder ({error})") from error
     if not os.access(folder, os.W_OK):
         raise InferenceError(f"{out}: folder {folder} is not writable")
+    return format
 
 
 @contextlib.contextmanager
@@ -198,7 +210,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     on the outputs alone). ``kernels``: after the measured repeats, one traced repeat in
     a process of its own records which kernel ran in every layer (bitdrift.kernels), and
     for an exported runtime the deployed graph's kernels beside the instrumented graph's."""
-    check_before_repeats(model_path, dataset_path, samples, out)
+    model_format = check_before_repeats(model_path, dataset_path, samples, out)
     expected = None
     if reference:
         from bitdrift.reference import read_reference
@@ -220,7 +232,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                    "reference": str(reference) if reference else None,
                    "export": str(export) if export else None,
                    "deployed_export": str(deployed_export) if deployed_export else None,
-                   "observe": observe, "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
+                   "observe": observe, "model_format": model_format,
+                   "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
                    "log_is_terminal": log is sys.__stderr__}
             print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
                   f"{device['repeats']} in {how}", file=log, flush=True)
@@ -243,6 +256,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             # an exported runtime maps its outputs to the layers by the reference
             "reference": str(reference) if reference else None,
             "export": str(export) if export else None, "trace": True,
+            "model_format": model_format,
             "deployed_export": str(deployed_export) if deployed_export else None},
             Path(tmp) / "trace.txt", workers, how, log) if kernels else None
     meta = repeats[0][0]

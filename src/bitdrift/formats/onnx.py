@@ -1,0 +1,188 @@
+"""ONNX models (a protobuf ModelProto), run as they are by ONNX Runtime and OpenVINO.
+
+The per-layer record names each value by the model's own names: every float tensor a
+node outputs is made a graph output of an instrumented copy (as Polygraphy's ``mark all``
+does), in the graph's topological order; the final outputs stay last. A runtime that
+returns no value for one of them has fused it away: that layer is recorded as absent
+for the device (``unmapped``), never given another value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bitdrift.errors import InferenceError, ModelFormatError
+from bitdrift.formats import Input
+
+NAME = "onnx"
+WHAT = "an ONNX model"
+RUNTIMES = ("onnxruntime", "openvino")
+
+
+def recognise(path, head: bytes) -> bool:
+    """A ModelProto has no magic number: its first field is ir_version (field 1, varint,
+    tag 0x08) in the files onnx writes; the full parse in check() decides."""
+    return head[:1] == b"\x08"
+
+
+def _load(path):
+    import onnx
+
+    try:
+        return onnx.load(str(path))
+    except Exception as error:  # protobuf's DecodeError, onnx's own
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ModelFormatError(f"{path}: not an ONNX model, or a damaged one ({first})") \
+            from error
+
+
+def check(path) -> None:
+    import onnx
+
+    model = _load(path)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as error:
+        first = (str(error).strip().splitlines() or ["invalid"])[0]
+        raise ModelFormatError(f"{path}: an ONNX model the ONNX checker refuses ({first})") \
+            from error
+
+
+def _dtype(elem_type: int) -> str:
+    from onnx import helper
+
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
+def signature(path) -> list[Input]:
+    graph = _load(path).graph
+    constants = {initializer.name for initializer in graph.initializer}
+    inputs = []
+    for value in graph.input:
+        if value.name in constants:
+            continue
+        tensor = value.type.tensor_type
+        shape = tuple(dim.dim_value if dim.HasField("dim_value") else None
+                      for dim in tensor.shape.dim)
+        inputs.append(Input(value.name, shape, _dtype(tensor.elem_type)))
+    return inputs
+
+
+def instrumented(path):
+    """(the model with every node's float output as a graph output, [(output name, op
+    type)] in topological order with the final outputs last): ONNX's shape inference
+    gives each value's type; a value whose type it cannot infer is left out."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = _load(path)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception as error:  # an op shape inference does not know
+        raise InferenceError(f"{path}: ONNX shape inference fails ({error})") from error
+    types = {value.name: value.type.tensor_type.elem_type
+             for value in [*inferred.graph.value_info, *inferred.graph.output,
+                           *inferred.graph.input]}
+    floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
+              TensorProto.BFLOAT16}
+    finals = [output.name for output in model.graph.output]
+    layers, added = [], []
+    for node in model.graph.node:
+        for output in node.output:
+            if not output or output in finals or types.get(output) not in floats:
+                continue
+            layers.append((output, node.op_type))
+            added.append(helper.make_tensor_value_info(output, types[output], None))
+    producer = {output: node.op_type for node in model.graph.node for output in node.output}
+    layers += [(name, producer.get(name, "Identity")) for name in finals]
+    model.graph.output.extend(added)
+    # the final outputs last, in their own order
+    outputs = list(model.graph.output)
+    ordered = [o for o in outputs if o.name not in finals] + \
+        [o for o in outputs if o.name in finals]
+    del model.graph.output[:]
+    model.graph.output.extend(ordered)
+    return model, layers
+
+
+def open_session(runtime, job: dict, name: str):
+    """A Session of ``runtime`` (onnxruntime, openvino) on the user's ONNX file: the
+    instrumented copy when layers are recorded, the file itself as deployed (the observer
+    check), both compiled with the device's settings."""
+    import os
+    import tempfile
+
+    import onnx
+
+    from bitdrift.backends import Session
+    from bitdrift.errors import BitdriftError
+    from bitdrift.reference import unreadable_export
+
+    device, path = job["device"], job["model_path"]
+    accelerator = runtime.check_accelerator(name, device)
+    accelerator["model_format"] = NAME
+    trace = bool(job.get("trace"))
+    model, layers = instrumented(path)
+    handle, instrumented_path = tempfile.mkstemp(suffix=".instrumented.onnx")
+    os.close(handle)
+    try:
+        onnx.save(model, instrumented_path)
+        compiled, describe = compile_model(runtime, instrumented_path, device, accelerator,
+                                           trace, name)
+        deployed_run, _ = compile_model(runtime, path, device, dict(accelerator), False,
+                                        name) if not trace else (None, None)
+        nodes_outputs = describe() if trace else None
+    except BitdriftError:
+        raise
+    except Exception as error:
+        raise unreadable_export(path, runtime.NAME, error) from error
+    finally:
+        os.unlink(instrumented_path)
+    recorded = list(layers)  # one per graph output of the instrumented model, in order
+
+    def run(batch):
+        outputs = compiled(batch)
+        return list(outputs) if job["layers"] else [outputs[-1]]
+
+    def final(batch):
+        return compiled(batch)[-1]
+
+    kernels = None
+    if trace:
+        from dataclasses import asdict
+
+        from bitdrift.kernels import graph_layer_calls
+
+        nodes, outputs = nodes_outputs
+        found = graph_layer_calls(nodes, outputs, {position: layer for position, (layer, _)
+                                                   in enumerate(recorded)})
+        kernels = {layer: [asdict(call) for call in calls] for layer, calls in found.items()}
+
+    def deployed(batch):
+        outputs = deployed_run(batch)
+        return outputs[-1]
+
+    return Session(layers=recorded if job["layers"] else [], run=run, final=final,
+                   accelerator=accelerator, kernels=kernels,
+                   deployed=deployed if deployed_run is not None else None,
+                   deployed_program=f"{Path(path).name} on {runtime.NAME}, as given")
+
+
+def compile_model(runtime, path, device, accelerator, trace, name):
+    """runtime.compile, an op the runtime lacks named in one line (only this device
+    fails: bitdrift.failures)."""
+    try:
+        return runtime.compile(path, device, accelerator, trace)
+    except Exception as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        # the line that names the op where the runtime's message has one (OpenVINO's
+        # report of unconverted ops comes after its source location)
+        named = [line for line in lines if any(word in line.lower() for word in OP_WORDS)]
+        reason = (named or lines or [type(error).__name__])[-1 if named else 0]
+        raise InferenceError(f"device {name!r}: {runtime.NAME} cannot run {Path(path).name}"
+                             f" ({reason[:300]})") from error
+
+
+OP_WORDS = ("no conversion rule found for operations", "not implemented", "no kernel",
+            "could not find an implementation", "unsupported op")
