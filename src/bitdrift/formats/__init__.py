@@ -11,6 +11,9 @@ Every loader module has:
   raises ModelFormatError naming the file and what is wrong;
 - ``signature(path) -> list[Input]``: the model's inputs (None for a dimension the model
   leaves free), read without running it;
+- ``file_layers(path)``: its layers as bitdrift.models.keras_file_layers gives a Keras
+  model's (the analyses that recompute a layer from its weights), or None where the
+  format has no such reading yet;
 - ``RUNTIMES``: the runtimes (bitdrift.backends) that run the file as it is, and
   ``open_session(runtime, job, name)`` (None for Keras, whose runtimes open it themselves):
   a bitdrift.backends.Session on the file for one of those runtimes.
@@ -151,3 +154,10 @@ def open_session(job: dict, name: str):
                              f"{job['model_path']} takes batches of exactly "
                              f"{fixed[0].shape[0]} (input {fixed[0].describe()})")
     return loader.open_session(backends.get(backend), job, name)
+
+
+def file_layers(path) -> list[dict] | None:
+    """The model's layers with their weights (bitdrift.models.keras_file_layers' shape),
+    whatever its format; None where its loader has no such reading."""
+    loader = get(detect(path))
+    return loader.file_layers(path) if loader.file_layers is not None else None

@@ -64,3 +64,9 @@ def signature(path) -> list[Input]:
 
     shape = model_input_shape(path)
     return [] if shape is None else [Input("input", (None, *shape), "float32")]
+
+
+def file_layers(path) -> list[dict]:
+    from bitdrift.models import keras_file_layers
+
+    return keras_file_layers(path)

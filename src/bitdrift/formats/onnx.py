@@ -186,3 +186,94 @@ def compile_model(runtime, path, device, accelerator, trace, name):
 
 OP_WORDS = ("no conversion rule found for operations", "not implemented", "no kernel",
             "could not find an implementation", "unsupported op")
+
+
+def file_layers(path) -> list[dict]:
+    """The model's nodes as bitdrift.models.keras_file_layers gives a Keras model's (named
+    as the record names them), for
+    the analyses that recompute a layer from its weights (effective precision, repro):
+    each graph input as an InputLayer, each MatMul or Gemm with constant weights as a
+    Dense layer, each Conv as a channels-first Conv2D (named by its output); every other
+    node by its op type, with no weights, so those analyses leave it out."""
+    from onnx import numpy_helper
+
+    graph = _load(path).graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    for node in graph.node:  # Constant nodes hold weights too
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].t.dims:
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    layers = [{"name": value.name, "class_name": "InputLayer", "config": {}, "inbound": [],
+               "weights": []} for value in graph.input if value.name not in constants]
+    for node in graph.node:
+        attributes = {attribute.name: attribute for attribute in node.attribute}
+
+        def number(key, default, attributes=attributes):
+            found = attributes.get(key)
+            if found is None:
+                return default
+            return found.f if found.type == found.FLOAT else found.i
+
+        def ints(key, default, attributes=attributes):
+            found = attributes.get(key)
+            return list(found.ints) if found is not None else default
+
+        inbound = [name for name in node.input if name and name not in constants]
+        entry = {"name": node.output[0], "class_name": node.op_type, "config": {},
+                 "inbound": inbound, "weights": []}
+        weights = [constants.get(name) for name in node.input[1:]]
+        if node.op_type in ("MatMul", "Gemm") and len(inbound) == 1 and weights and \
+                weights[0] is not None and weights[0].ndim == 2:
+            kernel = weights[0]
+            bias = weights[1] if len(weights) > 1 else None
+            plain = node.op_type == "MatMul" or (
+                number("alpha", 1.0) == 1.0 and number("beta", 1.0) == 1.0
+                and not number("transA", 0) and (bias is None or bias.ndim == 1))
+            if plain:
+                if node.op_type == "Gemm" and number("transB", 0):
+                    kernel = kernel.T
+                entry.update(class_name="Dense", op_type=node.op_type, config={
+                    "activation": "linear", "use_bias": bias is not None,
+                    "units": int(kernel.shape[1])},
+                    weights=[kernel] + ([bias] if bias is not None else []))
+        elif node.op_type == "Conv" and len(inbound) == 1 and weights and \
+                weights[0] is not None and weights[0].ndim == 4:
+            padding = _padding(attributes, number, ints, weights[0].shape[2:])
+            if padding is not None:
+                kernel = np.ascontiguousarray(weights[0].transpose(2, 3, 1, 0))  # to HWIO
+                bias = weights[1] if len(weights) > 1 and weights[1] is not None else None
+                entry.update(class_name="Conv2D", op_type="Conv", config={
+                    "activation": "linear", "use_bias": bias is not None,
+                    "filters": int(kernel.shape[-1]), "strides": ints("strides", [1, 1]),
+                    "dilation_rate": ints("dilations", [1, 1]), "padding": padding,
+                    "data_format": "channels_first", "groups": int(number("group", 1))},
+                    weights=[kernel] + ([bias] if bias is not None else []))
+        layers.append(entry)
+    # named as the record names them (HDF5 takes "/" for a path: bitdrift.record)
+    from bitdrift.record import _sanitize
+
+    return [dict(layer, name=_sanitize(layer["name"]),
+                 inbound=[_sanitize(name) for name in layer["inbound"]]) for layer in layers]
+
+
+def _padding(attributes, number, ints, kernel_shape) -> str | None:
+    """A Conv's padding as Keras names it: valid (none), same (SAME_UPPER, or explicit
+    pads that are what same pads at stride 1); None for any other padding."""
+    auto = attributes.get("auto_pad")
+    auto = auto.s.decode() if auto is not None else "NOTSET"
+    if auto == "VALID":
+        return "valid"
+    if auto == "SAME_UPPER":
+        return "same"
+    if auto != "NOTSET":
+        return None
+    pads = ints("pads", [0, 0, 0, 0])
+    if not any(pads):
+        return "valid"
+    strides, dilations = ints("strides", [1, 1]), ints("dilations", [1, 1])
+    same = [((size - 1) * dilation) for size, dilation in zip(kernel_shape, dilations,
+                                                               strict=True)]
+    begin = [total // 2 for total in same]
+    end = [total - total // 2 for total in same]
+    if strides == [1, 1] and pads == begin + end:
+        return "same"
+    return None

@@ -13,6 +13,7 @@ NAME = "pt2"
 WHAT = "a PyTorch torch.export .pt2 archive"
 RUNTIMES = ()
 open_session = None
+file_layers = None  # no reading of its layers' weights yet
 
 
 def _names(path) -> list[str]:

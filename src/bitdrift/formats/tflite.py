@@ -13,6 +13,7 @@ NAME = "tflite"
 WHAT = "a LiteRT .tflite flatbuffer"
 RUNTIMES = ()
 open_session = None
+file_layers = None  # no reading of its layers' weights yet
 
 
 def recognise(path, head: bytes) -> bool:
