@@ -51,6 +51,7 @@ def runs_on(model, device):
         MODEL_FORMATS.get(model, "keras")
     )
 
+
 EXPORT_FORMATS = list(reference.FORMATS)
 
 # (model, model file, dataset file) per model: every record, external ones included, is

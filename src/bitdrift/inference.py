@@ -112,6 +112,8 @@ def run_repeat(job: dict) -> None:
         meta["deployed_kernels"] = session.deployed_kernels
     if job.get("orders") and session.order_probe is not None:
         meta["orders"] = reveal_orders(session, device)
+    elif job.get("orders") and session.unrevealed:
+        meta["orders"] = {layer: {"error": reason} for layer, reason in session.unrevealed.items()}
     # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
     # (bitdrift.prefork.exit_now), fresh or forked.
     np.savez(job["out"], meta=json.dumps(meta), **arrays, **weights)

@@ -163,7 +163,12 @@ def open_session(runtime, job: dict, name: str):
         outputs = deployed_run(batch)
         return outputs[-1]
 
+    summing = {output: op for output, op in recorded if op in SUMMING_OPS}
+    unrevealed = {output: f"an ONNX model's own {op} node, whose order is not probed yet; "
+                          "bitdrift probes a Keras model's Dense and Conv2D layers"
+                  for output, op in summing.items()}
     return Session(layers=recorded if job["layers"] else [], run=run, final=final,
+                   unrevealed=unrevealed,
                    accelerator=accelerator, kernels=kernels,
                    deployed=deployed if deployed_run is not None else None,
                    deployed_program=f"{Path(path).name} on {runtime.NAME}, as given")
@@ -184,6 +189,7 @@ def compile_model(runtime, path, device, accelerator, trace, name):
                              f" ({reason[:300]})") from error
 
 
+SUMMING_OPS = ("MatMul", "Gemm", "Conv")  # the nodes whose summation order matters
 OP_WORDS = ("no conversion rule found for operations", "not implemented", "no kernel",
             "could not find an implementation", "unsupported op")
 
@@ -277,3 +283,42 @@ def _padding(attributes, number, ints, kernel_shape) -> str | None:
     if strides == [1, 1] and pads == begin + end:
         return "same"
     return None
+
+
+def node_model(path, layer: str, input_shape: tuple):
+    """The node whose output the record names ``layer`` alone, as an ONNX model of the
+    same opset: its input ``x`` (a batch of ``input_shape``), its constant operands as
+    initializers, its attributes as in the file, its output ``y`` (bitdrift.repro)."""
+    from onnx import helper
+
+    from bitdrift.record import _sanitize
+
+    model = _load(path)
+    graph = model.graph
+    node = next((node for node in graph.node if node.output and
+                 _sanitize(node.output[0]) == layer), None)
+    if node is None:
+        raise InferenceError(f"{path}: no node outputs {layer!r}")
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    constants.update({item.output[0]: item.attribute[0].t for item in graph.node
+                      if item.op_type == "Constant" and item.attribute})
+    types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
+    inputs = [name for name in node.input if name and name not in constants]
+    if len(inputs) != 1:
+        raise InferenceError(f"{path}: node {node.name or layer!r} has {len(inputs)} "
+                             "inputs; a repro runs one-input nodes")
+    alone = helper.make_node(node.op_type, ["x" if name == inputs[0] else name
+                                            for name in node.input],
+                             ["y"] + [f"unused_{index}" for index in range(1, len(node.output))],
+                             domain=node.domain)
+    alone.attribute.extend(node.attribute)
+    used = [constants[name] for name in node.input if name in constants]
+    elem_type = types.get(inputs[0], 1)  # float unless the model input says otherwise
+    graph_alone = helper.make_graph(
+        [alone], f"{layer}_alone",
+        [helper.make_tensor_value_info("x", elem_type, [None, *input_shape])],
+        [helper.make_tensor_value_info("y", elem_type, None)],
+        [tensor for tensor in used])
+    alone_model = helper.make_model(graph_alone, opset_imports=list(model.opset_import))
+    alone_model.ir_version = model.ir_version
+    return alone_model
