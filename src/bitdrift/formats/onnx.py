@@ -129,7 +129,7 @@ def open_session(runtime, job: dict, name: str):
     try:
         onnx.save(model, instrumented_path)
         compiled, describe = compile_model(runtime, instrumented_path, device, accelerator,
-                                           trace, name)
+                                           trace, name, shown=path)
         deployed_run, _ = compile_model(runtime, path, device, dict(accelerator), False,
                                         name) if not trace else (None, None)
         nodes_outputs = describe() if trace else None
@@ -174,9 +174,9 @@ def open_session(runtime, job: dict, name: str):
                    deployed_program=f"{Path(path).name} on {runtime.NAME}, as given")
 
 
-def compile_model(runtime, path, device, accelerator, trace, name):
+def compile_model(runtime, path, device, accelerator, trace, name, shown=None):
     """runtime.compile, an op the runtime lacks named in one line (only this device
-    fails: bitdrift.failures)."""
+    fails: bitdrift.failures); ``shown`` the file the user gave (of an instrumented copy)."""
     try:
         return runtime.compile(path, device, accelerator, trace)
     except Exception as error:
@@ -185,8 +185,9 @@ def compile_model(runtime, path, device, accelerator, trace, name):
         # report of unconverted ops comes after its source location)
         named = [line for line in lines if any(word in line.lower() for word in OP_WORDS)]
         reason = (named or lines or [type(error).__name__])[-1 if named else 0]
-        raise InferenceError(f"device {name!r}: {runtime.NAME} cannot run {Path(path).name}"
-                             f" ({reason[:300]})") from error
+        raise InferenceError(f"device {name!r}: {runtime.NAME} cannot run "
+                             f"{Path(shown or path).name} ({reason.lstrip('- ')[:300]})") \
+            from error
 
 
 SUMMING_OPS = ("MatMul", "Gemm", "Conv")  # the nodes whose summation order matters
