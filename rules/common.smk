@@ -17,6 +17,7 @@ from bitdrift import export, forkserver, formats, paths, reference
 from bitdrift.config import ConfigError, validate_config
 from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.emulation import architecture
+from bitdrift.examples import EXAMPLES
 from bitdrift.failures import end_of_run
 from bitdrift.provenance import infer_command
 from bitdrift.studies import study_models

@@ -84,11 +84,17 @@ def runtimes(format: str) -> tuple:
     return get(format).RUNTIMES
 
 
+# The extension a model file made later is planned by (its job then checks its content)
+PLANNED_SUFFIXES = {".onnx": "onnx", ".pt2": "pt2", ".tflite": "tflite"}
+
+
 def planned_format(path) -> str:
     """The format of a model file for planning the workflow's jobs: by content where the
-    file exists, else keras (a trained model, or a file made later: its job then checks
-    its content)."""
-    return detect(path) if Path(path).is_file() else "keras"
+    file exists; a file a rule makes later (a trained model, an example) by its extension
+    (keras unless .onnx, .pt2 or .tflite), and its job checks its content."""
+    if Path(path).is_file():
+        return detect(path)
+    return PLANNED_SUFFIXES.get(Path(path).suffix.lower(), "keras")
 
 
 def check_inputs(inputs_path, model_path, format: str | None = None,
