@@ -213,10 +213,10 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
             raise ConfigError(f"config key models.{name}.train: a model given as a file is "
                               "used as is and cannot be trained")
         if "file" in model:
-            check_model_file(name, model, config["samples"])
+            check_model_file(name, model, config["samples"], config["devices"])
 
 
-def check_model_file(name: str, model: dict, samples: list[int]) -> None:
+def check_model_file(name: str, model: dict, samples: list[int], devices: dict) -> None:
     """A model file's format by its content, and its inputs against its signature, where
     the files exist (a file made later is checked by its job: bitdrift.inference)."""
     from bitdrift import formats
@@ -228,6 +228,11 @@ def check_model_file(name: str, model: dict, samples: list[int]) -> None:
         format = formats.detect(model["file"])
     except ModelFormatError as error:
         raise ConfigError(f"config key models.{name}.file: {error}") from error
+    runtimes = formats.get(format).RUNTIMES
+    if not any(device["backend"] in runtimes for device in devices.values()):
+        raise ConfigError(f"config key models.{name}.file: {model['file']} is "
+                          f"{formats.get(format).WHAT}, and no device runs it (runtimes that "
+                          f"can: {', '.join(runtimes) or 'none yet'})")
     if format == "keras" and "inputs" in model:
         raise ConfigError(f"config key models.{name}.inputs: {model['file']} is "
                           f"{formats.get(format).WHAT}, which reads a `dataset`")

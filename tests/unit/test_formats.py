@@ -151,6 +151,7 @@ def test_the_config_check_reads_the_files_where_they_exist(model_files, tmp_path
     write_inputs(tmp_path / "inputs.npy", onnx_cnn.make_inputs(4))
     write_inputs(tmp_path / "wrong.npy", np.zeros((4, 8), np.float32))
     (tmp_path / "text.onnx").write_text("not a model")
+    (tmp_path / "program.pt2").write_bytes((model_files / "model.pt2").read_bytes())
     validate_config(config_of({"file": "cnn.onnx", "inputs": "inputs.npy"}))
     validate_config(config_of({"file": "later.onnx", "inputs": "inputs.npy"}))  # made later
     cases = {
@@ -158,6 +159,9 @@ def test_the_config_check_reads_the_files_where_they_exist(model_files, tmp_path
             "file": "cnn.onnx", "inputs": "wrong.npy"},
         "models.mine.file: text.onnx: not a model bitdrift reads": {
             "file": "text.onnx", "inputs": "inputs.npy"},
+        "models.mine.file: program.pt2 is a PyTorch torch.export .pt2 archive, and no "
+        "device runs it (runtimes that can: none yet)": {
+            "file": "program.pt2", "inputs": "inputs.npy"},
         "models.mine: a model needs exactly one of 'dataset' or 'inputs'": {
             "file": "cnn.onnx"},
         "models.mine.dataset: cnn.onnx is an ONNX model; give its own `inputs`": {
@@ -307,3 +311,20 @@ def test_a_model_with_a_fixed_batch_refuses_another_batch_size(tmp_path):
     with pytest.raises(InferenceError, match="batch_size 4, but model .*fixed.onnx takes "
                                              "batches of exactly 1"):
         run_device(tmp_path, "ort_all", "fixed.onnx", samples=(0,))
+
+
+def test_a_dimension_the_model_leaves_free_takes_the_inputs_size(tmp_path):
+    """Height and width named, not fixed: the inputs' 16x16 fits, and the run records it."""
+    model = onnx_cnn.build_model()
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "height", "width"
+    onnx.save(model, tmp_path / "cnn.onnx")
+    np.save(tmp_path / "inputs.npy", onnx_cnn.make_inputs(4))
+    (signature,) = formats.check_inputs(tmp_path / "inputs.npy", tmp_path / "cnn.onnx")
+    assert signature.shape == (None, 3, None, None)
+    with Record(run_device(tmp_path, "ort_all", samples=(0,))) as record:
+        assert record.tensor(0, "conv").values.shape == (2, 8, 16, 16)
+    np.save(tmp_path / "flat.npy", np.zeros((4, 3, 16), np.float32))
+    with pytest.raises(ModelFormatError, match=r"\(samples, 3, 16\) float32, but .* takes "
+                                               r"input 'input' \(\?, 3, \?, \?\) float32"):
+        formats.check_inputs(tmp_path / "flat.npy", tmp_path / "cnn.onnx")

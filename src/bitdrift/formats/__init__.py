@@ -14,9 +14,10 @@ Every loader module has:
 - ``file_layers(path)``: its layers as bitdrift.models.keras_file_layers gives a Keras
   model's (the analyses that recompute a layer from its weights), or None where the
   format has no such reading yet;
-- ``RUNTIMES``: the runtimes (bitdrift.backends) that run the file as it is, and
-  ``open_session(runtime, job, name)`` (None for Keras, whose runtimes open it themselves):
-  a bitdrift.backends.Session on the file for one of those runtimes.
+- ``RUNTIMES``: the runtimes (bitdrift.backends) that run the file, and
+  ``open_session(runtime, job, name)``: a bitdrift.backends.Session on the file for one
+  of those runtimes; None where each runtime module's own ``open_session(job, name)``
+  opens the file (Keras; a torch runner of a .pt2 program may do either).
 """
 
 from __future__ import annotations
@@ -148,12 +149,12 @@ def open_session(job: dict, name: str):
 
     backend = job["device"]["backend"]
     loader = get(job.get("model_format") or "keras")
-    if loader.open_session is None:
-        return backends.get(backend).open_session(job, name)
     if backend not in loader.RUNTIMES:
         raise InferenceError(f"device {name!r}: backend {backend!r} cannot run "
                              f"{job['model_path']} ({loader.WHAT}; runtimes that can: "
                              f"{', '.join(loader.RUNTIMES) or 'none yet'})")
+    if loader.open_session is None:  # the runtime module opens the file itself
+        return backends.get(backend).open_session(job, name)
     batch, fixed = job["device"]["batch_size"], loader.signature(job["model_path"])
     if fixed and fixed[0].shape and fixed[0].shape[0] not in (None, batch):
         raise InferenceError(f"device {name!r}: batch_size {batch}, but model "
