@@ -328,3 +328,32 @@ def test_a_dimension_the_model_leaves_free_takes_the_inputs_size(tmp_path):
     with pytest.raises(ModelFormatError, match=r"\(samples, 3, 16\) float32, but .* takes "
                                                r"input 'input' \(\?, 3, \?, \?\) float32"):
         formats.check_inputs(tmp_path / "flat.npy", tmp_path / "cnn.onnx")
+
+
+def test_repro_cuts_the_first_parting_node_from_the_users_file(onnx_records, tmp_path):
+    """Two devices that part (on x86 at the Conv: ONNX Runtime's NCHWc kernel against its
+    plain one, or OpenVINO's): the node alone, with the file's own attributes and weights,
+    reproduces each record."""
+    from itertools import combinations
+
+    from bitdrift.repro import check_repro, write_repro
+
+    folder, records = onnx_records
+
+    def first_parting(a, b):
+        with Record(records[a]) as one, Record(records[b]) as other:
+            return next((info.name for info in one.layers(0) if not np.array_equal(
+                one.tensor(0, info).values[0], other.tensor(0, info).values[0])), None)
+
+    parting = [(a, b, first_parting(a, b)) for a, b in combinations(DEVICES, 2)]
+    a, b, first = next(pair for pair in parting if pair[2] is not None)
+    summary = write_repro(records[a], records[b], folder / "cnn.onnx", tmp_path / "repro",
+                          folder / "inputs.npy")
+    assert summary["layer"] == first
+    node = onnx.load(tmp_path / "repro/layer.onnx").graph
+    original = next(n for n in onnx_cnn.build_model().graph.node if n.output[0] == first)
+    assert [n.op_type for n in node.node] == [original.op_type] == [summary["class_name"]]
+    assert list(node.node[0].attribute) == list(original.attribute)
+    results = check_repro(tmp_path / "repro")
+    assert all(result["reproduced"] for result in results.values()), results
+    assert results[a]["printed"] != results[b]["printed"]
