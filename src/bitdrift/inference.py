@@ -213,6 +213,13 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     a process of its own records which kernel ran in every layer (bitdrift.kernels), and
     for an exported runtime the deployed graph's kernels beside the instrumented graph's."""
     model_format = check_before_repeats(model_path, dataset_path, samples, out)
+    from bitdrift import formats
+
+    runtimes = formats.runtimes(model_format)
+    if device["backend"] not in runtimes:
+        raise InferenceError(f"device {device_name!r}: backend {device['backend']!r} cannot "
+                             f"run {model_path} ({formats.get(model_format).WHAT}; runtimes "
+                             f"that can: {', '.join(runtimes) or 'none yet'})")
     expected = None
     if reference:
         from bitdrift.reference import read_reference

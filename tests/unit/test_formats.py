@@ -357,3 +357,22 @@ def test_repro_cuts_the_first_parting_node_from_the_users_file(onnx_records, tmp
     results = check_repro(tmp_path / "repro")
     assert all(result["reproduced"] for result in results.values()), results
     assert results[a]["printed"] != results[b]["printed"]
+
+
+def test_a_device_whose_runtime_cannot_run_the_format_is_refused_before_any_repeat(
+        tmp_path):
+    from bitdrift.inference import infer
+
+    onnx_cnn.write(tmp_path / "cnn.onnx", tmp_path / "inputs.npy", samples=4)
+    device = validate_config({"models": {"cnn": {"file": str(tmp_path / "cnn.onnx"),
+                                                 "inputs": str(tmp_path / "inputs.npy")}},
+                              "devices": {"tf": {"accelerator": "cpu",
+                                                 "backend": "tensorflow"}},
+                              "samples": [0]})["devices"]["tf"]
+    with pytest.raises(InferenceError) as error:
+        infer(model_name="cnn", device_name="tf", device=device,
+              model_path=tmp_path / "cnn.onnx", dataset_path=tmp_path / "inputs.npy",
+              samples=[0], out=tmp_path / "tf.h5")
+    assert str(error.value) == (f"device 'tf': backend 'tensorflow' cannot run "
+                                f"{tmp_path / 'cnn.onnx'} (an ONNX model; runtimes that can: "
+                                "onnxruntime, openvino)")
