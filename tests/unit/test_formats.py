@@ -367,7 +367,9 @@ def test_a_device_whose_runtime_cannot_run_the_format_is_refused_before_any_repe
     device = validate_config({"models": {"cnn": {"file": str(tmp_path / "cnn.onnx"),
                                                  "inputs": str(tmp_path / "inputs.npy")}},
                               "devices": {"tf": {"accelerator": "cpu",
-                                                 "backend": "tensorflow"}},
+                                                 "backend": "tensorflow"},
+                                          "ort": {"accelerator": "cpu",
+                                                  "backend": "onnxruntime"}},
                               "samples": [0]})["devices"]["tf"]
     with pytest.raises(InferenceError) as error:
         infer(model_name="cnn", device_name="tf", device=device,
