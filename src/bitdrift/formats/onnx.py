@@ -71,8 +71,8 @@ def signature(path) -> list[Input]:
 
 def instrumented(path):
     """(the model with every node's float output as a graph output, [(output name, op
-    type)] in topological order with the final outputs last): ONNX's shape inference
-    gives each value's type; a value whose type it cannot infer is left out."""
+    type)] in topological order with the final outputs last, the values left out because
+    ONNX's shape inference, which gives each value's type, cannot type them)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -87,9 +87,11 @@ def instrumented(path):
     floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
               TensorProto.BFLOAT16}
     finals = [output.name for output in model.graph.output]
-    layers, added = [], []
+    layers, added, untyped = [], [], []
     for node in model.graph.node:
         for output in node.output:
+            if output and output not in finals and output not in types:
+                untyped.append(output)
             if not output or output in finals or types.get(output) not in floats:
                 continue
             layers.append((output, node.op_type))
@@ -103,7 +105,7 @@ def instrumented(path):
         [o for o in outputs if o.name in finals]
     del model.graph.output[:]
     model.graph.output.extend(ordered)
-    return model, layers
+    return model, layers, untyped
 
 
 def open_session(runtime, job: dict, name: str):
@@ -123,7 +125,7 @@ def open_session(runtime, job: dict, name: str):
     accelerator = runtime.check_accelerator(name, device)
     accelerator["model_format"] = NAME
     trace = bool(job.get("trace"))
-    model, layers = instrumented(path)
+    model, layers, untyped = instrumented(path)
     handle, instrumented_path = tempfile.mkstemp(suffix=".instrumented.onnx")
     os.close(handle)
     try:
@@ -143,6 +145,10 @@ def open_session(runtime, job: dict, name: str):
 
     def run(batch):
         outputs = compiled(batch)
+        if len(outputs) != len(recorded):  # never map values to names by a guess
+            raise InferenceError(f"device {name!r}: {runtime.NAME} returns {len(outputs)} "
+                                 f"outputs of the instrumented {Path(path).name}, which asks "
+                                 f"for {len(recorded)}")
         return list(outputs) if job["layers"] else [outputs[-1]]
 
     def final(batch):
@@ -168,7 +174,7 @@ def open_session(runtime, job: dict, name: str):
                           "bitdrift probes a Keras model's Dense and Conv2D layers"
                   for output, op in summing.items()}
     return Session(layers=recorded if job["layers"] else [], run=run, final=final,
-                   unrevealed=unrevealed,
+                   unrevealed=unrevealed, unmapped=untyped if job["layers"] else [],
                    accelerator=accelerator, kernels=kernels,
                    deployed=deployed if deployed_run is not None else None,
                    deployed_program=f"{Path(path).name} on {runtime.NAME}, as given")
