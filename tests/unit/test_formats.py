@@ -378,3 +378,16 @@ def test_a_device_whose_runtime_cannot_run_the_format_is_refused_before_any_repe
     assert str(error.value) == (f"device 'tf': backend 'tensorflow' cannot run "
                                 f"{tmp_path / 'cnn.onnx'} (an ONNX model; runtimes that can: "
                                 "onnxruntime, openvino)")
+
+
+def test_a_study_that_needs_a_dataset_refuses_a_model_with_its_own_inputs(tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    onnx_cnn.write("cnn.onnx", "inputs.npy", samples=4)
+    config = config_of({"file": "cnn.onnx", "inputs": "inputs.npy"})
+    config["devices"]["ort_2"] = {"accelerator": "cpu", "backend": "onnxruntime"}
+    config["probes"] = {"model": "mine", "search_devices": ["ort", "ort_2"]}
+    with pytest.raises(ConfigError, match="^config key probes.model: model 'mine' brings its "
+                                          "own inputs; the probe search runs a model on a "
+                                          "dataset's images$"):
+        validate_config(config)
