@@ -110,10 +110,10 @@ def run_repeat(job: dict) -> None:
         meta["runtime_kernels"] = session.kernels
     if session.deployed_kernels is not None:  # and of its deployed graph (bitdrift.observer)
         meta["deployed_kernels"] = session.deployed_kernels
-    if job.get("orders") and session.order_probe is not None:
-        meta["orders"] = reveal_orders(session, device)
-    elif job.get("orders") and session.unrevealed:
+    if job.get("orders") and (session.order_probe is not None or session.unrevealed):
         meta["orders"] = {layer: {"error": reason} for layer, reason in session.unrevealed.items()}
+        if session.order_probe is not None:
+            meta["orders"].update(reveal_orders(session, device))
     # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
     # (bitdrift.prefork.exit_now), fresh or forked.
     np.savez(job["out"], meta=json.dumps(meta), **arrays, **weights)

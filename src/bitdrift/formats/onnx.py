@@ -169,12 +169,16 @@ def open_session(runtime, job: dict, name: str):
         outputs = deployed_run(batch)
         return outputs[-1]
 
+    checked, order_layers = checked_layers(path, [output for output, _ in recorded])
     summing = {output: op for output, op in recorded if op in SUMMING_OPS}
     unrevealed = {output: f"an ONNX model's own {op} node, whose order is not probed yet; "
-                          "bitdrift probes a Keras model's Dense and Conv2D layers"
-                  for output, op in summing.items()}
+                          "bitdrift probes an ONNX model's MatMul and Gemm nodes"
+                  for output, op in summing.items() if output not in order_layers}
     return Session(layers=recorded if job["layers"] else [], run=run, final=final,
                    unrevealed=unrevealed, unmapped=untyped if job["layers"] else [],
+                   checked=checked if job["layers"] else {}, order_layers=order_layers,
+                   order_probe=node_order_probe(runtime, path, device, accelerator)
+                   if order_layers else None,
                    accelerator=accelerator, kernels=kernels,
                    deployed=deployed if deployed_run is not None else None,
                    deployed_program=f"{Path(path).name} on {runtime.NAME}, as given")
@@ -329,3 +333,85 @@ def node_model(path, layer: str, input_shape: tuple):
     alone_model = helper.make_model(graph_alone, opset_imports=list(model.opset_import))
     alone_model.ir_version = model.ir_version
     return alone_model
+
+
+def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
+    """({output: (effective-precision spec, [kernel, bias])}, {output: order probe spec}):
+    the MatMul, Gemm (as Dense) and Conv (as channels-first Conv2D) nodes whose output and
+    input are recorded, named by their output as the session records it; the order of the
+    Dense ones over a (batch, terms) input is revealed (bitdrift.accumulation)."""
+    from bitdrift.accumulation import probe_spec
+    from bitdrift.effective_precision import spec_from_config
+    from bitdrift.record import _sanitize
+
+    raw = {_sanitize(name): name for name in recorded}
+    layers = file_layers(path)
+    inputs = {layer["name"] for layer in layers if layer["class_name"] == "InputLayer"}
+    shapes = {value.name: [dim.dim_value if dim.HasField("dim_value") else None
+                           for dim in value.type.tensor_type.shape.dim]
+              for value in _load(path).graph.input}
+    checked, orders = {}, {}
+    for layer in layers:
+        if layer["class_name"] not in ("Dense", "Conv2D") or layer["name"] not in raw:
+            continue
+        source = layer["inbound"][0]
+        inbound = None if source in inputs else raw.get(source)
+        if inbound is None and source not in inputs:
+            continue  # its input is not recorded
+        spec = spec_from_config(layer["class_name"], layer["config"], inbound)
+        if spec is None:
+            continue
+        name = raw[layer["name"]]
+        checked[name] = (spec, [np.asarray(value, np.float64) for value in layer["weights"]])
+        flat_input = source not in inputs or len(shapes.get(source, [])) == 2
+        if layer["class_name"] == "Dense" and flat_input:
+            kernel = layer["weights"][0]
+            found = probe_spec("Dense", layer["config"], kernel.shape[:1], kernel.shape)
+            if found is not None:
+                orders[name] = {**found, "op_type": layer["op_type"], "node": layer["name"]}
+    return checked, orders
+
+
+def node_order_probe(runtime, path, device: dict, accelerator: dict):
+    """order_probe (bitdrift.backends.Session) of an ONNX model's MatMul or Gemm node: the
+    node alone, cut from the file with its own attributes (node_model), its weights
+    replaced by the probe's, compiled with the device's settings, on a batch of ones."""
+    import os
+    import tempfile
+
+    import onnx
+    from onnx import numpy_helper
+
+    from bitdrift.accumulation import probe_output
+
+    def make(spec: dict, batch: int):
+        ones = np.ones((batch, spec["terms"]), dtype=np.float32)
+        alone = node_model(path, spec["node"], (spec["terms"],))
+        node = alone.graph.node[0]
+        transposed = spec["op_type"] == "Gemm" and any(
+            attribute.name == "transB" and attribute.i for attribute in node.attribute)
+        constants = [name for name in node.input[1:] if name]
+
+        def call(kernel, bias):
+            kernel = np.asarray(kernel, np.float32).reshape(spec["terms"], spec["units"])
+            values = [kernel.T if transposed else kernel]
+            if spec["use_bias"]:
+                values.append(np.asarray(bias, np.float32))
+            probe = onnx.ModelProto()
+            probe.CopyFrom(alone)
+            del probe.graph.initializer[:]
+            probe.graph.initializer.extend(numpy_helper.from_array(
+                np.ascontiguousarray(value), name) for name, value in zip(
+                    constants, values, strict=True))
+            handle, probe_path = tempfile.mkstemp(suffix=".node.onnx")
+            os.close(handle)
+            try:
+                onnx.save(probe, probe_path)
+                run, _ = runtime.compile(probe_path, device, dict(accelerator), False)
+                return probe_output(spec, run(ones)[-1])
+            finally:
+                os.unlink(probe_path)
+
+        return call
+
+    return make
