@@ -364,11 +364,14 @@ def recheck(record, model_path, dataset_path) -> dict:
     (for a layer fed by the model input) are the record's; the weights are cast to the
     record's declared format, as its device had them."""
     from bitdrift.datasets import read_test_images
-    from bitdrift.models import keras_file_layers, numpy_dtype
+    from bitdrift.formats import file_layers
+    from bitdrift.models import numpy_dtype
 
     precision = record.precision
     dtype = numpy_dtype(precision)
-    layers = keras_file_layers(model_path)
+    # a Keras model's layers, or an ONNX model's MatMul, Gemm and Conv nodes as Dense and
+    # Conv2D layers (bitdrift.formats); a format with no such reading has none to check
+    layers = file_layers(model_path) or []
     inputs = {layer["name"] for layer in layers if layer["class_name"] == "InputLayer"}
     recorded = {info.name for info in record.layers(record.samples[0]) if not info.final}
     checked = {}

@@ -58,17 +58,21 @@ def batch_indices(samples: list[int], batch_size: int, n_test: int) -> list[int]
 
 def run_repeat(job: dict) -> None:
     """One repeat inside its own process: load, cast, run, save outputs to job['out']."""
-    from bitdrift import backends
+    from bitdrift import formats
     from bitdrift.devices import fingerprint
     from bitdrift.models import numpy_dtype
 
     device, name = job["device"], job["device_name"]
-    session = backends.get(device["backend"]).open_session(job, name)
+    session = formats.open_session(job, name)
     first = job.get("fingerprint", True)
     indices = batch_indices(job["samples"], device["batch_size"],
                             count_test_images(job["dataset_path"]))
     dtype = numpy_dtype(device["precision"])
-    images = read_test_images(job["dataset_path"], indices).astype(dtype)
+    images = read_test_images(job["dataset_path"], indices)
+    if job.get("model_format", "keras") == "keras":
+        images = images.astype(dtype)
+    # a model of another format takes its inputs as its signature says (checked before
+    # the repeats: bitdrift.formats.check_inputs)
     batch = device["batch_size"]
     out = RepeatWriter(job["out"])
     # Each batch's outputs go to the file as they come (the filler rows left out): the
@@ -114,8 +118,10 @@ def run_repeat(job: dict) -> None:
         meta["runtime_kernels"] = session.kernels
     if session.deployed_kernels is not None:  # and of its deployed graph (bitdrift.observer)
         meta["deployed_kernels"] = session.deployed_kernels
-    if job.get("orders") and session.order_probe is not None:
-        meta["orders"] = reveal_orders(session, device, job.get("order_positions"))
+    if job.get("orders") and (session.order_probe is not None or session.unrevealed):
+        meta["orders"] = {layer: {"error": reason} for layer, reason in session.unrevealed.items()}
+        if session.order_probe is not None:
+            meta["orders"].update(reveal_orders(session, device, job.get("order_positions")))
     meta["outputs"] = out.positions
     meta["shapes"] = out.shapes
     meta["batches"] = -(-len(indices) // batch)
@@ -222,14 +228,21 @@ def reveal_orders(session, device: dict, positions: int | None = None) -> dict:
     return orders
 
 
-def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> None:
+def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> str:
     """What would otherwise fail only after the repeats' start-up: a missing model or
-    dataset, sample indices beyond the test set, an output folder that cannot be written."""
+    dataset, a model of no format bitdrift reads, sample indices beyond the test set,
+    inputs that do not fit the model, an output folder that cannot be written. Returns
+    the model's format (bitdrift.formats)."""
     for kind, path in (("model", model_path), ("dataset", dataset_path)):
         if not Path(path).is_file():
             raise InferenceError(f"{path}: {kind} file does not exist")
     check_samples(dataset_path, samples)
-    expected = model_input_shape(model_path)
+    from bitdrift import formats
+
+    format = formats.detect(model_path)
+    if format != "keras":
+        formats.check_inputs(dataset_path, model_path, format)
+    expected = model_input_shape(model_path) if format == "keras" else None
     images = test_image_shape(dataset_path)
     if expected is not None and None not in expected and tuple(expected) != images:
         raise InferenceError(f"{dataset_path}: images of shape {images}, but model "
@@ -241,6 +254,7 @@ def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> N
         raise InferenceError(f"{out}: cannot create its folder ({error})") from error
     if not os.access(folder, os.W_OK):
         raise InferenceError(f"{out}: folder {folder} is not writable")
+    return format
 
 
 @contextlib.contextmanager
@@ -283,7 +297,14 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     samples whose layers keep their values; the others' layers keep their digests only.
     ``layer_select`` (analysis.layer_select): the layers recorded, by name or Keras class
     (None: all). The record is written a layer at a time as the repeats are merged."""
-    check_before_repeats(model_path, dataset_path, samples, out)
+    model_format = check_before_repeats(model_path, dataset_path, samples, out)
+    from bitdrift import formats
+
+    runtimes = formats.runtimes(model_format)
+    if device["backend"] not in runtimes:
+        raise InferenceError(f"device {device_name!r}: backend {device['backend']!r} cannot "
+                             f"run {model_path} ({formats.get(model_format).WHAT}; runtimes "
+                             f"that can: {', '.join(runtimes) or 'none yet'})")
     expected = None
     if reference:
         from bitdrift.reference import read_reference
@@ -308,7 +329,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                    "reference": str(reference) if reference else None,
                    "export": str(export) if export else None,
                    "deployed_export": str(deployed_export) if deployed_export else None,
-                   "observe": observe, "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
+                   "observe": observe, "model_format": model_format,
+                   "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
                    "log_is_terminal": log is sys.__stderr__}
             print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
                   f"{device['repeats']} in {how}", file=log, flush=True)
@@ -333,6 +355,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             # an exported runtime maps its outputs to the layers by the reference
             "reference": str(reference) if reference else None,
             "export": str(export) if export else None, "trace": True,
+            "model_format": model_format,
             "deployed_export": str(deployed_export) if deployed_export else None},
             Path(tmp) / "trace.txt", workers, how, log) if kernels else None
         with RecordWriter(out) as writer:
