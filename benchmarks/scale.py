@@ -101,15 +101,17 @@ def _unexpanded(spec: dict) -> dict:
 
 
 def rule_scripts() -> dict[str, str]:
-    """script file stem -> rule, from rules/*.smk."""
-    scripts = {}
+    """script file stem -> rule, from rules/*.smk; a script several rules run (the plots'
+    plot_with_cli) names itself, as its jobs cannot be told apart here."""
+    rules = defaultdict(set)
     for smk in sorted((REPO / "rules").glob("*.smk")):
         for rule, body in re.findall(r"^rule (\w+):\n((?:[ \t]+.*\n|\n)*)", smk.read_text(),
                                      re.MULTILINE):
             found = re.search(r"scripts/(\w+)\.py", body)
             if found:
-                scripts[found.group(1)] = rule
-    return scripts
+                rules[found.group(1)].add(rule)
+    return {script: next(iter(names)) if len(names) == 1 else f"{script} (several rules)"
+            for script, names in rules.items()}
 
 
 class MemorySampler(threading.Thread):
@@ -298,11 +300,12 @@ def plot(rows: list[dict], path: Path) -> None:
     labels = [f"{d}x{s}" + (" k" if k else "") for d, s, k in points]
     rules = sorted({r["rule"] for r in rows})
     figure, axes = plt.subplots(1, 3, figsize=(15, 5.5))
-    measures = (("wall_s", "wall time, all jobs (s)", 1),
-                ("peak_rss_mb", "peak memory of one job (GB)", 1024),
-                ("bytes", "bytes on disk (GB)", 2**30))
+    # (column, title, unit, the least worth a line: 5 s, 300 MB, 1 MB)
+    measures = (("wall_s", "wall time, all jobs of the rule (s)", 1, 5),
+                ("peak_rss_mb", "peak memory of one job (GB)", 1024, 0.3),
+                ("bytes", "bytes on disk (GB)", 2**30, 2**-10))
     colours = plt.get_cmap("tab20")
-    for axis, (column, title, scale) in zip(axes, measures, strict=True):
+    for axis, (column, title, scale, least) in zip(axes, measures, strict=True):
         for index, rule in enumerate(rules):
             values = []
             for point in points:
@@ -313,15 +316,15 @@ def plot(rows: list[dict], path: Path) -> None:
                     value = max(value, max((float(r["snakemake_max_rss_mb"] or 0)
                                             for r in found), default=0.0))
                 values.append(value / scale if value else float("nan"))
-            if any(v == v for v in values):
-                axis.plot(range(len(points)), values, "o-", label=rule,
-                          color=colours(index % 20))
+            if max((v for v in values if v == v), default=0) >= least:
+                axis.plot(range(len(points)), values, "os^vD<>"[index % 7] + "-",
+                          label=rule, color=colours(index % 20))
         axis.set_yscale("log")
         axis.set_title(title)
         axis.set_xticks(range(len(points)), labels)
         axis.set_xlabel("devices x samples (k: kernels on)")
         axis.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="best")
+        axis.legend(fontsize=6, loc="best")
     figure.suptitle("bitdrift spine, ResNet-50 at "
                     f"{rows[0]['image_size']}x{rows[0]['image_size']}, per rule")
     figure.tight_layout()
