@@ -19,7 +19,8 @@ Measured per job, through the workflow only (so it runs unchanged on a newer rec
 format): wall seconds and Snakemake's max_rss from the rules' `benchmark:` files
 (results/benchmarks/RULE/...tsv; Snakemake samples a job every 0.5 s for its first 15 s,
 then every 30 s, so a long job's peak can be missed), and the peak resident memory
-sampled here every 0.25 s over the job's process and its workers (the sum of their RSS);
+sampled here every 0.25 s over the job's process and its workers, those its fork servers
+fork included (the sum of their RSS; exact with --cores 1, the default: one job at a time);
 bytes on disk per rule, from the files `snakemake --detailed-summary` names as the rule's
 outputs. Writes OUT/scale.csv (one row per point and rule) and OUT/scale.png (rule x wall
 time, peak memory and bytes against devices x samples). --stage RULE reruns that rule
@@ -33,8 +34,10 @@ import argparse
 import csv
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -117,13 +120,19 @@ def rule_scripts() -> dict[str, str]:
 class MemorySampler(threading.Thread):
     """Peak RSS per Snakemake job: every process below ``root`` is assigned to the nearest
     ancestor running a job's script (.snakemake/scripts/tmpXXXX.SCRIPT.py), their RSS
-    summed at each sample; the peak per job and the job's script are kept."""
+    summed at each sample; the peak per job and the job's script are kept. A job's repeats
+    and training runs are forked by bitdrift's fork servers, which leave the job's process
+    tree (they outlive it to serve the next job): the workers of this run's servers (their
+    socket under ``servers``) count towards every job running at that moment (exact with
+    --cores 1, one job at a time; the idle server itself is not counted)."""
 
     SCRIPT = re.compile(r"\.snakemake/scripts/tmp[^/]*?\.(\w+)\.py")
 
-    def __init__(self, root: int, interval: float = 0.25):
+    def __init__(self, root: int, servers: str, interval: float = 0.25):
         super().__init__(daemon=True)
-        self.root, self.interval = root, interval
+        self.root, self.servers, self.interval = root, servers, interval
+        self._server_pids: set[int] = set()
+        self._last_scan = 0.0
         self.peaks: dict[int, float] = {}
         self.script_of: dict[int, str] = {}
         self._cmdlines: dict[int, str] = {}
@@ -174,10 +183,28 @@ class MemorySampler(threading.Thread):
                     totals[job] += proc.memory_info().rss / 2**20
                 except psutil.Error:
                     pass
+            workers = self._workers_rss()
             for job, rss in totals.items():
-                self.peaks[job] = max(self.peaks.get(job, 0.0), rss)
+                self.peaks[job] = max(self.peaks.get(job, 0.0), rss + workers)
                 self.script_of[job] = self._cmdlines[job]
             self._done.wait(self.interval)
+
+    def _workers_rss(self) -> float:
+        """RSS (MB) of the workers this run's fork servers have forked, now."""
+        if time.monotonic() - self._last_scan > 2:  # servers are long-lived: scan seldom
+            self._last_scan = time.monotonic()
+            for proc in psutil.process_iter(["cmdline"]):
+                line = " ".join(proc.info["cmdline"] or ())
+                if "bitdrift.forkserver" in line and self.servers in line:
+                    self._server_pids.add(proc.pid)
+        total = 0.0
+        for pid in list(self._server_pids):
+            try:
+                for worker in psutil.Process(pid).children(recursive=True):
+                    total += worker.memory_info().rss / 2**20
+            except psutil.Error:
+                self._server_pids.discard(pid)
+        return total
 
     def stop(self) -> None:
         self._done.set()
@@ -193,17 +220,22 @@ class MemorySampler(threading.Thread):
 def snakemake(args: list[str], log: Path, cores: int) -> tuple[int, dict[str, float]]:
     command = [sys.executable, "-m", "snakemake", *args, "--profile", "profiles/local",
                "--cores", str(cores)]
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}" + os.pathsep +
-           os.environ.get("PYTHONPATH", "")}
+    # this run's fork servers put their sockets under a folder of its own (short: a socket
+    # path has at most 107 bytes), which tells them from other runs' on the machine
+    servers = tempfile.mkdtemp(prefix="bdscale")
+    env = {key: value for key, value in os.environ.items() if key != "XDG_RUNTIME_DIR"}
+    env.update(TMPDIR=servers, PYTHONPATH=f"{REPO / 'src'}" + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
     with open(log, "a") as out:
         out.write("$ " + " ".join(command) + "\n")
         out.flush()
         process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                    env=env)
-        sampler = MemorySampler(process.pid)
+        sampler = MemorySampler(process.pid, servers)
         sampler.start()
         status = process.wait()
         sampler.stop()
+    shutil.rmtree(servers, ignore_errors=True)
     return status, sampler.peak_by_script()
 
 
@@ -343,7 +375,9 @@ def main() -> None:
     parser.add_argument("--device", action="append", dest="device_names",
                         help="name the devices instead (repeatable); --devices then cuts it")
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--cores", type=int, default=1,
+                        help="Snakemake's --cores (1: one job at a time, so every fork-server "
+                             "worker is the running job's; a device keeps its own threads)")
     parser.add_argument("--stage", metavar="RULE",
                         help="rerun this rule alone at each point (its records already there)")
     args = parser.parse_args()
