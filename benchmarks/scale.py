@@ -322,6 +322,9 @@ def measure_point(out: Path, devices: list[str], samples: int, kernels: bool,
 
 
 def plot(rows: list[dict], path: Path) -> None:
+    """Three panels (wall time, peak memory, bytes), a line per rule across the points in
+    order of devices x samples; kernels-on points are drawn apart (hollow, not joined to
+    the kernels-off ones), and one legend serves the three panels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -329,16 +332,17 @@ def plot(rows: list[dict], path: Path) -> None:
 
     points = sorted({(r["devices"], r["samples"], r["kernels"]) for r in rows},
                     key=lambda p: (p[2], p[0] * p[1], p[0]))
-    labels = [f"{d}x{s}" + (" k" if k else "") for d, s, k in points]
+    labels = [f"{d}x{s}" + ("\nkernels on" if k else "") for d, s, k in points]
     rules = sorted({r["rule"] for r in rows})
-    figure, axes = plt.subplots(1, 3, figsize=(15, 5.5))
-    # (column, title, unit, the least worth a line: 5 s, 300 MB, 1 MB)
+    figure, axes = plt.subplots(1, 3, figsize=(15, 6.5))
+    # (column, title, unit, the least worth a line: 5 s, 0.3 GiB, 1 MB)
     measures = (("wall_s", "wall time, all jobs of the rule (s)", 1, 5),
-                ("peak_rss_mb", "peak memory of one job (GB)", 1024, 0.3),
-                ("bytes", "bytes on disk (GB)", 2**30, 2**-10))
+                ("peak_rss_mb", "peak memory of one job (GiB)", 1024, 0.3),
+                ("bytes", "bytes on disk (GB)", 1e9, 1e-3))
     colours = plt.get_cmap("tab20")
+    legend = {}
     for axis, (column, title, scale, least) in zip(axes, measures, strict=True):
-        for index, rule in enumerate(rules):
+        for rule in rules:
             values = []
             for point in points:
                 found = [r for r in rows if (r["devices"], r["samples"], r["kernels"]) == point
@@ -348,18 +352,26 @@ def plot(rows: list[dict], path: Path) -> None:
                     value = max(value, max((float(r["snakemake_max_rss_mb"] or 0)
                                             for r in found), default=0.0))
                 values.append(value / scale if value else float("nan"))
-            if max((v for v in values if v == v), default=0) >= least:
-                axis.plot(range(len(points)), values, "os^vD<>"[index % 7] + "-",
-                          label=rule, color=colours(index % 20))
+            if max((v for v in values if v == v), default=0) < least:
+                continue
+            index = list(legend).index(rule) if rule in legend else len(legend)
+            for kernels in (False, True):
+                where = [i for i, point in enumerate(points) if point[2] == kernels]
+                if where:
+                    (line,) = axis.plot(where, [values[i] for i in where],
+                                        "os^vD<>p"[index % 8] + "-", color=colours(index % 20),
+                                        markerfacecolor="none" if kernels else None)
+                    legend.setdefault(rule, line)
         axis.set_yscale("log")
         axis.set_title(title)
         axis.set_xticks(range(len(points)), labels)
-        axis.set_xlabel("devices x samples (k: kernels on)")
+        axis.set_xlabel("devices x samples")
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=6, loc="best")
+    figure.legend(list(legend.values()), list(legend), loc="lower center", ncol=5,
+                  fontsize=8, frameon=False)
     figure.suptitle("bitdrift spine, ResNet-50 at "
                     f"{rows[0]['image_size']}x{rows[0]['image_size']}, per rule")
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.13, 1, 1))
     figure.savefig(path, dpi=110)
 
 
