@@ -4,6 +4,7 @@
     python benchmarks/scale.py --out /tmp/scale --devices 2 4 8 30 --samples 3 10 100
     python benchmarks/scale.py --out /tmp/scale --devices 1 --samples 3 --kernels on
     python benchmarks/scale.py --out /tmp/scale --devices 2 --samples 3 --stage locate_divergence
+    python benchmarks/scale.py --out /tmp/scale --devices 2 --samples 3 --overlay more.yaml
 
 For every point of the grid (devices x samples x kernels on/off) it writes a complete
 config (ResNet-50 from the model zoo at --image-size on the embedded digits resized to it,
@@ -281,14 +282,25 @@ def bytes_by_rule(config_file: Path, workdir: Path, cores: int) -> dict[str, tup
     return {rule: tuple(value) for rule, value in totals.items()}
 
 
+def overlaid(config: dict, overlay: dict) -> dict:
+    """config with overlay's keys written over it, mappings merged key by key."""
+    merged = dict(config)
+    for key, value in overlay.items():
+        merged[key] = overlaid(merged[key], value) \
+            if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
+
+
 def measure_point(out: Path, devices: list[str], samples: int, kernels: bool,
-                  image_size: int, cores: int, stage: str | None) -> list[dict]:
+                  image_size: int, cores: int, stage: str | None,
+                  overlay: dict | None = None) -> list[dict]:
     name = f"d{len(devices)}_s{samples}" + ("_kernels" if kernels else "")
     workdir = (out / "runs" / name).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "config.yaml"
-    config_file.write_text(yaml.safe_dump(
-        point_config(devices, samples, kernels, image_size, workdir), sort_keys=False))
+    config = overlaid(point_config(devices, samples, kernels, image_size, workdir),
+                      overlay or {})
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
     log = workdir / "snakemake.log"
     args = ["all", "--configfile", str(config_file)]
     if stage:
@@ -386,14 +398,19 @@ def main() -> None:
                         help="analysis.kernels: the traced repeat, orders and replay")
     parser.add_argument("--device", action="append", dest="device_names",
                         help="name the devices instead (repeatable); --devices then cuts it")
-    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--image-size", type=int, default=224,
+                        help="side of the digits resized (the datasets key image_size)")
     parser.add_argument("--cores", type=int, default=1,
                         help="Snakemake's --cores (1: one job at a time, so every fork-server "
                              "worker is the running job's; a device keeps its own threads)")
+    parser.add_argument("--overlay", type=Path, metavar="YAML",
+                        help="config keys written over each point's (e.g. analysis settings "
+                             "a newer bitdrift offers), mappings merged key by key")
     parser.add_argument("--stage", metavar="RULE",
                         help="rerun this rule alone at each point (its records already there)")
     args = parser.parse_args()
     available = args.device_names or default_devices()
+    overlay = yaml.safe_load(args.overlay.read_text()) if args.overlay else {}
     args.out.mkdir(parents=True, exist_ok=True)
     table = args.out / "scale.csv"
     rows = list(csv.DictReader(table.open())) if table.exists() else []
@@ -403,7 +420,7 @@ def main() -> None:
                 raise SystemExit(f"--devices {count}: only {len(available)} devices")
             for samples in args.samples:
                 new = measure_point(args.out, available[:count], samples, kernels == "on",
-                                    args.image_size, args.cores, args.stage)
+                                    args.image_size, args.cores, args.stage, overlay)
                 key = (str(count), str(samples), str(kernels == "on"))
                 stage_rules = {r["rule"] for r in new}
                 # a point measured again replaces its rows (a --stage run: that rule's)
