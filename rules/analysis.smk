@@ -347,6 +347,7 @@ rule tabulate_kernels:
         **ANALYSIS_RESOURCES,
     params:
         expect=EXPECT_ARGUMENTS,
+        kernels=config["analysis"]["kernels"],
     script:
         "../workflow/scripts/tabulate_kernels.py"
 

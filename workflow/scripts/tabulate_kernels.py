@@ -12,5 +12,6 @@ with workflow_job(snakemake.log[0]):
             + ["--coverage-out", snakemake.output.coverage]
             + ["--orders-out", snakemake.output.orders]
             + snakemake.params.expect
+            + ([] if snakemake.params.kernels else ["--kernels-off"])
         )
     )

@@ -26,8 +26,11 @@ def cmd_kernels(args) -> None:
     if lacking:
         print(f"bitdrift: records without kernels (written before format 3, or with "
               f"analysis.kernels off): {', '.join(lacking)}", file=sys.stderr)
-    if not rows:
+    if not rows and not args.kernels_off:
         raise RecordError(f"no record carries kernels: {', '.join(lacking)}")
+    if not rows:
+        print("bitdrift: analysis.kernels is off: the kernel tables are written empty",
+              file=sys.stderr)
     write_csv(rows, args.out, columns=TABLE_COLUMNS)
     if args.coverage_out:
         if not args.eqc or not args.divergence:
@@ -108,6 +111,8 @@ def add_commands(sub) -> None:
                        "repeats): one row per device, layer and kernel call")
     p.add_argument("files", nargs="+", help="records")
     p.add_argument("--out", required=True, help="kernels.csv")
+    p.add_argument("--kernels-off", action="store_true", help="the records were made with "
+                   "analysis.kernels off: write the tables empty instead of failing")
     p.add_argument("--eqc", help="eqc.csv of the records (needed with --coverage-out)")
     p.add_argument("--divergence", help="divergence.csv of the records (needed with "
                    "--coverage-out)")
