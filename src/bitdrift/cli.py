@@ -60,7 +60,8 @@ INPUT_OPTIONS = ("files", "table", "tables", "eqc", "config", "model_file", "dat
                  "export", "divergence", "coverage", "index", "probes", "evaluation",
                  "records", "figure")
 OUTPUT_OPTIONS = ("out", "rst_out", "layers_out", "out_model", "out_history", "out_logits",
-                  "flags_out", "classes_out", "table_out", "coverage_out", "orders_out")
+                  "flags_out", "classes_out", "table_out", "coverage_out", "orders_out",
+                  "refused_out", "figure_out")
 
 
 def check_outputs(args) -> None:
