@@ -166,9 +166,6 @@ def entries_from_records(paths: list[str | Path]) -> list[dict]:
 
     expected = reference_set.manifest()["model"]["model_sha256"]
     records = open_records(paths)
-    if not records:
-        raise AtlasError("no records to make an atlas entry from (every one named a failed "
-                         "device)")
     entries: dict[str, dict] = {}
     for record in records:
         with record:
@@ -441,12 +438,13 @@ def _first_difference(a: dict, b: dict) -> str:
 
 def compare(this: list[dict] | None, atlas: Atlas) -> list[Row]:
     """Per device (name and configuration), the class of every machine across the
-    machines: this machine's entries (None: the atlas's entries among themselves) first."""
+    machines: this machine's entries first, on the devices it ran (``this`` None: the
+    atlas's entries among themselves, on every device)."""
     from bitdrift.precision import MANTISSA_BITS
 
     machines = [(THIS_MACHINE, entry) for entry in this or []] + list(atlas.entries.items())
     devices: dict[str, None] = {}
-    for _, entry in machines:
+    for _, entry in machines[:len(this)] if this else machines:
         devices.update(dict.fromkeys(entry["devices"]))
     rows = []
     for device in devices:
@@ -548,12 +546,12 @@ def rows_from_table(table) -> list[Row]:
     def text(value) -> str:
         return "" if optional(value) is None else str(value)
 
-    return [Row(str(row.device), str(row.machine), str(row.name), int(row["class"]),
-                None if optional(row.same_bits_as_this_machine) is None
-                else str(row.same_bits_as_this_machine).lower() == "true",
-                text(row.first_differing_layer), text(row.difference),
-                None if optional(row.remaining_precision) is None
-                else float(row.remaining_precision))
+    return [Row(str(row["device"]), str(row["machine"]), str(row["name"]), int(row["class"]),
+                None if optional(row["same_bits_as_this_machine"]) is None
+                else str(row["same_bits_as_this_machine"]).lower() == "true",
+                text(row["first_differing_layer"]), text(row["difference"]),
+                None if optional(row["remaining_precision"]) is None
+                else float(row["remaining_precision"]))
             for _, row in table.iterrows()]
 
 

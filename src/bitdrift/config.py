@@ -182,6 +182,9 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
 
     for name, device in config["devices"].items():
         check_device(name, device)
+    for device in config["atlas"]["devices"]:
+        scheduled_device(config, device, "atlas.devices", "the reference model runs on the "
+                         "devices the workflow schedules")
     recorded = {model["dataset"] for model in config["models"].values()}
     for name, dataset in config["datasets"].items():
         limit = dataset.get("limit_test") if name in recorded else None

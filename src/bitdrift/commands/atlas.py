@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from bitdrift.errors import ConfigError
+from bitdrift.errors import ConfigError, RecordError
 
 
 def cmd_identify(args) -> int:
@@ -95,7 +95,11 @@ def cmd_identify_atlas(args) -> int:
 def cmd_atlas_add(args) -> int:
     from bitdrift.atlas_entries import add, default_folder, encode, machine_name
 
-    for path, entry in add(args.files, args.atlas or default_folder(), replace=args.replace):
+    written = add(args.files, args.atlas or default_folder(), replace=args.replace)
+    if not written:
+        raise RecordError("atlas add: no record to make an entry from (every one named is "
+                          "a failed device's)")
+    for path, entry in written:
         print(f"{path}: {machine_name(entry['machine'])}, {len(entry['devices'])} device(s), "
               f"{len(encode(entry)) / 1024:.1f} KiB")
     return 0
