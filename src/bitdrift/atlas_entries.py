@@ -426,6 +426,16 @@ class Row:
     remaining_precision: float | None  # final outputs against this machine's, in bits
 
 
+# Config keys of a device that say where it runs, not what it computes: an emulated CPU is
+# the entry's machine, and scheduling is the cluster's
+NOT_SETTINGS = ("emulate", "external", "resources")
+
+
+def settings(part: dict) -> dict:
+    """A device's configuration as compared across machines."""
+    return {key: value for key, value in part["config"].items() if key not in NOT_SETTINGS}
+
+
 def _first_difference(a: dict, b: dict) -> str:
     if a["layers"] != b["layers"]:
         return "layers differ"
@@ -454,19 +464,19 @@ def compare(this: list[dict] | None, atlas: Atlas) -> list[Row]:
         classes: dict[str, int] = {}
         for label, entry, part in runs:
             # configured otherwise: another device under the same name, its own class
-            signature = json.dumps([part["config"], part["layers"], part["digests"]],
+            signature = json.dumps([settings(part), part["layers"], part["digests"]],
                                    sort_keys=True)
             cls = classes.setdefault(signature, len(classes) + 1)
             if own is None:
                 same, first, difference, remaining = None, "", "", None
             else:
                 _, own_entry, own_part = own
-                same = own_part["config"] == part["config"] and \
-                    _first_difference(own_part, part) == "" and \
-                    own_part["layers"] == part["layers"]
+                configured = settings(own_part) == settings(part)
+                same = configured and own_part["layers"] == part["layers"] and \
+                    _first_difference(own_part, part) == ""
                 first = "" if same else (
-                    "configured otherwise" if own_part["config"] != part["config"]
-                    else _first_difference(own_part, part))
+                    _first_difference(own_part, part) if configured
+                    else "configured otherwise")
                 difference = _kind_of_difference(own_entry, own_part, entry, part)
                 dropped = _dropped(own_part, part)
                 form = next(iter(part["outputs"].values()))["format"]
@@ -526,8 +536,10 @@ def summary_lines(rows: list[Row]) -> list[str]:
                       for r in same) if same else "no other machine")
         if apart:
             text += "; apart from " + ", ".join(
-                f"{r.name} [{r.machine}] from layer {r.first_difference} on "
-                f"({r.difference}; {_bits(r.remaining_precision)})" for r in apart)
+                f"{r.name} [{r.machine}] "
+                + ("(configured otherwise)" if r.first_difference == "configured otherwise"
+                   else f"from layer {r.first_difference} on ({r.difference}; "
+                   f"{_bits(r.remaining_precision)})") for r in apart)
         lines.append(text)
     return lines
 
