@@ -772,7 +772,7 @@ def plot_atlas(table: pd.DataFrame, out: str | Path) -> None:
               for m in machines]
     cells = {(row.machine, row.device): int(row["class"]) for _, row in table.iterrows()}
     colours = plt.get_cmap("tab10")
-    figure, axis = plt.subplots(figsize=(0.55 * len(devices) + 4.5,
+    figure, axis = plt.subplots(figsize=(max(0.55 * len(devices) + 4.5, 9.0),
                                          0.55 * len(machines) + 2.6))
     for i, machine in enumerate(machines):
         for j, device in enumerate(devices):
@@ -787,8 +787,8 @@ def plot_atlas(table: pd.DataFrame, out: str | Path) -> None:
                     fontsize=7)
     axis.set_yticks(np.arange(len(machines)) + 0.5, labels, fontsize=7)
     axis.set_xlabel("device (runtime and settings) running the reference model")
-    axis.set_title("This machine among the machines measured: class of each device across "
-                   "machines\none colour in a column = the same bits on every layer and "
-                   "sample; – = not run there", fontsize=9)
+    axis.set_title("This machine among the machines measured: each device's class across "
+                   "machines\n(one colour in a column = the same bits on every layer and "
+                   "sample; – = not run there)", fontsize=9, loc="right")
     figure.tight_layout()
     save_figure(figure, out)
