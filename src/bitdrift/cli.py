@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 INPUT_OPTIONS = ("files", "table", "tables", "eqc", "config", "model_file", "dataset_file",
                  "classes", "eqc_layers", "precision_table", "record", "against", "reference",
                  "export", "divergence", "coverage", "index", "probes", "evaluation",
-                 "records", "figure")
+                 "records", "figure", "folder")
 OUTPUT_OPTIONS = ("out", "rst_out", "layers_out", "out_model", "out_history", "out_logits",
                   "flags_out", "classes_out", "table_out", "coverage_out", "orders_out",
                   "refused_out", "figure_out")

@@ -249,7 +249,12 @@ def onnx_layer(class_name: str, config: dict, weights: list, input_shape: tuple,
         nodes, name,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, *input_shape])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], constants)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    # The oldest IR version the opset allows, not the installed onnx's newest: a runtime
+    # older than onnx refuses a newer IR (on an NVIDIA H200 host, onnx 1.23 wrote IR 14
+    # and onnxruntime 1.30 read up to 13), though it runs every op here.
+    opsets = [helper.make_opsetid("", opset)]
+    return helper.make_model(graph, opset_imports=opsets,
+                             ir_version=helper.find_min_ir_version_for(opsets))
 
 
 # The runtimes that run the ONNX export: a Dense layer for revealing their summation order

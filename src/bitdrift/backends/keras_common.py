@@ -80,6 +80,8 @@ def open_session(runtime, job: dict, name: str):
         hasattr(runtime, "trace_layers") else None
     keras = runtime.import_keras()
     runtime.configure_threads(device.get("threads"))
+    if hasattr(runtime, "configure_device"):  # a runtime's own switches (torch's TF32)
+        runtime.configure_device(device)
     accelerator = runtime.check_accelerator(name, device)
     register_layers(keras)
     with runtime.strategy_scope(accelerator):

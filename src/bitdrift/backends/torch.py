@@ -39,6 +39,20 @@ def configure_determinism(deterministic: bool) -> None:
     torch.backends.cudnn.benchmark = False
 
 
+def configure_device(device: dict) -> None:
+    """A device's own torch switches for inference (TF32, cuDNN autotuning, deterministic
+    algorithms), set before the model runs; an unset key keeps torch's default."""
+    import torch
+
+    if device.get("allow_tf32") is not None:
+        torch.backends.cuda.matmul.allow_tf32 = device["allow_tf32"]
+        torch.backends.cudnn.allow_tf32 = device["allow_tf32"]
+    if device.get("cudnn_benchmark") is not None:
+        torch.backends.cudnn.benchmark = device["cudnn_benchmark"]
+    if device.get("deterministic") is not None:
+        configure_determinism(device["deterministic"])
+
+
 def torch_device(name: str, accelerator: str):
     """The torch.device for an accelerator: cpu, or cuda when asked for; a missing GPU
     raises AcceleratorMissing, never falls back to the CPU."""
@@ -71,7 +85,9 @@ def check_accelerator(name: str, device: dict) -> dict:
             "cudnn_version": torch.backends.cudnn.version(),
             "driver_version": nvidia_driver(), "gpu_count": torch.cuda.device_count(),
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
-            "cudnn_benchmark": torch.backends.cudnn.benchmark}
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32}
 
 
 def strategy_scope(accelerator: dict):

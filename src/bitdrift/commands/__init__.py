@@ -3,4 +3,5 @@ holds its commands' handlers and, in ``add_commands(subparsers)``, their parsers
 import what they need when they run, so a command pays only for its own imports."""
 
 # In the order `bitdrift --help` lists them: make the data, analyse it, explain it, draw it
-MODULES = ("run", "tables", "kernels", "repro", "figures", "atlas", "emulation")
+MODULES = ("run", "tables", "kernels", "repro", "figures", "atlas", "published",
+           "emulation")
