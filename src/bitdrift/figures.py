@@ -768,8 +768,8 @@ def plot_atlas(table: pd.DataFrame, out: str | Path) -> None:
     machines = list(dict.fromkeys(table["machine"]))
     devices = list(dict.fromkeys(table["device"]))
     names = dict(zip(table["machine"], table["name"], strict=False))
-    labels = [f"this machine: {names[m]}" if m == THIS_MACHINE else f"{names[m]}\n[{m}]"
-              for m in machines]
+    labels = [textwrap.fill(f"this machine: {names[m]}" if m == THIS_MACHINE else names[m], 44)
+              + ("" if m == THIS_MACHINE else f"\n[{m}]") for m in machines]
     cells = {(row.machine, row.device): int(row["class"]) for _, row in table.iterrows()}
     colours = plt.get_cmap("tab10")
     figure, axis = plt.subplots(figsize=(max(0.55 * len(devices) + 4.5, 9.0),
