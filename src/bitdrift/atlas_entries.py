@@ -520,6 +520,14 @@ def summary_lines(rows: list[Row]) -> list[str]:
     """Per device, in words: the machines that give this machine's bits, and where the
     others part from it first."""
     lines = []
+    entries = {}  # name -> entry files: a machine is named by its entry where names repeat
+    for row in rows:
+        if row.machine != THIS_MACHINE:
+            entries.setdefault(row.name, set()).add(row.machine)
+
+    def named(row: Row) -> str:
+        return row.name if len(entries[row.name]) == 1 else f"{row.name} [{row.machine}]"
+
     for device in dict.fromkeys(row.device for row in rows):
         own = [r for r in rows if r.device == device]
         if not any(r.machine == THIS_MACHINE for r in own):
@@ -531,12 +539,11 @@ def summary_lines(rows: list[Row]) -> list[str]:
             lines.append(f"{device}: no other machine in the atlas ran it")
             continue
         text = f"{device}: same bits as " + (
-            ", ".join(f"{r.name} [{r.machine}]" + (f" ({r.difference})"
-                                                    if r.difference != "none" else "")
+            ", ".join(named(r) + (f" ({r.difference})" if r.difference != "none" else "")
                       for r in same) if same else "no other machine")
         if apart:
             text += "; apart from " + ", ".join(
-                f"{r.name} [{r.machine}] "
+                f"{named(r)} "
                 + ("(configured otherwise)" if r.first_difference == "configured otherwise"
                    else f"from layer {r.first_difference} on ({r.difference}; "
                    f"{_bits(r.remaining_precision)})") for r in apart)

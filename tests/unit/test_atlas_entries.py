@@ -147,7 +147,7 @@ def test_each_bad_entry_is_left_out_with_one_line(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert len(err.strip().splitlines()) == 5 and all(
         line.startswith("bitdrift: warning: ") for line in err.strip().splitlines())
-    assert out.startswith(f"d1: same bits as AMD EPYC family 25 model 17 [{good.name}]")
+    assert out == "d1: same bits as AMD EPYC family 25 model 17\n"
 
 
 def test_add_never_overwrites_an_entry_silently(tmp_path, capsys):
