@@ -306,12 +306,14 @@ def _check(entry, path: Path, expected_model: str | None) -> dict:
                          "comparable")
     if not isinstance(entry["machine"].get("cpu"), dict):
         raise wrong("'machine' has no 'cpu' object")
+    if not isinstance(entry["software"].get("versions", {}), dict):
+        raise wrong("'software/versions' is not an object")
     samples = [str(s) for s in entry["reference"].get("samples", [])]
     for name, part in entry["devices"].items():
         if not isinstance(part, dict) or not isinstance(part.get("layers"), list) or \
-                not isinstance(part.get("digests"), dict) or \
-                not isinstance(part.get("outputs"), dict):
-            raise wrong(f"device {name!r} lacks layers, digests or outputs")
+                not all(isinstance(part.get(key), dict)
+                        for key in ("digests", "outputs", "config", "versions")):
+            raise wrong(f"device {name!r} lacks layers, digests, outputs, config or versions")
         for sample in samples:
             digests = part["digests"].get(sample)
             if not isinstance(digests, list) or len(digests) != len(part["layers"]) or \
@@ -323,6 +325,16 @@ def _check(entry, path: Path, expected_model: str | None) -> dict:
                     output.get("format") not in ("float16", "bfloat16", "float32", "float64"):
                 raise wrong(f"device {name!r}: sample {sample}'s output is not "
                             "{format, shape, bits}")
+            try:
+                size = len(bytes.fromhex(output["bits"]))
+            except ValueError:
+                size = -1
+            width = 8 if output["format"] == "float64" else \
+                4 if output["format"] == "float32" else 2
+            if not isinstance(output.get("shape"), list) or \
+                    size != width * int(np.prod(output["shape"])):
+                raise wrong(f"device {name!r}: sample {sample}'s output bits are not hex of "
+                            "its shape and format")
     return entry
 
 

@@ -130,11 +130,17 @@ def test_each_bad_entry_is_left_out_with_one_line(tmp_path, capsys):
                 {**entry, "machine": {**entry["machine"], "cpu": HASWELL},
                  "reference": {**entry["reference"], "model_sha256": "f" * 64}})
     write_entry(atlas / "zz_twin.json.gz", entry)  # one machine and version twice
+    short = json.loads(json.dumps(entry))
+    short["devices"]["d1"]["outputs"]["0"]["bits"] = short["devices"]["d1"]["outputs"]["0"][
+        "bits"][:-8]
+    write_entry(atlas / "short_bits.json.gz", short)
     found = read_atlas(atlas)
     assert list(found.entries) == [good.name]
     reasons = {line.split(": ", 1)[0].rsplit("/", 1)[-1]: line for line in found.refused}
     assert set(reasons) == {"newer.json.gz", "truncated.json.gz", "damaged.json.gz",
-                            "other_model.json.gz", "zz_twin.json.gz"}
+                            "other_model.json.gz", "zz_twin.json.gz", "short_bits.json.gz"}
+    assert "sample 0's output bits are not hex of its shape and format" in \
+        reasons["short_bits.json.gz"]
     assert "format 99, newer than this bitdrift reads (1)" in reasons["newer.json.gz"]
     assert "damaged or truncated gzip" in reasons["truncated.json.gz"]
     assert "not JSON" in reasons["damaged.json.gz"]
@@ -145,7 +151,7 @@ def test_each_bad_entry_is_left_out_with_one_line(tmp_path, capsys):
     # the command goes on: a warning line per refused entry, then the comparison
     assert main(["atlas", "compare", str(tmp_path / "a.h5"), "--atlas", str(atlas)]) == 0
     out, err = capsys.readouterr()
-    assert len(err.strip().splitlines()) == 5 and all(
+    assert len(err.strip().splitlines()) == 6 and all(
         line.startswith("bitdrift: warning: ") for line in err.strip().splitlines())
     assert out == "d1: same bits as AMD EPYC family 25 model 17\n"
 
