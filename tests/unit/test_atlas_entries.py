@@ -40,10 +40,10 @@ def flipped(values, bit):
     return raw.view(np.float32)
 
 
-def record(path, device, cpu, values, tensorflow="2.21.0", model=MODEL):
+def record(path, device, cpu, values, tensorflow="2.21.0", model=MODEL, accelerator=None):
     """A record of ``device`` on a machine of ``cpu``: two equal repeats of each tensor."""
     fingerprint = {"hostname": "h", "platform": "Linux-6-x86_64", "cpu": cpu,
-                   "accelerator": {"accelerator": "cpu"},
+                   "accelerator": accelerator or {"accelerator": "cpu"},
                    "versions": {"python": "3.11.7", "tensorflow": tensorflow}}
     write_record(path, {"model": "atlas_reference", "device": device, "backend": "tensorflow",
                         "precision": "float32", "fingerprint": fingerprint,
@@ -213,3 +213,42 @@ def test_atlas_devices_are_the_configs_scheduled_devices():
     with pytest.raises(ConfigError, match="config key atlas.devices: unknown device "
                        "'tf_nowhere'"):
         validate_config(config)
+
+
+def gpu(name, driver):
+    """A GPU as bitdrift.backends.torch.check_accelerator describes it."""
+    return {"accelerator": "gpu", "gpu_name": name, "compute_capability": "9.0",
+            "cuda_version": "12.8", "cudnn_version": 91000, "driver_version": driver,
+            "gpu_count": 1, "cudnn_deterministic": False, "cudnn_benchmark": False}
+
+
+def test_gpu_machines_driver_is_software_and_the_findings_section(tmp_path):
+    from bitdrift.findings import ATLAS_HEADING, findings
+
+    atlas = tmp_path / "atlas"
+    h100 = gpu("NVIDIA H100 80GB HBM3", "570.1")
+    add([record(tmp_path / "h100.h5", "torch_gpu", ZEN4, tensors(1), accelerator=h100)], atlas)
+    h200 = tensors(1)
+    h200[0]["dense"] = flipped(h200[0]["dense"], 3)
+    add([record(tmp_path / "h200.h5", "torch_gpu", ZEN4, h200,
+                accelerator=gpu("NVIDIA H200", "570.1"))], atlas)
+    [(_, entry)] = add([record(tmp_path / "h100b.h5", "torch_gpu", ZEN4, tensors(1),
+                               accelerator=gpu("NVIDIA H100 80GB HBM3", "580.2"))], atlas)
+    assert entry["machine"]["gpus"] == [{"accelerator": "gpu", "compute_capability": "9.0",
+                                         "gpu_count": 1, "gpu_name": "NVIDIA H100 80GB HBM3"}]
+    assert entry["software"]["versions"]["driver_version"] == "580.2"
+    this = atlas_entries.entries_from_records([tmp_path / "h100.h5"])
+    rows = compare(this, read_atlas(atlas))
+    atlas_entries.rows_table(rows).to_csv(tmp_path / "atlas.csv", index=False)
+    pd.DataFrame(columns=list(atlas_entries.REFUSED_COLUMNS)).to_csv(
+        tmp_path / "refused.csv", index=False)
+    sections = dict(findings({"atlas": tmp_path / "atlas.csv",
+                              "atlas_refused": tmp_path / "refused.csv"}, {}))
+    [summary, line] = sections[ATLAS_HEADING]
+    assert summary.startswith("The atlas holds 3 machine(s): ")
+    # the other driver of the same H100: software only, named; the H200: apart at dense
+    assert line.startswith("torch_gpu: same bits as NVIDIA H100 80GB HBM3 on AMD EPYC family "
+                           "25 model 17 [")
+    assert "(software only, same hardware (driver_version 570.1 vs 580.2))" in line
+    assert "apart from NVIDIA H200 on AMD EPYC family 25 model 17 from layer dense on " \
+        "(hardware; 23 bits remain in the final output)" in line

@@ -12,12 +12,13 @@ def cmd_identify(args) -> int:
     from bitdrift.explain import identify
     from bitdrift.record import open_records
 
-    if sum(bool(found) for found in (args.against, args.index, args.atlas)) != 1:
-        raise ConfigError("identify: give one of --against RECORDS, --index INDEX or "
+    if sum(bool(found) for found in (args.against, args.index,
+                                     args.atlas is not None)) != 1:
+        raise ConfigError("identify: give either --against RECORDS, --index INDEX or "
                           "--atlas FOLDER")
     if args.index:
         return cmd_identify_indexed(args)
-    if args.atlas:
+    if args.atlas is not None:
         return cmd_identify_atlas(args)
     eqc = None
     if args.eqc:
@@ -135,9 +136,10 @@ def add_commands(sub) -> None:
     p.add_argument("--against", nargs="+", help="known records")
     p.add_argument("--index", help="an atlas index of known records (`bitdrift index`): "
                    "exact match by look-up, nearest by a vectorised search")
-    p.add_argument("--atlas", help="an atlas folder of machines' entries (`bitdrift atlas "
-                   "add`; the record is of the reference model): the machines and devices "
-                   "that give its bits")
+    p.add_argument("--atlas", nargs="?", const="", metavar="FOLDER",
+                   help="an atlas folder of machines' entries (`bitdrift atlas add`; alone: "
+                   "the one shipped with bitdrift; the record is of the reference model): "
+                   "the machines and devices that give its bits")
     p.add_argument("--eqc", help="eqc.csv of the known records: its class numbers are used "
                    "(default: numbered by first appearance over --against)")
     p.set_defaults(func=cmd_identify)
