@@ -93,6 +93,11 @@ def cmd_identify_atlas(args) -> int:
     return 1
 
 
+def cmd_atlas(args) -> int:
+    """`bitdrift atlas VERB`: the verb's handler."""
+    return args.verb_func(args)
+
+
 def cmd_atlas_add(args) -> int:
     from bitdrift.atlas_entries import add, default_folder, encode, machine_name
 
@@ -153,7 +158,10 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("atlas", help="the atlas of machines measured on the reference model: "
                        "add this machine's entry, compare this machine with the others")
-    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    p.set_defaults(func=cmd_atlas)
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB",
+                             help="add: this machine's entry; compare: this machine with "
+                             "the atlas")
     atlas_help = ("the atlas folder (default: the one shipped with bitdrift, "
                   "bitdrift/reference_set/atlas)")
     q = verbs.add_parser("add", help="write this machine's entry from its records of the "
@@ -162,7 +170,7 @@ def add_commands(sub) -> None:
     q.add_argument("--atlas", help=atlas_help)
     q.add_argument("--replace", action="store_true", help="replace an entry of the same "
                    "machine and versions (refused otherwise)")
-    q.set_defaults(func=cmd_atlas_add, writes_data=True)
+    q.set_defaults(verb_func=cmd_atlas_add, writes_data=True)
     q = verbs.add_parser("compare", help="per device, the machines of the atlas that give "
                          "this machine's bits, and where the others part from it first")
     q.add_argument("files", nargs="+", help="this machine's records of the reference model")
@@ -171,4 +179,4 @@ def add_commands(sub) -> None:
     q.add_argument("--refused-out", help="table (CSV) of the entries that could not be read")
     q.add_argument("--figure-out", help="figure (PDF, and PNG beside it): machines x devices, "
                    "colour = class across machines")
-    q.set_defaults(func=cmd_atlas_compare)
+    q.set_defaults(verb_func=cmd_atlas_compare)
