@@ -16,6 +16,7 @@ from snakemake.exceptions import WorkflowError
 from bitdrift import atlas_entries, export, forkserver, paths, reference, reference_set
 from bitdrift.config import ConfigError, validate_config
 from bitdrift.datasets import DatasetError, check_samples
+from bitdrift.errors import BitdriftError
 from bitdrift.emulation import architecture
 from bitdrift.failures import end_of_run
 from bitdrift.provenance import infer_command
@@ -107,10 +108,13 @@ ALL_MODELS = MODELS + list(STUDY_MODELS)
 # and its records place this machine among the machines measured (bitdrift.atlas_entries).
 ATLAS_DEVICES = config["atlas"]["devices"]
 if ATLAS_DEVICES:
-    config["models"][paths.ATLAS_MODEL] = {
-        "file": str(reference_set.model_file()),
-        "inputs": str(reference_set.inputs_file()),
-    }
+    try:  # each file checked against the reference set's digests
+        config["models"][paths.ATLAS_MODEL] = {
+            "file": str(reference_set.model_file()),
+            "inputs": str(reference_set.inputs_file()),
+        }
+    except BitdriftError as error:
+        raise WorkflowError(f"config key atlas.devices: {error}") from None
     ALL_MODELS.append(paths.ATLAS_MODEL)
 ATLAS_FOLDER = config["atlas"].get("folder") or str(atlas_entries.default_folder())
 # What each study's rule file (rules/<study>.smk) adds to `all`, and the summaries of a
