@@ -14,7 +14,7 @@ os.environ.update(BITDRIFT_SOURCE=workflow.basedir)
 from snakemake.exceptions import WorkflowError
 
 from bitdrift import atlas_entries, export, forkserver, paths, reference, reference_set
-from bitdrift.config import ConfigError, validate_config
+from bitdrift.config import ConfigError, replay_settings, validate_config
 from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.errors import BitdriftError
 from bitdrift.emulation import architecture

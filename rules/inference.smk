@@ -74,5 +74,6 @@ rule run_inference:
         samples=model_samples,
         layers=config["analysis"]["layers"],
         kernels=config["analysis"]["kernels"],
+        replay=replay_settings(config),
     script:
         "../workflow/scripts/run_inference.py"

@@ -107,9 +107,12 @@ def conv_grid(spec: dict) -> tuple[tuple[int, int], np.ndarray]:
     return (out_h, out_w), np.hstack([live, np.ones((len(live), 1), dtype=bool)])
 
 
-def conv_patches(x: np.ndarray, spec: dict, kernel_shape, out_shape) -> np.ndarray:
+def conv_patches(x: np.ndarray, spec: dict, kernel_shape, out_shape, ys=None,
+                 xs=None) -> np.ndarray:
     """A Conv2D's input as the rows of the GEMM it runs: (samples * out_h * out_w,
-    kh * kw * cin), term order as ``probe_spec`` says; zero padding as Keras pads."""
+    kh * kw * cin), term order as ``probe_spec`` says; zero padding as Keras pads.
+    ``ys``, ``xs``: only the output pixels on those rows and columns of the grid
+    (samples * len(ys) * len(xs) rows), as a sampled replay needs."""
     kh, kw, channels, _ = kernel_shape
     sh, sw = spec.get("strides", [1, 1])
     dh, dw = spec.get("dilation_rate", [1, 1])
@@ -121,10 +124,12 @@ def conv_patches(x: np.ndarray, spec: dict, kernel_shape, out_shape) -> np.ndarr
         pad_w = max((out_w - 1) * sw + (kw - 1) * dw + 1 - in_w, 0)
     padded = np.pad(x, ((0, 0), (pad_h // 2, pad_h - pad_h // 2),
                         (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
-    rows = np.arange(out_h)[:, None] * sh + np.arange(kh)[None, :] * dh  # (out_h, kh)
-    cols = np.arange(out_w)[:, None] * sw + np.arange(kw)[None, :] * dw  # (out_w, kw)
+    ys = np.arange(out_h) if ys is None else np.asarray(ys)
+    xs = np.arange(out_w) if xs is None else np.asarray(xs)
+    rows = ys[:, None] * sh + np.arange(kh)[None, :] * dh  # (out_h, kh)
+    cols = xs[:, None] * sw + np.arange(kw)[None, :] * dw  # (out_w, kw)
     patches = padded[:, rows[:, None, :, None], cols[None, :, None, :], :]
-    return patches.reshape(x.shape[0] * out_h * out_w, kh * kw * channels)
+    return patches.reshape(x.shape[0] * len(ys) * len(xs), kh * kw * channels)
 
 
 class OrderError(BitdriftError):
@@ -910,8 +915,74 @@ def by_rows(names: list[str]) -> str:
         for first, last, name in runs)
 
 
+# -- the replay at sampled places ------------------------------------------------------------
+# The replay recomputes every product of a layer in numpy: a ResNet-50 at 224 took 7 min
+# per device and a 142 GB working array at 100 samples. It runs at a stated number of
+# output positions and samples (config analysis.replay_positions, replay_samples; these
+# are the schema's defaults), so its cost does not grow with the image or the samples.
+# A Conv2D's order can vary by position: the borders hold fewer terms, a vector loop can
+# start each pixel at another offset (period 4 on AVX-512); the sample keeps both.
+REPLAY_POSITIONS = 1024
+REPLAY_SAMPLES = 8
+REPLAY_CHUNK_BYTES = 64 * 2**20  # the exact products one replay call holds, at most
+
+
+def sampled_axis(length: int, count: int, border: int) -> list[int]:
+    """At most ``count`` indices of an axis of ``length`` (every one where it has no
+    more): ``border`` at each end (at least the first and last: a pixel at the padding
+    sums fewer terms), half the rest a contiguous run at the centre (every offset of a
+    short period), the other half spread evenly over the interior between them."""
+    if length <= count:
+        return list(range(length))
+    border = max(1, min(border, count // 4))
+    chosen = set(range(border)) | set(range(length - border, length))
+    run = (count - len(chosen) + 1) // 2
+    start = min(max(border, length // 2 - run // 2), length - border - run)
+    chosen |= set(range(start, start + run))
+    interior = [index for index in range(border, length - border) if index not in chosen]
+    spread = min(count - len(chosen), len(interior))
+    if spread > 0:
+        chosen |= {interior[int(k)] for k in
+                   np.linspace(0, len(interior) - 1, spread + 2)[1:-1].round()}
+    return sorted(chosen)
+
+
+def sampled_grid(grid: tuple[int, int], positions: int,
+                 border: tuple[int, int] = (1, 1)) -> tuple[list[int], list[int]]:
+    """(rows, columns) of the output grid replayed: all of a grid of at most
+    ``positions`` pixels, else about ``positions`` pixels as rows x columns, each axis
+    sampled_axis's: the corners, the edges, a run at the centre and the interior."""
+    height, width = grid
+    if height * width <= positions:
+        return list(range(height)), list(range(width))
+    along_y = min(height, max(2, int(np.sqrt(positions))))
+    along_x = min(width, max(2, positions // along_y))
+    return (sampled_axis(height, along_y, border[0]), sampled_axis(width, along_x, border[1]))
+
+
+def sampled_samples(samples: int, count: int) -> list[int]:
+    """Rows (the samples in the order they ran) replayed: all of at most ``count``, else
+    ``count`` spread evenly from the first to the last (other batch rows can sum in
+    other orders)."""
+    if samples <= count:
+        return list(range(samples))
+    return sorted({int(k) for k in np.linspace(0, samples - 1, count).round()})
+
+
+def _conv_border(spec: dict, kernel_shape) -> tuple[int, int]:
+    """Output pixels at each end of each axis whose window can reach the padding."""
+    strides = spec.get("strides", [1, 1])
+    dilation = spec.get("dilation_rate", [1, 1])
+    if spec.get("padding") != "same":
+        return 1, 1
+    return tuple(max(1, -(-((size - 1) * rate // 2) // stride)) for size, rate, stride
+                 in zip(kernel_shape[:2], dilation, strides, strict=True))
+
+
 def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
-                  precision: str, model_input: np.ndarray | None = None) -> dict:
+                  precision: str, model_input: np.ndarray | None = None,
+                  replay: bool = True, replay_positions: int = REPLAY_POSITIONS,
+                  replay_samples: int = REPLAY_SAMPLES) -> dict:
     """Per Dense or Conv2D layer with a revealed order: the order's name (order_name), and
     whether numpy replaying the layer in that order (a Conv2D as the GEMM of its input
     patches, each pixel's sum in its own tree), from the recorded input activation
@@ -919,7 +990,10 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
     recorded output bit for bit (with or without FMA); values whose place has no known
     tree are left out and counted. ``outputs``: {layer: array (samples, ...)} of the
     record (repeat 0); ``weights``: {"weights/LAYER/0": kernel, ".../1": bias} as the
-    device had them."""
+    device had them. The replay runs at ``replay_samples`` samples and a Conv2D's
+    ``replay_positions`` output pixels (sampled_samples, sampled_grid; all where there
+    are no more), which the entry's ``replayed`` names where some are left out;
+    ``replay=False`` names the orders and replays none."""
     results = {}
     for layer, found in orders.items():
         if "trees" not in found:
@@ -935,7 +1009,8 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
         kernel = weights.get(f"weights/{layer}/0")
         inbound = (outputs.get(spec["inbound"]) if spec["inbound"] else model_input) \
             if spec else None
-        reason = (f"not replayed: {precision}" if precision != "float32" else
+        reason = ("not replayed: analysis.replay is false" if not replay else
+                  f"not replayed: {precision}" if precision != "float32" else
                   "not replayed: its input is not recorded" if spec is None or kernel is None
                   or inbound is None or layer not in outputs else
                   f"not replayed: activation {spec['activation']} folded in"
@@ -945,39 +1020,73 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
             results[layer] = entry
             continue
         bias = weights.get(f"weights/{layer}/1") if found.get("bias") else None
-        if spec["class_name"] == "Conv2D":  # the GEMM it runs: a row per output pixel
-            out_shape = outputs[layer].shape
-            x = conv_patches(inbound, spec, kernel.shape, out_shape)
-            pixels = out_shape[1] * out_shape[2]
-            kernel = kernel.reshape(-1, kernel.shape[-1])
-        else:
-            x = inbound.reshape(inbound.shape[0], -1)
-            pixels = 1
-        which = _value_trees(found, len(trees), inbound.shape[0], pixels)
-        recorded = outputs[layer].reshape(x.shape[0], -1)
+        entry.update(_replayed(found, trees, spec, kernel, bias, inbound,
+                               outputs[layer], replay_positions, replay_samples))
+        results[layer] = entry
+    return results
+
+
+def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
+              samples: int) -> dict:
+    """replay_layers' verdict on one layer: ``replay`` and, where the replay sampled,
+    ``replayed`` {"rows": samples in run order, and a Conv2D's "y", "x": the grid's rows
+    and columns}."""
+    rows = sampled_samples(inbound.shape[0], samples)
+    units = kernel.shape[-1]
+    if spec["class_name"] == "Conv2D":  # the GEMM it runs: a row per output pixel
+        height, width = output.shape[1:3]
+        ys, xs = sampled_grid((height, width), positions, _conv_border(spec, kernel.shape))
+        pixels = height * width
+        picked = (np.asarray(ys)[:, None] * width + np.asarray(xs)[None, :]).reshape(-1)
+        blocks = [([row], conv_patches(inbound[row:row + 1], spec, kernel.shape,
+                                       output.shape, ys, xs)) for row in rows]
+        recorded_of = lambda block: output[block][:, ys][:, :, xs].reshape(-1, units)  # noqa: E731
+        gemm = kernel.reshape(-1, units)
+    else:
+        pixels, picked, ys, xs = 1, np.zeros(1, dtype=int), [0], [0]
+        blocks = [(rows, inbound[rows].reshape(len(rows), -1))]
+        recorded_of = lambda block: output[block].reshape(len(block), -1)  # noqa: E731
+        gemm = kernel
+    which_all = _value_trees(found, len(trees), inbound.shape[0], pixels).reshape(-1, pixels)
+    chunk = max(1, REPLAY_CHUNK_BYTES // (gemm.shape[0] * units * 8))
+    verdicts, total, size = {False: 0, True: 0}, 0, 0
+    for block, x in blocks:  # one sample of a Conv2D at a time: its patches, not all
+        recorded = recorded_of(block)
+        which = which_all[block][:, picked].reshape(-1)
         known = which >= 0
-        verdicts = {}
+        total += int(recorded[known].size)
+        size += int(recorded.size)
         for fma in (False, True):
             values = np.empty_like(recorded)
             for index, tree in enumerate(trees):
-                if np.any(which == index):
-                    values[which == index] = replay(tree, x[which == index], kernel, bias, fma)
+                where = np.flatnonzero(which == index)
+                for start in range(0, len(where), chunk):
+                    part = where[start:start + chunk]
+                    values[part] = replay(tree, x[part], gemm, bias, fma)
             if spec["activation"] == "relu":
                 values = np.maximum(values, np.float32(0))
-            verdicts[fma] = int(np.sum(values[known].view(np.uint32)
-                                       == recorded[known].view(np.uint32)))
-        total = int(recorded[known].size)
-        left = (f"; {recorded.size - total} of {recorded.size} values not replayed (order "
-                "unknown there)") if total < recorded.size else ""
-        if total and (verdicts[True] == total or verdicts[False] == total):
-            entry["replay"] = "bit-identical " + ("with FMA" if verdicts[True] == total
-                                                  else "without FMA") + left
-        else:
-            best = max(verdicts, key=verdicts.get)
-            entry["replay"] = (f"differs: {verdicts[best]} of {total} values bit-identical "
-                               f"at best ({'with' if best else 'without'} FMA)" + left)
-        results[layer] = entry
-    return results
+            verdicts[fma] += int(np.sum(values[known].view(np.uint32)
+                                        == recorded[known].view(np.uint32)))
+    left = (f"; {size - total} of {size} values not replayed (order unknown there)"
+            if total < size else "")
+    conv = spec["class_name"] == "Conv2D"
+    sampled = len(rows) < inbound.shape[0] or len(ys) * len(xs) < pixels
+    if sampled:
+        left += (f"; replayed at {len(ys) * len(xs)} of {pixels} positions of "
+                 f"{len(rows)} of {inbound.shape[0]} samples (analysis.replay_positions, "
+                 "analysis.replay_samples)" if conv else f"; replayed at {len(rows)} of "
+                 f"{inbound.shape[0]} samples (analysis.replay_samples)")
+    if total and (verdicts[True] == total or verdicts[False] == total):
+        said = "bit-identical " + ("with FMA" if verdicts[True] == total
+                                   else "without FMA") + left
+    else:
+        best = max(verdicts, key=verdicts.get)
+        said = (f"differs: {verdicts[best]} of {total} values bit-identical "
+                f"at best ({'with' if best else 'without'} FMA)" + left)
+    found_entry = {"replay": said}
+    if sampled:
+        found_entry["replayed"] = {"rows": rows, "y": ys, "x": xs} if conv else {"rows": rows}
+    return found_entry
 
 
 def _value_trees(found: dict, trees: int, samples: int, pixels: int) -> np.ndarray:
@@ -997,7 +1106,8 @@ def _value_trees(found: dict, trees: int, samples: int, pixels: int) -> np.ndarr
 def checked_orders(found, wrong: Callable[[str], Exception]) -> dict | None:
     """The ``accumulation_orders`` attribute of a record, its structure checked where it
     is read (bitdrift.record.Record.accumulation_orders): ``{layer: {"order": text,
-    "replay": text, "terms": n, "trees": [[[child, ...], ...]], "bias": bool}}``, each tree
+    "replay": text, "terms": n, "trees": [[[child, ...], ...]], "bias": bool}}`` (and
+    ``replayed`` {rows, y, x} where the replay sampled: _replayed), each tree
     as to_flat keeps it (a child a term 0..n-1 or n + an earlier node). A record from
     another tool may hold anything: ``wrong(what)`` is raised naming what is wrong."""
     if found is None:
@@ -1011,6 +1121,12 @@ def checked_orders(found, wrong: Callable[[str], Exception]) -> dict | None:
                                 ("error", str, "text"), ("bias", bool, "true or false")):
             if key in entry and not isinstance(entry[key], kind):
                 raise wrong(f"layer {layer!r}: {key!r} is not {name}")
+        replayed = entry.get("replayed", {})
+        if not isinstance(replayed, dict) or not all(
+                isinstance(replayed.get(key, []), list) and all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                    for n in replayed.get(key, [])) for key in ("rows", "y", "x")):
+            raise wrong(f"layer {layer!r}: 'replayed' is not {{rows, y, x: [index, ...]}}")
         terms = entry.get("terms")
         if "terms" in entry and (isinstance(terms, bool) or not isinstance(terms, int)
                                  or terms < 1):

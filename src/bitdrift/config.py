@@ -224,3 +224,10 @@ def load_config(path: str | Path) -> dict:
 
 def inference_seed(model: dict) -> int:
     return model.get("inference_seed", model["train"]["seeds"][0])
+
+
+def replay_settings(config: dict) -> dict:
+    """The replay's settings of a validated config (``analysis``), as
+    bitdrift.accumulation.replay_layers takes them."""
+    return {key: config["analysis"][key]
+            for key in ("replay", "replay_positions", "replay_samples")}

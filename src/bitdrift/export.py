@@ -9,8 +9,9 @@ TensorFlow processes write ``results/exports/<model>/`` (one job per file):
 - ``deployed.onnx`` and ``deployed.tflite``: the model itself, its final output alone, as
   a user deploys it (the observer check, bitdrift.observer: each runtime also runs it);
 - ``reference.npz``: the recorded layers, what the effective-precision check needs, every
-  layer's TensorFlow float32 output on the first test images (the layer-mapping check) and
-  TensorFlow's class for the first test images (the argmax check).
+  layer's TensorFlow float32 output on the first test images (the layer-mapping check; of
+  a large layer a regular sample of its values, see write_reference) and TensorFlow's
+  class for the first test images (the argmax check).
 
 What is exported is the layer probe (:func:`bitdrift.models.layer_probe`): a model with one
 output per recorded layer, in the probe's order, so a runtime's outputs map to Keras layers
@@ -101,7 +102,16 @@ def export_model(model_path: str | Path, format: str, out: str | Path,
 
 def write_reference(model_path: str | Path, dataset_path: str | Path,
                     out: str | Path) -> None:
-    """TensorFlow's float32 reference of the model (see the module's docstring)."""
+    """TensorFlow's float32 reference of the model (see the module's docstring).
+
+    Memory stays about REFERENCE_BATCH_BYTES whatever the model: the images are run in
+    batches whose every layer's outputs fit in it (Keras' eager call keeps each layer's
+    output until the call ends: 64 images of a ResNet-50 at 224 held 10 GB), and of a
+    layer larger than its share of CHECK_BYTES the reference keeps every
+    ``stride``-th value per image and the layer's largest magnitude (reference.mapped_
+    positions compares those), about CHECK_BYTES in all: a ResNet-50 at 224's reference
+    held every layer in full (1.28 GB) and 12 GB while writing it. A small model (the
+    default's) runs in one batch and keeps every value, as before."""
     from bitdrift.backends.keras_common import checked_layers
     from bitdrift.models import model_digest
 
@@ -109,24 +119,85 @@ def write_reference(model_path: str | Path, dataset_path: str | Path,
     n_test = count_test_images(dataset_path)
     check_indices = list(range(min(CHECK_IMAGES, n_test)))
     argmax_indices = list(range(min(ARGMAX_IMAGES, n_test)))
-    check_images = read_test_images(dataset_path, check_indices).astype(np.float32)
-    check_outputs = [keras.ops.convert_to_numpy(value)
-                     for value in probe(check_images, training=False)]
-    images = read_test_images(dataset_path, argmax_indices).astype(np.float32)
+    batch = _batch_for(keras, probe, dataset_path)
+    sampled = _SampledOutputs(len(layers), len(check_indices),
+                              max(CHECK_FLOOR, CHECK_BYTES // 4 // max(len(layers), 1)))
+    for start in range(0, len(check_indices), batch):
+        images = read_test_images(dataset_path, check_indices[start:start + batch])
+        sampled.add([keras.ops.convert_to_numpy(value) for value in
+                     probe(images.astype(np.float32), training=False)])
     argmax = np.concatenate([
-        np.argmax(keras.ops.convert_to_numpy(model(images[start:start + 64], training=False)),
-                  axis=-1) for start in range(0, len(images), 64)])
+        np.argmax(keras.ops.convert_to_numpy(model(read_test_images(
+            dataset_path, argmax_indices[start:start + batch]).astype(np.float32),
+            training=False)), axis=-1) for start in range(0, len(argmax_indices), batch)])
     checked = checked_layers(keras, model, [layer for layer, _ in layers])
     meta = {"layers": layers, "checked": {layer: spec for layer, (spec, _) in checked.items()},
             "check_indices": check_indices, "argmax_indices": argmax_indices,
-            "model_sha256": model_digest(model_path)}
-    arrays = {f"check/{position}": value for position, value in enumerate(check_outputs)}
+            "model_sha256": model_digest(model_path), **sampled.meta()}
+    arrays = {f"check/{position}": value for position, value in enumerate(sampled.values())}
     arrays.update({f"weights/{layer}/{index}": np.asarray(value)
                    for layer, (_, values) in checked.items()
                    for index, value in enumerate(values)})
     with atomic_output(out) as tmp:
         with open(tmp, "wb") as handle:
             np.savez(handle, meta=json.dumps(meta), argmax=argmax, **arrays)
+
+
+# The reference's memory, whatever the model (write_reference): the images of one batch
+# with every layer's outputs; the check values kept over all layers (a layer keeps at
+# least CHECK_FLOOR values over the check images, in full where it has no more)
+REFERENCE_BATCH_BYTES = 512 * 2**20
+ARGMAX_BATCH = 64  # images per call at most (the batch of a small model, as before)
+CHECK_BYTES = 64 * 2**20
+CHECK_FLOOR = 2**16
+
+
+def _batch_for(keras, probe, dataset_path) -> int:
+    """Images per call such that every layer's outputs of a batch fit in
+    REFERENCE_BATCH_BYTES (at least one; ARGMAX_BATCH at most)."""
+    shapes = [tuple(output.shape[1:]) for output in probe.outputs]
+    if any(size is None for shape in shapes for size in shape):  # an open axis: measure
+        one = read_test_images(dataset_path, [0]).astype(np.float32)
+        shapes = [tuple(value.shape[1:]) for value in probe(one, training=False)]
+    per_image = sum(int(np.prod(shape)) * 4 for shape in shapes) or 1
+    return max(1, min(ARGMAX_BATCH, REFERENCE_BATCH_BYTES // per_image))
+
+
+class _SampledOutputs:
+    """The check values of each layer, batch by batch: in full where the layer holds at
+    most ``cap`` values over the check images, else every ``stride``-th value of each
+    image's (its largest magnitude kept over all of them)."""
+
+    def __init__(self, layers: int, images: int, cap: int):
+        self.images, self.cap = images, cap
+        self.parts: list[list[np.ndarray]] = [[] for _ in range(layers)]
+        self.shapes: list[list[int] | None] = [None] * layers
+        self.strides = [1] * layers
+        self.scales = [0.0] * layers
+
+    def add(self, outputs: list[np.ndarray]) -> None:
+        for position, value in enumerate(outputs):
+            if self.shapes[position] is None:
+                per_image = int(np.prod(value.shape[1:]))
+                self.shapes[position] = [self.images, *map(int, value.shape[1:])]
+                self.strides[position] = max(1, -(-per_image * self.images // self.cap))
+            stride = self.strides[position]
+            if stride > 1:
+                self.scales[position] = max(self.scales[position], float(np.max(np.abs(
+                    value.astype(np.float64)))) if value.size else 0.0)
+                value = np.ascontiguousarray(value.reshape(len(value), -1)[:, ::stride])
+            self.parts[position].append(value)
+
+    def values(self) -> list[np.ndarray]:
+        return [parts[0] if len(parts) == 1 else np.concatenate(parts)
+                for parts in self.parts]
+
+    def meta(self) -> dict:
+        """What reference.read_reference needs of sampled layers (nothing where none is)."""
+        if all(stride == 1 for stride in self.strides):
+            return {}
+        return {"check_shapes": self.shapes, "check_strides": self.strides,
+                "check_scales": self.scales}
 
 
 def _export_failure(error: Exception, layers: list[str], runtimes: str, model_path) -> str:

@@ -184,7 +184,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
           dataset_path: str | Path, samples: list[int], out: str | Path,
           layers: bool = True, reference: str | Path | None = None,
           export: str | Path | None = None, kernels: bool = True, log=sys.stderr,
-          deployed_export: str | Path | None = None, observe: bool = True) -> None:
+          deployed_export: str | Path | None = None, observe: bool = True,
+          replay: dict | None = None) -> None:
     """Run all repeats of one (model, device), each in a process of its own (fresh, or
     forked from a pre-imported parent: bitdrift.prefork), and write the record.
 
@@ -197,7 +198,9 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     file; ``observe=False`` leaves the check out, for the studies that run many inputs
     on the outputs alone). ``kernels``: after the measured repeats, one traced repeat in
     a process of its own records which kernel ran in every layer (bitdrift.kernels), and
-    for an exported runtime the deployed graph's kernels beside the instrumented graph's."""
+    for an exported runtime the deployed graph's kernels beside the instrumented graph's.
+    ``replay``: the replay's settings (config analysis.replay, replay_positions,
+    replay_samples; bitdrift.accumulation.replay_layers), its defaults where None."""
     check_before_repeats(model_path, dataset_path, samples, out)
     expected = None
     if reference:
@@ -278,7 +281,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             first = {name: np.stack([outputs[name][0] for outputs in per_sample])
                      for name in layer_names}  # repeat 0 of every sample
         orders = replay_layers(orders, meta.get("checked", {}) if layers else {}, weights,
-                               first, device["precision"], sample_images.astype(np.float32))
+                               first, device["precision"], sample_images.astype(np.float32),
+                               **(replay or {}))
     finding = describe_reduced(effective or {}, device, device_name, model_name)
     if finding:
         print(finding, file=log, flush=True)

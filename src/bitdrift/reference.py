@@ -34,10 +34,26 @@ class Reference:
     layers: list[tuple[str, str]]
     checked: dict  # {layer: (spec, weights)}
     check_indices: list[int]
-    check_outputs: list[np.ndarray]  # per recorded layer, on the check images
+    # per recorded layer, on the check images: its outputs, or of a large layer every
+    # check_strides[position]-th value of each image's (bitdrift.export.write_reference)
+    check_outputs: list[np.ndarray]
     argmax_indices: list[int]
     argmax: np.ndarray
     model_sha256: str
+    # Where some layer is sampled: each layer's full shape, stride (1: every value) and
+    # largest magnitude; None for a reference that keeps every value (older ones too)
+    check_shapes: list[list[int]] | None = None
+    check_strides: list[int] | None = None
+    check_scales: list[float] | None = None
+
+    def check_shape(self, position: int) -> tuple:
+        """The full shape of a layer's outputs on the check images."""
+        if self.check_shapes is None:
+            return tuple(self.check_outputs[position].shape)
+        return tuple(self.check_shapes[position])
+
+    def stride(self, position: int) -> int:
+        return 1 if self.check_strides is None else int(self.check_strides[position])
 
 
 REBUILD = "make it again with `snakemake --forcerun"
@@ -95,6 +111,7 @@ def read_reference(path: str | Path) -> Reference:
                     isinstance(meta.get(key), kind) for key, kind in META_TYPES.items()):
                 raise ValueError(f"its meta is not {{{', '.join(META_TYPES)}}} of JSON types "
                                  f"{', '.join(kind.__name__ for kind in META_TYPES.values())}")
+            sampled = _sampled_meta(meta, len(meta["layers"]))
             check = [data[f"check/{position}"] for position in range(len(meta["layers"]))]
             weights = {key: data[key] for key in data.files if key.startswith("weights/")}
             argmax = data["argmax"]
@@ -108,7 +125,20 @@ def read_reference(path: str | Path) -> Reference:
     return Reference(layers=[tuple(layer) for layer in meta["layers"]], checked=checked,
                      check_indices=meta["check_indices"], check_outputs=check,
                      argmax_indices=meta["argmax_indices"], argmax=argmax,
-                     model_sha256=meta["model_sha256"])
+                     model_sha256=meta["model_sha256"], **sampled)
+
+
+def _sampled_meta(meta: dict, layers: int) -> dict:
+    """The meta of a reference whose large layers are sampled (check_shapes, _strides,
+    _scales: a list per layer each, all or none); {} for one without (older ones)."""
+    keys = ("check_shapes", "check_strides", "check_scales")
+    if not any(key in meta for key in keys):
+        return {}
+    if not all(isinstance(meta.get(key), list) and len(meta[key]) == layers for key in keys):
+        raise ValueError(f"its meta's {', '.join(keys)} are not a list per layer each")
+    if not all(isinstance(stride, int) and stride >= 1 for stride in meta["check_strides"]):
+        raise ValueError("its meta's check_strides are not counts")
+    return {key: meta[key] for key in keys}
 
 
 def _count(weights: dict, layer: str) -> int:
@@ -120,15 +150,21 @@ def mapped_positions(outputs: list[np.ndarray], reference: Reference) -> list[st
     (same shape): ``float32`` within MAPPING_TOLERANCE of the layer's largest magnitude,
     ``reduced`` only within REDUCED_MAPPING_TOLERANCE (a runtime computing in a narrower
     format: the effective-precision check names which), None for values unrelated to the
-    layer (a wrong export)."""
+    layer (a wrong export). Of a layer the reference samples, the values it kept are
+    compared, against the layer's largest magnitude."""
     mapped = []
-    for value, expected in zip(outputs, reference.check_outputs, strict=True):
-        value = np.asarray(value, dtype=np.float64)
-        expected = np.asarray(expected, dtype=np.float64)
-        if value.shape != expected.shape:
+    for position, (value, expected) in enumerate(zip(outputs, reference.check_outputs,
+                                                     strict=True)):
+        stride = reference.stride(position)
+        if np.shape(value) != reference.check_shape(position):
             mapped.append(None)
             continue
-        scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-30)
+        if stride > 1:  # a large layer: the values the reference kept, at its scale
+            value = np.asarray(value).reshape(len(value), -1)[:, ::stride]
+        value = np.asarray(value, dtype=np.float64)
+        expected = np.asarray(expected, dtype=np.float64)
+        scale = max(reference.check_scales[position] if stride > 1 else
+                    float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-30)
         error = float(np.max(np.abs(value - expected))) / scale if value.size else 0.0
         mapped.append("float32" if error <= MAPPING_TOLERANCE else
                       "reduced" if error <= REDUCED_MAPPING_TOLERANCE else None)

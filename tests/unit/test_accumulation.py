@@ -742,6 +742,132 @@ def test_a_conv_is_replayed_pixel_by_pixel_in_its_own_order():
     assert result["conv"]["order"].endswith("; order unknown at 1 pixels")
 
 
+def alternating_conv_layer(samples=3):
+    """A Conv2D on a 5x6 grid whose columns alternate between two orders: its revealed
+    entry, and its output computed by hand from random inputs in each pixel's order."""
+    from bitdrift.accumulation import conv_grid, conv_patches, reveal_places
+
+    spec = small_conv_spec()
+    (height, width), live = conv_grid(spec)
+    orders = [SEQUENTIAL, LANES]
+    found = reveal_places(conv_probe(orders, lambda p: p % width % 2, spec), spec["terms"],
+                          spec["units"], grid=(height, width), live=live)
+    rng = np.random.default_rng(2)
+    images = rng.standard_normal((samples, 5, 6, 1)).astype(F32)
+    kernel = rng.standard_normal((3, 3, 1, 2)).astype(F32)
+    bias = rng.standard_normal(2).astype(F32)
+    config = {key: spec["config"][key] for key in ("strides", "dilation_rate", "padding")}
+    patches = conv_patches(images, config, kernel.shape, (samples, height, width))
+    flat = kernel.reshape(9, 2)
+    out = np.zeros((samples * height * width, 2), dtype=F32)
+    for row, patch in enumerate(patches):
+        terms = [(patch[t] * flat[t]).astype(F32) for t in range(9)]
+        out[row] = evaluate(orders[row % (height * width) % width % 2], [*terms, bias])
+    checked = {"conv": {"class_name": "Conv2D", "inbound": None, "activation": "linear",
+                        **config}}
+    weights = {"weights/conv/0": kernel, "weights/conv/1": bias}
+    return (found.entry(10, True), checked, weights,
+            out.reshape(samples, height, width, 2), images)
+
+
+def test_the_sampled_positions_hold_corners_edges_and_interior():
+    """By hand: an axis of 20 at 8 indices with a border of 2 keeps 0, 1 and 18, 19 (the
+    padding), the run 9, 10 at the centre, and 6 and 13 between; a grid of at most the
+    positions asked is kept whole; the samples spread from the first to the last."""
+    from bitdrift.accumulation import sampled_axis, sampled_grid, sampled_samples
+
+    assert sampled_axis(20, 8, 2) == [0, 1, 6, 9, 10, 13, 18, 19]
+    assert sampled_axis(7, 8, 2) == list(range(7))
+    assert sampled_grid((5, 6), 30) == ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5])
+    ys, xs = sampled_grid((5, 6), 9)
+    assert (ys, xs) == ([0, 2, 4], [0, 3, 5])
+    positions = {(y, x) for y in ys for x in xs}
+    assert {(0, 0), (0, 5), (4, 0), (4, 5)} <= positions  # the corners
+    assert {(0, 3), (2, 0), (2, 5), (4, 3)} <= positions  # each edge
+    assert (2, 3) in positions  # the interior
+    # a 112x112 grid at 1024 positions: 32 x 32, both ends and both parities of the run
+    ys, xs = sampled_grid((112, 112), 1024, (3, 3))
+    assert len(ys) == len(xs) == 32 and ys[:3] == [0, 1, 2] and ys[-3:] == [109, 110, 111]
+    assert {56 % 4, 57 % 4, 58 % 4, 59 % 4} <= {y % 4 for y in ys if 40 < y < 72}
+    assert sampled_samples(3, 8) == [0, 1, 2] and sampled_samples(100, 3) == [0, 50, 99]
+
+
+def test_a_sampled_replay_counts_the_sampled_values_and_names_them():
+    """Two recorded values made wrong: one at a sampled position ((2, 3) of sample 0), one
+    at a position left out ((1, 1) of sample 0). The sampled replay (9 of 30 positions,
+    samples 0 and 2) finds the first alone among its 2 x 9 x 2 values, and the record
+    names what it replayed; the full replay finds both among all 3 x 30 x 2."""
+    from bitdrift.accumulation import checked_orders, replay_layers
+
+    entry, checked, weights, out, images = alternating_conv_layer()
+    for y, x in ((2, 3), (1, 1)):
+        out[0, y, x, 0] = np.nextafter(out[0, y, x, 0], F32(np.inf))
+    sampled = replay_layers({"conv": entry}, checked, weights, {"conv": out}, "float32",
+                            images, replay_positions=9, replay_samples=2)["conv"]
+    assert sampled["replay"] == (
+        "differs: 35 of 36 values bit-identical at best (without FMA); replayed at 9 of 30 "
+        "positions of 2 of 3 samples (analysis.replay_positions, analysis.replay_samples)")
+    assert sampled["replayed"] == {"rows": [0, 2], "y": [0, 2, 4], "x": [0, 3, 5]}
+    assert checked_orders({"conv": sampled}, ValueError) is not None
+    with pytest.raises(ValueError, match="'replayed' is not"):
+        checked_orders({"conv": {**sampled, "replayed": {"y": ["0"]}}}, ValueError)
+    full = replay_layers({"conv": entry}, checked, weights, {"conv": out}, "float32",
+                         images)["conv"]
+    assert full["replay"] == "differs: 178 of 180 values bit-identical at best (without FMA)"
+    assert "replayed" not in full  # every position and sample: the record as before
+    out[0, 1, 1, 0] = np.nextafter(out[0, 1, 1, 0], F32(-np.inf))  # the one left out, mended
+    again = replay_layers({"conv": entry}, checked, weights, {"conv": out}, "float32",
+                          images, replay_positions=9, replay_samples=2)["conv"]
+    assert again["replay"] == sampled["replay"]  # what was left out is not looked at
+
+
+def test_a_sampled_dense_replay_reads_the_rows_it_names():
+    """A Dense layer of 5 samples summed by hand in float32, products first, bias last:
+    the replay at 2 samples reads rows 0 and 4 alone (a wrong value in row 2 is not seen,
+    one in row 4 is)."""
+    from bitdrift.accumulation import replay_layers
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 4)).astype(F32)
+    kernel = rng.standard_normal((4, 3)).astype(F32)
+    bias = rng.standard_normal(3).astype(F32)
+    out = np.zeros((5, 3), dtype=F32)
+    for k in range(4):
+        out = (out + (x[:, k:k + 1] * kernel[k]).astype(F32)).astype(F32)
+    out = (out + bias).astype(F32)
+    # the sequential tree over 4 products and the bias (term 4): ((((0+1)+2)+3)+4)
+    entry = {"trees": [[[0, 1], [5, 2], [6, 3], [7, 4]]], "terms": 5, "bias": True}
+    checked = {"dense": {"class_name": "Dense", "inbound": "input", "activation": "linear"}}
+    weights = {"weights/dense/0": kernel, "weights/dense/1": bias}
+
+    def verdict(outputs):
+        return replay_layers({"dense": entry}, checked, weights,
+                             {"input": x, "dense": outputs}, "float32",
+                             replay_samples=2)["dense"]
+
+    assert verdict(out)["replayed"] == {"rows": [0, 4]}
+    assert verdict(out)["replay"] == "bit-identical without FMA; replayed at 2 of 5 " \
+        "samples (analysis.replay_samples)"
+    wrong = out.copy()
+    wrong[2, 1] = np.nextafter(wrong[2, 1], F32(np.inf))
+    assert verdict(wrong)["replay"] == verdict(out)["replay"]
+    wrong[4, 0] = np.nextafter(wrong[4, 0], F32(np.inf))
+    assert verdict(wrong)["replay"].startswith("differs: 5 of 6 values bit-identical")
+
+
+def test_the_replay_switch_skips_the_replay_alone():
+    from bitdrift.accumulation import replay_layers
+
+    entry, checked, weights, out, images = alternating_conv_layer()
+    on = replay_layers({"conv": entry}, checked, weights, {"conv": out}, "float32", images)
+    off = replay_layers({"conv": entry}, checked, weights, {"conv": out}, "float32", images,
+                        replay=False)
+    assert on["conv"]["replay"] == "bit-identical without FMA"
+    assert off["conv"].pop("replay") == "not replayed: analysis.replay is false"
+    assert off["conv"] == {key: value for key, value in on["conv"].items() if key != "replay"}
+    assert off["conv"]["trees"] == entry["trees"] and off["conv"]["places"] == entry["places"]
+
+
 def test_height_counts_the_products_additions_whatever_the_bias_does():
     """``other (height H)`` is the products' sum's height, the bias left out: the same
     products' tree gives the same height with the bias added last or inside."""

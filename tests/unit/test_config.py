@@ -29,6 +29,11 @@ def test_defaults_are_filled():
     assert device["batch_size"] == 1 and device["env"] == {}
     assert config["models"]["small"]["train"]["seeds"] == [1]
     assert config["analysis"]["precision"] == "float32"
+    from bitdrift.config import replay_settings
+
+    # the replay of every position and sample of the default run (a 32x32 grid, 3 samples)
+    assert replay_settings(config) == {"replay": True, "replay_positions": 1024,
+                                       "replay_samples": 8}
 
 
 @pytest.mark.parametrize("mutate,key", [

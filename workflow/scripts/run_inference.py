@@ -27,5 +27,6 @@ with workflow_job(snakemake.log[0], on_failure=on_failure):
         export=snakemake.input.get("export"),
         deployed_export=snakemake.input.get("deployed_export"),
         kernels=snakemake.params.kernels,
+        replay=snakemake.params.replay,
         log=sys.stderr,
     )

@@ -126,7 +126,7 @@ def open_session(runtime, job: dict, name: str, order_probe=None):
         elif spec["inbound"] is None:
             shape = check.shape[1:]
         elif spec["inbound"] in names:
-            shape = reference.check_outputs[names.index(spec["inbound"])].shape[1:]
+            shape = reference.check_shape(names.index(spec["inbound"]))[1:]
         else:
             continue
         found = probe_spec(spec["class_name"], spec, shape, weights[0].shape)

@@ -44,6 +44,7 @@ def cmd_train(args) -> None:
 def cmd_infer(args) -> None:
     from pathlib import Path
 
+    from bitdrift.config import replay_settings
     from bitdrift.export import inference_inputs
     from bitdrift.inference import infer
 
@@ -89,7 +90,8 @@ def cmd_infer(args) -> None:
     infer(model_name=args.model, device_name=args.device, device=device,
           model_path=model_path, dataset_path=dataset_path, samples=config["samples"],
           out=out, layers=config["analysis"]["layers"], reference=reference, export=export,
-          kernels=config["analysis"]["kernels"], deployed_export=deployed)
+          kernels=config["analysis"]["kernels"], deployed_export=deployed,
+          replay=replay_settings(config))
     if unchecked:
         print(f"bitdrift: wrote {out} without the argmax check against TensorFlow ({unchecked}; "
               "`bitdrift export` makes one)", file=sys.stderr)
