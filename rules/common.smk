@@ -16,8 +16,8 @@ from snakemake.exceptions import WorkflowError
 from bitdrift import atlas_entries, export, forkserver, paths, reference, reference_set
 from bitdrift.config import ConfigError, replay_settings, validate_config
 from bitdrift.datasets import DatasetError, check_samples
-from bitdrift.errors import BitdriftError
 from bitdrift.emulation import architecture
+from bitdrift.errors import BitdriftError
 from bitdrift.failures import end_of_run
 from bitdrift.provenance import infer_command
 from bitdrift.studies import study_models
