@@ -1,0 +1,264 @@
+"""Conversions of a torch.export program to the formats other runtimes run: ONNX through
+``torch.onnx.export(program, dynamo=True)`` (onnxscript), OpenVINO's own
+``openvino.convert_model(program)``, and ExecuTorch's ``.pte`` lowered to its XNNPACK
+backend.
+
+Each returns a :class:`Conversion`: the converted model, and the converter's name and
+versions for the record's fingerprint; or raises :class:`ConversionError` naming the
+converter and the reason in one line (for an op the converter lacks, the op), so that a
+failed conversion fails only the devices that need it.
+
+Per-layer names carry over where the converter keeps torch's module stack: the ONNX
+exporter writes each node's module scopes (``pkg.torch.onnx.name_scopes``), from which
+:func:`onnx_module_outputs` finds the ONNX value that is each module's output, under the
+names the eager run records. A module whose nodes the converter fused into another
+module's (its optimiser folds batch norm into the convolution before it) has no value of
+its own and is absent, never given its neighbour's.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bitdrift.atomic import atomic_output, write_bytes
+from bitdrift.errors import InferenceError
+
+ONNX_EXPORTER = "torch.onnx.export(dynamo=True)"
+OPENVINO_CONVERTER = "openvino.convert_model"
+EXECUTORCH_CONVERTER = "executorch.exir.to_edge_transform_and_lower(XnnpackPartitioner)"
+
+
+class ConversionError(InferenceError):
+    """A conversion that a device needs and that failed; the message names the converter,
+    its version and the reason."""
+
+
+@dataclass
+class Conversion:
+    """A converted model: ``model`` in memory (an ``onnx.ModelProto``, an
+    ``openvino.Model``, an ExecuTorch program's bytes), ``path`` where it was written
+    (None when it lives in memory only), the ``converter`` and its ``versions``."""
+
+    model: object
+    converter: str
+    versions: dict
+    path: Path | None = None
+    options: dict = field(default_factory=dict)
+    # {layer: where the converted model holds it}, for a converter that keeps the names
+    layers: dict = field(default_factory=dict)
+
+    def fingerprint(self) -> dict:
+        """What the record's fingerprint says about the conversion."""
+        return {"converter": self.converter, "converter_versions": dict(self.versions),
+                "converter_options": dict(self.options)}
+
+
+def package_versions(*packages: str) -> dict:
+    """{package: version} of the installed distributions."""
+    versions = {}
+    for package in packages:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def failure_reason(error: BaseException) -> str:
+    """The one line that says why a converter failed: the innermost cause's first line
+    (torch.onnx wraps the op's DispatchError in two layers of advice), or a converter's
+    own summary lines (OpenVINO's "No conversion rule found for operations: ...")."""
+    cause = error
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    summary = [line.lstrip("- ").strip() for line in lines if line.startswith("--")]
+    if summary:
+        return "; ".join(summary)[:400]
+    return (lines[0] if lines else type(cause).__name__)[:400]
+
+
+def _failed(converter: str, versions: dict, error: BaseException) -> ConversionError:
+    named = ", ".join(f"{package} {version}" for package, version in versions.items())
+    return ConversionError(f"{converter} ({named}) cannot convert the program: "
+                           f"{failure_reason(error)}")
+
+
+def to_onnx(program, out: str | Path, *, optimize: bool = True,
+            opset_version: int | None = None) -> Conversion:
+    """The program as ONNX, written to ``out``; ``optimize`` is the exporter's own
+    default (onnxscript's optimiser: constant folding, batch norm folded into convolutions)."""
+    versions = package_versions("torch", "onnxscript", "onnx")
+    if versions["onnxscript"] is None:
+        raise ConversionError(f"{ONNX_EXPORTER} needs the Python package 'onnxscript' "
+                              "(pip install onnxscript; it is in requirements.txt)")
+    import onnx
+    import torch
+
+    options = {"optimize": optimize, "opset_version": opset_version}
+    try:
+        exported = torch.onnx.export(program, args=(), dynamo=True, verbose=False,
+                                     optimize=optimize, opset_version=opset_version)
+    except Exception as error:  # the exporter raises its own errors, RuntimeError, ...
+        raise _failed(ONNX_EXPORTER, versions, error) from error
+    with atomic_output(out) as partial:
+        exported.save(str(partial), external_data=False)
+    return Conversion(onnx.load(str(out)), ONNX_EXPORTER, versions, Path(out), options)
+
+
+def to_openvino(program) -> Conversion:
+    """The program as an ``openvino.Model`` (OpenVINO's PyTorch frontend reading the
+    ExportedProgram itself, no ONNX in between); ``layers`` maps the eager run's module
+    calls to the model's outputs that hold them (:func:`openvino_module_outputs`).
+
+    The frontend's decoder is built here, not inside ``convert_model``, so that the graph
+    it converts (the program after OpenVINO's own decompositions) is the one whose node
+    names are read; its logged warnings about its decomposition table are muted."""
+    import openvino
+
+    versions = {"openvino": openvino.get_version()}
+    quiet = logging.getLogger()
+    level, quiet.level = quiet.level, logging.CRITICAL
+    try:
+        from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
+
+        decoder = TorchFXPythonDecoder.from_exported_program(program)
+        model = openvino.convert_model(decoder)
+    except Exception as error:  # OpConversionFailure, GeneralFailure, RuntimeError
+        raise _failed(OPENVINO_CONVERTER, versions, error) from error
+    finally:
+        quiet.setLevel(level)
+    conversion = Conversion(model, OPENVINO_CONVERTER, versions)
+    conversion.layers = openvino_module_outputs(model, decoder.pt_module.graph)
+    return conversion
+
+
+def openvino_module_outputs(model, graph) -> dict:
+    """{layer: openvino Output} for the module calls of ``graph`` (the torch graph the
+    frontend converted) whose value an op of ``model`` still computes. The frontend names
+    the ops it makes for a torch node ``<node>/<aten op>/<op type>``; the node's value is
+    the output of that node's op that reaches another node's op or a result. A node whose
+    ops the frontend fused into another's (a convolution whose batch norm was folded
+    into it) keeps no op of its own and is left out."""
+    import operator
+
+    from bitdrift.backends.torch_program import module_outputs
+
+    nodes = {node.name: node for node in graph.nodes}
+
+    def prefix(op) -> str:
+        return op.get_friendly_name().split("/", 1)[0]
+
+    handed_on: dict[str, list] = {}
+    for op in model.get_ordered_ops():
+        for output in op.outputs():
+            targets = [target.get_node() for target in output.get_target_inputs()]
+            if any(target.get_type_name() == "Result" or prefix(target) != prefix(op)
+                   for target in targets):
+                handed_on.setdefault(prefix(op), []).append(output)
+    layers = {}
+    for call in module_outputs(graph)[0]:
+        node, index = nodes[call.node], 0
+        if node.target is operator.getitem:  # one value of a node with several outputs
+            node, index = node.args[0], node.args[1]
+        outputs = handed_on.get(node.name, [])
+        if len(outputs) == 1 and index == 0:
+            layers[call.name] = outputs[0]
+        elif len(outputs) > index > 0:
+            layers[call.name] = outputs[index]
+    return layers
+
+
+def name_scopes(node) -> list[str]:
+    """The module paths an ONNX node was made in (outermost first, the root '' left out),
+    from the exporter's metadata; [] for a node without it."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            scopes = ast.literal_eval(prop.value)
+            return [scope for scope in scopes[:-1] if scope]  # the last is the torch node
+    return []
+
+
+def onnx_module_outputs(model, layers: list[str]) -> dict[str, str]:
+    """{layer: ONNX value} for the eager run's ``layers`` (module calls, as
+    torch_program.module_outputs names them) that the ONNX graph keeps: the value a
+    module's nodes hand on to nodes outside it, or to the graph's outputs. A module called
+    more than once (the ONNX scopes do not tell its calls apart), one handing on several
+    values, and one fused away are left out."""
+    graph = model.graph
+    members: dict[str, list] = {}
+    for node in graph.node:
+        for scope in name_scopes(node):
+            members.setdefault(scope, []).append(node)
+    repeated = {layer.split("@")[0] for layer in layers if "@" in layer}
+    graph_outputs = {output.name for output in graph.output}
+    mapping = {}
+    for path, nodes in members.items():
+        if path not in layers or path in repeated:
+            continue
+        inside = {id(node) for node in nodes}
+        made = {name for node in nodes for name in node.output if name}
+        used_outside = {name for node in graph.node if id(node) not in inside
+                        for name in node.input if name in made}
+        handed_on = [name for node in nodes for name in node.output
+                     if name in used_outside or name in graph_outputs]
+        if len(handed_on) == 1:
+            mapping[path] = handed_on[0]
+    return {layer: mapping[layer] for layer in layers if layer in mapping}
+
+
+def with_outputs(model, values: list[str]):
+    """A copy of the ONNX model that also outputs ``values`` (intermediate values, with
+    the types shape inference gives them), so a runtime can return them."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    known = {info.name: info for info in [*inferred.graph.value_info, *inferred.graph.output,
+                                          *inferred.graph.input]}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    present = {output.name for output in copy.graph.output}
+    for value in values:
+        if value in present:
+            continue
+        if value not in known:
+            raise ConversionError(f"ONNX value {value!r} has no type after shape inference")
+        copy.graph.output.append(known[value])
+    return copy
+
+
+def to_executorch(program, out: str | Path) -> Conversion:
+    """The program lowered to ExecuTorch with every partition XNNPACK takes delegated to
+    it (the rest on ExecuTorch's portable kernels), written to ``out`` (``.pte``)."""
+    versions = package_versions("executorch", "torch")
+    if versions["executorch"] is None:
+        raise ConversionError(f"{EXECUTORCH_CONVERTER} needs the Python package "
+                              "'executorch' (pip install executorch; it is in requirements.txt)")
+    try:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+            XnnpackPartitioner,
+        )
+        from executorch.exir import to_edge_transform_and_lower
+
+        lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        buffer = lowered.to_executorch().buffer
+    except Exception as error:  # exir's verifier, the partitioner, the emitter
+        raise _failed(EXECUTORCH_CONVERTER, versions, error) from error
+    write_bytes(out, buffer)
+    return Conversion(buffer, EXECUTORCH_CONVERTER, versions, Path(out), {"backend": "xnnpack"})
+
+
+def openvino_with_outputs(conversion: Conversion) -> dict[str, int]:
+    """Adds the mapped layers' values to the OpenVINO model's outputs (which also keeps
+    the plugin from fusing them away) and gives {layer: index of its output}: a compiled
+    model's results are indexed the same way. Changes ``conversion.model`` in place."""
+    model = conversion.model
+    # the model's outputs, in the order asked: one already an output is not added again
+    added = model.add_outputs(list(conversion.layers.values()))
+    results = [output.get_node().get_friendly_name() for output in model.outputs]
+    return {layer: results.index(output.get_node().get_friendly_name())
+            for layer, output in zip(conversion.layers, added, strict=True)}
