@@ -162,9 +162,11 @@ def entries_from_records(paths: list[str | Path]) -> list[dict]:
     """This machine's entries from its records of the reference model: one per machine
     the records were made on (the host, each emulated CPU)."""
     from bitdrift import reference_set
-    from bitdrift.record import open_records
+    from bitdrift.record import open_records, read_failure
 
     expected = reference_set.manifest()["model"]["model_sha256"]
+    if all(read_failure(path) is not None for path in paths):
+        return []  # every device failed here: no entry (the failures say why)
     records = open_records(paths)
     entries: dict[str, dict] = {}
     for record in records:
@@ -597,7 +599,9 @@ def compare_records(paths: list[str | Path], atlas: Atlas, table=None, refused_t
 
     from bitdrift.atomic import write_csv
 
-    rows = compare(entries_from_records(paths), atlas)
+    this = entries_from_records(paths)
+    # no device ran the reference model here (every record a failure record): no rows
+    rows = compare(this, atlas) if this else []
     found = rows_table(rows)
     if table:
         write_csv(found, table)
@@ -609,7 +613,7 @@ def compare_records(paths: list[str | Path], atlas: Atlas, table=None, refused_t
         from bitdrift.figures import plot_atlas
 
         plot_atlas(found, figure)
-    return summary_lines(rows)
+    return summary_lines(rows) if rows else ["No device ran the reference model here."]
 
 
 @dataclass

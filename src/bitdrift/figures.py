@@ -765,6 +765,13 @@ def plot_atlas(table: pd.DataFrame, out: str | Path) -> None:
     the device), grey where a machine did not run the device."""
     from bitdrift.atlas_entries import THIS_MACHINE
 
+    if table.empty:  # every device of the reference model failed here: the figure says so
+        figure, axis = plt.subplots(figsize=(6, 1.5))
+        axis.axis("off")
+        axis.text(0.5, 0.5, "No device ran the reference model here (see the device "
+                  "failures)", ha="center", va="center", fontsize=9)
+        save_figure(figure, out)
+        return
     machines = list(dict.fromkeys(table["machine"]))
     devices = list(dict.fromkeys(table["device"]))
     names = dict(zip(table["machine"], table["name"], strict=False))

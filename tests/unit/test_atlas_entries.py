@@ -252,3 +252,18 @@ def test_gpu_machines_driver_is_software_and_the_findings_section(tmp_path):
     assert "(software only, same hardware (driver_version 570.1 vs 580.2))" in line
     assert "apart from NVIDIA H200 on AMD EPYC family 25 model 17 from layer dense on " \
         "(hardware; 23 bits remain in the final output)" in line
+
+
+def test_no_device_ran_the_reference_model(tmp_path):
+    """Every record a failure record: the comparison, its table and figure still written."""
+    from bitdrift.record import write_failure
+
+    failed = tmp_path / "d1.h5"
+    write_failure(failed, {"model": "atlas_reference", "device": "d1",
+                           "backend": "tensorflow"}, "out of memory")
+    atlas = tmp_path / "atlas"
+    add([record(tmp_path / "a.h5", "d1", ZEN4, tensors(1))], atlas)
+    lines = atlas_entries.compare_records([failed], read_atlas(atlas), table=tmp_path / "t.csv",
+                                          figure=tmp_path / "f.pdf")
+    assert lines == ["No device ran the reference model here."]
+    assert pd.read_csv(tmp_path / "t.csv").empty and (tmp_path / "f.png").stat().st_size
