@@ -333,8 +333,10 @@ def _check(entry, path: Path, expected_model: str | None) -> dict:
                 size = -1
             width = 8 if output["format"] == "float64" else \
                 4 if output["format"] == "float32" else 2
-            if not isinstance(output.get("shape"), list) or \
-                    size != width * int(np.prod(output["shape"])):
+            shape = output.get("shape")
+            if not isinstance(shape, list) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape) \
+                    or size != width * int(np.prod(shape)):
                 raise wrong(f"device {name!r}: sample {sample}'s output bits are not hex of "
                             "its shape and format")
     return entry
