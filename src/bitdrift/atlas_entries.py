@@ -512,9 +512,9 @@ def _kind_of_difference(a_entry: dict, a: dict, b_entry: dict, b: dict) -> str:
         versions["os"] = (a_entry["software"].get("os"), b_entry["software"].get("os"))
     named = ", ".join(f"{name} {old} vs {new}" for name, (old, new) in versions.items())
     if hardware and versions:
-        return f"hardware and software ({named})"
+        return f"other hardware and software ({named})"
     if hardware:
-        return "hardware"
+        return "other hardware"
     if versions:
         return f"software only, same hardware ({named})"
     return "none"

@@ -102,12 +102,12 @@ def test_compare_names_the_first_layer_and_software_against_hardware(tmp_path):
                                    "2.20.0)")
     assert (software.same_as_this, software.first_difference) == (False, "dense")
     assert software.remaining_precision == 23 - 5 and software.cls == 2
-    hardware = [r for r in rows if r.difference.startswith("hardware")]
+    hardware = [r for r in rows if r.difference.startswith("other hardware")]
     apart = next(r for r in hardware if not r.same_as_this)
-    assert apart.difference == "hardware" and apart.first_difference == "conv2d"
+    assert apart.difference == "other hardware" and apart.first_difference == "conv2d"
     assert apart.remaining_precision == 23.0 and apart.cls == 3  # the output agrees
     same = next(r for r in hardware if r.same_as_this)  # other CPU and version, same bits
-    assert same.cls == 1 and same.difference.startswith("hardware and software")
+    assert same.cls == 1 and same.difference.startswith("other hardware and software")
     lines = atlas_entries.summary_lines(rows)
     assert len(lines) == 1 and "from layer dense on (software only" in lines[0]
     assert "Intel Xeon E5-2680 v3 family 6 model 63" in lines[0]
@@ -251,7 +251,7 @@ def test_gpu_machines_driver_is_software_and_the_findings_section(tmp_path):
                            "25 model 17 [")
     assert "(software only, same hardware (driver_version 570.1 vs 580.2))" in line
     assert "apart from NVIDIA H200 on AMD EPYC family 25 model 17 from layer dense on " \
-        "(hardware; 23 bits remain in the final output)" in line
+        "(other hardware; 23 bits remain in the final output)" in line
 
 
 def test_no_device_ran_the_reference_model(tmp_path):
