@@ -13,11 +13,20 @@ os.environ.update(BITDRIFT_SOURCE=workflow.basedir)
 
 from snakemake.exceptions import WorkflowError
 
-from bitdrift import atlas_entries, export, forkserver, paths, reference, reference_set
+from bitdrift import (
+    atlas_entries,
+    export,
+    forkserver,
+    formats,
+    paths,
+    reference,
+    reference_set,
+)
 from bitdrift.config import ConfigError, replay_settings, validate_config
 from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.emulation import architecture
 from bitdrift.errors import BitdriftError
+from bitdrift.examples import EXAMPLES
 from bitdrift.failures import end_of_run
 from bitdrift.provenance import infer_command
 from bitdrift.studies import study_models
@@ -38,6 +47,21 @@ MODELS = list(config["models"])
 DEVICES = list(config["devices"])
 SCHEDULED_DEVICES = [d for d in DEVICES if not config["devices"][d]["external"]]
 TRAINED_MODELS = [m for m in MODELS if "architecture" in config["models"][m]]
+# Each model's format (bitdrift.formats): a device runs the models its runtime can run
+MODEL_FORMATS = {
+    model: formats.planned_format(paths.model_file(config, model))
+    for model in MODELS
+    if "file" in config["models"][model]
+}
+
+
+def runs_on(model, device):
+    """Whether the device's runtime runs the model's format (a Keras model: every one)."""
+    return config["devices"][device]["backend"] in formats.runtimes(
+        MODEL_FORMATS.get(model, "keras")
+    )
+
+
 EXPORT_FORMATS = list(reference.FORMATS)
 
 # (model, model file, dataset file) per model: every record, external ones included, is
@@ -46,7 +70,7 @@ PROVENANCE = [
     (
         model,
         paths.model_file(config, model),
-        paths.dataset_file(config["models"][model]["dataset"]),
+        paths.model_inputs_file(config, model),
     )
     for model in MODELS
 ]
@@ -62,6 +86,7 @@ def _check_external_records():
         for model, model_file, dataset_file in PROVENANCE
         for device in DEVICES
         if config["devices"][device]["external"]
+        and runs_on(model, device)
         and not os.path.exists(paths.record_file(model, device))
     ]
     if missing:
@@ -73,7 +98,7 @@ def _check_external_records():
                     model,
                     device,
                     paths.model_file(config, model),
-                    paths.dataset_file(config["models"][model]["dataset"]),
+                    paths.model_inputs_file(config, model),
                     path,
                 )
                 for device, model, path in missing
@@ -86,7 +111,11 @@ _check_external_records()
 
 def _check_samples():
     """Sample indices against every prepared dataset the devices read, before any job."""
-    for dataset in {config["models"][model]["dataset"] for model in MODELS}:
+    for dataset in {
+        config["models"][model]["dataset"]
+        for model in MODELS
+        if "dataset" in config["models"][model]
+    }:
         if os.path.exists(paths.dataset_file(dataset)):
             try:
                 check_samples(paths.dataset_file(dataset), config["samples"])
@@ -150,6 +179,7 @@ def core_targets():
         paths.record_file(model, device)
         for model in MODELS
         for device in SCHEDULED_DEVICES
+        if runs_on(model, device)
     ]
     return (
         scheduled_records
@@ -254,8 +284,14 @@ def canonical(entry):
 
 
 def record_files(wildcards=None):
-    """Every record, devices in config order (this order numbers the classes)."""
-    return [paths.record_file(model, device) for model in MODELS for device in DEVICES]
+    """Every record, devices in config order (this order numbers the classes); a model
+    has records of the devices whose runtime runs its format."""
+    return [
+        paths.record_file(model, device)
+        for model in MODELS
+        for device in DEVICES
+        if runs_on(model, device)
+    ]
 
 
 def scheduled_record_files():
@@ -265,6 +301,7 @@ def scheduled_record_files():
         paths.record_file(model, device)
         for model in ALL_MODELS
         for device in SCHEDULED_DEVICES
+        if runs_on(model, device)
     ]
 
 
@@ -298,7 +335,9 @@ def dataset_spec(wildcards):
 
 def dataset_samples(wildcards):
     """The sample indices the devices read from this dataset (none if no model uses it)."""
-    models = [m for m in MODELS if config["models"][m]["dataset"] == wildcards.dataset]
+    models = [
+        m for m in MODELS if config["models"][m].get("dataset") == wildcards.dataset
+    ]
     return config["samples"] if models else []
 
 
@@ -311,9 +350,8 @@ def device_spec(wildcards):
 
 
 def model_dataset_file(wildcards):
-    """The dataset a model reads; the reference model, the reference set's inputs."""
-    spec = config["models"][wildcards.model]
-    return spec["inputs"] if "inputs" in spec else paths.dataset_file(spec["dataset"])
+    """The dataset's prepared file, or the model's own inputs file."""
+    return paths.model_inputs_file(config, wildcards.model)
 
 
 def model_samples(wildcards):
@@ -354,7 +392,12 @@ def inference_export_inputs(wildcards):
     """TensorFlow's reference and the exported model, for the devices that need them; the
     aarch64 userland, for an emulated Arm CPU."""
     device = config["devices"][wildcards.device]
-    inputs = export.inference_inputs(wildcards.model, device["backend"])
+    # a model of another format than Keras runs as it is: no Keras export, no reference
+    inputs = (
+        export.inference_inputs(wildcards.model, device["backend"])
+        if MODEL_FORMATS.get(wildcards.model, "keras") == "keras"
+        else {}
+    )
     if architecture(device.get("emulate") or "") == "aarch64":
         inputs["aarch64"] = paths.aarch64_userland_file()
     return inputs

@@ -75,5 +75,27 @@ rule run_inference:
         layers=config["analysis"]["layers"],
         kernels=config["analysis"]["kernels"],
         replay=replay_settings(config),
+        full_samples=config["analysis"].get("full_samples"),
+        layer_select=config["analysis"].get("layer_select"),
     script:
         "../workflow/scripts/run_inference.py"
+
+
+rule example_model:
+    output:
+        model="examples/{example}.onnx",
+        inputs="examples/{example}.npy",
+    log:
+        "logs/example_model/{example}.log",
+    # bitdrift's example models (bitdrift.examples), built here: no download
+    wildcard_constraints:
+        example=_choice(EXAMPLES),
+    conda:
+        "../envs/bitdrift.yaml"
+    params:
+        # the samples and whole batches of every device after them
+        samples=max(config["samples"])
+        + 1
+        + max(device["batch_size"] for device in config["devices"].values()),
+    script:
+        "../workflow/scripts/write_example_model.py"

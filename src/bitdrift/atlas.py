@@ -14,7 +14,6 @@ The index is an HDF5 file (``bitdrift index RECORDS --out atlas.h5``), written a
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,17 +22,9 @@ import h5py
 import numpy as np
 
 from bitdrift.errors import RecordError
-from bitdrift.record import OUTPUT, Record
+from bitdrift.record import OUTPUT, Record, output_digest
 
 INDEX_FORMAT = 1
-
-
-def output_digest(values: np.ndarray, float_format: str) -> bytes:
-    """SHA-256 of one output's float format, shape and bytes."""
-    values = np.ascontiguousarray(values)
-    digest = hashlib.sha256(f"{float_format}:{values.shape}:".encode())
-    digest.update(values.tobytes())
-    return digest.digest()
 
 
 @dataclass

@@ -95,6 +95,11 @@ def validate_config(config: dict) -> dict:
                            "to another runtime; see the schema's description)")
         raise ConfigError(f"config key {key}: {message}")
     _check_references(config, trained_files)
+    full = config.get("analysis", {}).get("full_samples")
+    if isinstance(full, list) and set(full) - set(config.get("samples", [])):
+        raise ConfigError(f"config key analysis.full_samples: "
+                          f"{sorted(set(full) - set(config['samples']))} not among the "
+                          f"samples {config['samples']}")
     return config
 
 
@@ -185,7 +190,14 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
     for device in config["atlas"]["devices"]:
         scheduled_device(config, device, "atlas.devices", "the reference model runs on the "
                          "devices the workflow schedules")
-    recorded = {model["dataset"] for model in config["models"].values()}
+    for name, model in config["models"].items():
+        if ("dataset" in model) == ("inputs" in model):
+            raise ConfigError(f"config key models.{name}: a model needs exactly one of "
+                              "'dataset' or 'inputs'")
+        if "inputs" in model and "file" not in model:
+            raise ConfigError(f"config key models.{name}.inputs: a trained architecture "
+                              "reads its dataset; inputs go with a model file")
+    recorded = {model["dataset"] for model in config["models"].values() if "dataset" in model}
     for name, dataset in config["datasets"].items():
         limit = dataset.get("limit_test") if name in recorded else None
         beyond = [sample for sample in config["samples"] if limit and sample >= limit]
@@ -193,7 +205,7 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
             raise ConfigError(f"config key samples: {beyond} beyond the test set of dataset "
                               f"{name!r} (limit_test {limit}: indices 0..{limit - 1})")
     for name, model in config["models"].items():
-        if model["dataset"] not in config["datasets"]:
+        if "dataset" in model and model["dataset"] not in config["datasets"]:
             raise ConfigError(
                 f"config key models.{name}.dataset: unknown dataset {model['dataset']!r} "
                 f"(datasets: {sorted(config['datasets'])})"
@@ -208,6 +220,38 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
         if name in trained_files:
             raise ConfigError(f"config key models.{name}.train: a model given as a file is "
                               "used as is and cannot be trained")
+        if "file" in model:
+            check_model_file(name, model, config["samples"], config["devices"])
+
+
+def check_model_file(name: str, model: dict, samples: list[int], devices: dict) -> None:
+    """A model file's format by its content, and its inputs against its signature, where
+    the files exist (a file made later is checked by its job: bitdrift.inference)."""
+    from bitdrift import formats
+    from bitdrift.errors import DatasetError, ModelFormatError
+
+    if not Path(model["file"]).is_file():
+        return
+    try:
+        format = formats.detect(model["file"])
+    except ModelFormatError as error:
+        raise ConfigError(f"config key models.{name}.file: {error}") from error
+    runtimes = formats.get(format).RUNTIMES
+    if not any(device["backend"] in runtimes for device in devices.values()):
+        raise ConfigError(f"config key models.{name}.file: {model['file']} is "
+                          f"{formats.get(format).WHAT}, and no device runs it (runtimes that "
+                          f"can: {', '.join(runtimes) or 'none yet'})")
+    if format == "keras" and "inputs" in model:
+        raise ConfigError(f"config key models.{name}.inputs: {model['file']} is "
+                          f"{formats.get(format).WHAT}, which reads a `dataset`")
+    if format != "keras" and "dataset" in model:
+        raise ConfigError(f"config key models.{name}.dataset: {model['file']} is "
+                          f"{formats.get(format).WHAT}; give its own `inputs` (.npy or .npz)")
+    if "inputs" in model and Path(model["inputs"]).is_file():
+        try:
+            formats.check_inputs(model["inputs"], model["file"], format, samples)
+        except (ModelFormatError, DatasetError) as error:
+            raise ConfigError(f"config key models.{name}.inputs: {error}") from error
 
 
 def load_config(path: str | Path) -> dict:

@@ -16,6 +16,7 @@ import json
 import pickle
 import tarfile
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import h5py
@@ -514,8 +515,51 @@ def dataset_classes(data: dict) -> int:
     return len(names)
 
 
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def is_inputs_file(path: str | Path) -> bool:
+    """Whether ``path`` is a user's inputs file (a model's ``inputs:``): a .npy array, or
+    a .npz archive of one, told by content; else a prepared dataset file (HDF5)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(NPY_MAGIC))
+    except OSError:
+        return False
+    return head == NPY_MAGIC or (head.startswith(b"PK") and zipfile.is_zipfile(path))
+
+
+def read_inputs(path: str | Path) -> np.ndarray:
+    """The array of a user's inputs file (the first axis is the sample; any dtype and
+    layout): a .npy file memory-mapped, or the one array of a .npz archive."""
+    try:
+        loaded = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise DatasetError(f"{path}: not a readable .npy or .npz inputs file ({error})") \
+            from error
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            if len(loaded.files) != 1:
+                raise DatasetError(f"{path}: a .npz inputs file holds one array (the model's "
+                                   f"one input); it holds {len(loaded.files)}: "
+                                   f"{', '.join(loaded.files)}")
+            try:
+                loaded = loaded[loaded.files[0]]
+            except (OSError, ValueError, zipfile.BadZipFile) as error:
+                raise DatasetError(f"{path}: a damaged .npz inputs file ({error})") from error
+    if loaded.ndim < 1 or loaded.shape[0] == 0:
+        raise DatasetError(f"{path}: inputs of shape {loaded.shape}: the first axis is the "
+                           "sample, and there is none")
+    return loaded
+
+
 def read_test_images(path: str | Path, indices: list[int]) -> np.ndarray:
-    """Test images at the given indices (float32, NHWC)."""
+    """Test images at the given indices (float32, NHWC); for a user's inputs file, its
+    samples at those indices as they are (bitdrift.formats checks them against the model)."""
+    if is_inputs_file(path):
+        inputs = read_inputs(path)
+        _check_indices(path, indices, inputs.shape[0])
+        return np.ascontiguousarray(inputs[list(indices)])
     try:
         with h5py.File(path, "r") as handle:
             _check_indices(path, indices, handle["x_test"].shape[0])
@@ -526,7 +570,9 @@ def read_test_images(path: str | Path, indices: list[int]) -> np.ndarray:
 
 
 def count_test_images(path: str | Path) -> int:
-    """Number of test images in a prepared dataset file."""
+    """Number of test images in a prepared dataset file (samples in an inputs file)."""
+    if is_inputs_file(path):
+        return read_inputs(path).shape[0]
     try:
         with h5py.File(path, "r") as handle:
             return handle["x_test"].shape[0]
@@ -535,7 +581,10 @@ def count_test_images(path: str | Path) -> int:
 
 
 def test_image_shape(path: str | Path) -> tuple:
-    """The shape of one test image of a prepared dataset file."""
+    """The shape of one test image of a prepared dataset file (one sample of an inputs
+    file)."""
+    if is_inputs_file(path):
+        return tuple(read_inputs(path).shape[1:])
     try:
         with h5py.File(path, "r") as handle:
             return tuple(handle["x_test"].shape[1:])

@@ -29,10 +29,16 @@ DIVERGENCE_COLUMNS = ["model", "sample", "class_a", "class_b", "device_a", "devi
 
 
 def _pair_precision(record_a: Record, record_b: Record, sample: int, label: str) -> float:
-    """Remaining precision of one layer between two devices' representatives."""
+    """Remaining precision of one layer between two devices' representatives; NaN where a
+    record holds the layer's digests only (a sample outside analysis.full_samples: where
+    the two part is known from the digests, how far apart they are is not)."""
     tensors = []
-    for record in (record_a, record_b):
-        info = next(i for i in record.layers(sample) if i.label == label)
+    infos = [next(i for i in record.layers(sample) if i.label == label)
+             for record in (record_a, record_b)]
+    if not all(record.has_values(sample, info)
+               for record, info in zip((record_a, record_b), infos, strict=True)):
+        return float("nan")
+    for record, info in zip((record_a, record_b), infos, strict=True):
         tensor = record.tensor(sample, info)
         _, representative = summarize_repeats(record.device, tensor.values, tensor.float_format)
         tensors.append((representative, tensor.float_format))

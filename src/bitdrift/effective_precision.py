@@ -364,11 +364,14 @@ def recheck(record, model_path, dataset_path) -> dict:
     (for a layer fed by the model input) are the record's; the weights are cast to the
     record's declared format, as its device had them."""
     from bitdrift.datasets import read_test_images
-    from bitdrift.models import keras_file_layers, numpy_dtype
+    from bitdrift.formats import file_layers
+    from bitdrift.models import numpy_dtype
 
     precision = record.precision
     dtype = numpy_dtype(precision)
-    layers = keras_file_layers(model_path)
+    # a Keras model's layers, or an ONNX model's MatMul, Gemm and Conv nodes as Dense and
+    # Conv2D layers (bitdrift.formats); a format with no such reading has none to check
+    layers = file_layers(model_path) or []
     inputs = {layer["name"] for layer in layers if layer["class_name"] == "InputLayer"}
     recorded = {info.name for info in record.layers(record.samples[0]) if not info.final}
     checked = {}
@@ -383,10 +386,13 @@ def recheck(record, model_path, dataset_path) -> dict:
         if spec is not None and layer["weights"]:
             checked[layer["name"]] = (spec, [np.asarray(value).astype(dtype).astype(np.float64)
                                              for value in layer["weights"]])
-    images = read_test_images(dataset_path, record.samples).astype(dtype) \
+    # the samples whose layers hold values (a record written with analysis.full_samples
+    # holds the others' digests only)
+    samples = record.value_samples
+    images = read_test_images(dataset_path, samples).astype(dtype) \
         if any(spec["inbound"] is None for spec, _ in checked.values()) else None
     results: dict[str, list[dict]] = {}
-    for row, sample in enumerate(record.samples):
+    for row, sample in enumerate(samples):
         for name, (spec, weights) in checked.items():
             outputs = _as_float(record.tensor(sample, name))
             if spec["inbound"] is None:

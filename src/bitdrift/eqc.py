@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bitdrift.precision import RemainingPrecisionAccumulator, as_float64, significant_bits
-from bitdrift.record import Record, RecordError, group_by_model
+from bitdrift.record import DigestOnly, Record, RecordError, group_by_model
 
 EQC_COLUMNS = ["model", "sample", "device", "eqc", "deterministic", "distinct_outputs",
                "majority_count"]
@@ -103,6 +103,16 @@ def summarize_repeats(device: str, repeats: np.ndarray, float_format: str):
     return summary, representative
 
 
+def summarize_digests(device: str, digests: list[bytes]) -> DeviceSummary:
+    """The summary of :func:`summarize_repeats` from the repeats' digests (bitdrift.record.
+    output_digest: equal digests, bit-identical values), for a tensor recorded as digests
+    only; its key is the representative's digest."""
+    counts = Counter(digests)
+    representative = max(counts, key=counts.get)  # the first seen among ties, as above
+    return DeviceSummary(device=device, key=representative, deterministic=len(counts) == 1,
+                         distinct_outputs=len(counts), majority_count=counts[representative])
+
+
 def number_classes(keys: list[OutputKey]) -> list[int]:
     """Class ids 1.. in order of first appearance."""
     ids: dict[OutputKey, int] = {}
@@ -176,6 +186,12 @@ def _layer_tasks(records: list[Record], precision, layers: bool, remaining_preci
                 )
             analysed_precision = precisions[0]
         for sample in _common_samples(model, group):
+            digest_only = [record.device for record in group
+                           if sample not in record.value_samples]
+            if layers and digest_only:
+                print(f"bitdrift: model {model!r}, sample {sample}: layers recorded as digests "
+                      f"only on {', '.join(digest_only)} (analysis.full_samples): they enter "
+                      "the per-layer classes, not the remaining precision", file=sys.stderr)
             infos = _common_layers(group, sample) if layers else [
                 info for info in group[0].layers(sample) if info.final]
             for info in infos:
@@ -192,7 +208,14 @@ def _analyse_layer(model, group, sample, info, analysed_precision,
     # All devices are read before any is analysed: interleaving HDF5 reads with the
     # NumPy work below made the analysis ~25 % slower (each evicts the other's caches).
     # One label is one dataset name in every record (the final output apart).
-    tensors = [record.tensor(sample, info) for record in group]
+    try:
+        tensors = [record.tensor(sample, info) for record in group]
+    except DigestOnly:  # a sample outside analysis.full_samples: classes from the digests
+        summaries = [summarize_digests(record.device, record.digests(sample, info))
+                     for record in group]
+        return LayerResult(model, sample, info.label, info.position, summaries,
+                           number_classes([s.key for s in summaries]), None,
+                           info.class_name, final=info.final)
     reduced = _reduced_at([r for r in group if r.precision == analysed_precision], info)
     declared = None  # the analysed devices but the reduced ones, where some are
     for record, tensor in zip(group, tensors, strict=True):

@@ -30,6 +30,13 @@ class DatasetError(BitdriftError, ValueError):
     exit_code = 3
 
 
+class ModelFormatError(BitdriftError, ValueError):
+    """A model file of no format bitdrift reads, a damaged one, or inputs that do not fit
+    its signature."""
+
+    exit_code = 3
+
+
 class RecordError(BitdriftError, ValueError):
     """A record that is not a valid bitdrift record, or not comparable with the others."""
 

@@ -353,7 +353,10 @@ def agreement(table: pd.DataFrame) -> list[str]:
     at it."""
     shares = pd.to_numeric(table["share"], errors="coerce")
     checked = table[shares.notna()].assign(share=shares[shares.notna()])
-    lines = []
+    lines = [f"{model}: not checked on any device (the argmax check compares a Keras "
+             "model's labels with TensorFlow's; TensorFlow's own devices are the reference, "
+             "and a model file of another format has none)."
+             for model in dict.fromkeys(table["model"]) if model not in set(checked["model"])]
     for model, rows in checked.groupby("model", sort=False):
         images = pd.to_numeric(rows["images"], errors="coerce").astype(int)
         agreeing = pd.to_numeric(rows["agreeing"], errors="coerce") if "agreeing" in rows \

@@ -4,7 +4,8 @@ Each repeat runs in a process of its own with the device's environment, in which
 run before it (the reference study's protocol: autotuning, thread pools and CPU dispatch are
 decided per process): a fresh process, or for a runtime that allows it a child forked from a
 parent that has only imported the framework (bitdrift.prefork).
-The parent merges the repeats into one record (see bitdrift.record) written atomically.
+The parent merges the repeats into one record (see bitdrift.record) a layer at a time, written
+atomically.
 
     python -m bitdrift.inference WORKER_JSON   # one repeat; used by infer()
 """
@@ -18,6 +19,7 @@ import signal
 import sys
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +39,7 @@ from bitdrift.models import model_digest, model_input_shape
 from bitdrift.prefork import worker_main
 from bitdrift.progress import progress
 from bitdrift.provenance import input_sha256
-from bitdrift.record import DEPLOYED, OUTPUT, write_record
+from bitdrift.record import DEPLOYED, OUTPUT, RecordWriter, output_digest
 
 
 def batch_indices(samples: list[int], batch_size: int, n_test: int) -> list[int]:
@@ -56,32 +58,42 @@ def batch_indices(samples: list[int], batch_size: int, n_test: int) -> list[int]
 
 def run_repeat(job: dict) -> None:
     """One repeat inside its own process: load, cast, run, save outputs to job['out']."""
-    from bitdrift import backends
+    from bitdrift import formats
     from bitdrift.devices import fingerprint
     from bitdrift.models import numpy_dtype
 
     device, name = job["device"], job["device_name"]
-    session = backends.get(device["backend"]).open_session(job, name)
+    session = formats.open_session(job, name)
     first = job.get("fingerprint", True)
     indices = batch_indices(job["samples"], device["batch_size"],
                             count_test_images(job["dataset_path"]))
     dtype = numpy_dtype(device["precision"])
-    images = read_test_images(job["dataset_path"], indices).astype(dtype)
-    results: dict[str, list[np.ndarray]] = {}
-    for start in range(0, len(indices), device["batch_size"]):
-        for position, value in enumerate(session.run(images[start:start + device["batch_size"]])):
-            results.setdefault(str(position), []).append(np.asarray(value))
+    images = read_test_images(job["dataset_path"], indices)
+    if job.get("model_format", "keras") == "keras":
+        images = images.astype(dtype)
+    # a model of another format takes its inputs as its signature says (checked before
+    # the repeats: bitdrift.formats.check_inputs)
+    batch = device["batch_size"]
+    out = RepeatWriter(job["out"])
+    # Each batch's outputs go to the file as they come (the filler rows left out): the
+    # worker holds one batch of the model's layers, not every sample's. A sample outside
+    # analysis.full_samples leaves its layers' digests only (its final output in full).
+    keep = set(job.get("full_samples", job["samples"]))
+    for number, start in enumerate(range(0, len(indices), batch)):
+        names = job["samples"][start:start + batch]
+        outputs = session.run(images[start:start + batch])
+        for position, value in enumerate(outputs):
+            out.add_batch(position, number, np.asarray(value)[:len(names)], names,
+                          None if position == len(outputs) - 1 else keep)
+        del outputs
     if session.deployed is not None and job.get("observe", True):
         # the observer check (bitdrift.observer): the model as deployed, after the
         # instrumented run in the same process, on the same batches
-        results[DEPLOYED] = [np.asarray(session.deployed(images[start:start + device[
-            "batch_size"]])) for start in range(0, len(indices), device["batch_size"])]
+        for number, start in enumerate(range(0, len(indices), batch)):
+            names = job["samples"][start:start + batch]
+            out.add_batch(DEPLOYED, number, np.asarray(session.deployed(
+                images[start:start + batch]))[:len(names)], names, None)
     arrays = {}
-    for position, parts in results.items():
-        stacked = np.concatenate(parts)[: len(job["samples"])]
-        if stacked.dtype.name == "bfloat16":
-            stacked = stacked.view(np.uint16)
-        arrays[position] = stacked
     # The first repeat also classifies the reference's test images (the argmax check
     # against TensorFlow, see bitdrift.export) and describes the machine; py-cpuinfo
     # takes about a second per call, so the other repeats skip both.
@@ -106,11 +118,71 @@ def run_repeat(job: dict) -> None:
         meta["runtime_kernels"] = session.kernels
     if session.deployed_kernels is not None:  # and of its deployed graph (bitdrift.observer)
         meta["deployed_kernels"] = session.deployed_kernels
-    if job.get("orders") and session.order_probe is not None:
-        meta["orders"] = reveal_orders(session, device)
+    if job.get("orders") and (session.order_probe is not None or session.unrevealed):
+        meta["orders"] = {layer: {"error": reason} for layer, reason in session.unrevealed.items()}
+        if session.order_probe is not None:
+            meta["orders"].update(reveal_orders(session, device))
+    meta["outputs"] = out.positions
+    meta["shapes"] = out.shapes
+    meta["batches"] = -(-len(indices) // batch)
     # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
     # (bitdrift.prefork.exit_now), fresh or forked.
-    np.savez(job["out"], meta=json.dumps(meta), **arrays, **weights)
+    for key, value in {"meta": np.asarray(json.dumps(meta)), **arrays, **weights}.items():
+        out.add(key, value)
+    out.close()
+
+
+def batch_key(position: int | str, batch: int) -> str:
+    """The key of one batch of one output (a layer's position, or DEPLOYED) in a repeat's
+    file: the values of the rows it keeps (RepeatWriter.add_batch)."""
+    return f"{position}_batch{batch}"
+
+
+def digest_key(position: int | str, batch: int) -> str:
+    """The key of the digests of one batch's rows of one output."""
+    return f"{position}_digests{batch}"
+
+
+def _raw(values: np.ndarray) -> np.ndarray:
+    """bfloat16 as its raw bits (uint16): numpy's files hold no bfloat16."""
+    return values.view(np.uint16) if values.dtype.name == "bfloat16" else values
+
+
+class RepeatWriter:
+    """A repeat's outputs as an .npz written one array at a time (numpy.savez's layout:
+    np.load reads it, lazily per key), so that the worker need not hold them all."""
+
+    def __init__(self, path: str | Path):
+        import zipfile
+
+        self._zip = zipfile.ZipFile(path, "w", allowZip64=True)
+        # per output (a layer's position, or DEPLOYED): [shape of one sample's, dtype]
+        self.shapes: dict[str, list] = {}
+
+    @property
+    def positions(self) -> int:
+        """How many outputs (layer positions) were added."""
+        return sum(1 for key in self.shapes if key.isdigit())
+
+    def add_batch(self, position: int | str, number: int, values: np.ndarray,
+                  samples: list[int], keep: set[int] | None) -> None:
+        """One batch of one output: each row's digest (bitdrift.record.output_digest), and
+        the values of the rows whose sample is in ``keep`` (None: every row)."""
+        values = _raw(np.asarray(values))
+        float_format = "bfloat16" if values.dtype == np.uint16 else values.dtype.name
+        self.shapes.setdefault(str(position), [list(values.shape[1:]), values.dtype.str])
+        self.add(digest_key(position, number), np.array(
+            [np.frombuffer(output_digest(row, float_format), np.uint8) for row in values],
+            np.uint8).reshape(len(values), 32))
+        chosen = [row for row, sample in enumerate(samples) if keep is None or sample in keep]
+        self.add(batch_key(position, number), values[chosen])
+
+    def add(self, key: str, value: np.ndarray) -> None:
+        with self._zip.open(f"{key}.npy", "w", force_zip64=True) as handle:
+            np.lib.format.write_array(handle, _raw(np.asanyarray(value)), allow_pickle=False)
+
+    def close(self) -> None:
+        self._zip.close()
 
 
 WORKER = "bitdrift.inference:run_repeat"
@@ -145,14 +217,21 @@ def reveal_orders(session, device: dict) -> dict:
     return orders
 
 
-def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> None:
+def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> str:
     """What would otherwise fail only after the repeats' start-up: a missing model or
-    dataset, sample indices beyond the test set, an output folder that cannot be written."""
+    dataset, a model of no format bitdrift reads, sample indices beyond the test set,
+    inputs that do not fit the model, an output folder that cannot be written. Returns
+    the model's format (bitdrift.formats)."""
     for kind, path in (("model", model_path), ("dataset", dataset_path)):
         if not Path(path).is_file():
             raise InferenceError(f"{path}: {kind} file does not exist")
     check_samples(dataset_path, samples)
-    expected = model_input_shape(model_path)
+    from bitdrift import formats
+
+    format = formats.detect(model_path)
+    if format != "keras":
+        formats.check_inputs(dataset_path, model_path, format)
+    expected = model_input_shape(model_path) if format == "keras" else None
     images = test_image_shape(dataset_path)
     if expected is not None and None not in expected and tuple(expected) != images:
         raise InferenceError(f"{dataset_path}: images of shape {images}, but model "
@@ -164,6 +243,7 @@ def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> N
         raise InferenceError(f"{out}: cannot create its folder ({error})") from error
     if not os.access(folder, os.W_OK):
         raise InferenceError(f"{out}: folder {folder} is not writable")
+    return format
 
 
 @contextlib.contextmanager
@@ -185,7 +265,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
           layers: bool = True, reference: str | Path | None = None,
           export: str | Path | None = None, kernels: bool = True, log=sys.stderr,
           deployed_export: str | Path | None = None, observe: bool = True,
-          replay: dict | None = None) -> None:
+          replay: dict | None = None, full_samples=None,
+          layer_select: list[str] | None = None) -> None:
     """Run all repeats of one (model, device), each in a process of its own (fresh, or
     forked from a pre-imported parent: bitdrift.prefork), and write the record.
 
@@ -200,8 +281,19 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     a process of its own records which kernel ran in every layer (bitdrift.kernels), and
     for an exported runtime the deployed graph's kernels beside the instrumented graph's.
     ``replay``: the replay's settings (config analysis.replay, replay_positions,
-    replay_samples; bitdrift.accumulation.replay_layers), its defaults where None."""
-    check_before_repeats(model_path, dataset_path, samples, out)
+    replay_samples; bitdrift.accumulation.replay_layers), its defaults where None.
+    ``full_samples`` (analysis.full_samples: None all, N the first N, or a list): the
+    samples whose layers keep their values; the others' layers keep their digests only.
+    ``layer_select`` (analysis.layer_select): the layers recorded, by name or Keras class
+    (None: all). The record is written a layer at a time as the repeats are merged."""
+    model_format = check_before_repeats(model_path, dataset_path, samples, out)
+    from bitdrift import formats
+
+    runtimes = formats.runtimes(model_format)
+    if device["backend"] not in runtimes:
+        raise InferenceError(f"device {device_name!r}: backend {device['backend']!r} cannot "
+                             f"run {model_path} ({formats.get(model_format).WHAT}; runtimes "
+                             f"that can: {', '.join(runtimes) or 'none yet'})")
     expected = None
     if reference:
         from bitdrift.reference import read_reference
@@ -210,7 +302,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         if expected.model_sha256 != model_digest(model_path):
             raise InferenceError(f"{reference}: the export reference of another model than "
                                  f"{model_path}")
-    repeats, deployed, weights, classes = [], [], {}, None
+    metas, files, weights, classes, selected, deployed = [], [], {}, None, None, True
+    full = full_sample_list(samples, full_samples)
     with terminate_cleanly(), work_folder(out) as tmp, repeat_workers(
             WORKER, device, f"device {device_name!r}", log) as workers:
         how = workers.HOW
@@ -218,12 +311,14 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                                "repeats", file=log):
             job = {"device": device, "device_name": device_name, "model_path": str(model_path),
                    "dataset_path": str(dataset_path), "samples": list(samples),
-                   "layers": layers, "out": str(Path(tmp) / f"repeat{repeat}.npz"),
+                   "full_samples": full, "layers": layers,
+                   "out": str(Path(tmp) / f"repeat{repeat}.npz"),
                    "fingerprint": repeat == 0, "orders": repeat == 0 and kernels,
                    "reference": str(reference) if reference else None,
                    "export": str(export) if export else None,
                    "deployed_export": str(deployed_export) if deployed_export else None,
-                   "observe": observe, "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
+                   "observe": observe, "model_format": model_format,
+                   "error_file": str(Path(tmp) / f"repeat{repeat}.error"),
                    "log_is_terminal": log is sys.__stderr__}
             print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
                   f"{device['repeats']} in {how}", file=log, flush=True)
@@ -231,57 +326,188 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             if status != 0:
                 raise InferenceError(f"device {device_name!r}, model {model_name!r}: repeat "
                                      f"{repeat + 1} failed (exit {status}){_why(job)}")
-            with np.load(job["out"]) as data:
-                meta = json.loads(str(data["meta"]))
+            with np.load(job["out"]) as data:  # lazy: the outputs stay on disk
+                metas.append(json.loads(str(data["meta"])))
+                deployed = deployed and batch_key(DEPLOYED, 0) in data.files
                 if repeat == 0:
                     weights = {k: data[k] for k in data.files if k.startswith("weights/")}
                     classes = data["argmax"] if "argmax" in data.files else None
-                repeats.append((meta, {k: data[k] for k in data.files
-                                       if k.isdigit()}))
-                deployed.append(data[DEPLOYED] if DEPLOYED in data.files else None)
-        traced = traced_repeat(model_name, device_name, device, repeats, {
+                    # a selection naming no layer is refused before the other repeats run
+                    selected = selected_positions(metas[0]["layers"], layer_select,
+                                                  model_name) if layers else set()
+            files.append(job["out"])
+        traced = traced_repeat(model_name, device_name, device, metas[0], {
             "device": device, "device_name": device_name, "model_path": str(model_path),
             "dataset_path": str(dataset_path), "samples": list(samples), "layers": layers,
-            "out": str(Path(tmp) / "traced.npz"), "fingerprint": False,
+            "full_samples": full, "out": str(Path(tmp) / "traced.npz"), "fingerprint": False,
             # an exported runtime maps its outputs to the layers by the reference
             "reference": str(reference) if reference else None,
             "export": str(export) if export else None, "trace": True,
+            "model_format": model_format,
             "deployed_export": str(deployed_export) if deployed_export else None},
             Path(tmp) / "trace.txt", workers, how, log) if kernels else None
-    meta = repeats[0][0]
-    layer_names = [name for name, _ in meta["layers"]]
-    n_outputs = len(repeats[0][1])
-    samples_content = {}
-    for row, sample in enumerate(samples):
-        stacked = [np.stack([arrays[str(p)][row] for _, arrays in repeats])
-                   for p in range(n_outputs)]
-        content = {OUTPUT: stacked[-1]}
-        if layers:
-            content["layers"] = list(zip(layer_names, stacked, strict=True))
-            content["layer_classes"] = [cls for _, cls in meta["layers"]]
-        if all(values is not None for values in deployed):
-            content[DEPLOYED] = np.stack([values[row] for values in deployed])
-        samples_content[sample] = content
-    if meta["bfloat16"]:
-        for content in samples_content.values():
-            content["bfloat16"] = True
+        with RecordWriter(out) as writer:
+            match = merge_repeats(writer, files, metas[0], list(samples), full, selected,
+                                  device["batch_size"], deployed,
+                                  Path(tmp) / "traced.npz" if traced and traced["traced"]
+                                  else None)
+            if traced and traced["traced"]:
+                traced["outputs_match"] = match
+                if not match:
+                    print(f"bitdrift: warning: device {device_name!r}: the traced repeat's "
+                          "outputs differ from the measured majority; the record keeps the "
+                          "measured ones", file=log, flush=True)
+            attrs = record_attrs(writer, metas[0], weights, classes, expected, full, selected,
+                                 deployed, model_name=model_name, device_name=device_name,
+                                 device=device, model_path=model_path,
+                                 dataset_path=dataset_path, samples=samples, layers=layers,
+                                 export=export, deployed_export=deployed_export,
+                                 replay=replay, log=log)
+            writer.set_attrs(attrs)
+            if traced is not None:
+                writer.set_kernels(traced)
+
+
+def full_sample_list(samples: list[int], full_samples) -> list[int]:
+    """The samples whose layers keep their values (analysis.full_samples): None all, an
+    integer N the first N of ``samples``, a list those of ``samples`` it names."""
+    if full_samples is None:
+        return list(samples)
+    if isinstance(full_samples, int) and not isinstance(full_samples, bool):
+        return list(samples)[:full_samples]
+    unknown = [sample for sample in full_samples if sample not in samples]
+    if unknown:
+        raise InferenceError(f"config key analysis.full_samples: {unknown} not among the "
+                             f"samples {list(samples)}")
+    return [sample for sample in samples if sample in set(full_samples)]
+
+
+def selected_positions(model_layers: list, layer_select, model_name: str) -> set[int]:
+    """Positions of the layers analysis.layer_select names (by layer name or Keras class);
+    None selects all. A name that is no layer or class of the model is refused in one line."""
+    if layer_select is None:
+        return set(range(len(model_layers)))
+    names = {name for name, _ in model_layers} | {cls for _, cls in model_layers}
+    unknown = [name for name in layer_select if name not in names]
+    if unknown:
+        raise InferenceError(
+            f"config key analysis.layer_select: {', '.join(map(repr, unknown))} names no "
+            f"layer or layer class of model {model_name!r} (classes: "
+            f"{', '.join(sorted({cls for _, cls in model_layers}))})")
+    return {position for position, (name, cls) in enumerate(model_layers)
+            if name in layer_select or cls in layer_select}
+
+
+def merge_repeats(writer: RecordWriter, files: list, meta: dict, samples: list[int],
+                  full: list[int], selected: set[int], batch_size: int, deployed: bool,
+                  traced: Path | None) -> bool:
+    """The repeats' files merged into the record a layer at a time: per layer, each
+    repeat's batches read in turn (np.load reads one key at a time) and each sample's row
+    added to its tensor, which keeps a repeat identical to one already written as its
+    digest only. Memory: one batch of one layer. Returns whether the traced repeat's
+    outputs equal the measured majority bit for bit (True without a traced repeat)."""
+    bfloat16 = bool(meta["bfloat16"])
+    layer_entries = meta["layers"]
+    last = meta["outputs"] - 1
+    keep = set(full)
+    match = True
+    with contextlib.ExitStack() as stack:
+        repeats = [stack.enter_context(np.load(path)) for path in files]
+        traced_data = stack.enter_context(np.load(traced)) if traced else None
+
+        def rows(data, position):
+            """(row, digest, values or None where the repeat kept the digest only)."""
+            for number in range(meta["batches"]):
+                digests, values = data[digest_key(position, number)], \
+                    data[batch_key(position, number)]
+                kept = iter(values)
+                for offset, digest in enumerate(digests):
+                    row = number * batch_size + offset
+                    whole = position in (last, DEPLOYED) or samples[row] in keep
+                    yield row, digest.tobytes(), next(kept) if whole else None
+                del values
+
+        outputs = [(position, position in selected) for position in range(last + 1)
+                   if position in selected or position == last]
+        if deployed:
+            outputs.append((DEPLOYED, False))
+        for position, is_layer in outputs:
+            tensors: list[list] = [[] for _ in samples]
+            for row, sample in enumerate(samples):
+                if is_layer:
+                    name, layer_class = layer_entries[position]
+                    tensors[row].append(writer.tensor(sample, name, position=position,
+                                                      class_name=layer_class,
+                                                      values=sample in keep,
+                                                      bfloat16=bfloat16))
+                if position == last:
+                    tensors[row].append(writer.tensor(sample, OUTPUT, final=True,
+                                                      bfloat16=bfloat16))
+                elif position == DEPLOYED:
+                    tensors[row].append(writer.tensor(sample, DEPLOYED, final=True,
+                                                      bfloat16=bfloat16))
+            shape, dtype = meta["shapes"][str(position)]
+            for data in repeats:
+                for row, digest, values in rows(data, position):
+                    for tensor in tensors[row]:
+                        if values is None:
+                            tensor.add_digest(digest, shape, dtype)
+                        else:
+                            tensor.add(values)
+            if traced_data is not None and position != DEPLOYED:
+                for row, digest, _ in rows(traced_data, position):
+                    # the majority of the measured repeats, a tie to the first seen
+                    majority = Counter(tensors[row][0].digests).most_common(1)[0][0]
+                    match = match and majority == digest
+            for found in tensors:
+                for tensor in found:
+                    tensor.close()
+    return match
+
+
+class _FirstRepeats(Mapping):
+    """{layer: repeat 0 of every full sample, stacked}, each read from the record being
+    written when asked (the replay takes a layer and its input at a time)."""
+
+    def __init__(self, writer: RecordWriter, names: list[str], samples: list[int]):
+        self._writer, self._names, self._samples = writer, names, samples
+
+    def __getitem__(self, name):
+        if name not in self._names:
+            raise KeyError(name)
+        return np.stack([self._writer.read(sample, name).values[0]
+                         for sample in self._samples])
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
+
+
+def record_attrs(writer: RecordWriter, meta: dict, weights: dict, classes, expected,
+                 full: list[int], selected: set[int], deployed: bool, *, model_name,
+                 device_name, device, model_path, dataset_path, samples, layers, export,
+                 deployed_export, replay, log) -> dict:
+    """The record's root attributes, the checks among them made from the values the
+    record holds (read back from ``writer``, a layer at a time)."""
+    layer_names = [name for position, (name, _) in enumerate(meta["layers"])
+                   if position in selected]
     sample_images = read_test_images(dataset_path, list(samples))
-    effective = check_effective_precision(meta.get("checked", {}), weights, samples_content,
-                                          sample_images, device["precision"]) \
-        if layers else None
+    full_images = sample_images[[list(samples).index(sample) for sample in full]]
+    effective = check_effective_precision(
+        meta.get("checked", {}), weights, lambda sample, name: writer.read(
+            sample, name).values if name in layer_names else None,
+        full, full_images, device["precision"]) if layers else None
     orders = meta.get("orders")
     if orders:
         from bitdrift.accumulation import replay_layers
 
         # Every revealed order is named; without recorded layers there is nothing to
         # replay it against, and replay_layers says so per layer
-        first = {}
-        if layers:
-            per_sample = [dict(content["layers"]) for content in samples_content.values()]
-            first = {name: np.stack([outputs[name][0] for outputs in per_sample])
-                     for name in layer_names}  # repeat 0 of every sample
+        first = _FirstRepeats(writer, layer_names if full else [], full)
         orders = replay_layers(orders, meta.get("checked", {}) if layers else {}, weights,
-                               first, device["precision"], sample_images.astype(np.float32),
+                               first, device["precision"], full_images.astype(np.float32),
                                **(replay or {}))
     finding = describe_reduced(effective or {}, device, device_name, model_name)
     if finding:
@@ -297,6 +523,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         # the rows the samples ran in (the record lists them sorted): bitdrift.repro
         "samples_order": json.dumps([int(sample) for sample in samples]),
     }
+    if list(full) != list(samples):
+        attrs["full_samples"] = json.dumps([int(sample) for sample in full])
     if effective is not None:
         attrs["effective_precision"] = json.dumps(effective, sort_keys=True)
     if meta.get("unmapped"):
@@ -305,23 +533,27 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         attrs["accumulation_orders"] = json.dumps(orders, sort_keys=True)
     if export:
         attrs["export_sha256"] = file_digest(export)
-    if all(values is not None for values in deployed):
+    if deployed:
         from bitdrift.observer import observer_check
 
-        check = observer_check(samples_content, meta.get("deployed_program", ""))
+        bfloat16 = bool(meta["bfloat16"])
+        check = observer_check({sample: {
+            OUTPUT: writer.read(sample, OUTPUT, final=True).values,
+            DEPLOYED: writer.read(sample, DEPLOYED, final=True).values,
+            "bfloat16": bfloat16} for sample in samples}, meta.get("deployed_program", ""))
         attrs["observer_check"] = json.dumps(check, sort_keys=True)
         if deployed_export:
             attrs["deployed_export_sha256"] = file_digest(deployed_export)
         if not check["equal"]:
             print(f"bitdrift: warning: device {device_name!r}: {check['summary']}", file=log,
                   flush=True)
-    if reference and classes is not None:
+    if expected is not None and classes is not None:
         reduced = bool(finding) or (meta["fingerprint"] or {}).get("accelerator", {}).get(
             "final_output_mapping") == "reduced"
         agreement = check_agreement(classes, expected, device, device_name, model_name,
                                     reduced=reduced)
         attrs["argmax_agreement"] = json.dumps(agreement, sort_keys=True)
-    write_record(out, attrs, samples_content, kernels=traced)
+    return attrs
 
 
 def _why(job: dict) -> str:
@@ -333,18 +565,18 @@ def _why(job: dict) -> str:
     return f": {path.read_text(errors='replace').strip()}"
 
 
-def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list, job: dict,
+def traced_repeat(model_name: str, device_name: str, device: dict, meta: dict, job: dict,
                   trace_path: Path, workers, how: str, log) -> dict:
     """One more repeat with the libraries' kernel logging on (the runtime's
-    trace_environment), its C-level stdout in ``trace_path``; the kernels per layer, and
-    whether its outputs equal the measured majority bit for bit (logging must not change
-    what is computed; the record keeps the measured outputs either way)."""
+    trace_environment), its C-level stdout in ``trace_path``, its outputs in job["out"];
+    the kernels per layer. Whether its outputs equal the measured majority bit for bit
+    (logging must not change what is computed; the record keeps the measured outputs
+    either way) is found as the repeats are merged (merge_repeats: outputs_match)."""
     from dataclasses import asdict
 
     from bitdrift import backends
     from bitdrift.kernels import DEPLOYED_LAYER, KernelCall, layer_kernels, parse_trace
 
-    meta = repeats[0][0]
     layer_classes = {name: layer_class for name, layer_class in meta["layers"]}
     environment = backends.get(device["backend"]).trace_environment(device)
     if environment is None:
@@ -362,7 +594,6 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
     with np.load(job["out"]) as data:
         traced_meta = json.loads(str(data["meta"]))
         described = traced_meta.get("runtime_kernels")
-        outputs = {key: data[key] for key in data.files if key.isdigit()}
     trace = parse_trace(trace_path.read_text(errors="replace"))
     # the deployed run's kernels, logged apart (bitdrift.backends.keras_common)
     deployed_calls = trace.layers.pop(DEPLOYED_LAYER, None)
@@ -381,13 +612,7 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
         raise InferenceError(f"device {device_name!r}: its traced repeat logged no cuDNN or "
                              f"cuBLASLt call ({', '.join(sorted(environment))} set): the GPU "
                              "libraries are not logging, or the work did not run on the GPU")
-    match = all(np.array_equal(values, _majority([arrays[key] for _, arrays in repeats]))
-                for key, values in outputs.items())
-    if not match:
-        print(f"bitdrift: warning: device {device_name!r}: the traced repeat's outputs differ "
-              "from the measured majority; the record keeps the measured ones",
-              file=log, flush=True)
-    traced = {"traced": True, "outputs_match": match, "environment": environment,
+    traced = {"traced": True, "outputs_match": True, "environment": environment,
               "header": trace.header, "raw": trace.raw, "outside": trace.outside,
               "layers": found, "layer_classes": layer_classes, "order": list(layer_classes)}
     graphs = traced_meta.get("deployed_kernels")
@@ -400,13 +625,6 @@ def traced_repeat(model_name: str, device_name: str, device: dict, repeats: list
 
         traced["deployed"] = compare_kernels(graphs)
     return traced
-
-
-def _majority(arrays: list[np.ndarray]) -> np.ndarray:
-    """The most common of the repeats' arrays, bit for bit."""
-    counts = Counter(array.tobytes() for array in arrays)
-    best = counts.most_common(1)[0][0]
-    return next(array for array in arrays if array.tobytes() == best)
 
 
 def check_agreement(classes, reference, device: dict, device_name: str,
@@ -429,10 +647,11 @@ def check_agreement(classes, reference, device: dict, device_name: str,
     return agreement
 
 
-def check_effective_precision(checked: dict, weights: dict, samples_content: dict,
+def check_effective_precision(checked: dict, weights: dict, read, samples: list[int],
                               sample_images: np.ndarray, precision: str) -> dict:
-    """{layer: effective-precision result} over all samples (the worst), from the record's
-    own activations (see bitdrift.effective_precision)."""
+    """{layer: effective-precision result} over ``samples`` (the worst), from the record's
+    own activations (see bitdrift.effective_precision): ``read(sample, layer)`` gives a
+    layer's (repeats, ...) values, None where the layer is not recorded."""
     from bitdrift.effective_precision import check_layer, merge
     from bitdrift.models import numpy_dtype
 
@@ -441,18 +660,23 @@ def check_effective_precision(checked: dict, weights: dict, samples_content: dic
 
     images = sample_images.astype(numpy_dtype(precision))
     results = {}
-    for row, content in enumerate(samples_content.values()):
-        outputs = {name: values for name, values in content.get("layers", [])}
-        repeats = next(iter(outputs.values())).shape[0] if outputs else 1
+    for row, sample in enumerate(samples):
         for name, spec in checked.items():
-            if name not in outputs:
+            outputs = read(sample, name)
+            if outputs is None:
                 continue
-            inputs = outputs[spec["inbound"]] if spec["inbound"] else \
-                np.repeat(images[row][None], repeats, axis=0)
+            if spec["inbound"]:
+                inputs = read(sample, spec["inbound"])
+                if inputs is None:
+                    results.setdefault(name, []).append({"unchecked": (
+                        f"its input {spec['inbound']} is not recorded (analysis.layer_select)")})
+                    continue
+            else:
+                inputs = np.repeat(images[row][None], outputs.shape[0], axis=0)
             kernel = weights[f"weights/{name}/0"]
             bias = weights.get(f"weights/{name}/1") if spec["use_bias"] else None
             results.setdefault(name, []).append(check_layer(
-                spec, as_float(inputs), as_float(outputs[name]), kernel, bias, precision))
+                spec, as_float(inputs), as_float(outputs), kernel, bias, precision))
     return {name: merge(parts) for name, parts in results.items()}
 
 

@@ -540,6 +540,8 @@ def model_digest(path) -> str:
         return file_digest(path)
     digest = hashlib.sha256()
     with zipfile.ZipFile(path) as archive:
+        if "config.json" not in archive.namelist():  # a zip of another format (.pt2)
+            return file_digest(path)
         config = json.loads(archive.read("config.json"))
         digest.update(json.dumps(_canonical_config(config), sort_keys=True).encode())
         with h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r") as weights:

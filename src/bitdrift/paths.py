@@ -45,6 +45,13 @@ def model_file(config: dict, model: str) -> str:
     return trained_model_file(model, inference_seed(spec))
 
 
+def model_inputs_file(config: dict, model: str) -> str:
+    """What the devices feed the model: its own ``inputs`` file, else its dataset's
+    prepared file (whose test set the samples index)."""
+    spec = config["models"][model]
+    return spec["inputs"] if "inputs" in spec else dataset_file(spec["dataset"])
+
+
 def export_file(model="{model}", format="{format}") -> str:
     """The model exported for the runtimes that read ``format`` (bitdrift.reference.FORMATS)."""
     return f"{RESULTS}/exports/{model}/model.{format}"

@@ -17,11 +17,21 @@ Layout (documented in docs/record-format.md):
 
 Values are stored with the dtype they were computed in (float16/32/64). bfloat16 has no
 numpy dtype, so its raw bits are stored as uint16 with the attribute ``bfloat16_raw_bits``.
+
+Format 4: each tensor's dataset holds its distinct repeats once (in order of first
+appearance), attribute ``sha256`` their digests (distinct, 32) and ``repeat_digest`` the
+row of each repeat; a tensor kept as digests only (a sample outside
+``analysis.full_samples``) has 0 rows. Byte shuffle and gzip. Read back as
+(repeats, *shape) as before.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,12 +41,14 @@ import h5py
 import numpy as np
 
 from bitdrift.atomic import atomic_output
-from bitdrift.errors import RecordError, json_kind
+from bitdrift.errors import OutputError, RecordError, json_kind
 
 # 2: the effective-precision check (root attribute effective_precision); version-1
 # records are read as before, the check reported as unchecked.
 # 3: the kernels dataset (kernel provenance); records without it are read as before.
-FORMAT_VERSION = 3
+# 4: each distinct repeat stored once, its digest per repeat (DIGESTS, REPEAT_DIGEST);
+# tensors of digests only; shuffle + gzip. Records 1-3 are read as before.
+FORMAT_VERSION = 4
 KERNELS = "kernels"
 REQUIRED_ATTRS = ("model", "device", "backend", "precision", "fingerprint", "model_sha256",
                   "input_sha256")
@@ -44,6 +56,18 @@ BFLOAT16_ATTR = "bfloat16_raw_bits"
 # HDF5's Fletcher-32 filter: one flipped bit in a stored value is refused on reading
 # instead of adding a class silently. Records written without it are still read.
 CHECKSUM = {"fletcher32": True}
+# Lossless compression of floats: HDF5's byte shuffle puts the bytes of equal significance
+# together (exponents, then mantissa bytes), which gzip then finds (docs/record-format.md
+# has the ratios measured). Built into every HDF5: another tool reads it without a plugin.
+COMPRESSION = {"shuffle": True, "compression": "gzip", "compression_opts": 1}
+# Format 4, per tensor: the SHA-256 (output_digest) of each distinct repeat, (distinct, 32)
+# uint8, and per repeat its row there, which is also its row of the dataset where the
+# values are stored (a dataset of 0 rows holds the digests only).
+DIGESTS = "sha256"
+# HDF5 1.10's object headers and chunk indexes (readable by HDF5 >= 1.10, 2016): a record of
+# many small layers took 44 % less room than with the 1.8 layout (docs/record-format.md).
+LIBVER = ("v110", "latest")
+REPEAT_DIGEST = "repeat_digest"
 OUTPUT = "output"
 # The observer check (bitdrift.observer): the final output of the model as deployed (final
 # output only, the runtime's own graph optimisations) beside the instrumented run's
@@ -69,6 +93,19 @@ class Tensor:
         return "bfloat16" if self.bfloat16 else self.values.dtype.name
 
 
+class DigestOnly(RecordError):
+    """A tensor recorded as digests only (format 4, outside analysis.full_samples)."""
+
+
+def output_digest(values: np.ndarray, float_format: str) -> bytes:
+    """SHA-256 of one output's float format, shape and bytes: equal digests, bit-identical
+    outputs (the identity eqc's classes use; bitdrift.atlas indexes it)."""
+    values = np.ascontiguousarray(values)
+    digest = hashlib.sha256(f"{float_format}:{values.shape}:".encode())
+    digest.update(memoryview(values.reshape(-1).view(np.uint8)))
+    return digest.digest()
+
+
 def _sanitize(name: str) -> str:
     # HDF5 uses "/" as the path separator; Keras names may contain it in nested models.
     return name.replace("/", "__")
@@ -81,8 +118,8 @@ def _as_storable(values: np.ndarray) -> tuple[np.ndarray, bool]:
 
 
 def write_record(path: str | Path, attrs: dict, samples: dict[int, dict],
-                 kernels: dict | None = None) -> None:
-    """Write a record atomically.
+                 kernels: dict | None = None, full_samples=None) -> None:
+    """Write a record atomically (format 4, through :class:`RecordWriter`).
 
     ``samples`` maps test-set index -> {"output": array (repeats, ...),
     "layers": [(name, array (repeats, ...)), ...] in model order, optional "deployed":
@@ -90,43 +127,238 @@ def write_record(path: str | Path, attrs: dict, samples: dict[int, dict],
     name per layer], optional "bfloat16": True when the arrays are already raw bfloat16
     bits (uint16)}. ``kernels``: the traced repeat's
     kernels (bitdrift.kernels), stored as JSON text in the dataset ``kernels``.
+    ``full_samples``: the samples whose layers keep their values (None: all); the others'
+    layers keep their digests only, their final outputs in full.
     """
-    missing = [key for key in REQUIRED_ATTRS if key not in attrs]
-    if missing:
-        raise RecordError(f"{path}: cannot write record, missing attributes {missing}")
-    with atomic_output(path) as tmp, h5py.File(tmp, "w") as handle:
-        for key, value in attrs.items():
-            handle.attrs[key] = json.dumps(value, sort_keys=True) if key == "fingerprint" else value
-        handle.attrs["format_version"] = FORMAT_VERSION
+    with RecordWriter(path) as writer:
+        writer.set_attrs(attrs)
+        if full_samples is not None and set(map(int, samples)) - set(full_samples):
+            writer.set_attrs({"full_samples": json.dumps(sorted(map(int, full_samples)))})
         if kernels is not None:
-            # A dataset, not an attribute: HDF5 keeps attributes under 64 KiB.
-            handle.create_dataset(KERNELS, data=json.dumps(kernels, sort_keys=True))
-        samples_group = handle.create_group("samples")
+            writer.set_kernels(kernels)
         for index, content in samples.items():
-            group = samples_group.create_group(str(int(index)))
-            # Already raw uint16 bits when the producer flags the sample as bfloat16.
             raw_bf16 = bool(content.get("bfloat16", False))
-            data, is_bf16 = _as_storable(np.asarray(content[OUTPUT]))
-            dataset = group.create_dataset(OUTPUT, data=data, **CHECKSUM)
-            if is_bf16 or raw_bf16:
-                dataset.attrs[BFLOAT16_ATTR] = True
+            keep = full_samples is None or int(index) in full_samples
+            tensors = [(OUTPUT, content[OUTPUT], {"final": True})]
             if DEPLOYED in content:
-                data, is_bf16 = _as_storable(np.asarray(content[DEPLOYED]))
-                dataset = group.create_dataset(DEPLOYED, data=data, **CHECKSUM)
-                if is_bf16 or raw_bf16:
-                    dataset.attrs[BFLOAT16_ATTR] = True
-            layers = group.create_group("layers")
+                tensors.append((DEPLOYED, content[DEPLOYED], {"final": True}))
             classes = content.get("layer_classes") or [""] * len(content.get("layers", []))
             for position, ((name, values), layer_class) in enumerate(
                     zip(content.get("layers", []), classes, strict=True)):
-                data, is_bf16 = _as_storable(np.asarray(values))
-                dataset = layers.create_dataset(_sanitize(name), data=data, **CHECKSUM)
-                dataset.attrs["position"] = position
-                dataset.attrs["name"] = name
-                if layer_class:
-                    dataset.attrs["class_name"] = layer_class
-                if is_bf16 or raw_bf16:
-                    dataset.attrs[BFLOAT16_ATTR] = True
+                tensors.append((name, values, {"position": position,
+                                               "class_name": layer_class, "values": keep}))
+            for name, values, options in tensors:
+                values = np.asarray(values)
+                tensor = writer.tensor(index, name, bfloat16=raw_bf16 or
+                                       values.dtype.name == "bfloat16", **options)
+                for repeat in values:
+                    tensor.add(repeat)
+                tensor.close()
+        if not samples:
+            writer.file.require_group("samples")
+
+
+class _DiskGuard:
+    """The file object h5py writes the record through (its ``fileobj`` driver). A write
+    the disk refuses (full, quota) is remembered and the rest dropped, not handed back to
+    HDF5: HDF5 cannot recover from a failed write (h5py crashed tearing the file down,
+    exit 139). The writer checks :attr:`error` after each tensor and at the end, and the
+    temporary file is removed."""
+
+    def __init__(self, path: Path):
+        self._raw = open(path, "w+b", buffering=0)
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        size = len(view)
+        if self.error is None:
+            try:
+                while len(view):
+                    view = view[self._raw.write(view):]
+            except OSError as error:
+                self.error = error
+        return size
+
+    def truncate(self, size=None):
+        try:
+            return self._raw.truncate(size)
+        except OSError as error:
+            self.error = self.error or error
+            return size
+
+    def readinto(self, buffer):
+        return self._raw.readinto(buffer)
+
+    def read(self, size=-1):
+        return self._raw.read(size)
+
+    def seek(self, *args):
+        return self._raw.seek(*args)
+
+    def tell(self):
+        return self._raw.tell()
+
+    def flush(self):
+        pass
+
+    def close(self):
+        if self.error is None:
+            try:
+                os.fsync(self._raw.fileno())
+            except OSError as error:
+                self.error = error
+        self._raw.close()
+
+
+class TensorWriter:
+    """One tensor of a record (a sample's layer or final output), written a repeat at a
+    time: a repeat bit-identical to one already written adds its digest's row only."""
+
+    def __init__(self, writer: RecordWriter, group: h5py.Group, name: str, attrs: dict,
+                 values: bool, bfloat16: bool):
+        self._writer, self._group, self._name, self._attrs = writer, group, name, attrs
+        self.values, self.bfloat16 = values, bfloat16
+        self._dataset = None
+        self._rows: dict[bytes, int] = {}
+        self.repeat_digest: list[int] = []
+
+    @property
+    def digests(self) -> list[bytes]:
+        """Per repeat written, its SHA-256 (output_digest)."""
+        distinct = list(self._rows)
+        return [distinct[row] for row in self.repeat_digest]
+
+    def add(self, values: np.ndarray) -> bytes:
+        """One repeat's values (the tensor's shape, without the repeats axis); returns its
+        digest."""
+        values, is_bf16 = _as_storable(np.ascontiguousarray(values))
+        self.bfloat16 = self.bfloat16 or is_bf16
+        digest = output_digest(values, "bfloat16" if self.bfloat16 else values.dtype.name)
+        if self._dataset is None:
+            self._dataset = self._group.create_dataset(
+                self._name, shape=(0, *values.shape), maxshape=(None, *values.shape),
+                dtype=values.dtype, chunks=(1, *values.shape) if values.size else None,
+                **(CHECKSUM | COMPRESSION if values.size else {}))
+        elif values.shape != self._dataset.shape[1:] or values.dtype != self._dataset.dtype:
+            raise RecordError(f"{self._writer.path}: {self._dataset.name}: a repeat of "
+                              f"{values.dtype} {values.shape}, the first was "
+                              f"{self._dataset.dtype} {self._dataset.shape[1:]}")
+        row = self._rows.get(digest)
+        if row is None:
+            row = self._rows[digest] = len(self._rows)
+            if self.values:
+                self._dataset.resize(row + 1, axis=0)
+                self._dataset[row] = values
+        self.repeat_digest.append(row)
+        return digest
+
+    def add_digest(self, digest: bytes, shape, dtype) -> None:
+        """One repeat known by its digest alone (its values computed and hashed elsewhere),
+        for a tensor of digests only: ``shape`` and ``dtype`` those of its values."""
+        if self.values:
+            raise RecordError(f"{self._writer.path}: {self._group.name}/{self._name}: a "
+                              "digest without values for a tensor that keeps its values")
+        if self._dataset is None:
+            shape = tuple(shape)
+            self._dataset = self._group.create_dataset(
+                self._name, shape=(0, *shape), maxshape=(None, *shape), dtype=np.dtype(dtype),
+                chunks=(1, *shape) if all(shape) else None,
+                **(CHECKSUM | COMPRESSION if all(shape) else {}))
+        self.repeat_digest.append(self._rows.setdefault(bytes(digest), len(self._rows)))
+
+    def close(self) -> None:
+        if self._dataset is None:
+            raise RecordError(f"{self._writer.path}: {self._group.name}/{self._name}: no "
+                              "repeat written")
+        attrs = self._dataset.attrs
+        for key, value in self._attrs.items():
+            attrs[key] = value
+        if self.bfloat16:
+            attrs[BFLOAT16_ATTR] = True
+        attrs[DIGESTS] = np.frombuffer(b"".join(self._rows), np.uint8).reshape(-1, 32)
+        attrs[REPEAT_DIGEST] = np.asarray(self.repeat_digest, np.int32)
+        self._writer.check_disk()
+
+
+class RecordWriter:
+    """A record written tensor by tensor, in bounded memory, atomically: a temporary file
+    beside ``path``, renamed into place when the block ends without error (a job stopped
+    midway, or a full disk, leaves no file that looks complete; the disk is one line,
+    OutputError)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._stack = contextlib.ExitStack()
+        self._attrs: dict = {}
+
+    def __enter__(self) -> RecordWriter:
+        try:
+            tmp = self._stack.enter_context(atomic_output(self.path))
+            self._guard = _DiskGuard(tmp)
+            self.file = h5py.File(self._guard, "w", libver=LIBVER)
+            self._samples = self.file.create_group("samples")
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def set_attrs(self, attrs: dict) -> None:
+        """Root attributes (written as they come; the required ones checked at the end)."""
+        for key, value in attrs.items():
+            self.file.attrs[key] = json.dumps(value, sort_keys=True) \
+                if key == "fingerprint" else value
+            self._attrs[key] = value
+
+    def set_kernels(self, kernels: dict) -> None:
+        # A dataset, not an attribute: HDF5 keeps attributes under 64 KiB.
+        self.file.create_dataset(KERNELS, data=json.dumps(kernels, sort_keys=True))
+
+    def tensor(self, sample: int, name: str, *, final: bool = False, position: int = 0,
+               class_name: str = "", values: bool = True,
+               bfloat16: bool = False) -> TensorWriter:
+        """The writer of one tensor: ``final`` the sample's ``output`` or ``deployed``,
+        else its layer ``name`` at ``position``; ``values=False`` keeps its digests only
+        (a final output is always kept in full)."""
+        group = self._samples.require_group(str(int(sample)))
+        if final:
+            return TensorWriter(self, group, name, {}, True, bfloat16)
+        attrs = {"position": position, "name": name}
+        if class_name:
+            attrs["class_name"] = class_name
+        return TensorWriter(self, group.require_group("layers"), _sanitize(name), attrs,
+                            values, bfloat16)
+
+    def read(self, sample: int, name: str, final: bool = False) -> Tensor:
+        """A tensor written so far (the inference's checks read back what it wrote)."""
+        where = f"samples/{int(sample)}" + (f"/{name}" if final else
+                                            f"/layers/{_sanitize(name)}")
+        return _tensor_of(self.file[where], self.path)
+
+    def check_disk(self) -> None:
+        """OutputError if the disk has refused a write (see _DiskGuard)."""
+        if self._guard.error is not None:
+            error = self._guard.error
+            raise OutputError(f"{self.path}: cannot be written ("
+                              f"{os.strerror(error.errno or errno.EIO)}); no record was left")
+
+    def __exit__(self, kind, error, traceback):
+        if kind is not None:  # the temporary file goes, whatever HDF5 makes of the close
+            with contextlib.suppress(Exception):
+                self.file.close()
+            self._guard.close()
+            return self._stack.__exit__(kind, error, traceback)
+        with self._stack:  # an error raised here removes the temporary file too
+            missing = [key for key in REQUIRED_ATTRS if key not in self._attrs]
+            if not missing:
+                self.file.attrs["format_version"] = FORMAT_VERSION
+            self.file.close()
+            self._guard.close()
+            if missing:
+                raise RecordError(f"{self.path}: cannot write record, missing attributes "
+                                  f"{missing}")
+            self.check_disk()
+        return None
 
 
 # A failure record: the root attribute ``failed`` holds why the device did not run, with
@@ -326,6 +558,17 @@ class Record:
             raise self._fail(f"attribute {OBSERVER_ATTR!r}: 'program' is not text")
         return found
 
+    @property
+    def value_samples(self) -> list[int]:
+        """The samples whose layers hold their values (the attribute ``full_samples``, of
+        a record written with analysis.full_samples); the others' layers hold digests only
+        (:meth:`digests`), their final outputs in full."""
+        if "_value_samples" not in self.__dict__:
+            found = self.json_attr("full_samples", list)
+            self._value_samples = self.samples if found is None else [
+                sample for sample in self.samples if sample in set(found)]
+        return self._value_samples
+
     def has_deployed(self, sample: int) -> bool:
         """Whether the sample holds the deployed model's final output (the observer check)."""
         return DEPLOYED in self._sample_group(sample, True)
@@ -448,16 +691,40 @@ class Record:
         dataset = self._sample_group(sample, final).get(layer)
         if not isinstance(dataset, h5py.Dataset):
             raise self._fail(f"sample {sample} has no layer {layer!r}")
-        is_bf16 = _is_bfloat16(dataset)
-        try:
-            values = dataset[()]
-        except OSError as error:  # Fletcher-32 mismatch, or a truncated file
-            raise self._fail(f"{dataset.name} cannot be read: corrupt ({error})") from error
-        if is_bf16 and values.dtype != np.uint16:
-            raise self._fail(f"{dataset.name} is marked bfloat16 but is stored as {values.dtype}")
-        if not is_bf16 and values.dtype.kind != "f":
-            raise self._fail(f"{dataset.name} has non-float dtype {values.dtype}")
-        return Tensor(values, bfloat16=is_bf16)
+        return _tensor_of(dataset, self.path)
+
+    def digests(self, sample: int, layer: str | LayerInfo) -> list[bytes]:
+        """Per repeat, the SHA-256 of the tensor's float format, shape and bytes
+        (:func:`output_digest`): read from its attributes in a record of format 4 without
+        reading any value; computed from the values in an older one."""
+        dataset = self._dataset(sample, layer)
+        if _has_attr(dataset, REPEAT_DIGEST):
+            distinct, rows = _digest_attrs(dataset, self.path)
+            return [distinct[row] for row in rows]
+        tensor = _tensor_of(dataset, self.path)
+        return [output_digest(repeat, tensor.float_format) for repeat in tensor.values]
+
+    def has_values(self, sample: int, layer: str | LayerInfo) -> bool:
+        """Whether the tensor's values are recorded (False: its digests only, a sample
+        outside analysis.full_samples)."""
+        dataset = self._dataset(sample, layer)
+        return not (_has_attr(dataset, REPEAT_DIGEST) and dataset.shape[0] == 0)
+
+    def _dataset(self, sample: int, layer: str | LayerInfo) -> h5py.Dataset:
+        """The dataset :meth:`tensor` reads, unread."""
+        if sample not in self.samples:
+            raise self._fail(f"has no sample {sample} (it has {self.samples})")
+        self._reads += 1
+        if self._reads > READS_PER_HANDLE:
+            self.suspend()
+        final = layer.final if isinstance(layer, LayerInfo) else layer == OUTPUT
+        name = layer.name if isinstance(layer, LayerInfo) else layer
+        if final and self.has_deployed(sample):
+            name = DEPLOYED
+        dataset = self._sample_group(sample, final).get(name)
+        if not isinstance(dataset, h5py.Dataset):
+            raise self._fail(f"sample {sample} has no layer {name!r}")
+        return dataset
 
     def _sample_group(self, sample: int, final: bool):
         """samples/<sample> (final output) or its layers group, looked up once."""
@@ -510,6 +777,48 @@ def _open_for_reading(path: Path) -> h5py.File:
     # cache per open dataset kept each read chunk alive (the analysis held every layer of
     # every file in memory, and paid an extra copy per read).
     return h5py.File(path, "r", rdcc_nbytes=0)
+
+
+def _has_attr(dataset, name: str) -> bool:
+    return h5py.h5a.exists(dataset.id, name.encode())
+
+
+def _digest_attrs(dataset, path) -> tuple[list[bytes], np.ndarray]:
+    """(distinct digests, row per repeat) of a format-4 tensor, checked."""
+    distinct = np.asarray(dataset.attrs[DIGESTS]) if _has_attr(dataset, DIGESTS) else None
+    rows = np.asarray(dataset.attrs[REPEAT_DIGEST])
+    if distinct is None or distinct.ndim != 2 or distinct.shape[1] != 32 or \
+            distinct.dtype != np.uint8 or rows.ndim != 1 or rows.size < 1 or \
+            rows.dtype.kind not in "iu" or rows.min() < 0 or rows.max() >= len(distinct) \
+            or dataset.shape[0] not in (0, len(distinct)):
+        raise RecordError(f"{path}: {dataset.name}: attributes {DIGESTS!r} and "
+                          f"{REPEAT_DIGEST!r} do not describe its {dataset.shape[0]} rows")
+    return [row.tobytes() for row in distinct], rows
+
+
+def _tensor_of(dataset, path) -> Tensor:
+    """A dataset's tensor, (repeats, *shape): a format-4 tensor's distinct rows spread to
+    its repeats; a tensor of digests only is DigestOnly."""
+    is_bf16 = _is_bfloat16(dataset)
+    rows = None
+    if _has_attr(dataset, REPEAT_DIGEST):
+        distinct, rows = _digest_attrs(dataset, path)
+        if dataset.shape[0] == 0:
+            raise DigestOnly(f"{path}: {dataset.name} holds the digests of its values only "
+                             "(a sample outside analysis.full_samples)")
+    try:
+        values = dataset[()]
+    except OSError as error:  # Fletcher-32 mismatch, or a truncated file
+        raise RecordError(f"{path}: {dataset.name} cannot be read: corrupt ({error})") from error
+    if is_bf16 and values.dtype != np.uint16:
+        raise RecordError(f"{path}: {dataset.name} is marked bfloat16 but is stored as "
+                          f"{values.dtype}")
+    if not is_bf16 and values.dtype.kind != "f":
+        raise RecordError(f"{path}: {dataset.name} has non-float dtype {values.dtype}")
+    if rows is not None and not (len(rows) == len(values) and
+                                 np.array_equal(rows, np.arange(len(rows)))):
+        values = values[rows]  # each distinct repeat was stored once
+    return Tensor(values, bfloat16=is_bf16)
 
 
 def _is_bfloat16(dataset) -> bool:

@@ -51,6 +51,7 @@ class Split:
     inbound: str | None  # the recorded layer feeding it; None: the model input
     config: dict
     weights: list[np.ndarray]
+    format: str = "keras"  # the model file's (bitdrift.formats): an ONNX node runs as it is
 
 
 def layer_bits(record: Record, layer: str, order: list[int] | None = None) -> np.ndarray:
@@ -106,8 +107,9 @@ def digest(values: np.ndarray) -> str:
 
 def first_split(record_a: Record, record_b: Record, model_path) -> Split:
     """The first layer (in model order) whose output differs between the records in any
-    sample, with its Keras config and weights from the model file (read without Keras)."""
-    from bitdrift.models import keras_file_layers
+    sample, with its Keras config and weights from the model file (read without Keras),
+    or an ONNX model's node (bitdrift.formats.onnx.file_layers)."""
+    from bitdrift import formats
 
     for what in ("model", "precision"):
         if record_a.attr(what) != record_b.attr(what):
@@ -118,7 +120,7 @@ def first_split(record_a: Record, record_b: Record, model_path) -> Split:
         raise RecordError(f"{record_a.path} and {record_b.path} hold other samples")
     if record_a.attr("model_sha256") != record_b.attr("model_sha256"):
         raise RecordError(f"{record_a.path} and {record_b.path} ran other model files")
-    sample = record_a.samples[0]
+    sample = record_a.value_samples[0]  # a sample whose layers hold values
     layers = [info for info in record_a.layers(sample) if not info.final]
     if not layers:
         raise RecordError(f"{record_a.path}: no layers recorded (analysis.layers off); "
@@ -134,7 +136,12 @@ def first_split(record_a: Record, record_b: Record, model_path) -> Split:
 
     if model_digest(model_path) != record_a.attr("model_sha256"):
         raise RecordError(f"{model_path}: not the model the records ran (another digest)")
-    found = {layer["name"]: layer for layer in keras_file_layers(model_path)}
+    format = formats.detect(model_path)
+    readable = formats.get(format).file_layers
+    if readable is None:
+        raise NotReproducible(f"{model_path}: {formats.get(format).WHAT}, whose layers "
+                              "bitdrift cannot read alone yet")
+    found = {layer["name"]: layer for layer in readable(model_path)}
     layer = found.get(parted.name)
     if layer is None:
         raise RecordError(f"{model_path} has no layer {parted.name!r}")
@@ -146,8 +153,9 @@ def first_split(record_a: Record, record_b: Record, model_path) -> Split:
     if inbound is not None:
         if inbound not in {info.name for info in layers}:
             raise NotReproducible(f"the input of {parted.name!r} ({inbound}) is not recorded")
-    return Split(layer=parted.name, class_name=layer["class_name"], inbound=inbound,
-                 config=layer["config"], weights=layer["weights"])
+    return Split(layer=parted.name, class_name=layer.get("op_type", layer["class_name"])
+                 if format == "onnx" else layer["class_name"], inbound=inbound,
+                 config=layer["config"], weights=layer["weights"], format=format)
 
 
 def layer_input(record: Record, split: Split, dataset_path, order: list[int]) -> np.ndarray:
@@ -336,7 +344,7 @@ def refusal(device: dict, split: Split) -> str | None:
         return f"backend {backend!r}: no repro script"
     if backend == "litert" and device["precision"] != "float32":
         return "litert: the export is float32"
-    if backend in ONNX_RUNTIMES:
+    if backend in ONNX_RUNTIMES and split.format == "keras":
         activation = split.config.get("activation", "linear")
         if split.class_name not in ONNX_LAYERS or activation not in ONNX_ACTIVATIONS:
             return (f"{backend}: the script rebuilds Dense and Conv2D layers (activation "
@@ -433,8 +441,13 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
                     import onnx
 
                     try:
-                        layer_file = onnx_layer(split.class_name, split.config, split.weights,
-                                                x.shape[1:], split.layer)
+                        if split.format == "onnx":  # the node itself, as the file has it
+                            from bitdrift.formats.onnx import node_model
+
+                            layer_file = node_model(model_path, split.layer, x.shape[1:])
+                        else:
+                            layer_file = onnx_layer(split.class_name, split.config,
+                                                    split.weights, x.shape[1:], split.layer)
                     except InferenceError as error:
                         raise NotReproducible(str(error)) from error
                     onnx.save(layer_file, staging / "layer.onnx")

@@ -48,6 +48,10 @@ def test_defaults_are_filled():
     (lambda c: c.update(samples=[-1]), "samples.0"),
     (lambda c: c["models"]["small"].update(dataset="cifar"), "models.small.dataset"),
     (lambda c: c.pop("devices"), "(top level)"),
+    (lambda c: c.setdefault("analysis", {}).update(full_samples=[0, 9]),
+     "analysis.full_samples"),
+    (lambda c: c.setdefault("analysis", {}).update(full_samples=-1), "analysis.full_samples"),
+    (lambda c: c.setdefault("analysis", {}).update(layer_select=[]), "analysis.layer_select"),
 ])
 def test_errors_name_the_bad_key(mutate, key):
     config = copy.deepcopy(MINIMAL)

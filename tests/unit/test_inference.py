@@ -139,6 +139,51 @@ def test_gpu_device_without_gpu_fails_loudly(assets, tmp_path, backend):
     assert not out.exists()
 
 
+def test_full_samples_and_layer_select_in_a_real_run(assets, tmp_path):
+    """torch, 2 repeats (bit-identical on one CPU): the Conv2D layers and dense_3 recorded,
+    each once with its two digests; sample 6's values in full, samples 0 and 1 as digests
+    (their final outputs in full). A selection naming no layer is one line, no record."""
+    import hashlib
+
+    dataset, model = assets
+    out = tmp_path / "rec.h5"
+    device = {**CPU, "backend": "torch"}
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="small", device_name="t", device=device, model_path=model,
+              dataset_path=dataset, samples=[6, 0, 1], out=out, log=log, kernels=False,
+              full_samples=[6], layer_select=["Conv2D", "dense_3"])
+        with pytest.raises(InferenceError, match=r"^config key analysis.layer_select: "
+                                                 r"'Conv3D' names no layer or layer class "
+                                                 r"of model 'small' \(classes: .*Conv2D"):
+            infer(model_name="small", device_name="t", device=device, model_path=model,
+                  dataset_path=dataset, samples=[0], out=tmp_path / "none.h5", log=log,
+                  kernels=False, layer_select=["Conv3D"])
+    assert not (tmp_path / "none.h5").exists()
+    with h5py.File(out) as handle:
+        assert sorted(handle["samples/6/layers"]) == ["conv2d", "conv2d_1", "dense_3"]
+        full, digests_only = handle["samples/6/layers/conv2d"], handle["samples/0/layers/conv2d"]
+        assert full.shape == (1, 32, 32, 3) and digests_only.shape == (0, 32, 32, 3)
+        assert full.attrs["repeat_digest"].tolist() == [0, 0]
+        assert handle["samples/0/output"].shape == (1, 10)
+    with Record(out) as record:
+        assert record.value_samples == [6]
+        conv = record.tensor(6, "conv2d").values
+        assert conv.shape == (2, 32, 32, 3) and np.array_equal(conv[0], conv[1])
+        truth = hashlib.sha256(b"float32:(32, 32, 3):" + conv[0].tobytes()).digest()
+        assert record.digests(6, "conv2d") == [truth, truth]
+        # the last layer is the final output: sample 0's digests equal its output's
+        assert record.digests(0, "dense_3") == record.digests(0, record.layers(0)[-1])
+        # conv2d's input is the image; the others' inputs are not recorded
+        effective = record.effective_precision
+        assert sorted(effective) == ["conv2d", "conv2d_1", "dense_3"]
+        assert "elements" in effective["conv2d"]
+        assert effective["dense_3"] == {"unchecked": "its input activation_3 is not "
+                                                     "recorded (analysis.layer_select)"}
+        # the recomputation from the record reads sample 6 alone and agrees
+        assert record.recheck_effective_precision(model, dataset) is None
+        assert sorted(record.effective_precision) == ["conv2d"]
+
+
 def test_infer_command_line(assets, tmp_path):
     dataset, model = assets
     config = {"samples": [1], "datasets": {"digits": {"source": "digits"}},

@@ -28,5 +28,7 @@ with workflow_job(snakemake.log[0], on_failure=on_failure):
         deployed_export=snakemake.input.get("deployed_export"),
         kernels=snakemake.params.kernels,
         replay=snakemake.params.replay,
+        full_samples=snakemake.params.full_samples,
+        layer_select=snakemake.params.layer_select,
         log=sys.stderr,
     )

@@ -98,6 +98,9 @@ class Session:
     # through such a layer alone, in the runtime's own format (bitdrift.accumulation)
     order_layers: dict = field(default_factory=dict)
     order_probe: Callable | None = None
+    # The summing layers whose order is not revealed, and why ({layer: reason}): a model
+    # of another format whose nodes bitdrift does not probe yet; recorded as not revealed
+    unrevealed: dict = field(default_factory=dict)
     # The model as deployed (the observer check, bitdrift.observer): ``deployed(batch)``
     # gives the final output of the program a user runs, the final output alone with the
     # runtime's own graph optimisations, and ``deployed_program`` says which program that

@@ -32,7 +32,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("repro", help="write a minimal reproduction of where two records "
                        "part: the layer's input and weights and one script per device")
     p.add_argument("files", nargs=2, metavar="RECORD", help="the two devices' records")
-    p.add_argument("--model-file", required=True, help="the .keras model the records ran")
+    p.add_argument("--model-file", required=True,
+                   help="the model the records ran (.keras, or .onnx)")
     p.add_argument("--dataset-file", help="the dataset the records ran on (needed when "
                    "the layer reads the model input)")
     p.add_argument("--out", required=True, help="folder to write (replaced if it holds an "

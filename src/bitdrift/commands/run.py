@@ -49,17 +49,21 @@ def cmd_infer(args) -> None:
     from bitdrift.inference import infer
 
     config = read_config(args.config)
-    spec = model_spec(config, args.model)
+    model_spec(config, args.model)  # refuses an unknown model
     if args.device not in config["devices"]:
         raise ConfigError(f"unknown device {args.device!r} "
                           f"(config has {sorted(config['devices'])})")
     model_path = args.model_file or paths.model_file(config, args.model)
-    dataset_path = args.dataset_file or paths.dataset_file(spec["dataset"])
+    dataset_path = args.dataset_file or paths.model_inputs_file(config, args.model)
     out = args.out or paths.record_file(args.model, args.device)
     refuse_overwriting({"--config": args.config, "--model-file": model_path,
                         "--dataset-file": dataset_path}, {"--out": out})
     device = config["devices"][args.device]
-    inputs = inference_inputs(args.model, device["backend"])
+    from bitdrift import formats
+
+    # a model of another format than Keras runs as it is: no export, no reference
+    inputs = inference_inputs(args.model, device["backend"]) \
+        if formats.planned_format(model_path) == "keras" else {}
     reference = args.reference or inputs.get("reference")
     export = args.export or inputs.get("export")
     deployed = args.deployed_export or inputs.get("deployed_export")
@@ -91,7 +95,9 @@ def cmd_infer(args) -> None:
           model_path=model_path, dataset_path=dataset_path, samples=config["samples"],
           out=out, layers=config["analysis"]["layers"], reference=reference, export=export,
           kernels=config["analysis"]["kernels"], deployed_export=deployed,
-          replay=replay_settings(config))
+          replay=replay_settings(config),
+          full_samples=config["analysis"].get("full_samples"),
+          layer_select=config["analysis"].get("layer_select"))
     if unchecked:
         print(f"bitdrift: wrote {out} without the argmax check against TensorFlow ({unchecked}; "
               "`bitdrift export` makes one)", file=sys.stderr)

@@ -55,6 +55,9 @@ def check(config: dict) -> None:
     for device in section["devices"]:
         scheduled_device(config, device, "batching.devices", "the study must run it")
     _, model = studied_model(config)
+    if "dataset" not in model:
+        raise ConfigError(f"{key}.model: model {section['model']!r} brings its own inputs; "
+                          "the study runs a sequence model on a grammar dataset")
     dataset = config["datasets"][model["dataset"]]
     if dataset["source"] != "grammar":
         raise ConfigError(f"{key}.model: its dataset {model['dataset']!r} is not token "

@@ -30,6 +30,9 @@ def check(config: dict) -> None:
     if section["model"] not in config["models"]:
         raise ConfigError(f"config key probes.model: unknown model {section['model']!r} "
                           f"(models: {sorted(config['models'])})")
+    if "dataset" not in config["models"][section["model"]]:
+        raise ConfigError(f"config key probes.model: model {section['model']!r} brings its "
+                          "own inputs; the probe search runs a model on a dataset's images")
     for device in section["search_devices"]:
         scheduled_device(config, device, "probes.search_devices", "the search must run it")
     # The search runs its devices one after another in one job: on a cluster that job

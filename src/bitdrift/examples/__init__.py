@@ -1,0 +1,23 @@
+"""Small models in each format bitdrift runs, built here (no download): the preset
+config/presets/your_model.yaml runs them (its rule example_model writes them), and the
+tests build them too. One module per example; EXAMPLES is the list.
+
+    python -m bitdrift.examples onnx_cnn OUT.onnx INPUTS.npy [--samples N]
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from bitdrift.errors import ConfigError
+
+EXAMPLES = ("onnx_cnn",)
+
+
+def write_example(name: str, model_path, inputs_path, samples: int = 16) -> None:
+    """Write example ``name``'s model and its inputs (each atomically)."""
+    if name not in EXAMPLES:
+        raise ConfigError(f"unknown example model {name!r} (bitdrift has "
+                          f"{', '.join(EXAMPLES)})")
+    importlib.import_module(f"bitdrift.examples.{name}").write(model_path, inputs_path,
+                                                               samples=samples)

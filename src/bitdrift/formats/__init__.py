@@ -1,0 +1,170 @@
+"""Model formats, each a loader module of this package, told apart by the file's content
+(an extension is only a name): the one list is FORMATS, as bitdrift.backends.RUNTIMES is
+the one list of runtimes. Adding a format is adding its module and one entry here.
+
+Every loader module has:
+
+- ``NAME`` and ``WHAT``: the format's name and a few words saying what such a file is;
+- ``recognise(path, head) -> bool``: whether the file's first bytes (``head``) and, where
+  needed, its table of contents are this format's (cheap: no framework is imported);
+- ``check(path)``: the file read as the format's own library reads it; a damaged file
+  raises ModelFormatError naming the file and what is wrong;
+- ``signature(path) -> list[Input]``: the model's inputs (None for a dimension the model
+  leaves free), read without running it;
+- ``file_layers(path)``: its layers as bitdrift.models.keras_file_layers gives a Keras
+  model's (the analyses that recompute a layer from its weights), or None where the
+  format has no such reading yet;
+- ``RUNTIMES``: the runtimes (bitdrift.backends) that run the file, and
+  ``open_session(runtime, job, name)``: a bitdrift.backends.Session on the file for one
+  of those runtimes; None where each runtime module's own ``open_session(job, name)``
+  opens the file (Keras; a torch runner of a .pt2 program may do either).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from bitdrift.errors import ModelFormatError
+
+# The one list of model formats, in the order they are tried: each name is a module here
+FORMATS = ("keras", "onnx", "pt2", "tflite")
+HEAD_BYTES = 64
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input of a model: its name, its shape with the sample (batch) axis first (None
+    where the model leaves a dimension free) and its numpy dtype's name."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if dim is None else str(dim) for dim in self.shape)
+        return f"{self.name!r} ({dims}) {self.dtype}"
+
+
+def get(name: str):
+    """The loader module of format ``name``."""
+    if name not in FORMATS:
+        raise ModelFormatError(f"unknown model format {name!r} (bitdrift reads "
+                               f"{', '.join(FORMATS)})")
+    return importlib.import_module(f"bitdrift.formats.{name}")
+
+
+def what_formats() -> str:
+    return ", ".join(get(name).WHAT for name in FORMATS)
+
+
+def detect(path) -> str:
+    """The format of the model file at ``path``, by its content; ModelFormatError (one
+    line naming the file) for a missing file, a file of no format bitdrift reads, or a
+    damaged one."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFormatError(f"{path}: model file does not exist")
+    with open(path, "rb") as handle:
+        head = handle.read(HEAD_BYTES)
+    for name in FORMATS:
+        loader = get(name)
+        if loader.recognise(path, head):
+            loader.check(path)
+            return name
+    raise ModelFormatError(f"{path}: not a model bitdrift reads (it is none of: "
+                           f"{what_formats()})")
+
+
+def signature(path, format: str | None = None) -> list[Input]:
+    return get(format or detect(path)).signature(path)
+
+
+def runtimes(format: str) -> tuple:
+    return get(format).RUNTIMES
+
+
+# The extension a model file made later is planned by (its job then checks its content)
+PLANNED_SUFFIXES = {".onnx": "onnx", ".pt2": "pt2", ".tflite": "tflite"}
+
+
+def planned_format(path) -> str:
+    """The format of a model file for planning the workflow's jobs: by content where the
+    file exists; a file a rule makes later (a trained model, an example) by its extension
+    (keras unless .onnx, .pt2 or .tflite), and its job checks its content."""
+    if Path(path).is_file():
+        return detect(path)
+    return PLANNED_SUFFIXES.get(Path(path).suffix.lower(), "keras")
+
+
+def check_inputs(inputs_path, model_path, format: str | None = None,
+                 samples: list[int] | None = None) -> list[Input]:
+    """A user's inputs file (``inputs:``) against the model's signature, each mismatch one
+    line naming both: the number of inputs, the dtype, and every dimension but the
+    sample axis (a dimension the model leaves free takes the input's own size; the
+    sample axis is the batch, which each device sets). Inputs holding NaN or Inf are
+    refused: a non-finite input propagates through every layer, and the classes would
+    compare how runtimes treat NaN, not how they round. Returns the signature."""
+    import numpy as np
+
+    from bitdrift.datasets import read_inputs
+
+    inputs = read_inputs(inputs_path)
+    if samples is not None:
+        from bitdrift.datasets import _check_indices
+
+        _check_indices(inputs_path, samples, inputs.shape[0], "; config key samples")
+    expected = signature(model_path, format)
+    found = f"{inputs_path}: inputs of shape (samples, {', '.join(map(str, inputs.shape[1:]))})" \
+        f" {inputs.dtype.name}"
+    if len(expected) != 1:
+        raise ModelFormatError(f"{found}, but model {model_path} takes {len(expected)} inputs "
+                               f"({'; '.join(i.describe() for i in expected) or 'none read'}): "
+                               "bitdrift feeds models of one input")
+    wanted = expected[0]
+    fits = len(wanted.shape) == inputs.ndim and all(
+        dim is None or dim == size for dim, size in zip(wanted.shape[1:], inputs.shape[1:],
+                                                         strict=False))
+    if not fits or wanted.dtype != inputs.dtype.name:
+        raise ModelFormatError(f"{found}, but model {model_path} takes input "
+                               f"{wanted.describe()}")
+    if np.issubdtype(inputs.dtype, np.floating):
+        bad = ~np.isfinite(np.asarray(inputs, dtype=np.float64).reshape(inputs.shape[0], -1))
+        rows = np.flatnonzero(bad.any(axis=1))
+        if rows.size:
+            raise ModelFormatError(f"{inputs_path}: {int(bad.sum())} NaN or Inf values in "
+                                   f"{rows.size} samples (the first: sample {int(rows[0])}); "
+                                   "refused, since every output would compare how runtimes "
+                                   "propagate NaN, not how they round")
+    return expected
+
+
+def open_session(job: dict, name: str):
+    """The Session of the job's device on the job's model (bitdrift.backends.Session): a
+    Keras model through its runtime module as ever, a model of another format through
+    its loader, on a runtime that runs that format (one line naming both otherwise)."""
+    from bitdrift import backends
+    from bitdrift.errors import InferenceError
+
+    backend = job["device"]["backend"]
+    loader = get(job.get("model_format") or "keras")
+    if backend not in loader.RUNTIMES:
+        raise InferenceError(f"device {name!r}: backend {backend!r} cannot run "
+                             f"{job['model_path']} ({loader.WHAT}; runtimes that can: "
+                             f"{', '.join(loader.RUNTIMES) or 'none yet'})")
+    if loader.open_session is None:  # the runtime module opens the file itself
+        return backends.get(backend).open_session(job, name)
+    batch, fixed = job["device"]["batch_size"], loader.signature(job["model_path"])
+    if fixed and fixed[0].shape and fixed[0].shape[0] not in (None, batch):
+        raise InferenceError(f"device {name!r}: batch_size {batch}, but model "
+                             f"{job['model_path']} takes batches of exactly "
+                             f"{fixed[0].shape[0]} (input {fixed[0].describe()})")
+    return loader.open_session(backends.get(backend), job, name)
+
+
+def file_layers(path) -> list[dict] | None:
+    """The model's layers with their weights (bitdrift.models.keras_file_layers' shape),
+    whatever its format; None where its loader has no such reading."""
+    loader = get(detect(path))
+    return loader.file_layers(path) if loader.file_layers is not None else None

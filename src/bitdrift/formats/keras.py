@@ -1,0 +1,72 @@
+"""Keras models: a ``.keras`` archive (a zip holding config.json) or a legacy ``.h5``
+(HDF5 with a model_config attribute). Keras' own runtimes open them (bitdrift.backends:
+tensorflow, torch, jax), and the exported runtimes run bitdrift.export's conversions."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+from bitdrift.errors import ModelFormatError
+from bitdrift.formats import Input
+
+NAME = "keras"
+WHAT = "a Keras .keras archive or .h5 file"
+RUNTIMES = ("tensorflow", "torch", "jax", "onnxruntime", "openvino", "litert")
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+open_session = None  # each runtime module opens a Keras model itself
+
+
+def recognise(path, head: bytes) -> bool:
+    if head.startswith(HDF5_MAGIC):
+        return True
+    if head.startswith(b"PK") and zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                return "config.json" in archive.namelist()
+        except zipfile.BadZipFile:
+            return False
+    return False
+
+
+def check(path) -> None:
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                json.loads(archive.read("config.json"))
+                if "model.weights.h5" not in archive.namelist():
+                    raise ModelFormatError(f"{path}: a damaged Keras .keras archive (no "
+                                           "model.weights.h5)")
+                bad = archive.testzip()
+        except (zipfile.BadZipFile, ValueError, OSError) as error:
+            raise ModelFormatError(f"{path}: a damaged Keras .keras archive ({error})") \
+                from error
+        if bad is not None:
+            raise ModelFormatError(f"{path}: a damaged Keras .keras archive ({bad} fails "
+                                   "its checksum)")
+        return
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as handle:
+            found = "model_config" in handle.attrs
+    except OSError as error:
+        raise ModelFormatError(f"{path}: a damaged HDF5 file ({error})") from error
+    if not found:
+        raise ModelFormatError(f"{path}: an HDF5 file but not a Keras .h5 model (no "
+                               "model_config attribute)")
+
+
+def signature(path) -> list[Input]:
+    """The input a ``.keras`` file declares (float32: Keras casts to the device's
+    precision); none read from a legacy .h5."""
+    from bitdrift.models import model_input_shape
+
+    shape = model_input_shape(path)
+    return [] if shape is None else [Input("input", (None, *shape), "float32")]
+
+
+def file_layers(path) -> list[dict]:
+    from bitdrift.models import keras_file_layers
+
+    return keras_file_layers(path)

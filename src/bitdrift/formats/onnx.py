@@ -1,0 +1,417 @@
+"""ONNX models (a protobuf ModelProto), run as they are by ONNX Runtime and OpenVINO.
+
+The per-layer record names each value by the model's own names: every float tensor a
+node outputs is made a graph output of an instrumented copy (as Polygraphy's ``mark all``
+does), in the graph's topological order; the final outputs stay last. A runtime that
+returns no value for one of them has fused it away: that layer is recorded as absent
+for the device (``unmapped``), never given another value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bitdrift.errors import InferenceError, ModelFormatError
+from bitdrift.formats import Input
+
+NAME = "onnx"
+WHAT = "an ONNX model"
+RUNTIMES = ("onnxruntime", "openvino")
+
+
+def recognise(path, head: bytes) -> bool:
+    """A ModelProto has no magic number: its first field is ir_version (field 1, varint,
+    tag 0x08) in the files onnx writes; the full parse in check() decides."""
+    return head[:1] == b"\x08"
+
+
+def _load(path):
+    import onnx
+
+    try:
+        return onnx.load(str(path))
+    except Exception as error:  # protobuf's DecodeError, onnx's own
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ModelFormatError(f"{path}: not an ONNX model, or a damaged one ({first})") \
+            from error
+
+
+def check(path) -> None:
+    import onnx
+
+    model = _load(path)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as error:
+        first = (str(error).strip().splitlines() or ["invalid"])[0]
+        raise ModelFormatError(f"{path}: an ONNX model the ONNX checker refuses ({first})") \
+            from error
+
+
+def _dtype(elem_type: int) -> str:
+    from onnx import helper
+
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
+def signature(path) -> list[Input]:
+    graph = _load(path).graph
+    constants = {initializer.name for initializer in graph.initializer}
+    inputs = []
+    for value in graph.input:
+        if value.name in constants:
+            continue
+        tensor = value.type.tensor_type
+        shape = tuple(dim.dim_value if dim.HasField("dim_value") else None
+                      for dim in tensor.shape.dim)
+        inputs.append(Input(value.name, shape, _dtype(tensor.elem_type)))
+    return inputs
+
+
+def instrumented(path):
+    """(the model with every node's float output as a graph output, [(output name, op
+    type)] in topological order with the final outputs last, the values left out because
+    ONNX's shape inference, which gives each value's type, cannot type them)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = _load(path)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception as error:  # an op shape inference does not know
+        raise InferenceError(f"{path}: ONNX shape inference fails ({error})") from error
+    types = {value.name: value.type.tensor_type.elem_type
+             for value in [*inferred.graph.value_info, *inferred.graph.output,
+                           *inferred.graph.input]}
+    floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
+              TensorProto.BFLOAT16}
+    finals = [output.name for output in model.graph.output]
+    layers, added, untyped = [], [], []
+    for node in model.graph.node:
+        for output in node.output:
+            if output and output not in finals and output not in types:
+                untyped.append(output)
+            if not output or output in finals or types.get(output) not in floats:
+                continue
+            layers.append((output, node.op_type))
+            added.append(helper.make_tensor_value_info(output, types[output], None))
+    producer = {output: node.op_type for node in model.graph.node for output in node.output}
+    layers += [(name, producer.get(name, "Identity")) for name in finals]
+    model.graph.output.extend(added)
+    # the final outputs last, in their own order
+    outputs = list(model.graph.output)
+    ordered = [o for o in outputs if o.name not in finals] + \
+        [o for o in outputs if o.name in finals]
+    del model.graph.output[:]
+    model.graph.output.extend(ordered)
+    return model, layers, untyped
+
+
+def open_session(runtime, job: dict, name: str):
+    """A Session of ``runtime`` (onnxruntime, openvino) on the user's ONNX file: the
+    instrumented copy when layers are recorded, the file itself as deployed (the observer
+    check), both compiled with the device's settings."""
+    import os
+    import tempfile
+
+    import onnx
+
+    from bitdrift.backends import Session
+    from bitdrift.errors import BitdriftError
+    from bitdrift.reference import unreadable_export
+
+    device, path = job["device"], job["model_path"]
+    accelerator = runtime.check_accelerator(name, device)
+    accelerator["model_format"] = NAME
+    trace = bool(job.get("trace"))
+    model, layers, untyped = instrumented(path)
+    handle, instrumented_path = tempfile.mkstemp(suffix=".instrumented.onnx")
+    os.close(handle)
+    try:
+        onnx.save(model, instrumented_path)
+        compiled, describe = compile_model(runtime, instrumented_path, device, accelerator,
+                                           trace, name, shown=path)
+        deployed_run, _ = compile_model(runtime, path, device, dict(accelerator), False,
+                                        name) if not trace else (None, None)
+        nodes_outputs = describe() if trace else None
+    except BitdriftError:
+        raise
+    except Exception as error:
+        raise unreadable_export(path, runtime.NAME, error) from error
+    finally:
+        os.unlink(instrumented_path)
+    recorded = list(layers)  # one per graph output of the instrumented model, in order
+
+    def run(batch):
+        outputs = compiled(batch)
+        if len(outputs) != len(recorded):  # never map values to names by a guess
+            raise InferenceError(f"device {name!r}: {runtime.NAME} returns {len(outputs)} "
+                                 f"outputs of the instrumented {Path(path).name}, which asks "
+                                 f"for {len(recorded)}")
+        return list(outputs) if job["layers"] else [outputs[-1]]
+
+    def final(batch):
+        return compiled(batch)[-1]
+
+    kernels = None
+    if trace:
+        from dataclasses import asdict
+
+        from bitdrift.kernels import graph_layer_calls
+
+        nodes, outputs = nodes_outputs
+        found = graph_layer_calls(nodes, outputs, {position: layer for position, (layer, _)
+                                                   in enumerate(recorded)})
+        kernels = {layer: [asdict(call) for call in calls] for layer, calls in found.items()}
+
+    def deployed(batch):
+        outputs = deployed_run(batch)
+        return outputs[-1]
+
+    checked, order_layers = checked_layers(path, [output for output, _ in recorded])
+    summing = {output: op for output, op in recorded if op in SUMMING_OPS}
+    unrevealed = {output: f"an ONNX model's own {op} node, whose order is not probed yet; "
+                          "bitdrift probes an ONNX model's MatMul and Gemm nodes"
+                  for output, op in summing.items() if output not in order_layers}
+    return Session(layers=recorded if job["layers"] else [], run=run, final=final,
+                   unrevealed=unrevealed, unmapped=untyped if job["layers"] else [],
+                   checked=checked if job["layers"] else {}, order_layers=order_layers,
+                   order_probe=node_order_probe(runtime, path, device, accelerator)
+                   if order_layers else None,
+                   accelerator=accelerator, kernels=kernels,
+                   deployed=deployed if deployed_run is not None else None,
+                   deployed_program=f"{Path(path).name} on {runtime.NAME}, as given")
+
+
+def compile_model(runtime, path, device, accelerator, trace, name, shown=None):
+    """runtime.compile, an op the runtime lacks named in one line (only this device
+    fails: bitdrift.failures); ``shown`` the file the user gave (of an instrumented copy)."""
+    try:
+        return runtime.compile(path, device, accelerator, trace)
+    except Exception as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        # the line that names the op where the runtime's message has one (OpenVINO's
+        # report of unconverted ops comes after its source location)
+        named = [line for line in lines if any(word in line.lower() for word in OP_WORDS)]
+        reason = (named or lines or [type(error).__name__])[-1 if named else 0]
+        raise InferenceError(f"device {name!r}: {runtime.NAME} cannot run "
+                             f"{Path(shown or path).name} ({reason.lstrip('- ')[:300]})") \
+            from error
+
+
+SUMMING_OPS = ("MatMul", "Gemm", "Conv")  # the nodes whose summation order matters
+OP_WORDS = ("no conversion rule found for operations", "not implemented", "no kernel",
+            "could not find an implementation", "unsupported op")
+
+
+def file_layers(path) -> list[dict]:
+    """The model's nodes as bitdrift.models.keras_file_layers gives a Keras model's (named
+    as the record names them), for
+    the analyses that recompute a layer from its weights (effective precision, repro):
+    each graph input as an InputLayer, each MatMul or Gemm with constant weights as a
+    Dense layer, each Conv as a channels-first Conv2D (named by its output); every other
+    node by its op type, with no weights, so those analyses leave it out."""
+    from onnx import numpy_helper
+
+    graph = _load(path).graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    for node in graph.node:  # Constant nodes hold weights too
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].t.dims:
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    layers = [{"name": value.name, "class_name": "InputLayer", "config": {}, "inbound": [],
+               "weights": []} for value in graph.input if value.name not in constants]
+    for node in graph.node:
+        attributes = {attribute.name: attribute for attribute in node.attribute}
+
+        def number(key, default, attributes=attributes):
+            found = attributes.get(key)
+            if found is None:
+                return default
+            return found.f if found.type == found.FLOAT else found.i
+
+        def ints(key, default, attributes=attributes):
+            found = attributes.get(key)
+            return list(found.ints) if found is not None else default
+
+        inbound = [name for name in node.input if name and name not in constants]
+        entry = {"name": node.output[0], "class_name": node.op_type, "config": {},
+                 "inbound": inbound, "weights": []}
+        weights = [constants.get(name) for name in node.input[1:]]
+        if node.op_type in ("MatMul", "Gemm") and len(inbound) == 1 and weights and \
+                weights[0] is not None and weights[0].ndim == 2:
+            kernel = weights[0]
+            bias = weights[1] if len(weights) > 1 else None
+            plain = node.op_type == "MatMul" or (
+                number("alpha", 1.0) == 1.0 and number("beta", 1.0) == 1.0
+                and not number("transA", 0) and (bias is None or bias.ndim == 1))
+            if plain:
+                if node.op_type == "Gemm" and number("transB", 0):
+                    kernel = kernel.T
+                entry.update(class_name="Dense", op_type=node.op_type, config={
+                    "activation": "linear", "use_bias": bias is not None,
+                    "units": int(kernel.shape[1])},
+                    weights=[kernel] + ([bias] if bias is not None else []))
+        elif node.op_type == "Conv" and len(inbound) == 1 and weights and \
+                weights[0] is not None and weights[0].ndim == 4:
+            padding = _padding(attributes, number, ints, weights[0].shape[2:])
+            if padding is not None:
+                kernel = np.ascontiguousarray(weights[0].transpose(2, 3, 1, 0))  # to HWIO
+                bias = weights[1] if len(weights) > 1 and weights[1] is not None else None
+                entry.update(class_name="Conv2D", op_type="Conv", config={
+                    "activation": "linear", "use_bias": bias is not None,
+                    "filters": int(kernel.shape[-1]), "strides": ints("strides", [1, 1]),
+                    "dilation_rate": ints("dilations", [1, 1]), "padding": padding,
+                    "data_format": "channels_first", "groups": int(number("group", 1))},
+                    weights=[kernel] + ([bias] if bias is not None else []))
+        layers.append(entry)
+    # named as the record names them (HDF5 takes "/" for a path: bitdrift.record)
+    from bitdrift.record import _sanitize
+
+    return [dict(layer, name=_sanitize(layer["name"]),
+                 inbound=[_sanitize(name) for name in layer["inbound"]]) for layer in layers]
+
+
+def _padding(attributes, number, ints, kernel_shape) -> str | None:
+    """A Conv's padding as Keras names it: valid (none), same (SAME_UPPER, or explicit
+    pads that are what same pads at stride 1); None for any other padding."""
+    auto = attributes.get("auto_pad")
+    auto = auto.s.decode() if auto is not None else "NOTSET"
+    if auto == "VALID":
+        return "valid"
+    if auto == "SAME_UPPER":
+        return "same"
+    if auto != "NOTSET":
+        return None
+    pads = ints("pads", [0, 0, 0, 0])
+    if not any(pads):
+        return "valid"
+    strides, dilations = ints("strides", [1, 1]), ints("dilations", [1, 1])
+    same = [((size - 1) * dilation) for size, dilation in zip(kernel_shape, dilations,
+                                                               strict=True)]
+    begin = [total // 2 for total in same]
+    end = [total - total // 2 for total in same]
+    if strides == [1, 1] and pads == begin + end:
+        return "same"
+    return None
+
+
+def node_model(path, layer: str, input_shape: tuple):
+    """The node whose output the record names ``layer`` alone, as an ONNX model of the
+    same opset: its input ``x`` (a batch of ``input_shape``), its constant operands as
+    initializers, its attributes as in the file, its output ``y`` (bitdrift.repro)."""
+    from onnx import helper
+
+    from bitdrift.record import _sanitize
+
+    model = _load(path)
+    graph = model.graph
+    node = next((node for node in graph.node if node.output and
+                 _sanitize(node.output[0]) == layer), None)
+    if node is None:
+        raise InferenceError(f"{path}: no node outputs {layer!r}")
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    constants.update({item.output[0]: item.attribute[0].t for item in graph.node
+                      if item.op_type == "Constant" and item.attribute})
+    types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
+    inputs = [name for name in node.input if name and name not in constants]
+    if len(inputs) != 1:
+        raise InferenceError(f"{path}: node {node.name or layer!r} has {len(inputs)} "
+                             "inputs; a repro runs one-input nodes")
+    alone = helper.make_node(node.op_type, ["x" if name == inputs[0] else name
+                                            for name in node.input],
+                             ["y"] + [f"unused_{index}" for index in range(1, len(node.output))],
+                             domain=node.domain)
+    alone.attribute.extend(node.attribute)
+    used = [constants[name] for name in node.input if name in constants]
+    elem_type = types.get(inputs[0], 1)  # float unless the model input says otherwise
+    graph_alone = helper.make_graph(
+        [alone], f"{layer}_alone",
+        [helper.make_tensor_value_info("x", elem_type, [None, *input_shape])],
+        [helper.make_tensor_value_info("y", elem_type, None)],
+        [tensor for tensor in used])
+    alone_model = helper.make_model(graph_alone, opset_imports=list(model.opset_import))
+    alone_model.ir_version = model.ir_version
+    return alone_model
+
+
+def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
+    """({output: (effective-precision spec, [kernel, bias])}, {output: order probe spec}):
+    the MatMul, Gemm (as Dense) and Conv (as channels-first Conv2D) nodes whose output and
+    input are recorded, named by their output as the session records it; the order of the
+    Dense ones over a (batch, terms) input is revealed (bitdrift.accumulation)."""
+    from bitdrift.accumulation import probe_spec
+    from bitdrift.effective_precision import spec_from_config
+    from bitdrift.record import _sanitize
+
+    raw = {_sanitize(name): name for name in recorded}
+    layers = file_layers(path)
+    inputs = {layer["name"] for layer in layers if layer["class_name"] == "InputLayer"}
+    shapes = {value.name: [dim.dim_value if dim.HasField("dim_value") else None
+                           for dim in value.type.tensor_type.shape.dim]
+              for value in _load(path).graph.input}
+    checked, orders = {}, {}
+    for layer in layers:
+        if layer["class_name"] not in ("Dense", "Conv2D") or layer["name"] not in raw:
+            continue
+        source = layer["inbound"][0]
+        inbound = None if source in inputs else raw.get(source)
+        if inbound is None and source not in inputs:
+            continue  # its input is not recorded
+        spec = spec_from_config(layer["class_name"], layer["config"], inbound)
+        if spec is None:
+            continue
+        name = raw[layer["name"]]
+        checked[name] = (spec, [np.asarray(value, np.float64) for value in layer["weights"]])
+        flat_input = source not in inputs or len(shapes.get(source, [])) == 2
+        if layer["class_name"] == "Dense" and flat_input:
+            kernel = layer["weights"][0]
+            found = probe_spec("Dense", layer["config"], kernel.shape[:1], kernel.shape)
+            if found is not None:
+                orders[name] = {**found, "op_type": layer["op_type"], "node": layer["name"]}
+    return checked, orders
+
+
+def node_order_probe(runtime, path, device: dict, accelerator: dict):
+    """order_probe (bitdrift.backends.Session) of an ONNX model's MatMul or Gemm node: the
+    node alone, cut from the file with its own attributes (node_model), its weights
+    replaced by the probe's, compiled with the device's settings, on a batch of ones."""
+    import os
+    import tempfile
+
+    import onnx
+    from onnx import numpy_helper
+
+    from bitdrift.accumulation import probe_output
+
+    def make(spec: dict, batch: int):
+        ones = np.ones((batch, spec["terms"]), dtype=np.float32)
+        alone = node_model(path, spec["node"], (spec["terms"],))
+        node = alone.graph.node[0]
+        transposed = spec["op_type"] == "Gemm" and any(
+            attribute.name == "transB" and attribute.i for attribute in node.attribute)
+        constants = [name for name in node.input[1:] if name]
+
+        def call(kernel, bias):
+            kernel = np.asarray(kernel, np.float32).reshape(spec["terms"], spec["units"])
+            values = [kernel.T if transposed else kernel]
+            if spec["use_bias"]:
+                values.append(np.asarray(bias, np.float32))
+            probe = onnx.ModelProto()
+            probe.CopyFrom(alone)
+            del probe.graph.initializer[:]
+            probe.graph.initializer.extend(numpy_helper.from_array(
+                np.ascontiguousarray(value), name) for name, value in zip(
+                    constants, values, strict=True))
+            handle, probe_path = tempfile.mkstemp(suffix=".node.onnx")
+            os.close(handle)
+            try:
+                onnx.save(probe, probe_path)
+                run, _ = runtime.compile(probe_path, device, dict(accelerator), False)
+                return probe_output(spec, run(ones)[-1])
+            finally:
+                os.unlink(probe_path)
+
+        return call
+
+    return make

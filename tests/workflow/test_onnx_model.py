@@ -1,0 +1,139 @@
+"""A user's ONNX models with their own .npy inputs through the workflow: no training or
+Keras export rule, one record per device whose runtime runs ONNX (ONNX Runtime with and
+without its graph optimisations, OpenVINO at float32), the TensorFlow device left out;
+an op OpenVINO lacks fails that device alone, named, and the rest is written."""
+
+import json
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from bitdrift.examples import onnx_cnn
+from bitdrift.record import Record
+from tests.utils import snakemake
+
+pytestmark = pytest.mark.workflow
+DEVICES = {
+    "ort_all": {"accelerator": "cpu", "backend": "onnxruntime", "threads": 1,
+                "graph_optimization_level": "all", "repeats": 2},
+    "ort_no_optimizations": {"accelerator": "cpu", "backend": "onnxruntime", "threads": 1,
+                             "graph_optimization_level": "disable_all", "repeats": 2},
+    "openvino_f32": {"accelerator": "cpu", "backend": "openvino", "threads": 1,
+                     "inference_precision_hint": "f32", "repeats": 2},
+    "tf_1thread": {"accelerator": "cpu", "backend": "tensorflow", "threads": 1},
+}
+ONNX_DEVICES = ["ort_all", "ort_no_optimizations", "openvino_f32"]
+SAMPLES = [0, 1, 5]
+
+
+def determinant_model():
+    """MatMul, Reshape to 4x4, Det: ONNX Runtime has a Det kernel, OpenVINO none."""
+    rng = np.random.default_rng(0)
+    kernel = numpy_helper.from_array(rng.standard_normal((4, 16)).astype(np.float32),
+                                     "kernel")
+    shape = numpy_helper.from_array(np.array([-1, 4, 4], np.int64), "shape")
+    nodes = [helper.make_node("MatMul", ["x", "kernel"], ["square"]),
+             helper.make_node("Reshape", ["square", "shape"], ["matrix"]),
+             helper.make_node("Det", ["matrix"], ["det"])]
+    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", 4])], [helper.make_tensor_value_info(
+            "det", TensorProto.FLOAT, ["batch"])], [kernel, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, rng.standard_normal((8, 4)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def onnx_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("onnx_workflow")
+    onnx_cnn.write(workdir / "cnn.onnx", workdir / "inputs.npy", samples=8)
+    model, inputs = determinant_model()
+    onnx.save(model, workdir / "det.onnx")
+    np.save(workdir / "det.npy", inputs)
+    config = workdir / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "samples": SAMPLES, "analysis": {"precision": "float32"}, "devices": DEVICES,
+        "models": {"cnn": {"file": "cnn.onnx", "inputs": "inputs.npy"},
+                   "det": {"file": "det.onnx", "inputs": "det.npy"}}}))
+    result = snakemake(workdir, "all", configfile=config, check=False)
+    return workdir, result.returncode, result.stdout + result.stderr
+
+
+def test_only_the_onnx_runtimes_run_and_no_keras_rule(onnx_run):
+    workdir, returncode, said = onnx_run
+    assert returncode != 0  # one device failed, and the run says so at its end
+    assert "1 device(s) failed" in said
+    for rule in ("train_model", "export_model", "export_reference", "prepare_dataset"):
+        assert f"rule {rule}:" not in said
+    records = sorted(path.relative_to(workdir / "results/inference").as_posix()
+                     for path in (workdir / "results/inference").rglob("*.h5"))
+    # the failed device's failure record is cleared at the end of the run, so the next
+    # run tries it again (bitdrift.failures); its reason stays in device_failures.csv
+    assert records == sorted(f"{model}/{device}.h5" for model in ("cnn", "det")
+                             for device in ONNX_DEVICES
+                             if (model, device) != ("det", "openvino_f32"))
+
+
+def test_an_op_a_runtime_lacks_fails_that_device_alone_naming_the_op(onnx_run):
+    workdir, _, _ = onnx_run
+    failures = pd.read_csv(workdir / "results/tables/device_failures.csv")
+    assert failures[["model", "device"]].values.tolist() == [["det", "openvino_f32"]]
+    reason = failures["reason"].iloc[0]
+    assert "openvino cannot run det.onnx (No conversion rule found for operations: Det" \
+        in reason
+    det = np.load(workdir / "det.npy").astype(np.float64)
+    kernel = numpy_helper.to_array(onnx.load(workdir / "det.onnx").graph.initializer[0])
+    expected = np.linalg.det((det @ kernel.astype(np.float64)).reshape(-1, 4, 4))
+    for device in ("ort_all", "ort_no_optimizations"):
+        with Record(workdir / f"results/inference/det/{device}.h5") as record:
+            for sample in SAMPLES:
+                np.testing.assert_allclose(record.tensor(sample, "output").values[0],
+                                           expected[sample], rtol=1e-4)
+    assert (workdir / "results/report.html").is_file()
+    assert "openvino_f32" in (workdir / "results/findings.md").read_text()
+
+
+def test_the_tables_name_the_models_own_nodes(onnx_run):
+    workdir, _, _ = onnx_run
+    eqc = pd.read_csv(workdir / "results/tables/eqc.csv")
+    cnn = eqc[eqc["model"] == "cnn"]
+    assert sorted(set(cnn["device"])) == sorted(ONNX_DEVICES)
+    # the classes are the records' final outputs grouped bit for bit, recounted here
+    for sample, rows in cnn.groupby("sample"):
+        outputs = {}
+        for device in ONNX_DEVICES:
+            with Record(workdir / f"results/inference/cnn/{device}.h5") as record:
+                outputs[device] = record.tensor(sample, "output").values[0].tobytes()
+        assert rows["eqc"].nunique() == len(set(outputs.values()))
+    # the first layer in the graph's order where two classes part, found here by numpy
+    divergence = pd.read_csv(workdir / "results/tables/divergence.csv")
+    order = ["conv", "conv_relu", "pool", "flatten", "fc1", "fc1_relu", "fc2_matmul", "logits"]
+    for row in divergence[divergence["model"] == "cnn"].itertuples():
+        with Record(workdir / f"results/inference/cnn/{row.device_a}.h5") as a, \
+                Record(workdir / f"results/inference/cnn/{row.device_b}.h5") as b:
+            first = next(name for name in order if not np.array_equal(
+                a.tensor(row.sample, name).values[0], b.tensor(row.sample, name).values[0]))
+        assert row.first_layer == first
+    effective = pd.read_csv(workdir / "results/tables/effective_precision.csv")
+    checked = effective[effective["model"] == "cnn"]
+    assert set(checked["layer"]) == {"conv", "fc1", "fc2_matmul"}
+    assert (checked["format"] == "float32").all()
+    # the MatMul and Gemm nodes' orders revealed through each runtime, the node alone cut
+    # from the file, and numpy summing in that order gives each record's bits; the Conv's
+    # is not probed, and the table says so
+    orders = pd.read_csv(workdir / "results/tables/accumulation_orders.csv")
+    cnn_orders = orders[orders["model"] == "cnn"].set_index(["device", "layer"])
+    for device in ONNX_DEVICES:
+        for layer in ("fc1", "fc2_matmul"):
+            assert cnn_orders.loc[(device, layer), "replay"].startswith("bit-identical")
+        assert cnn_orders.loc[(device, "conv"), "order"] == "not revealed"
+        assert "not probed yet" in cnn_orders.loc[(device, "conv"), "replay"]
+    assert cnn_orders.loc[("ort_all", "fc1"), "terms"] == 8 * 8 * 8 + 1  # and the bias
+    kernels = pd.read_csv(workdir / "results/tables/kernels.csv")
+    assert {"conv", "fc1"} <= set(kernels[kernels["model"] == "cnn"]["layer"])
+    with Record(workdir / "results/inference/cnn/ort_all.h5") as record:
+        assert json.loads(record.attr("device_config"))["graph_optimization_level"] == "all"
