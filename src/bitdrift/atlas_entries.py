@@ -34,6 +34,7 @@ import hashlib
 import json
 import re
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,7 +115,6 @@ def _slug(text: str) -> str:
 
 def _device_part(record) -> tuple[dict, dict]:
     """A record's device: its part of the entry, and the fingerprint it was made on."""
-    from bitdrift.atlas import output_digest
     from bitdrift.eqc import summarize_repeats
     from bitdrift.precision import integer_view
 
@@ -129,12 +129,16 @@ def _device_part(record) -> tuple[dict, dict]:
                              f"{record.samples[0]} has {layers}")
         per_layer = []
         for info in infos:
-            tensor = record.tensor(sample, info)
-            _, representative = summarize_repeats(record.device, tensor.values,
-                                                  tensor.float_format)
-            per_layer.append(output_digest(representative, tensor.float_format)
-                             .hex()[:DIGEST_HEX])
-            if info.final:
+            # the majority of the repeats' digests (first seen among ties), as the classes
+            # take the majority of their values; read without the values in format 4
+            counts = Counter(record.digests(sample, info))
+            per_layer.append(max(counts, key=counts.get).hex()[:DIGEST_HEX])
+            # the final output's bits where the record holds its values (a sample outside
+            # analysis.full_samples holds digests only)
+            if info.final and record.has_values(sample, info):
+                tensor = record.tensor(sample, info)
+                _, representative = summarize_repeats(record.device, tensor.values,
+                                                      tensor.float_format)
                 bits = integer_view(representative, tensor.float_format)
                 outputs[str(sample)] = {
                     "format": tensor.float_format, "shape": list(representative.shape),
@@ -322,7 +326,9 @@ def _check(entry, path: Path, expected_model: str | None) -> dict:
                     not all(isinstance(d, str) for d in digests):
                 raise wrong(f"device {name!r}: sample {sample}'s digests are not one per "
                             "layer")
-            output = part["outputs"].get(sample)
+            if sample not in part["outputs"]:
+                continue  # recorded as digests only: no remaining precision there
+            output = part["outputs"][sample]
             if not isinstance(output, dict) or not isinstance(output.get("bits"), str) or \
                     output.get("format") not in ("float16", "bfloat16", "float32", "float64"):
                 raise wrong(f"device {name!r}: sample {sample}'s output is not "
@@ -411,8 +417,10 @@ def _dropped(a: dict, b: dict) -> int | None:
     """Low bits of the final outputs two devices disagree in, over the shared samples."""
     from bitdrift.precision import bit_length
 
-    worst = 0
-    for sample in a["outputs"].keys() & b["outputs"].keys():
+    worst, shared = 0, a["outputs"].keys() & b["outputs"].keys()
+    if not shared:
+        return None
+    for sample in shared:
         (x, fx), (y, fy) = output_values(a["outputs"][sample]), output_values(b["outputs"][sample])
         if fx != fy or x.shape != y.shape:
             return None
@@ -647,10 +655,12 @@ def identify(path: str | Path, atlas: Atlas) -> Identified:
                 best, nearest = dropped, {}
             if dropped == best:
                 nearest.setdefault(label, []).append(device)
-    mantissa = MANTISSA_BITS[next(iter(part["outputs"].values()))["format"]]
-    if exact:
-        return Identified(True, exact, float(mantissa))
+    if exact:  # bitwise equal: the whole mantissa of the record's format remains
+        form = next(iter(part["outputs"].values()), {"format": part["precision"]})["format"]
+        return Identified(True, exact, float(MANTISSA_BITS.get(form, 0)))
     if best is None:
         raise AtlasError(f"{path}: no entry of the atlas holds a final output of its format "
                          "and samples")
+    mantissa = MANTISSA_BITS[next(iter(part["outputs"].values()))["format"]]
     return Identified(False, nearest, float(max(mantissa - best, 0)))
+
