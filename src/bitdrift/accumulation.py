@@ -216,10 +216,12 @@ NOT_COUNTS = ("the kernel's sums are not counts of the terms left after a cancel
 
 
 def _probe_call(dense, chunk: list[tuple[int, int]], terms: int, bias: bool, width: int,
-                precision: str) -> np.ndarray:
+                precision: str, places: int | None = None,
+                kept: np.ndarray | None = None) -> np.ndarray:
     """One call of the probe with the pairs of ``chunk`` in its first columns: its outputs
     in units, (places, width), a place being a batch row (Dense) or a batch row and output
-    pixel (Conv2D, row-major)."""
+    pixel (Conv2D, row-major); ``places``: how many there must be; ``kept``: those
+    returned (None: all)."""
     dtype = input_dtype(precision)
     big, unit = PROBE_VALUES[precision]
     weights = np.full((terms, width), unit, dtype=dtype)
@@ -230,7 +232,11 @@ def _probe_call(dense, chunk: list[tuple[int, int]], terms: int, bias: bool, wid
                 shift[column] = sign * big
             else:
                 weights[term, column] = sign * big
-    return np.asarray(dense(weights, shift), dtype=np.float64).reshape(-1, width) / unit
+    outputs = np.asarray(dense(weights, shift)).reshape(-1, width)
+    if places is not None and outputs.shape[0] != places:
+        raise OrderError(f"the probe gave {outputs.shape[0]} outputs per probe, not the "
+                         f"{places} places of the layer")
+    return (outputs if kept is None else outputs[kept]).astype(np.float64) / unit
 
 
 def _counts(values: np.ndarray, count) -> np.ndarray:
@@ -470,29 +476,39 @@ SEED_PLACES = 2  # searched together first: the centre pixel (row 0) and its rig
 PLACE_SEARCHES = 6  # searches per layer at most (Dense: at least one per batch row)
 
 
+UNKNOWN, NOT_SEARCHED = -1, -2  # a place's tree index where none is known
+
+
 @dataclass
 class Places:
-    """What reveal_places found: the distinct trees, which tree each place sums in (-1:
-    unknown), the (row, pixel) places searched, and why a search failed, if one did."""
+    """What reveal_places found: the distinct trees, which tree each place sums in
+    (UNKNOWN; NOT_SEARCHED at an output pixel outside the sample), the (row, pixel)
+    places searched, why a search failed, if one did, and the grid's rows and columns
+    the order was searched at where it was sampled (None: all)."""
 
     trees: list[Node]
     tree_of: np.ndarray  # (rows, pixels) indices into trees
     grid: tuple[int, int]
     searched: list[tuple[int, int]]
     errors: list[str]
+    sampled: tuple[list[int], list[int]] | None = None
 
     def entry(self, count: int, bias: bool) -> dict:
         """The record's form (bitdrift.inference): ``trees`` flat (to_flat, numbered from
         ``count``: a tree found at a pixel by the padding holds fewer terms) and
         ``places``: the grid, the places searched as [row, y, x], and ``maps``, one per
         batch row or one for all rows where they agree: the grid's rows as strings, a
-        character per pixel naming its tree (0-9, a-z: index in ``trees``; '.': unknown)."""
+        character per pixel naming its tree (0-9, a-z: index in ``trees``; '.': unknown;
+        '-': not searched), and where the search was sampled ``sampled`` {"y", "x"}: the
+        grid's rows and columns it looked at."""
         rows = [_map_rows(row, self.grid) for row in self.tree_of]
         maps = rows[:1] if all(row == rows[0] for row in rows) else rows
         width = self.grid[1]
         places = {"grid": list(self.grid), "maps": maps,
                   "searched": [[row, pixel // width, pixel % width]
                                for row, pixel in self.searched]}
+        if self.sampled is not None:
+            places["sampled"] = {"y": list(self.sampled[0]), "x": list(self.sampled[1])}
         if self.errors:
             places["errors"] = self.errors
         return {"trees": [to_flat(tree, count) for tree in self.trees], "terms": count,
@@ -500,28 +516,35 @@ class Places:
 
 
 TREE_SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz"
+MAP_SYMBOLS = {UNKNOWN: ".", NOT_SEARCHED: "-"}
 
 
 def _map_rows(tree_of: np.ndarray, grid) -> list[str]:
-    symbols = np.array([*TREE_SYMBOLS, "."])
+    symbols = np.array([*TREE_SYMBOLS, MAP_SYMBOLS[NOT_SEARCHED], MAP_SYMBOLS[UNKNOWN]])
     return ["".join(line) for line in symbols[tree_of].reshape(grid)]
 
 
 def place_trees(places: dict, rows: int) -> np.ndarray:
-    """(rows, pixels) tree indices (-1 unknown) of an entry's ``places`` (Places.entry)
-    for ``rows`` batch rows."""
-    maps = [np.array([-1 if char == "." else TREE_SYMBOLS.index(char)
-                      for line in lines for char in line]) for lines in places["maps"]]
+    """(rows, pixels) tree indices (UNKNOWN, NOT_SEARCHED) of an entry's ``places``
+    (Places.entry) for ``rows`` batch rows."""
+    index = {**{symbol: code for code, symbol in MAP_SYMBOLS.items()},
+             **{symbol: code for code, symbol in enumerate(TREE_SYMBOLS)}}
+    maps = [np.array([index[char] for line in lines for char in line])
+            for lines in places["maps"]]
     return np.stack([maps[row % len(maps)] if len(maps) > 1 else maps[0]
                      for row in range(rows)])
 
 
 def reveal_places(dense, terms: int, units: int, precision: str = "float32",
                   bias: bool = True, batch: int = 1, grid: tuple[int, int] = (1, 1),
-                  live: np.ndarray | None = None, searches: int = PLACE_SEARCHES) -> Places:
+                  live: np.ndarray | None = None, searches: int = PLACE_SEARCHES,
+                  positions: int | None = None, border: tuple[int, int] = (1, 1)) -> Places:
     """The tree of every place of a layer (a batch row; a Conv2D's batch row and output
     pixel) from ``dense(weights, bias)`` (-> (batch, pixels, units) or (batch, units)).
     ``live``: (pixels, terms + 1) which terms each pixel holds (conv_grid; None: all).
+    ``positions``: a grid of more pixels is searched at about this many alone (the
+    replay's sample, sampled_grid with the padding's ``border``: corners, edges, a run at
+    the centre, the interior), the others NOT_SEARCHED; None: every pixel.
 
     The search runs first at the seed places (row 0's centre pixel and its right
     neighbour) at once, their probes sharing calls; then, while some place's tree is
@@ -534,21 +557,39 @@ def reveal_places(dense, terms: int, units: int, precision: str = "float32",
     padding takes the tree whose restriction to its terms agrees with all its answers,
     after probing pairs that tell apart the trees that agree so far. A failed search
     (sums that are no tree there) leaves its place unknown; where no search succeeds,
-    the first one's OrderError is raised."""
+    the first one's OrderError is raised. Every call computes the whole layer (the
+    runtime's kernel is the one of its shape); a sample keeps and compares the answers
+    at its pixels alone, so that what the search holds does not grow with the image."""
     if precision not in PROBE_VALUES:
         raise OrderError(f"the order is revealed with inputs in {', '.join(PROBE_VALUES)}, "
                          f"not {precision}")
     count = terms + (1 if bias else 0)
     pixels = grid[0] * grid[1]
+    ys, xs = (list(range(grid[0])), list(range(grid[1]))) if positions is None \
+        else sampled_grid(grid, positions, border)
+    sampled = len(ys) * len(xs) < pixels
+    # the pixels searched (row-major); a place is a batch row and one of them
+    picked = (np.asarray(ys)[:, None] * grid[1] + np.asarray(xs)[None, :]).reshape(-1)
+    kept = len(picked)
     live = np.ones((pixels, count), dtype=bool) if live is None else \
         np.asarray(live, dtype=bool)[:, list(range(terms)) + ([terms] if bias else [])]
     # pixels at one border hold the same terms: one pattern, compared at once
-    patterns, pattern_of = np.unique(live, axis=0, return_inverse=True)
+    patterns, pattern_of = np.unique(live[picked], axis=0, return_inverse=True)
     pattern_of = np.tile(pattern_of.reshape(-1), batch)
-    seen = _Seen(dense, terms, bias, units, precision, batch * pixels)
+    seen = _Seen(dense, terms, bias, units, precision, batch * pixels,
+                 (np.arange(batch)[:, None] * pixels + picked[None, :]).reshape(-1)
+                 if sampled else None)
+    at_y, at_x = picked // grid[1], picked % grid[1]
     middle = (grid[0] // 2, grid[1] // 2)
-    centre = middle[0] * grid[1] + middle[1]
-    todo = [centre, *([centre + 1] if grid[1] > 1 else [])][:SEED_PLACES]
+    # the searched pixel nearest the centre (the centre where all are), and the next one
+    # (in a sample: the next on its row holding the same terms, not one at the padding)
+    centre = int(np.argmin(np.abs(np.asarray(ys) - middle[0]))) * len(xs) + \
+        int(np.argmin(np.abs(np.asarray(xs) - middle[1])))
+    after = [centre + 1] if len(xs) > 1 and centre + 1 < kept else []
+    if sampled:
+        after = [place for place in range(centre + 1, centre - centre % len(xs) + len(xs))
+                 if pattern_of[place] == pattern_of[centre]][:1]
+    todo = [centre, *after][:SEED_PLACES]
     found: list[_Indexed] = []
     searched, errors, failed = [], [], set()
     table: dict = {}
@@ -559,8 +600,8 @@ def reveal_places(dense, terms: int, units: int, precision: str = "float32",
             searched.append(place)
             if isinstance(tree, OrderError):
                 failed.add(place)
-                errors.append(f"row {place // pixels}, pixel ({place % pixels // grid[1]}, "
-                              f"{place % grid[1]}): {tree}")
+                errors.append(f"row {place // kept}, pixel ({at_y[place % kept]}, "
+                              f"{at_x[place % kept]}): {tree}")
             elif not any(item.same(tree, table) for item in found):
                 found.append(_Indexed(tree, count))
         if not found:
@@ -574,23 +615,28 @@ def reveal_places(dense, terms: int, units: int, precision: str = "float32",
             break
         # next: the unknown place holding the most terms, the first row, nearest the centre
         todo = [int(min(unknown, key=lambda place: (
-            -patterns[pattern_of[place]].sum(), place // pixels,
-            abs(place % pixels // grid[1] - middle[0]) + abs(place % grid[1] - middle[1]),
+            -patterns[pattern_of[place]].sum(), place // kept,
+            abs(at_y[place % kept] - middle[0]) + abs(at_x[place % kept] - middle[1]),
             place)))]
-    return Places(trees=[item.tree for item in found],
-                  tree_of=tree_of.reshape(batch, pixels), grid=tuple(grid),
-                  searched=[(place // pixels, place % pixels) for place in searched],
-                  errors=errors)
+    every = np.full((batch, pixels), NOT_SEARCHED)
+    every[:, picked] = tree_of.reshape(batch, kept)
+    return Places(trees=[item.tree for item in found], tree_of=every, grid=tuple(grid),
+                  searched=[(place // kept, int(picked[place % kept])) for place in searched],
+                  errors=errors, sampled=(ys, xs) if sampled else None)
 
 
 class _Seen:
     """The probe's answers so far: each pair asked, with its output at every place (in
-    units). Every call computes all places, so every answer is kept for every place."""
+    units). Every call computes all places, so every answer is kept for every place (of
+    the sample, where the search is sampled)."""
 
     def __init__(self, dense, terms: int, bias: bool, width: int, precision: str,
-                 places: int):
-        self.call = lambda chunk: _probe_call(dense, chunk, terms, bias, width, precision)
+                 places: int, kept: np.ndarray | None = None):
+        # only the places kept (the sample's) are converted and held
+        self.call = lambda chunk: _probe_call(dense, chunk, terms, bias, width, precision,
+                                              places, kept)
         self.width, self.places = width, places
+        self.kept = kept  # the places whose answers are kept (None: all)
         self.index: dict[tuple[int, int], int] = {}
         self.values: list[np.ndarray] = []
 
@@ -599,17 +645,15 @@ class _Seen:
         for start in range(0, len(new), self.width):
             chunk = new[start:start + self.width]
             outputs = self.call(chunk)
-            if outputs.shape[0] != self.places:
-                raise OrderError(f"the probe gave {outputs.shape[0]} outputs per probe, not "
-                                 f"the {self.places} places of the layer")
             for column, pair in enumerate(chunk):
                 self.index[pair] = len(self.values)
                 self.values.append(outputs[:, column].astype(np.float32))  # counts
 
     def table(self) -> tuple[np.ndarray, np.ndarray]:
-        """The pairs asked (k, 2) and their outputs (k, places)."""
+        """The pairs asked (k, 2) and their outputs (k, places kept)."""
         pairs = np.array(list(self.index), dtype=np.int64).reshape(-1, 2)
-        values = np.array(self.values).reshape(len(pairs), self.places)
+        values = np.array(self.values).reshape(
+            len(pairs), self.places if self.kept is None else len(self.kept))
         return pairs, values
 
     def search(self, places: list[int], groups: list[list[int]]) -> list:
@@ -812,15 +856,24 @@ def order_name(trees: list[Node], places: dict | None, bias: bool) -> str:
     """The ``order`` of a layer: one tree's summary; ``by batch row: ...`` where the rows
     differ but each row's pixels agree; else ``varies by position``, with the places
     searched and, per summary, the trees and pixels (or places) that sum so. ``places``
-    as Places.entry writes it; None (older records): one tree, or one per batch row."""
+    as Places.entry writes it; None (older records): one tree, or one per batch row.
+    Where the search was sampled, all of it speaks of the positions searched, and the
+    name ends in SAMPLED_NAME's ``(order searched at N of M positions)``."""
     names = [summary(tree, bias) for tree in trees]
     if places is None:
         return names[0] if len(trees) == 1 else by_rows(names)
     maps = place_trees(places, len(places["maps"]))
-    uniform = all(np.all(row == row[0]) for row in maps)
+    looked = maps != NOT_SEARCHED
+    suffix = SAMPLED_NAME.format(searched=int(looked[0].sum()), pixels=maps.shape[1]) \
+        if not looked.all() else ""
+    uniform = all(np.all(row[seen] == row[seen][0]) for row, seen in zip(maps, looked,
+                                                                            strict=True))
     if uniform:
-        rows = [names[row[0]] if row[0] >= 0 else "not revealed" for row in maps]
-        return rows[0] if len(rows) == 1 else by_rows(rows)
+        rows = [names[row[seen][0]] if row[seen][0] >= 0 else "not revealed"
+                for row, seen in zip(maps, looked, strict=True)]
+        if suffix and set(rows) == {"not revealed"}:  # the readers' label for no order
+            return "not revealed"
+        return (rows[0] if len(rows) == 1 else by_rows(rows)) + suffix
     unit = "pixels" if len(maps) == 1 else "places"
     searched = ", ".join(f"({y},{x})" for _, y, x in places["searched"])
     grid = "x".join(str(size) for size in places["grid"])
@@ -831,11 +884,16 @@ def order_name(trees: list[Node], places: dict | None, bias: bool) -> str:
         cover = "/".join(str(int(counts[index])) for index in which)
         parts.append(f"{name}: {len(which)} trees at {cover} {unit}" if len(which) > 1
                      else f"{name} at {cover} {unit}")
-    unknown = int(np.sum(maps < 0))
+    unknown = int(np.sum(maps == UNKNOWN))
     if unknown:
         parts.append(f"order unknown at {unknown} {unit}")
     return (f"varies by position ({len(trees)} trees; searched at {searched} of {grid}): "
-            + "; ".join(parts))
+            + "; ".join(parts) + suffix)
+
+
+# The end of an order's name where the search looked at a sample of a Conv2D's output
+# positions (config analysis.replay_positions): what the name says holds there alone.
+SAMPLED_NAME = " (order searched at {searched} of {pixels} positions)"
 
 
 # -- replaying a layer in the revealed order -----------------------------------------------
@@ -969,7 +1027,7 @@ def sampled_samples(samples: int, count: int) -> list[int]:
     return sorted({int(k) for k in np.linspace(0, samples - 1, count).round()})
 
 
-def _conv_border(spec: dict, kernel_shape) -> tuple[int, int]:
+def conv_border(spec: dict, kernel_shape) -> tuple[int, int]:
     """Output pixels at each end of each axis whose window can reach the padding."""
     strides = spec.get("strides", [1, 1])
     dilation = spec.get("dilation_rate", [1, 1])
@@ -1035,7 +1093,7 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
     units = kernel.shape[-1]
     if spec["class_name"] == "Conv2D":  # the GEMM it runs: a row per output pixel
         height, width = output.shape[1:3]
-        ys, xs = sampled_grid((height, width), positions, _conv_border(spec, kernel.shape))
+        ys, xs = sampled_grid((height, width), positions, conv_border(spec, kernel.shape))
         pixels = height * width
         picked = (np.asarray(ys)[:, None] * width + np.asarray(xs)[None, :]).reshape(-1)
         blocks = [([row], conv_patches(inbound[row:row + 1], spec, kernel.shape,
@@ -1049,13 +1107,14 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
         gemm = kernel
     which_all = _value_trees(found, len(trees), inbound.shape[0], pixels).reshape(-1, pixels)
     chunk = max(1, REPLAY_CHUNK_BYTES // (gemm.shape[0] * units * 8))
-    verdicts, total, size = {False: 0, True: 0}, 0, 0
+    verdicts, total, size, unsearched = {False: 0, True: 0}, 0, 0, 0
     for block, x in blocks:  # one sample of a Conv2D at a time: its patches, not all
         recorded = recorded_of(block)
         which = which_all[block][:, picked].reshape(-1)
         known = which >= 0
         total += int(recorded[known].size)
         size += int(recorded.size)
+        unsearched += int(recorded[which == NOT_SEARCHED].size)
         for fma in (False, True):
             values = np.empty_like(recorded)
             for index, tree in enumerate(trees):
@@ -1067,8 +1126,11 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
                 values = np.maximum(values, np.float32(0))
             verdicts[fma] += int(np.sum(values[known].view(np.uint32)
                                         == recorded[known].view(np.uint32)))
-    left = (f"; {size - total} of {size} values not replayed (order unknown there)"
-            if total < size else "")
+    unknown = size - total - unsearched
+    left = (f"; {unknown} of {size} values not replayed (order unknown there)"
+            if unknown else "") + (
+        f"; {unsearched} of {size} values not replayed (order not searched there)"
+        if unsearched else "")
     conv = spec["class_name"] == "Conv2D"
     sampled = len(rows) < inbound.shape[0] or len(ys) * len(xs) < pixels
     if sampled:
@@ -1090,9 +1152,10 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
 
 
 def _value_trees(found: dict, trees: int, samples: int, pixels: int) -> np.ndarray:
-    """(samples * pixels,) the tree each output value summed in (-1: unknown); sample k
-    ran in batch row k mod batch (bitdrift.inference.batch_indices). Records without
-    ``places`` keep one tree, or one per batch row."""
+    """(samples * pixels,) the tree each output value summed in (UNKNOWN, NOT_SEARCHED
+    outside a sampled search); sample k ran in batch row k mod batch
+    (bitdrift.inference.batch_indices). Records without ``places`` keep one tree, or one
+    per batch row."""
     places = found.get("places")
     if places is None:
         return np.repeat(np.arange(samples) % trees, pixels)
@@ -1168,19 +1231,34 @@ def checked_orders(found, wrong: Callable[[str], Exception]) -> dict | None:
 def _check_places(places, trees: int, wrong: Callable[[str], Exception]) -> None:
     """An entry's ``places`` (Places.entry): ``grid`` [height, width], ``maps`` (one per
     batch row, or one) of ``height`` strings of ``width`` characters, each a tree's
-    symbol below ``trees`` or ``.``, ``searched`` [[row, y, x], ...]."""
+    symbol below ``trees``, ``.`` or (outside ``sampled``) ``-``, ``searched`` [[row, y,
+    x], ...], and where the search was sampled ``sampled`` {"y": rows, "x": columns} of
+    the grid, the pixels whose maps hold no ``-``."""
     if not isinstance(places, dict):
         raise wrong(f"is {json_kind(places)}, not an object")
     grid, maps = places.get("grid"), places.get("maps")
     if not (isinstance(grid, list) and len(grid) == 2 and all(
             isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in grid)):
         raise wrong("has no 'grid' [height, width]")
-    symbols = set(TREE_SYMBOLS[:trees]) | {"."}
+    symbols = set(TREE_SYMBOLS[:trees]) | {MAP_SYMBOLS[UNKNOWN], MAP_SYMBOLS[NOT_SEARCHED]}
     if not isinstance(maps, list) or not maps or not all(
             isinstance(lines, list) and len(lines) == grid[0] and all(
                 isinstance(line, str) and len(line) == grid[1] and set(line) <= symbols
                 for line in lines) for lines in maps):
         raise wrong(f"'maps' are not {grid[0]} rows of {grid[1]} tree symbols each")
+    sampled = places.get("sampled", {"y": list(range(grid[0])), "x": list(range(grid[1]))})
+    if not isinstance(sampled, dict) or not all(
+            isinstance(sampled.get(axis), list) and sampled[axis] and all(
+                isinstance(n, int) and not isinstance(n, bool) and 0 <= n < size
+                for n in sampled[axis]) and sampled[axis] == sorted(set(sampled[axis]))
+            for axis, size in zip("yx", grid, strict=True)):
+        raise wrong(f"'sampled' is not {{y, x: [index, ...]}} of the {grid[0]}x{grid[1]} grid")
+    outside = np.ones(grid, dtype=bool)
+    outside[np.ix_(sampled["y"], sampled["x"])] = False
+    if any(np.any((np.frombuffer("".join(lines).encode(), "S1").reshape(grid)
+                   == MAP_SYMBOLS[NOT_SEARCHED].encode()) != outside) for lines in maps):
+        raise wrong("'maps' mark as not searched ('-') other pixels than those outside "
+                    "'sampled'")
     searched = places.get("searched", [])
     if not isinstance(searched, list) or not all(
             isinstance(place, list) and len(place) == 3 and all(

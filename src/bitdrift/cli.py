@@ -38,18 +38,55 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+# `bitdrift --help` lists the core's commands by what a user is doing, in this order, and
+# then each study's under its name. A core command missing here is listed under "other
+# commands" (tests/unit/test_layout.py fails on it).
+HELP_GROUPS = {
+    "run and measure (what the workflow's jobs run)": (
+        "prepare-dataset", "train", "export", "infer"),
+    "analyse records: tables and findings": (
+        "eqc", "precision", "effective-precision", "divergence", "explain", "kernels",
+        "agreement", "observer", "failures", "findings"),
+    "figures from the tables (PDF)": (
+        "plot-eqc", "plot-eqc-table", "plot-precision", "plot-divergence", "plot-kernels",
+        "plot-orders", "plot-generations"),
+    "inspect and reproduce records": ("repro", "identify", "index", "import-published"),
+    "emulated CPUs: check and install": ("emulation-check", "install-qemu", "install-aarch64"),
+}
+OTHER_COMMANDS = "other commands"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bitdrift", description=DESCRIPTION,
+        prog="bitdrift", description=DESCRIPTION, usage="%(prog)s [-h] [--version] COMMAND ...",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=_VersionAction, nargs=0,
                         help="show the installed version and exit")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # prog: a command's usage reads `bitdrift eqc ...`, not the usage line above
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                prog="bitdrift")
     for module in MODULES:
         importlib.import_module(f"bitdrift.commands.{module}").add_commands(sub)
+    study_commands = {}
     for study in STUDIES:
+        before = set(sub.choices)
         importlib.import_module(f"bitdrift.studies.{study}.cli").add_commands(sub)
+        study_commands[f"the {study} study"] = [n for n in sub.choices if n not in before]
+    _group_commands_in_help(parser, sub, {**HELP_GROUPS, **study_commands})
     return parser
+
+
+def _group_commands_in_help(parser, sub, groups: dict) -> None:
+    """One help section per group in place of argparse's one flat list: each command's help
+    line (argparse's entry for it) goes into its group's section; the subcommand action
+    itself still parses, hidden from the help."""
+    entries = {entry.dest: entry for entry in sub._choices_actions}
+    placed = {name for names in groups.values() for name in names}
+    others = [name for name in entries if name not in placed]
+    for title, names in {**groups, **({OTHER_COMMANDS: others} if others else {})}.items():
+        section = parser.add_argument_group(title)
+        section._group_actions.extend(entries[name] for name in names if name in entries)
+    sub.help = argparse.SUPPRESS
 
 
 # A command whose outputs are records, models, datasets or probe files says so with

@@ -214,10 +214,15 @@ _BIAS = {", bias last": ", the bias added last", ", bias inside": ", the bias ad
 
 def order_phrase(order: str) -> str:
     """An order label as words: ``4 interleaved lanes, bias last`` -> ``in 4 interleaved
-    partial sums, the bias added last``; per batch row where the rows differ."""
+    partial sums, the bias added last``; per batch row where the rows differ; where the
+    search looked at a sample of the output positions, saying the words hold there."""
     import re
 
     order = str(order)
+    sampled = re.match(r"^(.*) \(order searched at (\d+) of (\d+) positions\)$", order)
+    if sampled:
+        return (f"{order_phrase(sampled[1])}, at the {sampled[2]} of {sampled[3]} output "
+                "positions searched (the others' order not searched)")
     varies = re.match(r"^varies by position \((\d+) trees; searched at (.*) of (\d+x\d+)\): "
                       r"(.*)$", order)
     if varies:

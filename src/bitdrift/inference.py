@@ -121,7 +121,7 @@ def run_repeat(job: dict) -> None:
     if job.get("orders") and (session.order_probe is not None or session.unrevealed):
         meta["orders"] = {layer: {"error": reason} for layer, reason in session.unrevealed.items()}
         if session.order_probe is not None:
-            meta["orders"].update(reveal_orders(session, device))
+            meta["orders"].update(reveal_orders(session, device, job.get("order_positions")))
     meta["outputs"] = out.positions
     meta["shapes"] = out.shapes
     meta["batches"] = -(-len(indices) // batch)
@@ -188,12 +188,21 @@ class RepeatWriter:
 WORKER = "bitdrift.inference:run_repeat"
 
 
-def reveal_orders(session, device: dict) -> dict:
+def reveal_orders(session, device: dict, positions: int | None = None) -> dict:
     """{layer: {"trees", ...} or {"error"}}: the order each Dense and Conv2D layer sums in,
     revealed through this runtime at the layer's shapes and the device's batch size
-    (bitdrift.accumulation): at every batch row and, for a Conv2D, every output pixel;
-    in every format a device runs (float16 and bfloat16 with the probe values they hold)."""
-    from bitdrift.accumulation import PROBE_VALUES, OrderError, conv_grid, reveal_places
+    (bitdrift.accumulation): at every batch row and, for a Conv2D, every output pixel of
+    a grid of at most ``positions`` (analysis.replay_positions; None: its default), else
+    at the replay's sample of that many; in every format a device runs (float16 and
+    bfloat16 with the probe values they hold)."""
+    from bitdrift.accumulation import (
+        PROBE_VALUES,
+        REPLAY_POSITIONS,
+        OrderError,
+        conv_border,
+        conv_grid,
+        reveal_places,
+    )
 
     orders = {}
     computes = session.accelerator.get("inference_precision") or device["precision"]
@@ -210,7 +219,9 @@ def reveal_orders(session, device: dict) -> dict:
         try:
             found = reveal_places(session.order_probe(spec, device["batch_size"]), terms,
                                   units, device["precision"], use_bias,
-                                  device["batch_size"], grid, live)
+                                  device["batch_size"], grid, live,
+                                  positions=positions or REPLAY_POSITIONS,
+                                  border=conv_border(spec["config"], spec["kernel_shape"]))
             orders[layer] = found.entry(terms + (1 if use_bias else 0), use_bias)
         except OrderError as error:
             orders[layer] = {"error": str(error)}
@@ -314,6 +325,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                    "full_samples": full, "layers": layers,
                    "out": str(Path(tmp) / f"repeat{repeat}.npz"),
                    "fingerprint": repeat == 0, "orders": repeat == 0 and kernels,
+                   "order_positions": (replay or {}).get("replay_positions"),
                    "reference": str(reference) if reference else None,
                    "export": str(export) if export else None,
                    "deployed_export": str(deployed_export) if deployed_export else None,

@@ -890,3 +890,212 @@ def test_height_counts_the_products_additions_whatever_the_bias_does():
     assert describe(inside)["height"] == 5  # the whole tree's: not what the name gives
     assert summary(last) == "other (height 4), bias last"
     assert summary(inside) == "other (height 4), bias inside"
+
+
+# -- the order search at sampled positions ---------------------------------------------------
+# A 12x14 output grid, 3x3 'same': pixels whose window reaches the padding sum in index
+# order (SEQUENTIAL over the terms they hold), the interior in two lanes (LANES), and the
+# interior of the last six columns in a tail loop of its own (blocks of three, bias last).
+# At 16 positions the sample is rows 0, 5, 6, 11 x columns 0, 6, 7, 13: corners, edges and
+# interior, but no pixel of the tail's interior.
+TAIL = [[[[[0, 1], 2], [[3, 4], 5]], [[6, 7], 8]], 9]
+WIDE_HEIGHT, WIDE_WIDTH = 12, 14
+
+
+def wide_conv_spec():
+    from bitdrift.accumulation import probe_spec
+
+    config = {"filters": 2, "kernel_size": [3, 3], "strides": [1, 1], "padding": "same",
+              "dilation_rate": [1, 1], "data_format": "channels_last", "groups": 1}
+    return probe_spec("Conv2D", config, (WIDE_HEIGHT, WIDE_WIDTH, 1), (3, 3, 1, 2))
+
+
+def wide_order(live):
+    """The order built for each pixel: 0 SEQUENTIAL at the border, 1 LANES inside, 2 TAIL
+    inside the last six columns."""
+    def order_of(pixel):
+        if not live[pixel].all():
+            return 0
+        return 2 if pixel % WIDE_WIDTH >= WIDE_WIDTH - 6 else 1
+    return order_of
+
+
+def counted(dense):
+    calls = [0]
+
+    def call(weights, shift):
+        calls[0] += 1
+        return dense(weights, shift)
+    return call, calls
+
+
+def test_a_sampled_order_search_finds_each_sampled_pixels_order_with_fewer_calls():
+    """At 16 of 168 positions the search finds the border's and the interior's orders at
+    every sampled pixel (each tree, restricted to the pixel's terms, is the order built
+    there), marks the 152 others not searched ('-' in the map, none known), and makes
+    fewer probe calls than the search of every pixel, which also has to search the tail
+    loop it finds outside the sample (and finds every pixel's order right)."""
+    from bitdrift.accumulation import NOT_SEARCHED, conv_border, conv_grid, reveal_places
+
+    spec = wide_conv_spec()
+    grid, live = conv_grid(spec)
+    assert grid == (WIDE_HEIGHT, WIDE_WIDTH)
+    orders, order_of = [SEQUENTIAL, LANES, TAIL], wide_order(live)
+    border = conv_border(spec["config"], spec["kernel_shape"])
+    dense, calls = counted(conv_probe(orders, order_of, spec))
+    sampled = reveal_places(dense, spec["terms"], spec["units"], grid=grid, live=live,
+                            positions=16, border=border)
+    dense, full_calls = counted(conv_probe(orders, order_of, spec))
+    full = reveal_places(dense, spec["terms"], spec["units"], grid=grid, live=live)
+    ys, xs = [0, 5, 6, 11], [0, 6, 7, 13]
+    assert sampled.sampled == (ys, xs) and full.sampled is None
+    inside = {y * WIDE_WIDTH + x for y in ys for x in xs}
+    assert {order_of(pixel) for pixel in inside} == {0, 1}  # the tail is not sampled
+    for found, pixels in ((sampled, inside), (full, range(WIDE_HEIGHT * WIDE_WIDTH))):
+        for pixel in pixels:
+            keep = set(np.flatnonzero(live[pixel]).tolist())
+            index = found.tree_of[0, pixel]
+            assert index >= 0, pixel
+            assert canonical(nested(found.trees[index]), keep) == \
+                canonical(orders[order_of(pixel)], keep), pixel
+    outside = sorted(set(range(WIDE_HEIGHT * WIDE_WIDTH)) - inside)
+    assert np.all(sampled.tree_of[0, outside] == NOT_SEARCHED)
+    assert all((y * WIDE_WIDTH + x) in inside for _, y, x in sampled.entry(10, True)[
+        "places"]["searched"])
+    assert any(order_of(pixel) == 2 for _, pixel in full.searched)  # the tail, searched
+    assert 0 < calls[0] < full_calls[0]
+
+
+def test_a_grid_within_the_positions_is_searched_whole_as_before():
+    """The default run's case: a grid of no more pixels than the positions asked is
+    searched at every pixel, the entry (and its calls) the same as without a sample: no
+    'sampled', no '-' in the map, the name without the sample's words."""
+    from bitdrift.accumulation import conv_grid, from_flat, order_name, reveal_places
+
+    spec = small_conv_spec()
+    (height, width), live = conv_grid(spec)
+    entries, counts = [], []
+    for positions in (None, height * width, 1024):
+        dense, calls = counted(conv_probe([SEQUENTIAL, LANES], lambda p: p % width % 2,
+                                          spec))
+        found = reveal_places(dense, spec["terms"], spec["units"], grid=(height, width),
+                              live=live, positions=positions)
+        entries.append(found.entry(10, True))
+        counts.append(calls[0])
+    assert entries[0] == entries[1] == entries[2] and counts[0] == counts[1] == counts[2]
+    places = entries[0]["places"]
+    assert "sampled" not in places and places["maps"] == [["101010"] * height]
+    name = order_name([from_flat(tree, 10) for tree in entries[0]["trees"]], places, True)
+    assert name == "varies by position (2 trees; searched at (2,3), (2,4) of 5x6): " \
+        "2 interleaved lanes, bias inside at 15 pixels; sequential, bias last at 15 pixels"
+
+
+def sampled_wide_entry():
+    from bitdrift.accumulation import conv_border, conv_grid, reveal_places
+
+    spec = wide_conv_spec()
+    grid, live = conv_grid(spec)
+    found = reveal_places(conv_probe([SEQUENTIAL, LANES, TAIL], wide_order(live), spec),
+                          spec["terms"], spec["units"], grid=grid, live=live, positions=16,
+                          border=conv_border(spec["config"], spec["kernel_shape"]))
+    return found.entry(10, True), live
+
+
+def test_a_sampled_search_is_named_and_recorded_for_its_positions_alone():
+    """The record's map marks the pixels outside rows 0, 5, 6, 11 x columns 0, 6, 7, 13
+    with '-' and names the sample; the order's name counts the sampled pixels alone (12
+    at the border, 4 inside: counted here from the orders built) and says how many were
+    searched; the findings' words say so; the record's check accepts it and refuses a map
+    whose '-' are not the pixels outside the sample."""
+    from bitdrift.accumulation import checked_orders, from_flat, order_name
+    from bitdrift.findings import order_phrase
+
+    entry, live = sampled_wide_entry()
+    places = entry["places"]
+    assert places["sampled"] == {"y": [0, 5, 6, 11], "x": [0, 6, 7, 13]}
+    (lines,) = places["maps"]
+    for y, line in enumerate(lines):
+        for x, char in enumerate(line):
+            assert (char == "-") == (y not in (0, 5, 6, 11) or x not in (0, 6, 7, 13))
+    trees = [from_flat(tree, 10) for tree in entry["trees"]]
+    name = order_name(trees, places, True)
+    order_of = wide_order(live)
+    built = [order_of(y * WIDE_WIDTH + x) for y in (0, 5, 6, 11) for x in (0, 6, 7, 13)]
+    assert built.count(0) == 12 and built.count(1) == 4
+    assert name == "varies by position (5 trees; searched at (6,7), (11,7), (6,13), (0,7), " \
+        "(6,0) of 12x14): 2 interleaved lanes, bias inside at 4 pixels; sequential, bias " \
+        "last: 4 trees at 4/3/3/2 pixels (order searched at 16 of 168 positions)"
+    assert 4 + 3 + 3 + 2 == built.count(0)
+    assert "order unknown" not in name and "not searched" not in name
+    phrase = order_phrase(name)
+    assert phrase.endswith(", at the 16 of 168 output positions searched (the others' "
+                           "order not searched)")
+    assert "in 2 interleaved partial sums, the bias added inside the sum, over 4 pixels" \
+        in phrase
+    assert checked_orders({"conv": {**entry, "order": name}}, ValueError) is not None
+    wrong = {**places, "maps": [[lines[0].replace("-", "0", 1), *lines[1:]]]}
+    with pytest.raises(ValueError, match="other pixels than those outside 'sampled'"):
+        checked_orders({"conv": {**entry, "order": name, "places": wrong}}, ValueError)
+    with pytest.raises(ValueError, match="other pixels than those outside 'sampled'"):
+        checked_orders({"conv": {**entry, "order": name, "places": {
+            key: value for key, value in places.items() if key != "sampled"}}}, ValueError)
+    with pytest.raises(ValueError, match="'sampled' is not"):
+        checked_orders({"conv": {**entry, "order": name, "places": {
+            **places, "sampled": {"y": [0, 12], "x": [0]}}}}, ValueError)
+
+
+def test_a_uniform_sampled_order_is_one_name_for_its_positions():
+    """One order at every pixel, searched at 16 of 168: the plain name, said to hold at
+    the positions searched."""
+    from bitdrift.accumulation import (
+        conv_border,
+        conv_grid,
+        from_flat,
+        order_name,
+        reveal_places,
+    )
+
+    spec = wide_conv_spec()
+    grid, live = conv_grid(spec)
+    found = reveal_places(conv_probe([SEQUENTIAL], lambda p: 0, spec), spec["terms"],
+                          spec["units"], grid=grid, live=live, positions=16,
+                          border=conv_border(spec["config"], spec["kernel_shape"]))
+    entry = found.entry(10, True)
+    assert len(entry["trees"]) == 1
+    assert order_name([from_flat(entry["trees"][0], 10)], entry["places"], True) == \
+        "sequential, bias last (order searched at 16 of 168 positions)"
+
+
+def test_a_replay_beyond_the_sampled_search_counts_the_values_not_searched():
+    """The sampled search's entry replayed at the same 16 positions meets no pixel left
+    out; replayed at every position, the 152 pixels x 2 filters outside the sample are
+    counted as not searched, and the 16 x 2 replayed are the record's bits."""
+    from bitdrift.accumulation import conv_patches, replay_layers
+
+    entry, live = sampled_wide_entry()
+    spec = wide_conv_spec()
+    order_of = wide_order(live)
+    rng = np.random.default_rng(5)
+    image = rng.standard_normal((1, WIDE_HEIGHT, WIDE_WIDTH, 1)).astype(F32)
+    kernel = rng.standard_normal((3, 3, 1, 2)).astype(F32)
+    bias = rng.standard_normal(2).astype(F32)
+    config = {key: spec["config"][key] for key in ("strides", "dilation_rate", "padding")}
+    patches = conv_patches(image, config, kernel.shape, (1, WIDE_HEIGHT, WIDE_WIDTH))
+    flat = kernel.reshape(9, 2)
+    out = np.zeros((WIDE_HEIGHT * WIDE_WIDTH, 2), dtype=F32)
+    orders = [SEQUENTIAL, LANES, TAIL]
+    for pixel, patch in enumerate(patches):
+        terms = [(patch[t] * flat[t]).astype(F32) for t in range(9)]
+        out[pixel] = evaluate(orders[order_of(pixel)], [*terms, bias])
+    checked = {"conv": {"class_name": "Conv2D", "inbound": None, "activation": "linear",
+                        **config}}
+    weights = {"weights/conv/0": kernel, "weights/conv/1": bias}
+    outputs = {"conv": out.reshape(1, WIDE_HEIGHT, WIDE_WIDTH, 2)}
+    same = replay_layers({"conv": entry}, checked, weights, outputs, "float32", image,
+                         replay_positions=16)["conv"]
+    assert same["replay"] == "bit-identical without FMA; replayed at 16 of 168 positions " \
+        "of 1 of 1 samples (analysis.replay_positions, analysis.replay_samples)"
+    every = replay_layers({"conv": entry}, checked, weights, outputs, "float32",
+                          image)["conv"]
+    assert every["replay"] == "bit-identical without FMA; 304 of 336 values not replayed " \
+        "(order not searched there)"

@@ -12,13 +12,25 @@ MINIMAL = {"datasets": {"digits": {"source": "digits"}},
            "devices": {"cpu": {"accelerator": "cpu", "backend": "tensorflow"}}}
 
 
-@pytest.mark.parametrize("path", ["config.yaml", "tests/config/config.yaml",
-                                  "config/presets/cifar10_paper.yaml",
-                                  "config/presets/maxpool_paper.yaml",
-                                  "config/presets/training_variance_paper.yaml",
-                                  "config/presets/ablation_paper.yaml"])
+# every preset, the ones added later too (config/presets/resnet50_224.yaml, ...)
+PRESETS = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "config/presets").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", ["config.yaml", "tests/config/config.yaml", *PRESETS])
 def test_shipped_configs_are_valid(path):
     load_config(ROOT / path)
+
+
+def test_the_real_size_preset_is_resnet50_at_224_on_the_default_devices():
+    preset = load_config(ROOT / "config/presets/resnet50_224.yaml")
+    default = load_config(ROOT / "config.yaml")
+    assert preset["devices"] == default["devices"] and len(preset["devices"]) == 30
+    assert preset["samples"] == list(range(100))
+    (model,) = preset["models"].values()
+    dataset = preset["datasets"][model["dataset"]]
+    assert model["architecture"] == "resnet50" and dataset["image_size"] == 224
+    # the digits' test set is the last 20 % of 1797 images: 360, cut to limit_test
+    assert dataset["limit_test"] >= len(preset["samples"])
 
 
 def test_defaults_are_filled():

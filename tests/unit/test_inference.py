@@ -36,9 +36,12 @@ def test_record_of_a_real_run(assets, tmp_path, backend):
     dataset, model = assets
     out = tmp_path / "rec.h5"
     device = {**CPU, "backend": backend, "env": {"BITDRIFT_TEST_MARK": "1"}}
+    # torch: the order search and the replay at 64 of the first conv's 32x32 positions
+    replay = {"replay": True, "replay_positions": 64, "replay_samples": 8} \
+        if backend == "torch" else None
     with open(tmp_path / "log", "w") as log:
         infer(model_name="small", device_name=f"{backend}_cpu", device=device, model_path=model,
-              dataset_path=dataset, samples=[6, 0], out=out, log=log)
+              dataset_path=dataset, samples=[6, 0], out=out, log=log, replay=replay)
     with Record(out) as record:
         assert record.samples == [0, 6]
         assert record.attr("backend") == backend
@@ -76,6 +79,21 @@ def test_record_of_a_real_run(assets, tmp_path, backend):
             assert compared["deployed"] and compared["instrumented"]
             if backend == "torch":  # Keras' predict on torch is eager, as the probe is
                 assert not compared["differs"], compared
+        conv_order = record.accumulation_orders["conv2d"]
+        maps = conv_order["places"]["maps"]
+        if backend == "torch":
+            # analysis.replay_positions reached the worker: the search looked where the
+            # replay did, an 8 x 8 grid of the 32 x 32, and not elsewhere
+            sampled = conv_order["places"]["sampled"]
+            assert sampled == {"y": conv_order["replayed"]["y"],
+                               "x": conv_order["replayed"]["x"]}
+            assert len(sampled["y"]) == len(sampled["x"]) == 8
+            assert all(sum(line.count("-") for line in lines) == 1024 - 64 for lines in maps)
+            assert "not searched there" not in conv_order["replay"]
+            assert conv_order["order"].endswith("(order searched at 64 of 1024 positions)")
+        else:  # the default: every position searched, as before
+            assert "sampled" not in conv_order["places"] and "replayed" not in conv_order
+            assert not any("-" in line for lines in maps for line in lines)
 
 
 @pytest.fixture(scope="module")

@@ -92,3 +92,36 @@ def test_each_command_is_registered_beside_its_handler():
             assert name not in seen, f"{name} registered twice"
             seen.add(name)
     assert seen == set(build_parser()._subparsers._group_actions[0].choices)
+
+
+def test_every_command_is_listed_under_exactly_one_group_in_the_help(capsys):
+    """`bitdrift --help` lists the commands by what a user is doing: every command the
+    parser accepts is under one group's heading, once, and none is left to "other"."""
+    import re
+
+    from bitdrift.cli import HELP_GROUPS, OTHER_COMMANDS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    headings = {}  # command -> the headings it is listed under
+    heading = None
+    for line in text.splitlines():
+        if line and not line.startswith(" "):
+            heading = line.rstrip(":")
+        found = re.match(r"^  ([a-z0-9][a-z0-9-]*)(?:\s|$)", line)
+        if found:
+            headings.setdefault(found.group(1), []).append(heading)
+    commands = set(build_parser()._subparsers._group_actions[0].choices)
+    assert len(commands) > 40
+    for command in commands:
+        assert len(headings.get(command, [])) == 1, (command, headings.get(command))
+        assert headings[command][0] != OTHER_COMMANDS, command
+    # the core's groups, then one per study, and every heading the help shows is one of them
+    assert set(HELP_GROUPS) <= {h for names in headings.values() for h in names}
+    assert "options" not in {h for c in commands for h in headings[c]}
+    # each command still parses: a bare command asks for its own arguments, by its own name
+    for command in sorted(commands):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        assert capsys.readouterr().out.startswith(f"usage: bitdrift {command} ")
