@@ -50,7 +50,7 @@ HELP_GROUPS = {
     "figures from the tables (PDF)": (
         "plot-eqc", "plot-eqc-table", "plot-precision", "plot-divergence", "plot-kernels",
         "plot-orders", "plot-generations"),
-    "inspect and reproduce records": ("repro", "identify", "index", "import-published"),
+    "inspect and reproduce records": ("repro", "identify", "index", "atlas", "import-published"),
     "emulated CPUs: check and install": ("emulation-check", "install-qemu", "install-aarch64"),
 }
 OTHER_COMMANDS = "other commands"
