@@ -422,6 +422,7 @@ rule tabulate_device_failures:
 rule write_findings:
     input:
         unpack(findings_study_tables),
+        unpack(findings_atlas_tables),
         records=record_files,
         eqc=rules.cluster_equivalence_classes.output.final,
         eqc_layers=rules.cluster_equivalence_classes.output.layers,

@@ -13,10 +13,19 @@ os.environ.update(BITDRIFT_SOURCE=workflow.basedir)
 
 from snakemake.exceptions import WorkflowError
 
-from bitdrift import export, forkserver, formats, paths, reference
+from bitdrift import (
+    atlas_entries,
+    export,
+    forkserver,
+    formats,
+    paths,
+    reference,
+    reference_set,
+)
 from bitdrift.config import ConfigError, replay_settings, validate_config
 from bitdrift.datasets import DatasetError, check_samples
 from bitdrift.emulation import architecture
+from bitdrift.errors import BitdriftError
 from bitdrift.examples import EXAMPLES
 from bitdrift.failures import end_of_run
 from bitdrift.provenance import infer_command
@@ -123,6 +132,20 @@ _check_samples()
 STUDY_MODELS = study_models(config)
 config["models"].update(STUDY_MODELS)
 ALL_MODELS = MODELS + list(STUDY_MODELS)
+# The atlas: the reference model (bitdrift.reference_set: committed, never trained) runs on
+# the devices of config key atlas.devices as one more model of the spine's inference rule,
+# and its records place this machine among the machines measured (bitdrift.atlas_entries).
+ATLAS_DEVICES = config["atlas"]["devices"]
+if ATLAS_DEVICES:
+    try:  # each file checked against the reference set's digests
+        config["models"][paths.ATLAS_MODEL] = {
+            "file": str(reference_set.model_file()),
+            "inputs": str(reference_set.inputs_file()),
+        }
+    except BitdriftError as error:
+        raise WorkflowError(f"config key atlas.devices: {error}") from None
+    ALL_MODELS.append(paths.ATLAS_MODEL)
+ATLAS_FOLDER = config["atlas"].get("folder") or str(atlas_entries.default_folder())
 # What each study's rule file (rules/<study>.smk) adds to `all`, and the summaries of a
 # study the findings quote: {name: table path}, where the study has run.
 STUDY_TARGETS = []
@@ -184,6 +207,13 @@ def core_targets():
             paths.table_file("device_failures"),
             paths.findings_file("md"),
         ]
+        + (
+            # this machine among the machines measured: the reference model's records
+            [paths.atlas_record_file(device) for device in ATLAS_DEVICES]
+            + [paths.table_file("atlas"), paths.figure_file("atlas")]
+            if ATLAS_DEVICES
+            else []
+        )
         + (
             # CPU generations: a figure where some devices run on emulated CPUs
             [paths.figure_file("cpu_generations")]
@@ -322,6 +352,36 @@ def device_spec(wildcards):
 def model_dataset_file(wildcards):
     """The dataset's prepared file, or the model's own inputs file."""
     return paths.model_inputs_file(config, wildcards.model)
+
+
+def model_samples(wildcards):
+    """The samples a model is recorded on; the reference model, the reference set's."""
+    if wildcards.model == paths.ATLAS_MODEL:
+        return reference_set.samples()
+    return config["samples"]
+
+
+def atlas_record_files(wildcards=None):
+    return [paths.atlas_record_file(device) for device in ATLAS_DEVICES]
+
+
+def atlas_entry_files(wildcards=None):
+    """The atlas's entries: a new entry (a machine added) makes the comparison anew."""
+    from pathlib import Path
+
+    return sorted(
+        str(path) for path in Path(ATLAS_FOLDER).glob(f"*{atlas_entries.SUFFIX}")
+    )
+
+
+def findings_atlas_tables(wildcards):
+    """The comparison with the atlas, which the findings quote, where the run makes it."""
+    if not ATLAS_DEVICES:
+        return {}
+    return {
+        "atlas": paths.table_file("atlas"),
+        "atlas_refused": paths.table_file("atlas_refused"),
+    }
 
 
 def inference_model_file(wildcards):

@@ -71,7 +71,7 @@ rule run_inference:
         **INFERENCE_RESOURCES,
     params:
         device=device_spec,
-        samples=config["samples"],
+        samples=model_samples,
         layers=config["analysis"]["layers"],
         kernels=config["analysis"]["kernels"],
         replay=replay_settings(config),

@@ -50,7 +50,7 @@ HELP_GROUPS = {
     "figures from the tables (PDF)": (
         "plot-eqc", "plot-eqc-table", "plot-precision", "plot-divergence", "plot-kernels",
         "plot-orders", "plot-generations"),
-    "inspect and reproduce records": ("repro", "identify", "index", "import-published"),
+    "inspect and reproduce records": ("repro", "identify", "index", "atlas", "import-published"),
     "emulated CPUs: check and install": ("emulation-check", "install-qemu", "install-aarch64"),
 }
 OTHER_COMMANDS = "other commands"
@@ -97,7 +97,8 @@ INPUT_OPTIONS = ("files", "table", "tables", "eqc", "config", "model_file", "dat
                  "export", "divergence", "coverage", "index", "probes", "evaluation",
                  "records", "figure", "folder")
 OUTPUT_OPTIONS = ("out", "rst_out", "layers_out", "out_model", "out_history", "out_logits",
-                  "flags_out", "classes_out", "table_out", "coverage_out", "orders_out")
+                  "flags_out", "classes_out", "table_out", "coverage_out", "orders_out",
+                  "refused_out", "figure_out")
 
 
 def check_outputs(args) -> None:

@@ -187,6 +187,9 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
 
     for name, device in config["devices"].items():
         check_device(name, device)
+    for device in config["atlas"]["devices"]:
+        scheduled_device(config, device, "atlas.devices", "the reference model runs on the "
+                         "devices the workflow schedules")
     for name, model in config["models"].items():
         if ("dataset" in model) == ("inputs" in model):
             raise ConfigError(f"config key models.{name}: a model needs exactly one of "

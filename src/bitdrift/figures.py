@@ -756,3 +756,46 @@ def _draw_pair(axes, pair: dict) -> None:
         ax.set_title(f"{pair['model']}/{pair['layer']} ({where}): {device}\n"
                      f"{textwrap.fill(order, 60)}", fontsize=10)
         ax.spines[["top", "right"]].set_visible(False)
+
+
+def plot_atlas(table: pd.DataFrame, out: str | Path) -> None:
+    """This machine among the machines measured (bitdrift.atlas_entries): a row per
+    machine (this one first), a column per device of the reference model; a cell's number
+    and colour are the device's class across the machines (1: this machine's where it ran
+    the device), grey where a machine did not run the device."""
+    from bitdrift.atlas_entries import THIS_MACHINE
+
+    if table.empty:  # every device of the reference model failed here: the figure says so
+        figure, axis = plt.subplots(figsize=(6, 1.5))
+        axis.axis("off")
+        axis.text(0.5, 0.5, "No device ran the reference model here (see the device "
+                  "failures)", ha="center", va="center", fontsize=9)
+        save_figure(figure, out)
+        return
+    machines = list(dict.fromkeys(table["machine"]))
+    devices = list(dict.fromkeys(table["device"]))
+    names = dict(zip(table["machine"], table["name"], strict=False))
+    labels = [textwrap.fill(f"this machine: {names[m]}" if m == THIS_MACHINE else names[m], 44)
+              + ("" if m == THIS_MACHINE else f"\n[{m}]") for m in machines]
+    cells = {(row.machine, row.device): int(row["class"]) for _, row in table.iterrows()}
+    colours = plt.get_cmap("tab10")
+    figure, axis = plt.subplots(figsize=(max(0.55 * len(devices) + 4.5, 9.0),
+                                         0.55 * len(machines) + 2.6))
+    for i, machine in enumerate(machines):
+        for j, device in enumerate(devices):
+            cls = cells.get((machine, device))
+            colour = (0.93, 0.93, 0.93) if cls is None else colours((cls - 1) % 10)
+            axis.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=colour, edgecolor="white"))
+            axis.text(j + 0.5, i + 0.5, "–" if cls is None else str(cls), ha="center",
+                      va="center", fontsize=7, color="grey" if cls is None else "black")
+    axis.set_xlim(0, len(devices))
+    axis.set_ylim(len(machines), 0)
+    axis.set_xticks(np.arange(len(devices)) + 0.5, devices, rotation=60, ha="right",
+                    fontsize=7)
+    axis.set_yticks(np.arange(len(machines)) + 0.5, labels, fontsize=7)
+    axis.set_xlabel("device (runtime and settings) running the reference model")
+    axis.set_title("This machine among the machines measured: each device's class across "
+                   "machines\n(one colour in a column = the same bits on every layer and "
+                   "sample; – = not run there)", fontsize=9, loc="right")
+    figure.tight_layout()
+    save_figure(figure, out)

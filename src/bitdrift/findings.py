@@ -33,7 +33,7 @@ def instruction_sets(cpu: dict) -> list[tuple[str, tuple]]:
         else INSTRUCTION_SETS
 TABLES = ("eqc", "eqc_layers", "explain", "divergence", "kernel_coverage",
           "accumulation_orders", "effective_precision", "argmax_agreement", "observer_check",
-          "device_failures")
+          "device_failures", "atlas", "atlas_refused")
 STUDY_TABLES = ("probe_summary", "batching_summary")
 
 
@@ -434,6 +434,33 @@ def batching(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
+ATLAS_HEADING = "This machine among the machines measured"
+
+
+def atlas(table: pd.DataFrame, refused: pd.DataFrame) -> list[str]:
+    """The reference model's devices on this machine against the atlas's machines
+    (atlas.csv, bitdrift.atlas_entries): per device, the machines of the same bits and
+    where the others part; the entries that could not be read, one line each."""
+    from bitdrift.atlas_entries import THIS_MACHINE, rows_from_table, summary_lines
+
+    lines = []
+    if not table.empty:
+        others = table[table["machine"] != THIS_MACHINE]
+        names = dict(zip(others["machine"], others["name"], strict=False))
+        lines.append(f"The atlas holds {len(names)} machine(s): "
+                     + (", ".join(f"{name} [{entry}]" for entry, name in names.items())
+                        or "none yet")
+                     + "; the reference model ran here on "
+                     + ", ".join(table.loc[table["machine"] == THIS_MACHINE, "device"])
+                     + " (figure atlas.png: machines x devices, colour = class across "
+                     "machines).")
+        lines += summary_lines(rows_from_table(table))
+    elif refused.empty:
+        lines.append("No device ran the reference model.")
+    lines += [f"Entry {row.entry} left out: {row.reason}" for row in refused.itertuples()]
+    return lines
+
+
 def _read(path) -> pd.DataFrame:
     return pd.read_csv(path) if path and Path(path).is_file() else pd.DataFrame()
 
@@ -469,6 +496,8 @@ def findings(tables: dict, fingerprints: dict) -> list[tuple[str, list[str]]]:
     if not read["observer_check"].empty:
         sections.append(("Instrumentation and the deployed model",
                          observer(read["observer_check"])))
+    if not read["atlas"].empty or not read["atlas_refused"].empty:
+        sections.append((ATLAS_HEADING, atlas(read["atlas"], read["atlas_refused"])))
     sections.append(("Devices that failed", failures(read["device_failures"])))
     if not read["probe_summary"].empty:
         sections.append(("Forensic probes", probes(read["probe_summary"])))

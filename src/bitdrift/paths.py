@@ -76,6 +76,15 @@ def record_file(model="{model}", device="{device}") -> str:
     return f"{RESULTS}/inference/{model}/{device}.h5"
 
 
+# The reference model (bitdrift.reference_set) as the workflow's model name: its records
+# place this machine among the atlas's machines (bitdrift.atlas_entries)
+ATLAS_MODEL = "atlas_reference"
+
+
+def atlas_record_file(device="{device}") -> str:
+    return record_file(ATLAS_MODEL, device)
+
+
 def findings_file(suffix: str = "md") -> str:
     """What this machine showed, in sentences generated from the tables (bitdrift.findings):
     findings.md, and findings.rst for the report's first section."""

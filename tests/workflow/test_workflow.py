@@ -1,5 +1,6 @@
 """The tiny test config end to end through Snakemake: tables, figures, report, incremental."""
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -97,6 +98,41 @@ def test_figures_and_report_exist(run):
         assert "<table>" in page and all(f"<th>{column}</th>" in page
                                          for column in header.split(",")), name
         assert f"{name}.html" in report, name
+
+
+def test_this_machine_among_the_machines_measured(run):
+    """The reference model on atlas.devices, compared with the atlas shipped with bitdrift:
+    each entry's verdict against per-layer digests computed here from the record."""
+    from bitdrift.atlas_entries import THIS_MACHINE, default_folder, read_atlas, settings
+
+    workdir, _ = run
+    table = pd.read_csv(workdir / "results/tables/atlas.csv")
+    atlas = read_atlas(default_folder())
+    assert atlas.entries and not atlas.refused
+    assert table.loc[table["machine"] == THIS_MACHINE, "device"].tolist() == ["tf_1thread"]
+    with Record(workdir / "results/inference/atlas_reference/tf_1thread.h5") as record:
+        config = json.loads(record.attr("device_config"))
+        mine = {}
+        for sample in record.samples:
+            mine[str(sample)] = []
+            for info in record.layers(sample):
+                values = record.tensor(sample, info).values
+                assert (values == values[0]).all()  # deterministic: every repeat the same
+                digest = hashlib.sha256(f"float32:{values[0].shape}:".encode())
+                digest.update(values[0].tobytes())
+                mine[str(sample)].append(digest.hexdigest()[:32])
+    for name, entry in atlas.entries.items():
+        part = entry["devices"].get("tf_1thread")
+        row = table[(table["machine"] == name) & (table["device"] == "tf_1thread")]
+        assert len(row) == (part is not None)
+        if part is not None:
+            expected = settings(part) == settings({"config": config}) and \
+                part["digests"] == mine
+            assert bool(row["same_bits_as_this_machine"].iloc[0]) == expected, name
+    findings = (workdir / "results/findings.md").read_text()
+    assert "## This machine among the machines measured" in findings
+    assert "- tf_1thread: same bits as " in findings
+    assert (workdir / "results/figures/atlas.png").stat().st_size > 0
 
 
 def test_maxpool_tables(run):

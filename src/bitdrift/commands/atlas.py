@@ -3,17 +3,23 @@ is in."""
 
 from __future__ import annotations
 
-from bitdrift.errors import ConfigError
+import sys
+
+from bitdrift.errors import ConfigError, RecordError
 
 
 def cmd_identify(args) -> int:
     from bitdrift.explain import identify
     from bitdrift.record import open_records
 
-    if bool(args.against) == bool(args.index):
-        raise ConfigError("identify: give either --against RECORDS or --index ATLAS")
+    if sum(bool(found) for found in (args.against, args.index,
+                                     args.atlas is not None)) != 1:
+        raise ConfigError("identify: give either --against RECORDS, --index INDEX or "
+                          "--atlas FOLDER")
     if args.index:
         return cmd_identify_indexed(args)
+    if args.atlas is not None:
+        return cmd_identify_atlas(args)
     eqc = None
     if args.eqc:
         from bitdrift.atomic import read_table
@@ -59,6 +65,63 @@ def cmd_identify_indexed(args) -> int:
     return 1
 
 
+def _read_atlas(folder):
+    """The atlas's readable entries; a line on standard error for each refused one (the
+    comparison goes on without it)."""
+    from bitdrift.atlas_entries import default_folder, read_atlas
+
+    atlas = read_atlas(folder or default_folder())
+    for line in atlas.refused:
+        print(f"bitdrift: warning: {' '.join(line.split())}", file=sys.stderr)
+    return atlas
+
+
+def cmd_identify_atlas(args) -> int:
+    """The machines and devices of the atlas whose every layer gives the record's bits
+    (its device's layers, on the reference model's samples); else the nearest by the
+    remaining precision of the final output."""
+    from bitdrift.atlas_entries import identify
+
+    found = identify(args.record, _read_atlas(args.atlas))
+    machines = "; ".join(f"{machine}: {', '.join(devices)}"
+                         for machine, devices in found.machines.items())
+    if found.matched:
+        print(f"{args.record}: matched, bitwise on every layer and sample: {machines}")
+        return 0
+    print(f"{args.record}: no match in the atlas; nearest by remaining precision of the final "
+          f"output ({found.remaining_precision:g} bits): {machines}")
+    return 1
+
+
+def cmd_atlas(args) -> int:
+    """`bitdrift atlas VERB`: the verb's handler."""
+    return args.verb_func(args)
+
+
+def cmd_atlas_add(args) -> int:
+    from bitdrift.atlas_entries import add, default_folder, encode, machine_name
+
+    written = add(args.files, args.atlas or default_folder(), replace=args.replace)
+    if not written:
+        raise RecordError("atlas add: no record to make an entry from (every one named is "
+                          "a failed device's)")
+    for path, entry in written:
+        print(f"{path}: {machine_name(entry['machine'])}, {len(entry['devices'])} device(s), "
+              f"{len(encode(entry)) / 1024:.1f} KiB")
+    return 0
+
+
+def cmd_atlas_compare(args) -> int:
+    from bitdrift.atlas_entries import compare_records
+
+    atlas = _read_atlas(args.atlas)
+    lines = compare_records(args.files, atlas, table=args.out, refused_table=args.refused_out,
+                            figure=args.figure_out)
+    for line in lines:
+        print(line)
+    return 0
+
+
 def cmd_index(args) -> int:
     from bitdrift.atlas import Index
     from bitdrift.record import open_records
@@ -78,6 +141,10 @@ def add_commands(sub) -> None:
     p.add_argument("--against", nargs="+", help="known records")
     p.add_argument("--index", help="an atlas index of known records (`bitdrift index`): "
                    "exact match by look-up, nearest by a vectorised search")
+    p.add_argument("--atlas", nargs="?", const="", metavar="FOLDER",
+                   help="an atlas folder of machines' entries (`bitdrift atlas add`; alone: "
+                   "the one shipped with bitdrift; the record is of the reference model): "
+                   "the machines and devices that give its bits")
     p.add_argument("--eqc", help="eqc.csv of the known records: its class numbers are used "
                    "(default: numbered by first appearance over --against)")
     p.set_defaults(func=cmd_identify)
@@ -88,3 +155,28 @@ def add_commands(sub) -> None:
                    "final output)")
     p.add_argument("--out", required=True, help="the index (HDF5)")
     p.set_defaults(func=cmd_index, writes_data=True)
+
+    p = sub.add_parser("atlas", help="the atlas of machines measured on the reference model: "
+                       "add this machine's entry, compare this machine with the others")
+    p.set_defaults(func=cmd_atlas)
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB",
+                             help="add: this machine's entry; compare: this machine with "
+                             "the atlas")
+    atlas_help = ("the atlas folder (default: the one shipped with bitdrift, "
+                  "bitdrift/reference_set/atlas)")
+    q = verbs.add_parser("add", help="write this machine's entry from its records of the "
+                         "reference model (one per machine: the host, each emulated CPU)")
+    q.add_argument("files", nargs="+", help="records of the reference model")
+    q.add_argument("--atlas", help=atlas_help)
+    q.add_argument("--replace", action="store_true", help="replace an entry of the same "
+                   "machine and versions (refused otherwise)")
+    q.set_defaults(verb_func=cmd_atlas_add, writes_data=True)
+    q = verbs.add_parser("compare", help="per device, the machines of the atlas that give "
+                         "this machine's bits, and where the others part from it first")
+    q.add_argument("files", nargs="+", help="this machine's records of the reference model")
+    q.add_argument("--atlas", help=atlas_help)
+    q.add_argument("--out", help="table (CSV): one row per device and machine")
+    q.add_argument("--refused-out", help="table (CSV) of the entries that could not be read")
+    q.add_argument("--figure-out", help="figure (PDF, and PNG beside it): machines x devices, "
+                   "colour = class across machines")
+    q.set_defaults(verb_func=cmd_atlas_compare)

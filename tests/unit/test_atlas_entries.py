@@ -1,0 +1,269 @@
+"""Atlas entries (bitdrift.atlas_entries) from hand-made records of the reference model:
+the entry against digests computed here, the comparison against known equal and different
+layers, and one line for each entry that cannot be read."""
+
+import gzip
+import hashlib
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bitdrift import atlas_entries, reference_set
+from bitdrift.atlas_entries import THIS_MACHINE, AtlasError, add, compare, read_atlas, read_entry
+from bitdrift.cli import main
+from bitdrift.record import write_record
+
+MODEL = reference_set.manifest()["model"]["model_sha256"]
+SAMPLES = (0, 1)
+LAYERS = ("conv2d", "dense")
+ZEN4 = {"brand": "AMD EPYC", "vendor": "AuthenticAMD", "family": 25, "model": 17,
+        "stepping": 1, "arch": "X86_64", "flags": ["avx2", "avx512f"], "count": 2}
+HASWELL = {**ZEN4, "brand": "Intel Xeon E5-2680 v3", "vendor": "GenuineIntel", "family": 6,
+           "model": 63, "flags": ["avx2", "fma"]}
+CONFIG = {"accelerator": "cpu", "backend": "tensorflow", "threads": 1, "repeats": 2}
+
+
+def tensors(seed):
+    """Per sample: per layer a float32 tensor (the final output last), deterministic in
+    ``seed``."""
+    rng = np.random.default_rng(seed)
+    return {sample: {layer: rng.standard_normal(6).astype(np.float32)
+                     for layer in (*LAYERS, "output")} for sample in SAMPLES}
+
+
+def flipped(values, bit):
+    """``values`` with mantissa bit ``bit`` (0: the lowest) of its first element flipped."""
+    raw = values.view(np.uint32).copy()
+    raw[0] ^= np.uint32(1 << bit)
+    return raw.view(np.float32)
+
+
+def record(path, device, cpu, values, tensorflow="2.21.0", model=MODEL, accelerator=None):
+    """A record of ``device`` on a machine of ``cpu``: two equal repeats of each tensor."""
+    fingerprint = {"hostname": "h", "platform": "Linux-6-x86_64", "cpu": cpu,
+                   "accelerator": accelerator or {"accelerator": "cpu"},
+                   "versions": {"python": "3.11.7", "tensorflow": tensorflow}}
+    write_record(path, {"model": "atlas_reference", "device": device, "backend": "tensorflow",
+                        "precision": "float32", "fingerprint": fingerprint,
+                        "model_sha256": model, "input_sha256": "i" * 64,
+                        "device_config": json.dumps(CONFIG)},
+                 {sample: {"output": np.stack([layers["output"]] * 2),
+                           "layers": [(name, np.stack([layers[name]] * 2)) for name in LAYERS]}
+                  for sample, layers in values.items()})
+    return path
+
+
+def digest(values):
+    """SHA-256 of format, shape and bytes (bitdrift.atlas.output_digest), spelled here."""
+    found = hashlib.sha256(f"float32:{values.shape}:".encode())
+    found.update(values.tobytes())
+    return found.hexdigest()[:atlas_entries.DIGEST_HEX]
+
+
+def test_add_then_read_gives_the_records_digests_and_bits(tmp_path):
+    values = {"d1": tensors(1), "d2": tensors(2)}
+    paths = [record(tmp_path / f"{d}.h5", d, ZEN4, values[d]) for d in values]
+    [(path, _)] = add(paths, tmp_path / "atlas")
+    entry = read_entry(path, MODEL)
+    assert path.stat().st_size < 4096  # kilobytes
+    assert entry["format_version"] == atlas_entries.FORMAT_VERSION
+    assert entry["machine"]["cpu"]["family"] == 25 and "hostname" not in json.dumps(entry)
+    assert entry["software"]["versions"] == {"python": "3.11.7", "tensorflow": "2.21.0"}
+    for device, samples in values.items():
+        part = entry["devices"][device]
+        assert part["layers"] == [*LAYERS, "output"]
+        assert part["config"] == CONFIG
+        for sample, layers in samples.items():
+            assert part["digests"][str(sample)] == [digest(layers[name])
+                                                    for name in (*LAYERS, "output")]
+            bits, form = atlas_entries.output_values(part["outputs"][str(sample)])
+            assert form == "float32"
+            assert bits.tolist() == layers["output"].view(np.uint32).tolist()
+
+
+def test_compare_names_the_first_layer_and_software_against_hardware(tmp_path):
+    here, same_cpu, other_cpu = tensors(1), tensors(1), tensors(1)
+    same_cpu[1]["dense"] = flipped(same_cpu[1]["dense"], 2)  # apart from the 2nd layer
+    same_cpu[1]["output"] = flipped(same_cpu[1]["output"], 4)  # 5 low bits differ: 18 left
+    other_cpu[0]["conv2d"] = flipped(other_cpu[0]["conv2d"], 0)  # from the 1st layer
+    atlas = tmp_path / "atlas"
+    add([record(tmp_path / "b.h5", "d1", ZEN4, same_cpu, tensorflow="2.20.0")], atlas)
+    add([record(tmp_path / "c.h5", "d1", HASWELL, other_cpu)], atlas)
+    add([record(tmp_path / "e.h5", "d1", HASWELL, here, tensorflow="2.19.0")], atlas)
+    this = atlas_entries.entries_from_records([record(tmp_path / "a.h5", "d1", ZEN4, here)])
+    rows = compare(this, read_atlas(atlas))
+    assert len(rows) == 4 and rows[0].machine == THIS_MACHINE
+    own = rows[0]
+    assert (own.cls, own.same_as_this, own.remaining_precision) == (1, True, 23.0)
+    software = next(r for r in rows if r.difference.startswith("software only"))
+    assert software.difference == ("software only, same hardware (tensorflow 2.21.0 vs "
+                                   "2.20.0)")
+    assert (software.same_as_this, software.first_difference) == (False, "dense")
+    assert software.remaining_precision == 23 - 5 and software.cls == 2
+    hardware = [r for r in rows if r.difference.startswith("other hardware")]
+    apart = next(r for r in hardware if not r.same_as_this)
+    assert apart.difference == "other hardware" and apart.first_difference == "conv2d"
+    assert apart.remaining_precision == 23.0 and apart.cls == 3  # the output agrees
+    same = next(r for r in hardware if r.same_as_this)  # other CPU and version, same bits
+    assert same.cls == 1 and same.difference.startswith("other hardware and software")
+    lines = atlas_entries.summary_lines(rows)
+    assert len(lines) == 1 and "from layer dense on (software only" in lines[0]
+    assert "Intel Xeon E5-2680 v3 family 6 model 63" in lines[0]
+    # the table read back gives the same rows (what the findings read)
+    atlas_entries.rows_table(rows).to_csv(tmp_path / "atlas.csv", index=False)
+    assert atlas_entries.rows_from_table(pd.read_csv(tmp_path / "atlas.csv")) == rows
+
+
+def write_entry(path, entry):
+    path.write_bytes(gzip.compress(json.dumps(entry).encode()))
+
+
+def test_each_bad_entry_is_left_out_with_one_line(tmp_path, capsys):
+    atlas = tmp_path / "atlas"
+    [(good, entry)] = add([record(tmp_path / "a.h5", "d1", ZEN4, tensors(1))], atlas)
+    write_entry(atlas / "newer.json.gz", {**entry, "format_version": 99})
+    (atlas / "truncated.json.gz").write_bytes(good.read_bytes()[:40])
+    (atlas / "damaged.json.gz").write_bytes(gzip.compress(b'{"format_version": 1, "ref'))
+    write_entry(atlas / "other_model.json.gz",
+                {**entry, "machine": {**entry["machine"], "cpu": HASWELL},
+                 "reference": {**entry["reference"], "model_sha256": "f" * 64}})
+    write_entry(atlas / "zz_twin.json.gz", entry)  # one machine and version twice
+    short = json.loads(json.dumps(entry))
+    short["devices"]["d1"]["outputs"]["0"]["bits"] = short["devices"]["d1"]["outputs"]["0"][
+        "bits"][:-8]
+    write_entry(atlas / "short_bits.json.gz", short)
+    found = read_atlas(atlas)
+    assert list(found.entries) == [good.name]
+    reasons = {line.split(": ", 1)[0].rsplit("/", 1)[-1]: line for line in found.refused}
+    assert set(reasons) == {"newer.json.gz", "truncated.json.gz", "damaged.json.gz",
+                            "other_model.json.gz", "zz_twin.json.gz", "short_bits.json.gz"}
+    assert "sample 0's output bits are not hex of its shape and format" in \
+        reasons["short_bits.json.gz"]
+    assert "format 99, newer than this bitdrift reads (1)" in reasons["newer.json.gz"]
+    assert "damaged or truncated gzip" in reasons["truncated.json.gz"]
+    assert "not JSON" in reasons["damaged.json.gz"]
+    assert "model digest ffffffffffff..., not the reference model's" in \
+        reasons["other_model.json.gz"]
+    assert f"second entry of one machine and versions (also {good})" in \
+        reasons["zz_twin.json.gz"]
+    # the command goes on: a warning line per refused entry, then the comparison
+    assert main(["atlas", "compare", str(tmp_path / "a.h5"), "--atlas", str(atlas)]) == 0
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 6 and all(
+        line.startswith("bitdrift: warning: ") for line in err.strip().splitlines())
+    assert out == "d1: same bits as AMD EPYC family 25 model 17\n"
+
+
+def test_add_never_overwrites_an_entry_silently(tmp_path, capsys):
+    atlas = tmp_path / "atlas"
+    first = record(tmp_path / "a.h5", "d1", ZEN4, tensors(1))
+    [(path, _)] = add([first], atlas)
+    before = path.read_bytes()
+    # the same machine and versions, another device: refused, the entry as it was
+    second = record(tmp_path / "b.h5", "d2", ZEN4, tensors(2))
+    assert main(["atlas", "add", str(second), "--atlas", str(atlas)]) == 3
+    assert "already holds this machine and these versions" in capsys.readouterr().err
+    assert path.read_bytes() == before
+    assert main(["atlas", "add", str(first), str(second), "--atlas", str(atlas),
+                 "--replace"]) == 0
+    assert sorted(read_entry(path)["devices"]) == ["d1", "d2"]
+    # another library version is another entry beside it
+    third = record(tmp_path / "c.h5", "d1", ZEN4, tensors(1), tensorflow="2.22.0")
+    add([third], atlas)
+    assert len(read_atlas(atlas).entries) == 2
+
+
+def test_add_refuses_a_record_of_another_model(tmp_path):
+    other = record(tmp_path / "a.h5", "d1", ZEN4, tensors(1), model="e" * 64)
+    with pytest.raises(AtlasError, match="a.h5: model digest eeeeeeeeeeee... is not the "
+                       "reference model's"):
+        add([other], tmp_path / "atlas")
+    assert not (tmp_path / "atlas").exists()
+
+
+def test_identify_against_the_atlas(tmp_path, capsys):
+    atlas = tmp_path / "atlas"
+    add([record(tmp_path / "a.h5", "d1", ZEN4, tensors(1)),
+         record(tmp_path / "a2.h5", "d2", ZEN4, tensors(2))], atlas)
+    assert main(["identify", str(tmp_path / "a.h5"), "--atlas", str(atlas)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("family 25 model 17 "
+                                                     f"[{next(atlas.iterdir()).name}]: d1")
+    near = tensors(1)
+    near[0]["output"] = flipped(near[0]["output"], 6)  # 7 low bits apart from d1: 16 left
+    assert main(["identify", str(record(tmp_path / "q.h5", "q", HASWELL, near)),
+                 "--atlas", str(atlas)]) == 1
+    said = capsys.readouterr().out
+    assert "no match in the atlas; nearest by remaining precision of the final output " \
+        "(16 bits)" in said and said.rstrip().endswith(": d1")
+
+
+def test_atlas_devices_are_the_configs_scheduled_devices():
+    import yaml
+
+    from bitdrift.config import validate_config
+    from bitdrift.errors import ConfigError
+    from tests.utils import ROOT
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    assert validate_config(dict(config))["atlas"]["devices"] == [
+        "tf_2threads", "tf_no_onednn", "torch_1thread"]
+    config["atlas"] = {"devices": ["tf_2threads", "tf_nowhere"]}
+    with pytest.raises(ConfigError, match="config key atlas.devices: unknown device "
+                       "'tf_nowhere'"):
+        validate_config(config)
+
+
+def gpu(name, driver):
+    """A GPU as bitdrift.backends.torch.check_accelerator describes it."""
+    return {"accelerator": "gpu", "gpu_name": name, "compute_capability": "9.0",
+            "cuda_version": "12.8", "cudnn_version": 91000, "driver_version": driver,
+            "gpu_count": 1, "cudnn_deterministic": False, "cudnn_benchmark": False}
+
+
+def test_gpu_machines_driver_is_software_and_the_findings_section(tmp_path):
+    from bitdrift.findings import ATLAS_HEADING, findings
+
+    atlas = tmp_path / "atlas"
+    h100 = gpu("NVIDIA H100 80GB HBM3", "570.1")
+    add([record(tmp_path / "h100.h5", "torch_gpu", ZEN4, tensors(1), accelerator=h100)], atlas)
+    h200 = tensors(1)
+    h200[0]["dense"] = flipped(h200[0]["dense"], 3)
+    add([record(tmp_path / "h200.h5", "torch_gpu", ZEN4, h200,
+                accelerator=gpu("NVIDIA H200", "570.1"))], atlas)
+    [(_, entry)] = add([record(tmp_path / "h100b.h5", "torch_gpu", ZEN4, tensors(1),
+                               accelerator=gpu("NVIDIA H100 80GB HBM3", "580.2"))], atlas)
+    assert entry["machine"]["gpus"] == [{"accelerator": "gpu", "compute_capability": "9.0",
+                                         "gpu_count": 1, "gpu_name": "NVIDIA H100 80GB HBM3"}]
+    assert entry["software"]["versions"]["driver_version"] == "580.2"
+    this = atlas_entries.entries_from_records([tmp_path / "h100.h5"])
+    rows = compare(this, read_atlas(atlas))
+    atlas_entries.rows_table(rows).to_csv(tmp_path / "atlas.csv", index=False)
+    pd.DataFrame(columns=list(atlas_entries.REFUSED_COLUMNS)).to_csv(
+        tmp_path / "refused.csv", index=False)
+    sections = dict(findings({"atlas": tmp_path / "atlas.csv",
+                              "atlas_refused": tmp_path / "refused.csv"}, {}))
+    [summary, line] = sections[ATLAS_HEADING]
+    assert summary.startswith("The atlas holds 3 machine(s): ")
+    # the other driver of the same H100: software only, named; the H200: apart at dense
+    assert line.startswith("torch_gpu: same bits as NVIDIA H100 80GB HBM3 on AMD EPYC family "
+                           "25 model 17 [")
+    assert "(software only, same hardware (driver_version 570.1 vs 580.2))" in line
+    assert "apart from NVIDIA H200 on AMD EPYC family 25 model 17 from layer dense on " \
+        "(other hardware; 23 bits remain in the final output)" in line
+
+
+def test_no_device_ran_the_reference_model(tmp_path):
+    """Every record a failure record: the comparison, its table and figure still written."""
+    from bitdrift.record import write_failure
+
+    failed = tmp_path / "d1.h5"
+    write_failure(failed, {"model": "atlas_reference", "device": "d1",
+                           "backend": "tensorflow"}, "out of memory")
+    atlas = tmp_path / "atlas"
+    add([record(tmp_path / "a.h5", "d1", ZEN4, tensors(1))], atlas)
+    lines = atlas_entries.compare_records([failed], read_atlas(atlas), table=tmp_path / "t.csv",
+                                          figure=tmp_path / "f.pdf")
+    assert lines == ["No device ran the reference model here."]
+    assert pd.read_csv(tmp_path / "t.csv").empty and (tmp_path / "f.png").stat().st_size
