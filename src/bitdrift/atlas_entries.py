@@ -99,7 +99,8 @@ def machine_key(machine: dict, software: dict) -> str:
 
 def machine_name(machine: dict) -> str:
     """A machine in words: its GPUs, else its CPU (the emulated model named as such)."""
-    gpus = [gpu.get("gpu_name") or "GPU" for gpu in machine.get("gpus", [])]
+    # each name once: torch and JAX describe one GPU with other fields
+    gpus = list(dict.fromkeys(gpu.get("gpu_name") or "GPU" for gpu in machine.get("gpus", [])))
     found = machine["cpu"]
     cpu = found.get("brand") or "unknown CPU"
     if found.get("family") is not None:  # a brand alone ("AMD EPYC") spans generations
