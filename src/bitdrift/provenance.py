@@ -51,12 +51,16 @@ def _model_digest(model_path) -> str:
     import zipfile
     from pathlib import Path
 
+    from bitdrift.formats import detect
+
     if not Path(model_path).is_file():
         raise RecordError(f"{model_path}: model file does not exist")
+    detect(model_path)  # a file of no format bitdrift reads, or a damaged one: one line
     try:
         return model_digest(model_path)
     except (KeyError, ValueError, OSError, zipfile.BadZipFile) as error:
-        raise RecordError(f"{model_path}: not a Keras model file ({error})") from error
+        raise RecordError(f"{model_path}: not a model file bitdrift reads ({error})") \
+            from error
 
 
 def check_provenance(records: list[Record], model: str, model_path, dataset_path) -> int:

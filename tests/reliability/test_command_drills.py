@@ -518,8 +518,9 @@ def test_provenance_with_a_missing_or_foreign_model_file_is_one_line(trained, ma
     with __import__("zipfile").ZipFile(not_keras, "w") as archive:
         archive.writestr("hello.txt", "no config")
     for model_file, message in ((tmp_path / "gone.keras", "model file does not exist"),
-                                (not_keras, "not a Keras model file"),
-                                (dataset, "was run on another model")):
+                                (not_keras, "not a model bitdrift reads"),
+                                (dataset, "an HDF5 file but not a Keras .h5 model"),
+                                (model, "was run on another model")):
         assert main(["eqc", str(folder_record), "--out", str(tmp_path / "e.csv"),
                      "--expect", "m", str(model_file), str(dataset)]) == 3
         assert message in one_line_error(capsys)
