@@ -11,7 +11,7 @@ import importlib
 
 from bitdrift.errors import ConfigError
 
-EXAMPLES = ("onnx_cnn",)
+EXAMPLES = ("onnx_cnn", "torch_cnn")
 
 
 def write_example(name: str, model_path, inputs_path, samples: int = 16) -> None:
