@@ -144,3 +144,24 @@ def test_a_failed_conversion_fails_the_converted_device_alone(pt2_run):
                 np.testing.assert_allclose(record.tensor(sample, "output").values[0],
                                            expected[sample], rtol=1e-4, atol=1e-5)
     assert "ort_all" in (workdir / "results/findings.md").read_text()
+
+
+def test_layered_devices_part_at_a_layer_beside_a_compiled_one(pt2_run):
+    """Inductor records no layers; eager and the ONNX conversion still part at the first
+    layer both record where their values differ, found here by numpy."""
+    workdir, _, _ = pt2_run
+    divergence = pd.read_csv(workdir / "results/tables/divergence.csv").fillna("")
+    rows = divergence[divergence["model"] == "cnn"]
+    for row in rows.itertuples():
+        pair = {row.device_a, row.device_b}
+        if "inductor_default" in pair:
+            assert row.first_layer == "" and row.note == "no layers recorded"
+            continue
+        with Record(workdir / f"results/inference/cnn/{row.device_a}.h5") as a, \
+                Record(workdir / f"results/inference/cnn/{row.device_b}.h5") as b:
+            shared = [info.name for info in a.layers(row.sample)
+                      if not info.final and info.label in b.layer_labels(row.sample)]
+            first = next((name for name in shared if not np.array_equal(
+                a.tensor(row.sample, name).values[0], b.tensor(row.sample, name).values[0])),
+                "")
+        assert row.first_layer == first, row
