@@ -150,7 +150,9 @@ def test_layered_devices_part_at_a_layer_beside_a_compiled_one(pt2_run):
     """Inductor records no layers; eager and the ONNX conversion still part at the first
     layer both record where their values differ, found here by numpy."""
     workdir, _, _ = pt2_run
-    divergence = pd.read_csv(workdir / "results/tables/divergence.csv").fillna("")
+    divergence = pd.read_csv(workdir / "results/tables/divergence.csv",
+                             dtype={"first_layer": str, "note": str}).fillna(
+        {"first_layer": "", "note": ""})
     rows = divergence[divergence["model"] == "cnn"]
     for row in rows.itertuples():
         pair = {row.device_a, row.device_b}

@@ -39,7 +39,6 @@ def trace_environment(device: dict) -> None:
 
 
 def open_session(job: dict, name: str):
-    import atexit
     import os
     import tempfile
 
@@ -60,8 +59,8 @@ def open_session(job: dict, name: str):
                                   source=job["model_path"])
     except ProgramError as error:
         raise InferenceError(f"device {name!r}: {error}") from error
-    finally:  # ExecuTorch may read the file after loading it: removed at the exit
-        atexit.register(os.unlink, pte)
+    finally:  # loaded (a worker ends by os._exit: no atexit would remove it)
+        os.unlink(pte)
 
     def call(inputs):
         try:

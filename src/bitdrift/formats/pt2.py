@@ -87,23 +87,33 @@ def converted_session(runtime, job: dict, name: str):
     output last; the others (fused away, or without a value of their own) are listed as
     unmapped, never guessed. The converted file without the added outputs is the model
     as deployed (the observer check)."""
-    import atexit
-    import os
+    import shutil
     import tempfile
 
-    from bitdrift.backends import Session
-    from bitdrift.backends import torch_conversions as conversions
     from bitdrift.backends.torch_export import load, program_layers
-    from bitdrift.errors import BitdriftError, InferenceError
-    from bitdrift.formats.onnx import compile_model
 
     device = job["device"]
     accelerator = runtime.check_accelerator(name, device)
     accelerator["model_format"] = NAME
     program = load(job)
     layers, _ = program_layers(program)
+    # the converted files live until compiled (a worker ends by os._exit: no atexit)
     folder = tempfile.mkdtemp(prefix="bitdrift-pt2-")
-    atexit.register(_remove, folder)
+    try:
+        return _converted(runtime, job, name, program, layers, accelerator, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _converted(runtime, job, name, program, layers, accelerator, folder):
+    import os
+
+    from bitdrift.backends import Session
+    from bitdrift.backends import torch_conversions as conversions
+    from bitdrift.errors import BitdriftError, InferenceError
+    from bitdrift.formats.onnx import compile_model
+
+    device = job["device"]
     if runtime.NAME == "onnxruntime":
         import onnx
 
@@ -165,8 +175,3 @@ def converted_session(runtime, job: dict, name: str):
                    deployed_program=f"{Path(job['model_path']).name} converted by "
                                     f"{conversion.converter}, on {runtime.NAME}")
 
-
-def _remove(folder: str) -> None:
-    import shutil
-
-    shutil.rmtree(folder, ignore_errors=True)
