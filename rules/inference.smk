@@ -83,13 +83,15 @@ rule run_inference:
 
 rule example_model:
     output:
-        model="examples/{example}.onnx",
-        inputs="examples/{example}.npy",
+        # the model's format is its example's (an ONNX graph, a torch.export program)
+        model="examples/{example}.{suffix}",
+        inputs="examples/{example}.{suffix}.npy",
     log:
-        "logs/example_model/{example}.log",
+        "logs/example_model/{example}.{suffix}.log",
     # bitdrift's example models (bitdrift.examples), built here: no download
     wildcard_constraints:
         example=_choice(EXAMPLES),
+        suffix="onnx|pt2",
     conda:
         "../envs/bitdrift.yaml"
     params:

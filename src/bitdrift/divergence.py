@@ -70,11 +70,14 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
     pooling)."""
     rows = []
     for model, group in group_by_model(records):
-        by_sample: dict[int, list[_LayerClasses]] = {}
-        for result in analyse(group, layers=True, remaining_precision=False):
-            by_sample.setdefault(result.sample, []).append(_LayerClasses(
-                result.layer, result.position, result.layer_class, result.classes,
-                result.final))
+        by_sample = _layer_classes(group)
+        # Devices that record layers, apart from those that record the final output alone
+        # (a compiled graph: Inductor, ExecuTorch), whose presence would leave no layer
+        # common to all: the pairs of layered devices part at a layer of their own records
+        layered_members = [index for index, record in enumerate(group)
+                           if len(record.layer_labels(record.samples[0])) > 1]
+        among_layered = _layer_classes([group[index] for index in layered_members]) \
+            if 1 < len(layered_members) < len(group) else {}
         formats: dict[str, list[int]] = {}
         for index, record in enumerate(group):
             formats.setdefault(record.precision, []).append(index)
@@ -84,6 +87,13 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
             layered = len(results) > 1
             for precision, members in formats.items():
                 for i, j in _pairs(final.classes, members):
+                    if i in layered_members and j in layered_members and \
+                            among_layered.get(sample):
+                        sub = sorted(among_layered[sample], key=lambda r: r.position)
+                        rows.append(_pair_row(model, sample, precision, group, sub, final,
+                                              len(sub) > 1, i, j, layered_members.index(i),
+                                              layered_members.index(j)))
+                        continue
                     rows.append(_pair_row(model, sample, precision, group, results, final,
                                           layered, i, j))
     table = divergence_kernels(records, pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS[:-5]))
@@ -130,21 +140,37 @@ def _pairs(classes: list[int], members: list[int]) -> list[tuple[int, int]]:
                     if (members[0], index) not in pairs]
 
 
-def _pair_row(model, sample, precision, group, results, final, layered, i, j) -> dict:
+def _layer_classes(group: list[Record]) -> dict[int, list]:
+    """{sample: [_LayerClasses]} of the records' common layers (bitdrift.eqc.analyse)."""
+    by_sample: dict[int, list[_LayerClasses]] = {}
+    for result in analyse(group, layers=True, remaining_precision=False):
+        by_sample.setdefault(result.sample, []).append(_LayerClasses(
+            result.layer, result.position, result.layer_class, result.classes,
+            result.final))
+    return by_sample
+
+
+def _pair_row(model, sample, precision, group, results, final, layered, i, j,
+              result_i=None, result_j=None) -> dict:
+    """``result_i``, ``result_j``: the pair's indices in ``results`` where those are the
+    classes among a subgroup of the devices (default: ``i``, ``j``)."""
+    result_i = i if result_i is None else result_i
+    result_j = j if result_j is None else result_j
     row = {"model": model, "sample": sample, "class_a": final.classes[i],
            "class_b": final.classes[j], "device_a": group[i].device,
            "device_b": group[j].device, "first_layer": "", "first_position": "",
            "layer_class": "", "remaining_precision_at_first": np.nan,
            "previous_layer": "", "note": "", "precision": precision, "rejoins_at": ""}
-    apart = next((k for k, r in enumerate(results) if r.classes[i] != r.classes[j]), None)
+    apart = next((k for k, r in enumerate(results)
+                  if r.classes[result_i] != r.classes[result_j]), None)
     if not layered:
         row["note"] = "no layers recorded"
     if apart is None:
         row["note"] = row["note"] or "bitwise identical at every layer"
     elif layered:
         result = results[apart]
-        rejoin = next((r.layer for r in results[apart + 1:] if r.classes[i] == r.classes[j]),
-                      "")
+        rejoin = next((r.layer for r in results[apart + 1:]
+                       if r.classes[result_i] == r.classes[result_j]), "")
         row.update({
             "first_layer": result.layer, "first_position": result.position,
             "layer_class": result.layer_class,

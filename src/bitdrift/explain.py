@@ -31,7 +31,12 @@ EXPLAIN_COLUMNS = ["model", "sample", "layer", "n_eqc", "n_devices", "attributes
 # Version keys of a framework (fingerprint `versions`): on a record of another backend they
 # say only what the process happened to load, never what computed the result.
 FRAMEWORKS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax", "jaxlib": "jax",
-              "onnxruntime": "onnxruntime", "openvino": "openvino", "litert": "litert"}
+              "onnxruntime": "onnxruntime", "openvino": "openvino", "litert": "litert",
+              "executorch": "executorch", "torch_export": "torch_export",
+              "torch_inductor": "torch_inductor"}
+# The frameworks whose versions a runtime's own records name besides its own: the
+# runtimes of a .pt2 program run torch (its `torch*` keys)
+USES = {"torch_export": ("torch",), "torch_inductor": ("torch",), "executorch": ("torch",)}
 ALTERNATIVES_SHOWN = 10
 # Attributes that describe a device in the class tables (Table SUP-1/SUP-2 columns).
 DESCRIPTIVE = ("cpu.vendor", "cpu.brand", "cpu.count", "accelerator", "accelerator.gpu_name",
@@ -92,7 +97,7 @@ def device_attributes(record: Record) -> tuple[dict[str, str], list[str]]:
             else "default"
     for module, version in (fingerprint.get("versions") or {}).items():
         framework = FRAMEWORKS.get(module.split("_")[0])
-        if framework is not None and framework != backend:
+        if framework is not None and framework not in (backend, *USES.get(backend, ())):
             continue  # another framework's version: loaded by the process, not used
         attributes[f"versions.{module}"] = _text(version)
     # Which kernel each layer ran (the traced repeat, bitdrift.kernels): "classes are

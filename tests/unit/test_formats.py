@@ -159,9 +159,6 @@ def test_the_config_check_reads_the_files_where_they_exist(model_files, tmp_path
             "file": "cnn.onnx", "inputs": "wrong.npy"},
         "models.mine.file: text.onnx: not a model bitdrift reads": {
             "file": "text.onnx", "inputs": "inputs.npy"},
-        "models.mine.file: program.pt2 is a PyTorch torch.export .pt2 archive, and no "
-        "device runs it (runtimes that can: none yet)": {
-            "file": "program.pt2", "inputs": "inputs.npy"},
         "models.mine: a model needs exactly one of 'dataset' or 'inputs'": {
             "file": "cnn.onnx"},
         "models.mine.dataset: cnn.onnx is an ONNX model; give its own `inputs`": {
@@ -176,6 +173,15 @@ def test_the_config_check_reads_the_files_where_they_exist(model_files, tmp_path
         with pytest.raises(ConfigError) as error:
             validate_config(config)
         assert str(error.value).startswith(f"config key {said}"), str(error.value)
+    # a .pt2 program with devices of Keras runtimes only
+    config = config_of({"file": "program.pt2", "inputs": "inputs.npy"})
+    config["devices"] = {"tf": {"accelerator": "cpu", "backend": "tensorflow"}}
+    with pytest.raises(ConfigError) as error:
+        validate_config(config)
+    assert str(error.value).startswith(
+        "config key models.mine.file: program.pt2 is a PyTorch torch.export .pt2 archive, "
+        "and no device runs it (runtimes that can: torch_export, torch_inductor, "
+        "executorch, onnxruntime, openvino)"), str(error.value)
     with pytest.raises(ConfigError, match="samples \\[7\\] beyond"):
         validate_config(config_of({"file": "cnn.onnx", "inputs": "inputs.npy"}, [0, 7]))
 

@@ -24,7 +24,10 @@ accelerator) and callable on a batch, returning the recorded layers' outputs, wi
 model as deployed beside it (final output only: the observer check, bitdrift.observer). The
 Keras backends (``tensorflow``, ``torch``, ``jax``) share theirs (``keras_common``); the exported
 runtimes (``onnxruntime``, ``openvino``, ``litert``) run the file ``bitdrift.export``
-wrote from the same ``.keras`` model (``exported``), and cannot train.
+wrote from the same ``.keras`` model (``exported``), and cannot train. A torch.export
+program (``.pt2``) runs on ``torch_export`` (eager, per module), ``torch_inductor``
+(torch.compile) and ``executorch``, and converted on onnxruntime and openvino
+(bitdrift.formats.pt2).
 """
 
 from __future__ import annotations
@@ -42,13 +45,17 @@ from bitdrift.errors import ConfigError
 # `backend` enum and explain's frameworks are checked against it (test_backends.py).
 KERAS_RUNTIMES = ("tensorflow", "torch", "jax")
 EXPORTED_RUNTIMES = ("onnxruntime", "openvino", "litert")
-RUNTIMES = KERAS_RUNTIMES + EXPORTED_RUNTIMES
+# The runtimes of a torch.export program (.pt2) alone: torch eager, torch.compile's
+# Inductor, ExecuTorch (bitdrift.formats.pt2)
+PROGRAM_RUNTIMES = ("torch_export", "torch_inductor", "executorch")
+RUNTIMES = KERAS_RUNTIMES + EXPORTED_RUNTIMES + PROGRAM_RUNTIMES
 # The device keys that change a runtime's numerics (its knobs), as the schema names them;
 # `explain` takes each as an attribute.
 KNOBS = {"jax": ("xla_flags", "matmul_precision"),
          "onnxruntime": ("graph_optimization_level",),
          "openvino": ("execution_mode", "inference_precision_hint"),
-         "litert": ("op_resolver",)}
+         "litert": ("op_resolver",),
+         "torch_inductor": ("inductor_options",)}
 
 
 @runtime_checkable

@@ -105,3 +105,79 @@ class CompiledRunner:
         outputs = [to_numpy(leaf) for leaf in pytree.tree_leaves(result)]
         return ProgramRun(outputs, {}, per_layer=False, note=NO_LAYERS,
                           kernels=list(self.kernels))
+
+
+# The runtime `torch_inductor` (bitdrift.backends): a .pt2 program compiled per repeat
+# process with the device's `inductor_options`; everything but the session is
+# torch_export's.
+NAME = "torch_inductor"
+TRAINS = False
+PREFORK = False  # a compile per fresh process, as a user's process compiles
+
+
+def _shared():
+    from bitdrift.backends import torch_export
+
+    return torch_export
+
+
+def environment(device: dict) -> dict:
+    return _shared().environment(device)
+
+
+def preimport() -> None:
+    _shared().preimport()
+
+
+def import_keras():
+    return _shared().import_keras()
+
+
+def configure_threads(threads: int | None) -> None:
+    _shared().configure_threads(threads)
+
+
+def configure_determinism(deterministic: bool) -> None:
+    _shared().configure_determinism(deterministic)
+
+
+def check_accelerator(name: str, device: dict) -> dict:
+    return {**_shared().check_accelerator(name, device),
+            "inductor_options": list(device.get("inductor_options") or ["default"])}
+
+
+def strategy_scope(accelerator: dict):
+    return _shared().strategy_scope(accelerator)
+
+
+def versions() -> dict:
+    return _shared().versions()
+
+
+def trace_environment(device: dict) -> None:
+    """None: the generated kernels' names are in the fingerprint (``compiled_kernels``),
+    since a compiled graph has no per-layer calls to map them to."""
+    return None
+
+
+def open_session(job: dict, name: str):
+    """The program compiled by Inductor with the device's options; its final output only."""
+    from bitdrift.errors import InferenceError
+
+    device = job["device"]
+    accelerator = check_accelerator(name, device)
+    try:
+        runner = CompiledRunner(_shared().load(job), options=accelerator["inductor_options"],
+                                precision=device["precision"], threads=device.get("threads"),
+                                deterministic=device.get("deterministic"),
+                                source=job["model_path"])
+    except ProgramError as error:
+        raise InferenceError(f"device {name!r}: {error}") from error
+
+    def call(inputs):
+        try:
+            return runner(inputs)
+        except ProgramError as error:
+            raise InferenceError(f"device {name!r}: {error}") from error
+
+    return _shared().session_from_runner(call, name, accelerator, note=NO_LAYERS)

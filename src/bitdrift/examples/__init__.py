@@ -3,6 +3,7 @@ config/presets/your_model.yaml runs them (its rule example_model writes them), a
 tests build them too. One module per example; EXAMPLES is the list.
 
     python -m bitdrift.examples onnx_cnn OUT.onnx INPUTS.npy [--samples N]
+    python -m bitdrift.examples torch_cnn OUT.pt2 INPUTS.npy [--samples N]
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib
 
 from bitdrift.errors import ConfigError
 
-EXAMPLES = ("onnx_cnn",)
+EXAMPLES = ("onnx_cnn", "torch_cnn")
 
 
 def write_example(name: str, model_path, inputs_path, samples: int = 16) -> None:
@@ -19,5 +20,9 @@ def write_example(name: str, model_path, inputs_path, samples: int = 16) -> None
     if name not in EXAMPLES:
         raise ConfigError(f"unknown example model {name!r} (bitdrift has "
                           f"{', '.join(EXAMPLES)})")
-    importlib.import_module(f"bitdrift.examples.{name}").write(model_path, inputs_path,
-                                                               samples=samples)
+    from pathlib import Path
+
+    module = importlib.import_module(f"bitdrift.examples.{name}")
+    if Path(model_path).suffix != module.SUFFIX:
+        raise ConfigError(f"{model_path}: example {name!r} is a {module.SUFFIX} model")
+    module.write(model_path, inputs_path, samples=samples)

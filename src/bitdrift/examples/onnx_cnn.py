@@ -8,6 +8,7 @@ import numpy as np
 
 INPUT_SHAPE = (3, 16, 16)
 CLASSES = 10
+SUFFIX = ".onnx"
 
 
 def build_model(seed: int = 0, opset: int = 17, op: str = "Relu"):

@@ -1,0 +1,86 @@
+"""The runtimes of a .pt2 program as devices (bitdrift.formats.pt2): the device keys each
+takes, and the sessions of the converted and lowered runtimes that
+tests/workflow/test_pt2_model.py leaves out (OpenVINO's own conversion, ExecuTorch), each
+checked against the program's module run by torch here."""
+
+import numpy as np
+import pytest
+import torch
+
+from bitdrift import formats
+from bitdrift.backends import torch_export
+from bitdrift.config import validate_config
+from bitdrift.errors import ConfigError
+from bitdrift.examples import torch_cnn
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pt2")
+    torch_cnn.write(folder / "cnn.pt2", folder / "cnn.npy", samples=4)
+    return folder / "cnn.pt2", np.load(folder / "cnn.npy")
+
+
+def session(path, backend, **keys):
+    device = {"backend": backend, "accelerator": "cpu", "threads": 1, "precision": "float32",
+              "batch_size": 2, **keys}
+    return formats.open_session({"device": device, "model_path": str(path), "layers": True,
+                                 "model_format": "pt2"}, "d")
+
+
+def config_with(device: dict) -> dict:
+    return {"models": {"m": {"file": "later.pt2", "inputs": "inputs.npy"}}, "samples": [0],
+            "devices": {"d": {"accelerator": "cpu", **device}}}
+
+
+def test_inductor_options_belong_to_torch_inductor_alone():
+    validate_config(config_with({"backend": "torch_inductor",
+                                 "inductor_options": ["freezing", "max-autotune"]}))
+    with pytest.raises(ConfigError, match="devices.d.inductor_options: not a setting of "
+                                          "backend 'onnxruntime'"):
+        validate_config(config_with({"backend": "onnxruntime", "inductor_options": ["default"]}))
+    with pytest.raises(ConfigError, match="devices.d.inductor_options"):
+        validate_config(config_with({"backend": "torch_inductor", "inductor_options": ["fast"]}))
+    with pytest.raises(ConfigError, match="devices.d.deterministic: not a setting of backend "
+                                          "'executorch'"):
+        validate_config(config_with({"backend": "executorch", "deterministic": True}))
+
+
+def test_an_isa_cap_the_library_would_ignore_is_refused():
+    assert torch_export.environment({"env": {"ONEDNN_MAX_CPU_ISA": "avx2"}}) == {}
+    with pytest.raises(ConfigError, match="ONEDNN_MAX_CPU_ISA 'AVX9'"):
+        torch_export.environment({"env": {"ONEDNN_MAX_CPU_ISA": "AVX9"}})
+
+
+def expected_outputs(inputs):
+    module = torch_cnn.build_module()
+    captured = {}
+    for name in ("features.5", "pool", "classifier"):
+        module.get_submodule(name).register_forward_hook(
+            lambda _, __, output, name=name: captured.__setitem__(name, output.numpy()))
+    with torch.no_grad():
+        module(torch.from_numpy(inputs))
+    return captured
+
+
+def test_openvino_runs_its_own_conversion_under_the_module_paths(program):
+    path, inputs = program
+    opened = session(path, "openvino", inference_precision_hint="f32")
+    names = [name for name, _ in opened.layers]
+    assert names[-1] == "classifier" and {"features.5", "pool"} <= set(names)
+    assert sorted(names + opened.unmapped) == sorted(
+        name for name, _ in torch_export.program_layers(torch.export.load(str(path)))[0])
+    assert opened.accelerator["converter"] == "openvino.convert_model"
+    outputs = dict(zip(names, opened.run(inputs[:2]), strict=True))
+    for name, value in expected_outputs(inputs[:2]).items():
+        np.testing.assert_allclose(outputs[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_executorch_records_its_final_output_alone(program):
+    path, inputs = program
+    opened = session(path, "executorch")
+    assert opened.layers == [] and "no per-layer outputs" in opened.accelerator["per_layer"]
+    assert opened.accelerator["converter_versions"]["torch"] == torch.__version__
+    (output,) = opened.run(inputs[:2])
+    np.testing.assert_allclose(output, expected_outputs(inputs[:2])["classifier"], rtol=1e-4,
+                               atol=1e-5)
