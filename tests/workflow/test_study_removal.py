@@ -93,6 +93,7 @@ def test_a_study_is_removable_by_its_files_and_four_entries(tmp_path, study):
     registered = argparse.ArgumentParser().add_subparsers()
     importlib.import_module(f"bitdrift.studies.{study}.cli").add_commands(registered)
     study_commands = set(registered.choices)
-    assert study_commands and not any(f"    {name} " in commands.stdout
-                                      for name in study_commands)
-    assert "    eqc " in commands.stdout
+    # `bitdrift --help` lists a command as a line of its group: two spaces, its name
+    listed = set(re.findall(r"^  ([a-z0-9-]+)\s", commands.stdout, re.M))
+    assert study_commands and not study_commands & listed
+    assert "eqc" in listed
