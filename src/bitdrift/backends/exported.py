@@ -262,17 +262,32 @@ def onnx_layer(class_name: str, config: dict, weights: list, input_shape: tuple,
 ONNX_RUNTIMES = ("onnxruntime", "openvino")
 
 
-def onnx_order_probe(runtime, device: dict, accelerator: dict, order_layers=None):
-    """order_probe for an ONNX runtime (see bitdrift.backends.Session): each call builds the
-    layer alone as the export writes it (onnx_layer), its kernel and bias as constants (so
-    the runtime packs and fuses them as in the export), and compiles it with the device's
-    settings."""
+def run_probe_model(runtime, model, device: dict, accelerator: dict, spec: dict,
+                    ones: np.ndarray) -> np.ndarray:
+    """A probe's ONNX model (one layer or node alone) compiled with the device's settings
+    from a temporary file and run on ``ones``: its output as the order search reads it."""
     import os
     import tempfile
 
     import onnx
 
     from bitdrift.accumulation import probe_output
+
+    handle, path = tempfile.mkstemp(suffix=".probe.onnx")
+    os.close(handle)
+    try:
+        onnx.save(model, path)
+        run, _ = runtime.compile(path, device, dict(accelerator), False)
+        return probe_output(spec, run(ones)[-1])
+    finally:
+        os.unlink(path)
+
+
+def onnx_order_probe(runtime, device: dict, accelerator: dict, order_layers=None):
+    """order_probe for an ONNX runtime (see bitdrift.backends.Session): each call builds the
+    layer alone as the export writes it (onnx_layer), its kernel and bias as constants (so
+    the runtime packs and fuses them as in the export), and compiles it with the device's
+    settings."""
 
     def make(spec: dict, batch: int):
         ones = np.ones((batch, *spec["input_shape"]), dtype=np.float32)
@@ -281,15 +296,9 @@ def onnx_order_probe(runtime, device: dict, accelerator: dict, order_layers=None
             weights = [kernel.reshape(spec["kernel_shape"]).astype(np.float32)]
             if spec["use_bias"]:
                 weights.append(np.asarray(bias, np.float32))
-            handle, path = tempfile.mkstemp(suffix=".layer.onnx")
-            os.close(handle)
-            try:
-                onnx.save(onnx_layer(spec["class_name"], spec["config"], weights,
-                                     tuple(spec["input_shape"]), "probe"), path)
-                run, _ = runtime.compile(path, device, dict(accelerator), False)
-                return probe_output(spec, run(ones)[-1])
-            finally:
-                os.unlink(path)
+            return run_probe_model(runtime, onnx_layer(
+                spec["class_name"], spec["config"], weights, tuple(spec["input_shape"]),
+                "probe"), device, accelerator, spec, ones)
 
         return call
 

@@ -376,13 +376,10 @@ def node_order_probe(runtime, path, device: dict, accelerator: dict):
     """order_probe (bitdrift.backends.Session) of an ONNX model's MatMul or Gemm node: the
     node alone, cut from the file with its own attributes (node_model), its weights
     replaced by the probe's, compiled with the device's settings, on a batch of ones."""
-    import os
-    import tempfile
-
     import onnx
     from onnx import numpy_helper
 
-    from bitdrift.accumulation import probe_output
+    from bitdrift.backends.exported import run_probe_model
 
     def make(spec: dict, batch: int):
         ones = np.ones((batch, spec["terms"]), dtype=np.float32)
@@ -403,14 +400,7 @@ def node_order_probe(runtime, path, device: dict, accelerator: dict):
             probe.graph.initializer.extend(numpy_helper.from_array(
                 np.ascontiguousarray(value), name) for name, value in zip(
                     constants, values, strict=True))
-            handle, probe_path = tempfile.mkstemp(suffix=".node.onnx")
-            os.close(handle)
-            try:
-                onnx.save(probe, probe_path)
-                run, _ = runtime.compile(probe_path, device, dict(accelerator), False)
-                return probe_output(spec, run(ones)[-1])
-            finally:
-                os.unlink(probe_path)
+            return run_probe_model(runtime, probe, device, accelerator, spec, ones)
 
         return call
 
