@@ -82,8 +82,11 @@ def probe_spec(class_name: str, config: dict, input_shape, kernel_shape) -> dict
 def probe_output(spec: dict, output: np.ndarray) -> np.ndarray:
     """The sums of a probe's output: (batch, units) of a Dense layer; (batch, pixels,
     units) of a Conv2D, every output pixel (row-major), each a sum of its own whose window
-    may reach into the padding (see conv_grid)."""
+    may reach into the padding (see conv_grid); a ``channels_first`` probe's (an ONNX Conv
+    node's) output is read channels-last."""
     output = np.asarray(output)
+    if spec.get("channels_first"):
+        output = np.moveaxis(output, 1, -1)
     if spec["class_name"] == "Conv2D":
         return output.reshape(output.shape[0], -1, output.shape[-1])
     return output
@@ -1078,8 +1081,11 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
             results[layer] = entry
             continue
         bias = weights.get(f"weights/{layer}/1") if found.get("bias") else None
+        output = outputs[layer]
+        if spec.get("data_format") == "channels_first":  # an ONNX Conv: replayed channels-last
+            inbound, output = np.moveaxis(inbound, 1, -1), np.moveaxis(output, 1, -1)
         entry.update(_replayed(found, trees, spec, kernel, bias, inbound,
-                               outputs[layer], replay_positions, replay_samples))
+                               output, replay_positions, replay_samples))
         results[layer] = entry
     return results
 

@@ -397,3 +397,60 @@ def test_a_study_that_needs_a_dataset_refuses_a_model_with_its_own_inputs(tmp_pa
                                           "own inputs; the probe search runs a model on a "
                                           "dataset's images$"):
         validate_config(config)
+
+
+def three_convs_model():
+    """Conv 3x3 stride 2 (valid, bias) on the input, Relu, a depthwise Conv (4 groups, which
+    bitdrift does not probe), a Conv 2x2 without bias on that, Flatten, Gemm: NCHW,
+    seeded weights."""
+    rng = np.random.default_rng(3)
+
+    def constant(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    constants = [constant("w1", 4, 3, 3, 3), constant("b1", 4), constant("wd", 4, 1, 3, 3),
+                 constant("w3", 5, 4, 2, 2), constant("fc", 5 * 3 * 3, 2)]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["conv1"], kernel_shape=[3, 3],
+                              strides=[2, 2], auto_pad="VALID"),
+             helper.make_node("Relu", ["conv1"], ["relu"]),
+             helper.make_node("Conv", ["relu", "wd"], ["depthwise"], kernel_shape=[3, 3],
+                              pads=[1, 1, 1, 1], group=4),
+             helper.make_node("Conv", ["depthwise", "w3"], ["conv3"], kernel_shape=[2, 2]),
+             helper.make_node("Flatten", ["conv3"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "fc"], ["logits"])]
+    graph = helper.make_graph(nodes, "three_convs", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", 3, 9, 9])], [helper.make_tensor_value_info(
+            "logits", TensorProto.FLOAT, ["batch", 2])], constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("device", ["ort_all", "openvino_f32"])
+def test_an_onnx_conv_nodes_order_is_revealed_and_replays_the_record(tmp_path, device):
+    """Each ungrouped Conv node alone, cut from the file, through the device's runtime: the
+    first one's sum has kh * kw * cin products and its bias, and numpy summing the recorded
+    input in the revealed order gives the record's bits; the depthwise one is named as not
+    probed."""
+    model = three_convs_model()
+    onnx.save(model, tmp_path / "cnn.onnx")
+    inputs = np.random.default_rng(4).standard_normal((8, 3, 9, 9)).astype(np.float32)
+    np.save(tmp_path / "inputs.npy", inputs)
+    with Record(run_device(tmp_path, device, kernels=True)) as record:
+        orders = record.accumulation_orders
+        conv1 = record.tensor(5, "conv1").values[0]
+    assert orders["conv1"]["terms"] == 3 * 3 * 3 + 1 and orders["conv1"]["bias"]
+    assert orders["conv3"]["terms"] == 2 * 2 * 4 and not orders["conv3"]["bias"]
+    for layer in ("conv1", "conv3"):
+        assert orders[layer]["order"] != "not revealed", orders[layer]
+        assert orders[layer]["replay"].startswith("bit-identical"), orders[layer]
+    assert orders["depthwise"]["order"] == "not revealed"
+    assert "does not probe" in orders["depthwise"]["replay"]
+    # the record's conv1 is the file's convolution: numpy from the initializers
+    weights = {tensor.name: numpy_helper.to_array(tensor).astype(np.float64)
+               for tensor in model.graph.initializer}
+    patches = np.stack([inputs[5, :, i:i + 7:2, j:j + 7:2] for i in range(3)
+                        for j in range(3)], axis=-1).astype(np.float64)  # (c, 4, 4, 9)
+    exact = np.einsum("chwk,ock->ohw", patches, weights["w1"].reshape(4, 3, 9)) + \
+        weights["b1"][:, None, None]
+    np.testing.assert_allclose(conv1, exact, rtol=1e-5, atol=1e-5)

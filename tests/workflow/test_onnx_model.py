@@ -122,17 +122,15 @@ def test_the_tables_name_the_models_own_nodes(onnx_run):
     checked = effective[effective["model"] == "cnn"]
     assert set(checked["layer"]) == {"conv", "fc1", "fc2_matmul"}
     assert (checked["format"] == "float32").all()
-    # the MatMul and Gemm nodes' orders revealed through each runtime, the node alone cut
-    # from the file, and numpy summing in that order gives each record's bits; the Conv's
-    # is not probed, and the table says so
+    # the Conv, MatMul and Gemm nodes' orders revealed through each runtime, the node alone
+    # cut from the file, and numpy summing in that order gives each record's bits
     orders = pd.read_csv(workdir / "results/tables/accumulation_orders.csv")
     cnn_orders = orders[orders["model"] == "cnn"].set_index(["device", "layer"])
     for device in ONNX_DEVICES:
-        for layer in ("fc1", "fc2_matmul"):
+        for layer in ("conv", "fc1", "fc2_matmul"):
             assert cnn_orders.loc[(device, layer), "replay"].startswith("bit-identical")
-        assert cnn_orders.loc[(device, "conv"), "order"] == "not revealed"
-        assert "not probed yet" in cnn_orders.loc[(device, "conv"), "replay"]
     assert cnn_orders.loc[("ort_all", "fc1"), "terms"] == 8 * 8 * 8 + 1  # and the bias
+    assert cnn_orders.loc[("ort_all", "conv"), "terms"] == 3 * 3 * 3 + 1
     kernels = pd.read_csv(workdir / "results/tables/kernels.csv")
     assert {"conv", "fc1"} <= set(kernels[kernels["model"] == "cnn"]["layer"])
     with Record(workdir / "results/inference/cnn/ort_all.h5") as record:

@@ -171,8 +171,10 @@ def open_session(runtime, job: dict, name: str):
 
     checked, order_layers = checked_layers(path, [output for output, _ in recorded])
     summing = {output: op for output, op in recorded if op in SUMMING_OPS}
-    unrevealed = {output: f"an ONNX model's own {op} node, whose order is not probed yet; "
-                          "bitdrift probes an ONNX model's MatMul and Gemm nodes"
+    unrevealed = {output: f"an ONNX {op} node bitdrift does not probe (it probes MatMul and "
+                          "Gemm nodes over rows, and ungrouped 2-D Conv nodes of valid or "
+                          "same padding and a known input shape, with constant weights "
+                          "and a recorded input)"
                   for output, op in summing.items() if output not in order_layers}
     return Session(layers=recorded if job["layers"] else [], run=run, final=final,
                    unrevealed=unrevealed, unmapped=untyped if job["layers"] else [],
@@ -347,9 +349,7 @@ def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
     raw = {_sanitize(name): name for name in recorded}
     layers = file_layers(path)
     inputs = {layer["name"] for layer in layers if layer["class_name"] == "InputLayer"}
-    shapes = {value.name: [dim.dim_value if dim.HasField("dim_value") else None
-                           for dim in value.type.tensor_type.shape.dim]
-              for value in _load(path).graph.input}
+    shapes = {_sanitize(name): shape for name, shape in value_shapes(path).items()}
     checked, orders = {}, {}
     for layer in layers:
         if layer["class_name"] not in ("Dense", "Conv2D") or layer["name"] not in raw:
@@ -363,35 +363,70 @@ def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
             continue
         name = raw[layer["name"]]
         checked[name] = (spec, [np.asarray(value, np.float64) for value in layer["weights"]])
-        flat_input = source not in inputs or len(shapes.get(source, [])) == 2
-        if layer["class_name"] == "Dense" and flat_input:
-            kernel = layer["weights"][0]
+        kernel = layer["weights"][0]
+        shape = shapes.get(source)
+        if layer["class_name"] == "Dense" and (source not in inputs or len(shape or []) == 2):
             found = probe_spec("Dense", layer["config"], kernel.shape[:1], kernel.shape)
             if found is not None:
                 orders[name] = {**found, "op_type": layer["op_type"], "node": layer["name"]}
+        elif layer["class_name"] == "Conv2D" and shape and len(shape) == 4 and \
+                None not in shape[1:]:
+            # the sum described as Keras' channels-last Conv2D's (its terms in Keras' kernel
+            # order, its output grid); the probe feeds the node channels-first and reads
+            # its output back channels-last (channels_first; probe_output)
+            channels, height, width = shape[1:]
+            found = probe_spec("Conv2D", {**layer["config"], "data_format": "channels_last"},
+                               (height, width, channels), kernel.shape)
+            if found is not None:
+                orders[name] = {**found, "op_type": "Conv", "node": layer["name"],
+                                "channels_first": True}
     return checked, orders
 
 
+def value_shapes(path) -> dict:
+    """{value name: its shape as ONNX's shape inference gives it (None where a dimension
+    is free)}, of every graph input and node output it can type (instrumented has run it
+    on the same file)."""
+    import onnx
+
+    graph = onnx.shape_inference.infer_shapes(_load(path)).graph
+    return {value.name: [dim.dim_value if dim.HasField("dim_value") else None
+                         for dim in value.type.tensor_type.shape.dim]
+            for value in [*graph.input, *graph.value_info, *graph.output]
+            if value.type.HasField("tensor_type")}
+
+
 def node_order_probe(runtime, path, device: dict, accelerator: dict):
-    """order_probe (bitdrift.backends.Session) of an ONNX model's MatMul or Gemm node: the
-    node alone, cut from the file with its own attributes (node_model), its weights
-    replaced by the probe's, compiled with the device's settings, on a batch of ones."""
+    """order_probe (bitdrift.backends.Session) of an ONNX model's MatMul, Gemm or Conv
+    node: the node alone, cut from the file with its own attributes (node_model), its
+    weights replaced by the probe's, compiled with the device's settings, on a batch of
+    ones (a Conv's channels-first, at its input's shape in the model)."""
     import onnx
     from onnx import numpy_helper
 
     from bitdrift.backends.exported import run_probe_model
 
     def make(spec: dict, batch: int):
-        ones = np.ones((batch, spec["terms"]), dtype=np.float32)
-        alone = node_model(path, spec["node"], (spec["terms"],))
+        conv = spec["op_type"] == "Conv"
+        if conv:
+            height, width, channels = spec["input_shape"]
+            shape = (channels, height, width)
+        else:
+            shape = (spec["terms"],)
+        ones = np.ones((batch, *shape), dtype=np.float32)
+        alone = node_model(path, spec["node"], shape)
         node = alone.graph.node[0]
         transposed = spec["op_type"] == "Gemm" and any(
             attribute.name == "transB" and attribute.i for attribute in node.attribute)
         constants = [name for name in node.input[1:] if name]
 
         def call(kernel, bias):
-            kernel = np.asarray(kernel, np.float32).reshape(spec["terms"], spec["units"])
-            values = [kernel.T if transposed else kernel]
+            if conv:  # the probe's (kh, kw, cin, units) as ONNX's (units, cin, kh, kw)
+                kernel = np.asarray(kernel, np.float32).reshape(spec["kernel_shape"])
+                values = [kernel.transpose(3, 2, 0, 1)]
+            else:
+                kernel = np.asarray(kernel, np.float32).reshape(spec["terms"], spec["units"])
+                values = [kernel.T if transposed else kernel]
             if spec["use_bias"]:
                 values.append(np.asarray(bias, np.float32))
             probe = onnx.ModelProto()
