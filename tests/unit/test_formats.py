@@ -3,6 +3,7 @@ its signature, and a user's ONNX model run as it is on ONNX Runtime and OpenVINO
 node's output recorded by its own name. The models are built here: Keras (.keras, .h5)
 and LiteRT in a TensorFlow process, a torch.export program, ONNX graphs with onnx.helper."""
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -193,7 +194,9 @@ DEVICES = {"ort_all": {"accelerator": "cpu", "backend": "onnxruntime", "threads"
                                     "repeats": 2, "batch_size": 4},
            "openvino_f32": {"accelerator": "cpu", "backend": "openvino", "threads": 1,
                             "inference_precision_hint": "f32", "repeats": 2,
-                            "batch_size": 4}}
+                            "batch_size": 4},
+           "torch_eager": {"accelerator": "cpu", "backend": "torch_export", "threads": 1,
+                           "repeats": 2, "batch_size": 4}}
 
 
 def run_device(folder, device, model="cnn.onnx", inputs="inputs.npy", samples=(0, 1, 5),
@@ -215,7 +218,10 @@ def run_device(folder, device, model="cnn.onnx", inputs="inputs.npy", samples=(0
 def onnx_records(tmp_path_factory):
     folder = tmp_path_factory.mktemp("onnx_records")
     onnx_cnn.write(folder / "cnn.onnx", folder / "inputs.npy", samples=8)
-    return folder, {device: run_device(folder, device) for device in DEVICES}
+    return folder, {device: run_device(folder, device) for device in ONNX_RUNTIME_DEVICES}
+
+
+ONNX_RUNTIME_DEVICES = ("ort_all", "ort_no_optimizations", "openvino_f32")
 
 
 def numpy_forward(inputs: np.ndarray) -> dict:
@@ -454,3 +460,92 @@ def test_an_onnx_conv_nodes_order_is_revealed_and_replays_the_record(tmp_path, d
     exact = np.einsum("chwk,ock->ohw", patches, weights["w1"].reshape(4, 3, 9)) + \
         weights["b1"][:, None, None]
     np.testing.assert_allclose(conv1, exact, rtol=1e-5, atol=1e-5)
+
+
+def conv_relu_gemm_model():
+    """Conv 3x3 (same padding, bias), Relu, Flatten, Gemm (transB, bias): NCHW, seeded."""
+    rng = np.random.default_rng(5)
+
+    def constant(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["features"], kernel_shape=[3, 3],
+                              pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["features"], ["activated"], name="relu"),
+             helper.make_node("Flatten", ["activated"], ["flat"], name="flatten"),
+             helper.make_node("Gemm", ["flat", "fc", "fc_bias"], ["scores"], transB=1,
+                              name="fc")]
+    graph = helper.make_graph(nodes, "conv_relu_gemm", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", 2, 6, 6])], [helper.make_tensor_value_info(
+            "scores", TensorProto.FLOAT, ["batch", 4])],
+        [constant("w", 3, 2, 3, 3), constant("b", 3), constant("fc", 4, 3 * 6 * 6),
+         constant("fc_bias", 4)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_an_onnx_model_runs_on_torch_converted_by_onnx2torch_named_by_its_outputs(tmp_path):
+    """torch eager on the model onnx2torch converts, beside ONNX Runtime on the file: each
+    records every node output under its ONNX name, within float32's rounding of numpy's
+    float64 from the initializers (n terms: at most n * 2^-24 of the terms' magnitudes
+    each sum); the converter and its version are in the fingerprint."""
+    import importlib.metadata
+
+    model = conv_relu_gemm_model()
+    onnx.save(model, tmp_path / "cnn.onnx")
+    inputs = np.random.default_rng(6).standard_normal((8, 2, 6, 6)).astype(np.float32)
+    np.save(tmp_path / "inputs.npy", inputs)
+    weights = {tensor.name: numpy_helper.to_array(tensor).astype(np.float64)
+               for tensor in model.graph.initializer}
+    x = inputs[[0, 1, 5]].astype(np.float64)
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    patches = np.stack([padded[:, :, i:i + 6, j:j + 6] for i in range(3) for j in range(3)],
+                       axis=-1)  # (n, c, 6, 6, 9)
+    kernel = weights["w"].reshape(3, 2, 9)
+    conv = np.einsum("nchwk,ock->nohw", patches, kernel) + weights["b"][:, None, None]
+    conv_scale = np.einsum("nchwk,ock->nohw", np.abs(patches), np.abs(kernel)) + \
+        np.abs(weights["b"])[:, None, None]
+    names = ["features", "activated", "flat", "scores"]
+    for device in ("torch_eager", "ort_all"):
+        with Record(run_device(tmp_path, device)) as record:
+            assert [info.name for info in record.layers(0)] == names + ["output"], device
+            fingerprint = json.loads(record.attr("fingerprint"))
+            for row, sample in enumerate((0, 1, 5)):
+                features = record.tensor(sample, "features").values[0].astype(np.float64)
+                assert np.all(np.abs(features - conv[row]) <= 19 * 2.0**-24 * conv_scale[row])
+                activated = record.tensor(sample, "activated").values[0]
+                assert np.array_equal(activated, np.maximum(
+                    record.tensor(sample, "features").values[0], np.float32(0)))
+                flat = activated.reshape(-1).astype(np.float64)
+                assert np.array_equal(record.tensor(sample, "flat").values[0], flat)
+                exact = flat @ weights["fc"].T + weights["fc_bias"]
+                scale = np.abs(flat) @ np.abs(weights["fc"].T) + np.abs(weights["fc_bias"])
+                scores = record.tensor(sample, "scores").values[0].astype(np.float64)
+                assert np.all(np.abs(scores - exact) <= 109 * 2.0**-24 * scale), device
+        if device == "torch_eager":
+            accelerator = fingerprint["accelerator"]
+            assert accelerator["converter"] == "onnx2torch.convert"
+            assert accelerator["converter_versions"]["onnx2torch"] == \
+                importlib.metadata.version("onnx2torch")
+            assert accelerator["model_format"] == "onnx"
+
+
+def test_an_op_onnx2torch_lacks_fails_the_torch_device_naming_it(tmp_path):
+    """Det: ONNX Runtime runs it (test_a_runtime_that_lacks_an_op_...), onnx2torch has no
+    converter for it: the torch device fails at the conversion, the op named."""
+    nodes = [helper.make_node("Det", ["x"], ["det"])]
+    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", 3, 3])], [helper.make_tensor_value_info(
+            "det", TensorProto.FLOAT, ["batch"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "det.onnx")
+    np.save(tmp_path / "det.npy", np.eye(3, dtype=np.float32)[None].repeat(4, axis=0))
+    with pytest.raises(InferenceError) as error:
+        run_device(tmp_path, "torch_eager", "det.onnx", "det.npy", samples=(0, 1))
+    said = str(error.value)
+    assert "onnx2torch.convert (onnx2torch 1.5.15" in said and "cannot convert det.onnx" in said
+    assert "operation_type='Det'" in said
+    assert "\n" not in said
+    assert not (tmp_path / "torch_eager.h5").exists()

@@ -30,6 +30,12 @@ from bitdrift.errors import InferenceError
 ONNX_EXPORTER = "torch.onnx.export(dynamo=True)"
 OPENVINO_CONVERTER = "openvino.convert_model"
 EXECUTORCH_CONVERTER = "executorch.exir.to_edge_transform_and_lower(XnnpackPartitioner)"
+ONNX2TORCH_CONVERTER = "onnx2torch.convert"
+# onnx2torch's converters that call torchvision, left out where torchvision is not
+# installed: a CPU torch (2.13.0+cpu) needs torchvision's CPU build, which PyPI does not
+# have (its build loads only beside a CUDA torch: "operator torchvision::nms does not
+# exist"), so requirements-nodeps.txt installs onnx2torch without it
+TORCHVISION_CONVERTERS = {"nms": "NonMaxSuppression", "roialign": "RoiAlign"}
 
 
 class ConversionError(InferenceError):
@@ -82,9 +88,10 @@ def failure_reason(error: BaseException) -> str:
     return (lines[0] if lines else type(cause).__name__)[:400]
 
 
-def _failed(converter: str, versions: dict, error: BaseException) -> ConversionError:
+def _failed(converter: str, versions: dict, error: BaseException,
+            what: str = "the program") -> ConversionError:
     named = ", ".join(f"{package} {version}" for package, version in versions.items())
-    return ConversionError(f"{converter} ({named}) cannot convert the program: "
+    return ConversionError(f"{converter} ({named}) cannot convert {what}: "
                            f"{failure_reason(error)}")
 
 
@@ -262,3 +269,65 @@ def openvino_with_outputs(conversion: Conversion) -> dict[str, int]:
     results = [output.get_node().get_friendly_name() for output in model.outputs]
     return {layer: results.index(output.get_node().get_friendly_name())
             for layer, output in zip(conversion.layers, added, strict=True)}
+
+
+def import_onnx2torch() -> tuple[object, dict]:
+    """(onnx2torch, the options the fingerprint names): without torchvision, its
+    NonMaxSuppression and RoiAlign converters are left out (their modules stand empty), so
+    a model with those ops fails its conversion naming the op, as any op onnx2torch lacks;
+    the fingerprint says which ops were left out."""
+    import importlib.util
+    import sys
+    import types
+
+    if "onnx2torch" not in sys.modules and importlib.util.find_spec("torchvision") is None:
+        for module in TORCHVISION_CONVERTERS:
+            name = f"onnx2torch.node_converters.{module}"
+            sys.modules.setdefault(name, types.ModuleType(name))
+    import onnx2torch
+
+    left_out = [op for module, op in TORCHVISION_CONVERTERS.items() if getattr(
+        sys.modules.get(f"onnx2torch.node_converters.{module}"), "__file__", None) is None]
+    return onnx2torch, {"ops_left_out": left_out} if left_out else {}
+
+
+def from_onnx(path: str | Path) -> Conversion:
+    """The ONNX model at ``path`` as a torch.fx GraphModule (onnx2torch, one submodule per
+    ONNX node); ``layers`` {fx node: ONNX value} (:func:`onnx2torch_values`)."""
+    versions = package_versions("onnx2torch", "torch", "onnx")
+    if versions["onnx2torch"] is None:
+        raise ConversionError(f"{ONNX2TORCH_CONVERTER} needs the Python package 'onnx2torch' "
+                              "(pip install --no-deps onnx2torch==1.5.15; it is in "
+                              "requirements-nodeps.txt)")
+    try:
+        onnx2torch, options = import_onnx2torch()
+        module = onnx2torch.convert(str(path), attach_onnx_mapping=True)
+    except Exception as error:  # NotImplementedError for an op it lacks, ValueError, ...
+        raise _failed(ONNX2TORCH_CONVERTER, versions, error, Path(path).name) from error
+    conversion = Conversion(module.eval(), ONNX2TORCH_CONVERTER, versions, None, options)
+    conversion.layers = onnx2torch_values(module)
+    return conversion
+
+
+def onnx2torch_values(module) -> dict[str, str]:
+    """{fx node name: the ONNX value it computes} of an onnx2torch GraphModule, from each
+    node module's own ``onnx_mapping`` (the ONNX node's outputs): a node of one output is
+    that output; of several, each ``getitem`` taking one of them is that one. A node
+    whose value cannot be told this way is left out, never guessed."""
+    import operator
+
+    values = {}
+    for node in module.graph.nodes:
+        if node.op != "call_module":
+            continue
+        outputs = [name for name in getattr(module.get_submodule(node.target),
+                                            "onnx_mapping", ((), ()))[1]]
+        if len(outputs) == 1 and outputs[0]:
+            values[node.name] = outputs[0]
+        elif len(outputs) > 1:
+            for user in node.users:
+                if user.op == "call_function" and user.target is operator.getitem and \
+                        isinstance(user.args[1], int) and user.args[1] < len(outputs) and \
+                        outputs[user.args[1]]:
+                    values[user.name] = outputs[user.args[1]]
+    return values

@@ -358,30 +358,39 @@ class EagerRunner:
             self._names.setdefault(call.node, []).append(call.name)
 
     def __call__(self, inputs: list[np.ndarray], record_layers: bool = True) -> ProgramRun:
-        import torch
-        import torch.utils._pytree as pytree
-
         check_inputs(self.signature, inputs, self.source)
-        tensors = [to_tensor(array, self.precision) for array in inputs]
-        captured: dict[str, np.ndarray] = {}
-        names = self._names
+        return run_graph(self.module, [to_tensor(array, self.precision) for array in inputs],
+                         self._names, self.layers, record_layers, self.source,
+                         self.precision)
 
-        class Recorder(torch.fx.Interpreter):
-            def run_node(self, node):
-                value = super().run_node(node)
-                for name in names.get(node.name, ()):
-                    captured[name] = to_numpy(value)  # a copy, before any in-place node
-                return value
 
-        try:
-            with torch.no_grad():
-                if record_layers:
-                    result = Recorder(self.module).run(*tensors)
-                else:
-                    result = self.module(*tensors)
-        except (RuntimeError, TypeError, ValueError) as error:
-            raise ProgramError(f"{self.source}: the program fails in {self.precision}: "
-                               f"{_first_line(error)}") from error
-        outputs = [to_numpy(leaf) for leaf in pytree.tree_leaves(result)]
-        layers = {name: captured[name] for name in self.layers if name in captured}
-        return ProgramRun(outputs, layers, per_layer=record_layers)
+def run_graph(module, tensors: list, names: dict[str, list[str]], layers: list[str],
+              record_layers: bool, source: str, precision: str) -> ProgramRun:
+    """An fx GraphModule called on ``tensors`` (its own forward), or, with
+    ``record_layers``, run node by node by ``torch.fx.Interpreter`` (the same calls in the
+    same order) with the value of each node named in ``names`` ({fx node: [recorded
+    names]}) copied as it is made; ``layers`` in topological order."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    captured: dict[str, np.ndarray] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, node):
+            value = super().run_node(node)
+            for name in names.get(node.name, ()):
+                captured[name] = to_numpy(value)  # a copy, before any in-place node
+            return value
+
+    try:
+        with torch.no_grad():
+            if record_layers:
+                result = Recorder(module).run(*tensors)
+            else:
+                result = module(*tensors)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise ProgramError(f"{source}: the program fails in {precision}: "
+                           f"{_first_line(error)}") from error
+    outputs = [to_numpy(leaf) for leaf in pytree.tree_leaves(result)]
+    found = {name: captured[name] for name in layers if name in captured}
+    return ProgramRun(outputs, found, per_layer=record_layers)

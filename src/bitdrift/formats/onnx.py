@@ -17,7 +17,8 @@ from bitdrift.formats import Input
 
 NAME = "onnx"
 WHAT = "an ONNX model"
-RUNTIMES = ("onnxruntime", "openvino")
+# torch_export: torch eager on the model converted by onnx2torch (torch_session)
+RUNTIMES = ("onnxruntime", "openvino", "torch_export")
 
 
 def recognise(path, head: bytes) -> bool:
@@ -121,6 +122,8 @@ def open_session(runtime, job: dict, name: str):
     from bitdrift.errors import BitdriftError
     from bitdrift.reference import unreadable_export
 
+    if runtime.NAME == "torch_export":
+        return torch_session(runtime, job, name)
     device, path = job["device"], job["model_path"]
     accelerator = runtime.check_accelerator(name, device)
     accelerator["model_format"] = NAME
@@ -184,6 +187,78 @@ def open_session(runtime, job: dict, name: str):
                    accelerator=accelerator, kernels=kernels,
                    deployed=deployed if deployed_run is not None else None,
                    deployed_program=f"{Path(path).name} on {runtime.NAME}, as given")
+
+
+def torch_session(runtime, job: dict, name: str):
+    """A Session of torch eager (``runtime``: torch_export, its knobs: threads,
+    deterministic, precision, the libraries' ISA variables) on the model converted by
+    onnx2torch (bitdrift.backends.torch_conversions.from_onnx; converter and versions in
+    the fingerprint; an op it lacks fails this device alone, named). Each node's output is
+    recorded under the ONNX value it computes, the names an ONNX runtime's record has; a
+    value no fx node is known to compute is unmapped, never guessed. The GraphModule's
+    own forward is the model as deployed."""
+    from bitdrift.backends import Session
+    from bitdrift.backends.torch_conversions import from_onnx
+    from bitdrift.backends.torch_program import (
+        ProgramError,
+        cast_module,
+        configure,
+        run_graph,
+        to_tensor,
+    )
+
+    device, path = job["device"], job["model_path"]
+    accelerator = runtime.check_accelerator(name, device)
+    accelerator["model_format"] = NAME
+    _, layers, untyped = instrumented(path)
+    try:
+        conversion = from_onnx(path)
+    except InferenceError as error:
+        raise InferenceError(f"device {name!r}: {error}") from error
+    accelerator.update(conversion.fingerprint())
+    precision = device["precision"]
+    configure(device.get("threads"), device.get("deterministic"))
+    try:
+        module = cast_module(conversion.model, precision, Path(path).name)
+    except ProgramError as error:
+        raise InferenceError(f"device {name!r}: {error}") from error
+    computed = set(conversion.layers.values())
+    recorded = [(layer, op) for layer, op in layers if layer in computed]
+    if not recorded or recorded[-1] != layers[-1]:
+        raise InferenceError(f"device {name!r}: {conversion.converter} gives no node "
+                             f"computing {Path(path).name}'s output {layers[-1][0]!r}")
+    names = {}
+    for node, value in conversion.layers.items():
+        names.setdefault(node, []).append(value)
+    wanted = [layer for layer, _ in recorded]
+    accelerator["per_layer"] = (f"every ONNX node output {conversion.converter} computes "
+                                "in an fx node of its own, by its ONNX name (torch eager)")
+
+    def call(batch, record):
+        try:
+            return run_graph(module, [to_tensor(batch, precision)], names, wanted, record,
+                             Path(path).name, precision)
+        except ProgramError as error:
+            raise InferenceError(f"device {name!r}: {error}") from error
+
+    def run(batch):
+        if not job["layers"]:
+            return [final(batch)]
+        found = call(batch, True).layers
+        return [found[layer] for layer in wanted]
+
+    def final(batch):
+        return call(batch, False).outputs[-1]
+
+    checked, _ = checked_layers(path, wanted)
+    unrevealed = {layer: f"an ONNX {op} node on torch, whose order bitdrift does not probe "
+                         "yet" for layer, op in recorded if op in SUMMING_OPS}
+    return Session(layers=recorded if job["layers"] else [], run=run, final=final,
+                   accelerator=accelerator, checked=checked if job["layers"] else {},
+                   unmapped=[layer for layer, _ in layers if layer not in computed] + untyped
+                   if job["layers"] else [], unrevealed=unrevealed, deployed=final,
+                   deployed_program=f"{Path(path).name} converted by "
+                                    f"{conversion.converter}, its forward, torch eager")
 
 
 def compile_model(runtime, path, device, accelerator, trace, name, shown=None):
