@@ -357,7 +357,7 @@ def test_repro_cuts_the_first_parting_node_from_the_users_file(onnx_records, tmp
             return next((info.name for info in one.layers(0) if not np.array_equal(
                 one.tensor(0, info).values[0], other.tensor(0, info).values[0])), None)
 
-    parting = [(a, b, first_parting(a, b)) for a, b in combinations(DEVICES, 2)]
+    parting = [(a, b, first_parting(a, b)) for a, b in combinations(ONNX_RUNTIME_DEVICES, 2)]
     a, b, first = next(pair for pair in parting if pair[2] is not None)
     summary = write_repro(records[a], records[b], folder / "cnn.onnx", tmp_path / "repro",
                           folder / "inputs.npy")
@@ -389,7 +389,7 @@ def test_a_device_whose_runtime_cannot_run_the_format_is_refused_before_any_repe
               samples=[0], out=tmp_path / "tf.h5")
     assert str(error.value) == (f"device 'tf': backend 'tensorflow' cannot run "
                                 f"{tmp_path / 'cnn.onnx'} (an ONNX model; runtimes that can: "
-                                "onnxruntime, openvino)")
+                                "onnxruntime, openvino, torch_export)")
 
 
 def test_a_study_that_needs_a_dataset_refuses_a_model_with_its_own_inputs(tmp_path,

@@ -1,4 +1,5 @@
-"""The conda environments must pin what requirements.txt pins."""
+"""The conda environments must pin what requirements.txt and requirements-nodeps.txt
+pin."""
 
 from pathlib import Path
 
@@ -12,7 +13,8 @@ def pins(lines):
 
 
 def test_conda_environment_matches_requirements():
-    requirements = pins((ROOT / "requirements.txt").read_text().split())
+    requirements = pins((ROOT / "requirements.txt").read_text().split()
+                        + (ROOT / "requirements-nodeps.txt").read_text().split())
     env = yaml.safe_load((ROOT / "envs/bitdrift.yaml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     conda_pins = pins(pip_section)
