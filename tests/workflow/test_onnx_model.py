@@ -1,7 +1,8 @@
 """A user's ONNX models with their own .npy inputs through the workflow: no training or
 Keras export rule, one record per device whose runtime runs ONNX (ONNX Runtime with and
-without its graph optimisations, OpenVINO at float32), the TensorFlow device left out;
-an op OpenVINO lacks fails that device alone, named, and the rest is written."""
+without its graph optimisations, OpenVINO at float32, torch eager through onnx2torch),
+the TensorFlow device left out; an op OpenVINO and onnx2torch lack fails those devices
+alone, named, and the rest is written."""
 
 import json
 
@@ -24,9 +25,12 @@ DEVICES = {
                              "graph_optimization_level": "disable_all", "repeats": 2},
     "openvino_f32": {"accelerator": "cpu", "backend": "openvino", "threads": 1,
                      "inference_precision_hint": "f32", "repeats": 2},
+    "torch_eager": {"accelerator": "cpu", "backend": "torch_export", "threads": 1,
+                    "repeats": 2},
     "tf_1thread": {"accelerator": "cpu", "backend": "tensorflow", "threads": 1},
 }
 ONNX_DEVICES = ["ort_all", "ort_no_optimizations", "openvino_f32"]
+TORCH_DEVICE = "torch_eager"  # the model converted by onnx2torch
 SAMPLES = [0, 1, 5]
 
 
@@ -66,25 +70,27 @@ def onnx_run(tmp_path_factory):
 def test_only_the_onnx_runtimes_run_and_no_keras_rule(onnx_run):
     workdir, returncode, said = onnx_run
     assert returncode != 0  # one device failed, and the run says so at its end
-    assert "1 device(s) failed" in said
+    assert "2 device(s) failed" in said
     for rule in ("train_model", "export_model", "export_reference", "prepare_dataset"):
         assert f"rule {rule}:" not in said
     records = sorted(path.relative_to(workdir / "results/inference").as_posix()
                      for path in (workdir / "results/inference").rglob("*.h5"))
     # the failed device's failure record is cleared at the end of the run, so the next
     # run tries it again (bitdrift.failures); its reason stays in device_failures.csv
-    assert records == sorted(f"{model}/{device}.h5" for model in ("cnn", "det")
-                             for device in ONNX_DEVICES
-                             if (model, device) != ("det", "openvino_f32"))
+    assert records == sorted([f"cnn/{device}.h5" for device in [*ONNX_DEVICES, TORCH_DEVICE]]
+                             + ["det/ort_all.h5", "det/ort_no_optimizations.h5"])
 
 
 def test_an_op_a_runtime_lacks_fails_that_device_alone_naming_the_op(onnx_run):
     workdir, _, _ = onnx_run
     failures = pd.read_csv(workdir / "results/tables/device_failures.csv")
-    assert failures[["model", "device"]].values.tolist() == [["det", "openvino_f32"]]
-    reason = failures["reason"].iloc[0]
+    assert sorted(failures[["model", "device"]].values.tolist()) == [
+        ["det", "openvino_f32"], ["det", TORCH_DEVICE]]
+    reasons = failures.set_index("device")["reason"]
     assert "openvino cannot run det.onnx (No conversion rule found for operations: Det" \
-        in reason
+        in reasons["openvino_f32"]
+    assert "cannot convert det.onnx: Converter is not implemented" in reasons[TORCH_DEVICE]
+    assert "operation_type='Det'" in reasons[TORCH_DEVICE]
     det = np.load(workdir / "det.npy").astype(np.float64)
     kernel = numpy_helper.to_array(onnx.load(workdir / "det.onnx").graph.initializer[0])
     expected = np.linalg.det((det @ kernel.astype(np.float64)).reshape(-1, 4, 4))
@@ -101,11 +107,11 @@ def test_the_tables_name_the_models_own_nodes(onnx_run):
     workdir, _, _ = onnx_run
     eqc = pd.read_csv(workdir / "results/tables/eqc.csv")
     cnn = eqc[eqc["model"] == "cnn"]
-    assert sorted(set(cnn["device"])) == sorted(ONNX_DEVICES)
+    assert sorted(set(cnn["device"])) == sorted([*ONNX_DEVICES, TORCH_DEVICE])
     # the classes are the records' final outputs grouped bit for bit, recounted here
     for sample, rows in cnn.groupby("sample"):
         outputs = {}
-        for device in ONNX_DEVICES:
+        for device in [*ONNX_DEVICES, TORCH_DEVICE]:
             with Record(workdir / f"results/inference/cnn/{device}.h5") as record:
                 outputs[device] = record.tensor(sample, "output").values[0].tobytes()
         assert rows["eqc"].nunique() == len(set(outputs.values()))
@@ -131,6 +137,7 @@ def test_the_tables_name_the_models_own_nodes(onnx_run):
             assert cnn_orders.loc[(device, layer), "replay"].startswith("bit-identical")
     assert cnn_orders.loc[("ort_all", "fc1"), "terms"] == 8 * 8 * 8 + 1  # and the bias
     assert cnn_orders.loc[("ort_all", "conv"), "terms"] == 3 * 3 * 3 + 1
+    assert cnn_orders.loc[(TORCH_DEVICE, "conv"), "order"] == "not revealed"
     kernels = pd.read_csv(workdir / "results/tables/kernels.csv")
     assert {"conv", "fc1"} <= set(kernels[kernels["model"] == "cnn"]["layer"])
     with Record(workdir / "results/inference/cnn/ort_all.h5") as record:

@@ -27,7 +27,8 @@ runtimes (``onnxruntime``, ``openvino``, ``litert``) run the file ``bitdrift.exp
 wrote from the same ``.keras`` model (``exported``), and cannot train. A torch.export
 program (``.pt2``) runs on ``torch_export`` (eager, per module), ``torch_inductor``
 (torch.compile) and ``executorch``, and converted on onnxruntime and openvino
-(bitdrift.formats.pt2).
+(bitdrift.formats.pt2); an ONNX model on ``torch_export`` too, converted by onnx2torch
+(bitdrift.formats.onnx.torch_session).
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ which each library reads once at its first use: every repeat is a fresh process
 (PREFORK False), so the variables are set before torch is imported. The fingerprint holds
 torch's own view of these settings (torch_program.settings).
 
+An ONNX model runs here too, converted by onnx2torch, each node's output recorded under
+its ONNX name (bitdrift.formats.onnx.torch_session), with the same knobs.
+
 What the three runtimes of a .pt2 program (this one, torch_inductor, executorch) share
 is here: ``program_layers`` and ``session_from_runner``.
 """
