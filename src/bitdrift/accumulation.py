@@ -1078,8 +1078,12 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
             results[layer] = entry
             continue
         bias = weights.get(f"weights/{layer}/1") if found.get("bias") else None
+        output = outputs[layer]
+        if spec["class_name"] == "Conv2D" and spec.get("data_format") == "channels_first":
+            # a torch program's NCHW values, replayed channels-last as its probe was read
+            inbound, output = np.moveaxis(inbound, 1, -1), np.moveaxis(output, 1, -1)
         entry.update(_replayed(found, trees, spec, kernel, bias, inbound,
-                               outputs[layer], replay_positions, replay_samples))
+                               output, replay_positions, replay_samples))
         results[layer] = entry
     return results
 

@@ -151,6 +151,7 @@ def open_session(job: dict, name: str):
     layers), and the program's own forward as deployed."""
     from bitdrift.backends import Session
     from bitdrift.backends.torch_program import EagerRunner, ProgramError
+    from bitdrift.formats import pt2
 
     device = job["device"]
     accelerator = check_accelerator(name, device)
@@ -164,6 +165,10 @@ def open_session(job: dict, name: str):
         raise InferenceError(f"device {name!r}: {error}") from error
     layers, final_name = program_layers(program)
     accelerator["per_layer"] = "every module call's output, by module path (torch eager)"
+    checked, order_layers, unrevealed = {}, {}, {}
+    if job["layers"]:  # the Linear and Conv2d calls, read from the program (formats.pt2)
+        checked, order_layers, unrevealed = pt2.checked_layers(
+            pt2.program_file_layers(program), [layer for layer, _ in layers], device["precision"])
 
     def run(batch):
         result = runner([batch], record_layers=bool(job["layers"]))
@@ -176,6 +181,9 @@ def open_session(job: dict, name: str):
         return runner([batch], record_layers=False).outputs[-1]
 
     return Session(layers=layers if job["layers"] else [], run=run, final=final,
-                   accelerator=accelerator, deployed=final,
+                   accelerator=accelerator, deployed=final, checked=checked,
+                   order_layers=order_layers, unrevealed=unrevealed,
+                   order_probe=pt2.node_order_probe(device["precision"]) if order_layers
+                   else None,
                    deployed_program=f"{Path(job['model_path']).name}'s program.module() "
                                     "called, torch eager")
