@@ -115,3 +115,25 @@ def test_effective_precision_of_a_float32_device_is_float32(record):
     for layer in ("0", "5", "7"):
         assert effective[layer]["format"] == "float32" and not effective[layer]["reduced"]
         assert effective[layer]["effective_bits"] > 20, (layer, effective[layer])
+
+
+def test_the_traced_repeat_names_each_module_calls_kernels(record, program):
+    """oneDNN's and MKL's verbose lines of the traced repeat fall to the module call that
+    ran them: the Conv2d's convolution is oneDNN's at its own shape (batch 2, 3 -> 4
+    channels, 6x6, the module's kernel and padding), each Linear's GEMM MKL's at (units,
+    batch, terms); the batch norm, ReLU, pooling and flatten call neither library."""
+    _, model = program
+    with Record(record) as found:
+        layers = found.kernels["layers"]
+    conv = model[0]
+    convolutions = [call for call in layers["0"]["calls"]
+                    if call["library"] == "onednn" and call["primitive"] == "convolution"]
+    assert convolutions and all(
+        f"ic{conv.in_channels}oc{conv.out_channels}_ih6oh6kh{conv.kernel_size[0]}" in call["shape"]
+        and f"ph{conv.padding[0]}" in call["shape"] for call in convolutions), layers["0"]
+    for name in ("5", "7"):
+        linear = model[int(name)]
+        assert [(call["library"], call["primitive"], call["shape"]) for call in
+                layers[name]["calls"]] == [("mkl", "sgemm", f"{linear.out_features}x"
+                                            f"{DEVICE['batch_size']}x{linear.in_features}")] * 2
+    assert all(not layers[name]["calls"] for name in ("1", "2", "3", "4", "6"))
