@@ -137,3 +137,33 @@ def test_the_traced_repeat_names_each_module_calls_kernels(record, program):
                 layers[name]["calls"]] == [("mkl", "sgemm", f"{linear.out_features}x"
                                             f"{DEVICE['batch_size']}x{linear.in_features}")] * 2
     assert all(not layers[name]["calls"] for name in ("1", "2", "3", "4", "6"))
+
+
+def test_repro_runs_the_first_parted_call_alone_as_each_device_ran_it(record, program,
+                                                                     tmp_path):
+    """A second device capping oneDNN at AVX2 (batch 1) parts from the first at the
+    Conv2d: `bitdrift repro` writes a torch script per device running aten.conv2d alone
+    with the device's settings, and each prints the SHA-256 of the values its record holds
+    (the record's own bytes, hashed here)."""
+    import hashlib
+
+    from bitdrift.repro import check_repro, write_repro
+
+    folder, _ = program
+    other = tmp_path / "avx2.h5"
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="tiny", device_name="avx2",
+              device={**DEVICE, "batch_size": 1, "env": {"ONEDNN_MAX_CPU_ISA": "AVX2"}},
+              model_path=folder / "tiny.pt2", dataset_path=folder / "inputs.npy",
+              samples=SAMPLES, out=other, log=log, kernels=False)
+    summary = write_repro(record, other, folder / "tiny.pt2", tmp_path / "repro",
+                          dataset_path=folder / "inputs.npy")
+    assert summary["layer"] == "0" and summary["class_name"] == "Conv2D"
+    for path, name in ((record, "eager"), (other, "avx2")):
+        with Record(path) as found:
+            values = np.stack([found.tensor(sample, "0").values[0] for sample in SAMPLES])
+        assert summary["devices"][name]["expected"] == hashlib.sha256(values.tobytes()) \
+            .hexdigest()
+    results = check_repro(tmp_path / "repro")
+    assert all(result["reproduced"] for result in results.values()), results
+    assert results["eager"]["printed"] != results["avx2"]["printed"]
