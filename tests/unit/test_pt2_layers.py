@@ -108,13 +108,34 @@ def test_a_revealed_linear_order_replays_bit_for_bit_in_numpy(record, program):
     assert orders["0"]["replay"].startswith("bit-identical"), orders["0"]
 
 
-def test_effective_precision_of_a_float32_device_is_float32(record):
+def test_effective_precision_of_a_float32_device_is_float32(record, program):
+    """At inference and recomputed from the record's activations and the file's weights
+    (effective_precision.recheck), the Conv2d and both Linear calls are float32-like."""
+    from bitdrift.effective_precision import recheck
+
+    folder, _ = program
     with Record(record) as found:
         effective = found.effective_precision
-    assert set(effective) >= {"0", "5", "7"}
-    for layer in ("0", "5", "7"):
-        assert effective[layer]["format"] == "float32" and not effective[layer]["reduced"]
-        assert effective[layer]["effective_bits"] > 20, (layer, effective[layer])
+        rechecked = recheck(found, folder / "tiny.pt2", folder / "inputs.npy")
+    for results in (effective, rechecked):
+        assert set(results) == {"0", "5", "7"}
+        for layer, result in results.items():
+            assert result["format"] == "float32" and not result["reduced"], (layer, result)
+            assert result["effective_bits"] > 20, (layer, result)
+
+
+def test_compiled_runtimes_record_each_call_as_not_revealed(program):
+    from bitdrift.backends.torch_export import compiled_unrevealed
+    from bitdrift.backends.torch_program import load_program
+
+    folder, _ = program
+    found = compiled_unrevealed(load_program(folder / "tiny.pt2"), "torch.compile (Inductor)")
+    assert found == {"0": "torch.compile (Inductor) compiles the program whole; its Conv2d "
+                          "call is not probed alone",
+                     "5": "torch.compile (Inductor) compiles the program whole; its Linear "
+                          "call is not probed alone",
+                     "7": "torch.compile (Inductor) compiles the program whole; its Linear "
+                          "call is not probed alone"}
 
 
 def test_the_traced_repeat_names_each_module_calls_kernels(record, program):

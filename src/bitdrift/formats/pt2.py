@@ -157,6 +157,13 @@ def _converted(runtime, job, name, program, layers, accelerator, folder):
     final_layer = layers[-1]
     recorded = [(layer, kind) for layer, kind in layers[:-1] if layer in positions]
     unmapped = [layer for layer, _ in layers[:-1] if layer not in positions]
+    checked, unrevealed = {}, {}
+    if job["layers"]:  # the converted runtimes run float32 (docs/pytorch-models.md)
+        checked, probed, unrevealed = checked_layers(
+            program_file_layers(program), [layer for layer, _ in recorded + [final_layer]],
+            "float32")
+        unrevealed.update({layer: f"the program converted by {conversion.converter}: its "
+                                  "node alone is not probed" for layer in probed})
     accelerator["per_layer"] = (f"the module calls {conversion.converter} keeps under their "
                                 "module paths; the others are unmapped")
 
@@ -173,7 +180,8 @@ def _converted(runtime, job, name, program, layers, accelerator, folder):
         return compiled(batch)[0]
 
     return Session(layers=recorded + [final_layer] if job["layers"] else [], run=run,
-                   final=instrumented_final, accelerator=accelerator,
+                   final=instrumented_final, accelerator=accelerator, checked=checked,
+                   unrevealed=unrevealed,
                    unmapped=unmapped if job["layers"] else [], deployed=final,
                    deployed_program=f"{Path(job['model_path']).name} converted by "
                                     f"{conversion.converter}, on {runtime.NAME}")
@@ -315,10 +323,11 @@ def checked_layers(layers: list[dict], recorded: list[str], precision: str) -> t
     """({layer: (effective-precision spec, [kernel, bias] as the device had them)},
     {layer: order probe spec (bitdrift.accumulation.probe_spec)}, {layer: why its order
     is not revealed}) of the recorded Linear and Conv2d calls among ``layers``
-    (file_layers), those fed by the program input or a recorded call. A Linear's order is
-    probed over (batch, terms) inputs, a Conv2d's (groups 1) at its input's own shape,
-    channels-last in the spec (its terms in Keras' order: position, then channel) and
-    channels-first where the probe runs it (node_order_probe)."""
+    (file_layers); the effective-precision check takes those fed by the program input or
+    a recorded call. A Linear's order is probed over (batch, terms) inputs, a Conv2d's
+    (groups 1) at its input's own shape, channels-last in the spec (its terms in Keras'
+    order: position, then channel) and channels-first where the probe runs it
+    (node_order_probe)."""
     from bitdrift.accumulation import probe_spec
     from bitdrift.effective_precision import spec_from_config
     from bitdrift.models import numpy_dtype
@@ -326,36 +335,38 @@ def checked_layers(layers: list[dict], recorded: list[str], precision: str) -> t
     inputs = {layer["name"] for layer in layers if layer["class_name"] == "InputLayer"}
     checked, orders, unrevealed = {}, {}, {}
     for layer in layers:
-        if layer["class_name"] not in ("Dense", "Conv2D") or layer["name"] not in recorded:
+        name = layer["name"]
+        if name not in recorded:
             continue
-        source = layer["inbound"][0]
-        if source not in inputs and source not in recorded:
-            continue  # its input is not recorded
+        if layer["class_name"] == CONV2D:  # file_layers could not name its padding
+            unrevealed[name] = ("a Conv2d whose padding is neither none nor the same on "
+                                "both sides at stride 1: not read")
+            continue
+        if layer["class_name"] not in ("Dense", "Conv2D"):
+            continue
+        source = layer["inbound"][0] if layer["inbound"] else None
         spec = spec_from_config(layer["class_name"], layer["config"],
                                 None if source in inputs else source)
-        if spec is None:
-            continue
-        checked[layer["name"]] = (spec, [np.asarray(value).astype(numpy_dtype(precision))
-                                         for value in layer["weights"]])
+        if spec is not None and (source in inputs or source in recorded):
+            checked[name] = (spec, [np.asarray(value).astype(numpy_dtype(precision))
+                                    for value in layer["weights"]])
         kernel, shape = layer["weights"][0], layer["input_shape"]
         found, why = None, None
-        if None in shape:
+        if not shape or None in shape:
             why = "its input has a dynamic size besides the batch"
         elif layer["class_name"] == "Dense":
             found = probe_spec("Dense", layer["config"], kernel.shape[:1], kernel.shape) \
                 if len(shape) == 1 else None
-            why = "a Linear over more than (batch, features): not probed" if found is None \
-                else None
+            why = "a Linear over more than (batch, features): not probed"
         else:
             channels, height, width = shape
             found = probe_spec("Conv2D", {**layer["config"], "data_format": "channels_last"},
                                (height, width, channels), kernel.shape)
-            why = "a grouped Conv2d: not probed" if found is None else None
+            why = "a grouped Conv2d: not probed"
         if found is not None:
-            orders[layer["name"]] = {**found, "node": layer["node"],
-                                     "data_format": layer["config"].get("data_format")}
+            orders[name] = found
         else:
-            unrevealed[layer["name"]] = why
+            unrevealed[name] = why
     return checked, orders, unrevealed
 
 
