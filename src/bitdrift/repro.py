@@ -389,11 +389,14 @@ def refusal(device: dict, split: Split) -> str | None:
     backend = device["backend"]
     if backend not in SCRIPTED_RUNTIMES:
         return f"backend {backend!r}: no repro script"
+    if backend == "litert" and device["precision"] != "float32":
+        return "litert: the export is float32"
+    if split.format == "pt2" and backend != "torch_export":
+        return (f"{backend}: runs the .pt2 program converted; a repro script runs the "
+                "program's node on torch_export only")
     if backend == "torch_export" and split.class_name not in TORCH_OPS:
         return (f"torch_export: the script runs a program's Linear and Conv2d calls; "
                 f"{split.layer!r} is {split.class_name}")
-    if backend == "litert" and device["precision"] != "float32":
-        return "litert: the export is float32"
     if backend in ONNX_RUNTIMES and split.format == "keras":
         activation = split.config.get("activation", "linear")
         if split.class_name not in ONNX_LAYERS or activation not in ONNX_ACTIVATIONS:
