@@ -173,7 +173,8 @@ def open_session(job: dict, name: str):
     device = job["device"]
     accelerator = check_accelerator(name, device)
     try:
-        runner = CompiledRunner(_shared().load(job), options=accelerator["inductor_options"],
+        program = _shared().load(job)
+        runner = CompiledRunner(program, options=accelerator["inductor_options"],
                                 precision=device["precision"], threads=device.get("threads"),
                                 deterministic=device.get("deterministic"),
                                 source=job["model_path"], march=accelerator.get("cpp_march"))
@@ -186,4 +187,6 @@ def open_session(job: dict, name: str):
         except ProgramError as error:
             raise InferenceError(f"device {name!r}: {error}") from error
 
-    return _shared().session_from_runner(call, name, accelerator, note=NO_LAYERS)
+    return _shared().session_from_runner(
+        call, name, accelerator, note=NO_LAYERS,
+        unrevealed=_shared().compiled_unrevealed(program, "torch.compile (Inductor)"))
