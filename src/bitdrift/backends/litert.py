@@ -80,14 +80,15 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False,
             experimental_op_resolver_type=resolver,
             experimental_preserve_all_tensors=tensors is not None)
     runner = loaded.get_signature_runner()
-    outputs = runner.get_output_details()
+    signature_outputs = runner.get_output_details()
     graph_order = [int(detail["index"]) for detail in loaded.get_output_details()]
-    if all(re.fullmatch(r"output_\d+", key) for key in outputs):
+    if all(re.fullmatch(r"output_\d+", key) for key in signature_outputs):
         # Keras names the outputs output_0, output_1, ... in the probe's order; the
         # signature sorts them as text (output_10 before output_2).
-        names = sorted(outputs, key=lambda key: int(key.rsplit("_", 1)[1]))
+        names = sorted(signature_outputs, key=lambda key: int(key.rsplit("_", 1)[1]))
     else:
-        names = sorted(outputs, key=lambda key: graph_order.index(int(outputs[key]["index"])))
+        names = sorted(signature_outputs, key=lambda key: graph_order.index(
+            int(signature_outputs[key]["index"])))
     (input_name,) = runner.get_input_details()
     hidden: set[int] | None = None  # the tensors a delegate keeps inside, after a run
 
@@ -123,7 +124,7 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False,
                 inputs=tuple(int(tensor) for tensor in op["inputs"]), outputs=outputs))
         if tensors is not None:
             return nodes, list(tensors)
-        return nodes, [int(outputs[key]["index"]) for key in names]
+        return nodes, [int(signature_outputs[key]["index"]) for key in names]
 
     return run, describe
 

@@ -74,61 +74,76 @@ def open_session(runtime, job: dict, name: str):
     return file_session(runtime, job, name, job["model_path"])
 
 
-def file_session(runtime, job: dict, name: str, path, renamed: dict | None = None,
-                 program: str | None = None):
+def file_session(runtime, job: dict, name: str, path, rename=None,
+                 program: str | None = None, accelerator: dict | None = None):
     """A Session of LiteRT on the .tflite at ``path`` (the user's file, or a conversion
     of it: bitdrift.formats.pt2) with the device's resolver and threads: every tensor of
     file_tensors recorded, those a delegate keeps inside listed as unmapped; the file run
     without keeping its tensors is the model as deployed (the observer check).
-    ``renamed`` ({tensor index: layer name}): the tensors recorded, under these names
-    (the final outputs whatever it says); ``program``: what the deployed run runs."""
+    ``rename(tensors, values)``, given file_tensors and their values on the first batch
+    of the inputs, returns ({tensor index: (layer, class, axes)}: the tensors recorded
+    under those names, transposed by ``axes`` where not None, the final output last
+    whatever it says; [the layers it finds no tensor for]). ``program``: what the
+    deployed run runs; ``accelerator``: the fingerprint's, where the caller has begun it
+    (a conversion's)."""
     from pathlib import Path
 
     from bitdrift.backends import Session
-    from bitdrift.datasets import read_test_images
+    from bitdrift.datasets import count_test_images, read_test_images
     from bitdrift.errors import BitdriftError, InferenceError
     from bitdrift.formats.onnx import cannot_run
 
     device, shown = job["device"], job["model_path"]
-    accelerator = runtime.check_accelerator(name, device)
-    accelerator.setdefault("model_format", NAME)
+    if accelerator is None:
+        accelerator = runtime.check_accelerator(name, device)
+        accelerator["model_format"] = NAME
     trace = bool(job.get("trace"))
     tensors = file_tensors(path)
     finals = len(_interpreter(path).get_output_details())
-    if renamed is not None:
-        tensors = [(index, renamed[index], op) for index, _, op in tensors[:-finals]
-                   if index in renamed] + tensors[-finals:]
-    first = read_test_images(job["dataset_path"], [0])
-    probe = np.zeros((device["batch_size"], *first.shape[1:]), first.dtype)
+    batch = device["batch_size"]
+    rows = count_test_images(job["dataset_path"])
+    first = read_test_images(job["dataset_path"], [row % rows for row in range(batch)])
     try:
         compiled, describe = runtime.compile(path, device, accelerator, trace,
                                              tensors=[index for index, _, _ in tensors])
-        values = compiled(probe)  # the delegate is applied by the first run
+        values = compiled(first)  # the delegate is applied by the first run
         deployed_run = None
         if not trace:
             deployed_run, _ = runtime.compile(path, device, dict(accelerator), False)
-            deployed_run(probe)
+            deployed_run(first)
         nodes_outputs = describe() if trace else None
     except BitdriftError:
         raise
     except Exception as error:  # the interpreter's ValueError, RuntimeError
         raise cannot_run(runtime, shown, name, error) from error
-    present = [position for position, value in enumerate(values) if value is not None]
-    if any(values[position] is None for position in range(len(values) - finals, len(values))):
+    if any(value is None for value in values[-finals:]):
         raise InferenceError(f"device {name!r}: {runtime.NAME} gives no value for a final "
                              f"output of {Path(shown).name}")
-    recorded = [(tensors[position][1], tensors[position][2]) for position in present]
-    unmapped = [tensors[position][1] for position, value in enumerate(values)
+    # (position among the tensors, layer, class, axes) of each recorded value
+    left_out = [tensors[position][1] for position, value in enumerate(values)
                 if value is None]
+    if rename is None:
+        recorded = [(position, layer, op, None) for position, (_, layer, op)
+                    in enumerate(tensors) if values[position] is not None]
+    else:
+        names, not_found = rename(tensors, values)
+        recorded = [(position, *names[index]) for position, (index, _, _)
+                    in enumerate(tensors[:-finals]) if index in names]
+        recorded += [(position, *names.get(index, (layer, op, None))) for position,
+                     (index, layer, op) in enumerate(tensors) if position >= len(tensors)
+                     - finals]
+        left_out = list(not_found)
 
     def run(batch):
         outputs = compiled(batch)
         if not job["layers"]:
             return [outputs[-1]]
-        if any(outputs[position] is None for position in present):  # never guessed
+        if any(outputs[position] is None for position, *_ in recorded):  # never guessed
             raise InferenceError(f"device {name!r}: {runtime.NAME} stopped writing a tensor "
                                  f"of {Path(shown).name} it wrote in its first run")
-        return [outputs[position] for position in present]
+        return [outputs[position] if axes is None else
+                np.ascontiguousarray(outputs[position].transpose(axes))
+                for position, _, _, axes in recorded]
 
     def final(batch):
         return compiled(batch)[-1]
@@ -143,13 +158,14 @@ def file_session(runtime, job: dict, name: str, path, renamed: dict | None = Non
         from bitdrift.kernels import graph_layer_calls
 
         nodes, outputs = nodes_outputs
-        found = graph_layer_calls(nodes, outputs, {position: tensors[position][1]
-                                                   for position in present})
+        found = graph_layer_calls(nodes, outputs, {position: layer for position, layer, _, _
+                                                   in recorded})
         kernels = {layer: [asdict(call) for call in calls] for layer, calls in found.items()}
+    layers = [(layer, kind) for _, layer, kind, _ in recorded]
     unrevealed = {layer: f"a .tflite file's own {op} node, whose order is not probed yet"
-                  for layer, op in recorded if op in SUMMING_OPS}
-    return Session(layers=recorded if job["layers"] else [], run=run, final=final,
-                   accelerator=accelerator, unmapped=unmapped if job["layers"] else [],
+                  for layer, op in layers if op in SUMMING_OPS}
+    return Session(layers=layers if job["layers"] else [], run=run, final=final,
+                   accelerator=accelerator, unmapped=left_out if job["layers"] else [],
                    kernels=kernels, unrevealed=unrevealed if job["layers"] else {},
                    deployed=deployed if deployed_run is not None else None,
                    deployed_program=program or f"{Path(shown).name} on {runtime.NAME}, "
