@@ -1,5 +1,7 @@
-"""LiteRT (TensorFlow Lite) on the model's ``.tflite`` export: the op resolver (XNNPACK,
-the built-in kernels without it, or the reference kernels) and threads as device keys.
+"""LiteRT (TensorFlow Lite) on the model's ``.tflite`` export, a user's own ``.tflite``
+or a .pt2 program converted by litert-torch (bitdrift.formats.tflite, .pt2): the op
+resolver (XNNPACK, the built-in kernels without it, or the reference kernels) and
+threads as device keys.
 CPU only: a GPU delegate is not a device bitdrift can check here."""
 
 from __future__ import annotations
