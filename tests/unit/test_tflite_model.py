@@ -56,7 +56,8 @@ def tflite_records(tmp_path_factory):
         records[device] = folder / f"{device}.h5"
         infer(model_name="mine", device_name=device, device=config["devices"][device],
               model_path=folder / "model.tflite", dataset_path=folder / "inputs.npy",
-              samples=SAMPLES, out=records[device], layers=True)
+              samples=SAMPLES, out=records[device], layers=True,
+              kernels=device != "litert_reference")
     return folder, records
 
 
@@ -97,6 +98,24 @@ def test_every_tensor_is_recorded_by_its_name_and_computes_the_model(tflite_reco
             fingerprint = record.fingerprint
             assert fingerprint["accelerator"]["model_format"] == "tflite"
             assert fingerprint["versions"]["litert"]
+
+
+def test_the_traced_repeat_names_each_nodes_kernel(tflite_records):
+    """XNNPACK takes every node of the file; the built-in resolver runs LiteRT's own
+    optimised kernels (the resolver each device names)."""
+    _, records = tflite_records
+    for device, prefix in (("litert_xnnpack", "xnnpack "), ("litert_builtin", "tflite ")):
+        with Record(records[device]) as record:
+            kernels = record.kernels
+            assert kernels["traced"] and kernels["outputs_match"], device
+            signatures = {layer: found["signature"]
+                          for layer, found in kernels["layers"].items()}
+            assert len(signatures) == 3, signatures  # fc1, fc2, the softmax
+            for layer, signature in signatures.items():
+                assert signature.startswith(prefix), (device, layer, signature)
+            if device == "litert_builtin":
+                assert all(signature.endswith("(optimized)")
+                           for signature in signatures.values())
 
 
 def test_a_tensor_xnnpack_keeps_inside_its_delegate_is_absent(tflite_records):
