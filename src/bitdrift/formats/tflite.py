@@ -162,8 +162,11 @@ def file_session(runtime, job: dict, name: str, path, rename=None,
                                                    in recorded})
         kernels = {layer: [asdict(call) for call in calls] for layer, calls in found.items()}
     layers = [(layer, kind) for _, layer, kind, _ in recorded]
-    unrevealed = {layer: f"a .tflite file's own {op} node, whose order is not probed yet"
-                  for layer, op in layers if op in SUMMING_OPS}
+    # named as the record names the layers (HDF5 takes "/" for a path: bitdrift.record)
+    from bitdrift.record import _sanitize
+
+    unrevealed = {_sanitize(layer): f"a .tflite file's own {op} node, whose order is not "
+                                    "probed yet" for layer, op in layers if op in SUMMING_OPS}
     return Session(layers=layers if job["layers"] else [], run=run, final=final,
                    accelerator=accelerator, unmapped=left_out if job["layers"] else [],
                    kernels=kernels, unrevealed=unrevealed if job["layers"] else {},
