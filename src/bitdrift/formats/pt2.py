@@ -1,8 +1,9 @@
 """PyTorch ``torch.export`` programs (``torch.export.save``: a zip holding
 ``<name>/archive_format`` and ``<name>/models/*.json``), run natively by torch eager
 (``torch_export``), torch.compile (``torch_inductor``) and ExecuTorch (``executorch``, a
-lowering each repeat makes), and through a conversion by ONNX Runtime and OpenVINO
-(:func:`open_session`: ``torch.onnx.export(dynamo=True)``, ``openvino.convert_model``).
+lowering each repeat makes), and through a conversion by ONNX Runtime, OpenVINO and
+LiteRT (:func:`open_session`: ``torch.onnx.export(dynamo=True)``,
+``openvino.convert_model``, ``litert_torch.convert``).
 A conversion is named in the record's fingerprint (converter, versions, options); a
 failed one fails only the devices that need it, its reason in the failure record."""
 
@@ -18,7 +19,8 @@ from bitdrift.formats import Input
 
 NAME = "pt2"
 WHAT = "a PyTorch torch.export .pt2 archive"
-RUNTIMES = ("torch_export", "torch_inductor", "executorch", "onnxruntime", "openvino")
+RUNTIMES = ("torch_export", "torch_inductor", "executorch", "onnxruntime", "openvino",
+            "litert")
 NATIVE = ("torch_export", "torch_inductor", "executorch")  # each opens the file itself
 # The ATen calls read as layers (file_layers): nn.Linear and nn.Conv2d export as these
 LINEAR, CONV2D = "aten.linear.default", "aten.conv2d.default"
@@ -117,6 +119,8 @@ def _converted(runtime, job, name, program, layers, accelerator, folder):
     from bitdrift.formats.onnx import compile_model
 
     device = job["device"]
+    if runtime.NAME == "litert":
+        return _litert_session(runtime, job, name, program, layers, accelerator, folder)
     if runtime.NAME == "onnxruntime":
         import onnx
 
@@ -186,6 +190,50 @@ def _converted(runtime, job, name, program, layers, accelerator, folder):
                    deployed_program=f"{Path(job['model_path']).name} converted by "
                                     f"{conversion.converter}, on {runtime.NAME}")
 
+
+
+def _litert_session(runtime, job, name, program, layers, accelerator, folder):
+    """LiteRT on the program converted by litert-torch at the device's batch size
+    (bitdrift.formats.tflite.file_session on the .tflite): the module calls whose tensor
+    the conversion keeps recorded under their module paths
+    (torch_conversions.litert_module_tensors, checked against the eager run's values on
+    the first batch), the others unmapped; the final output last."""
+    import os
+
+    from bitdrift.backends import torch_conversions as conversions
+    from bitdrift.backends.torch_program import EagerRunner
+    from bitdrift.datasets import count_test_images, read_test_images
+    from bitdrift.formats import tflite
+
+    batch = job["device"]["batch_size"]
+    rows = count_test_images(job["dataset_path"])
+    first = read_test_images(job["dataset_path"], [row % rows for row in range(batch)])
+    path = os.path.join(folder, "model.tflite")
+    conversion = conversions.to_litert(program, path, first)
+    accelerator.update(conversion.fingerprint())
+    accelerator["model_format"] = NAME
+    inner = [(layer, kind) for layer, kind in layers[:-1]]
+    kinds = dict(layers)
+
+    def rename(tensors, values):
+        if not job["layers"]:
+            return {}, []
+        eager = EagerRunner(program, source=job["model_path"])([first]).layers
+        found = conversions.litert_module_tensors(
+            tensors[:-1], values[:-1], [layer for layer, _ in inner],
+            {layer: eager[layer] for layer, _ in inner if layer in eager})
+        names = {index: (layer, kinds[layer], axes) for index, (layer, axes) in found.items()}
+        names[tensors[-1][0]] = (layers[-1][0], layers[-1][1], None)
+        mapped = {layer for layer, _, _ in names.values()}
+        return names, [layer for layer, _ in inner if layer not in mapped]
+
+    accelerator["per_layer"] = (f"the module calls whose tensor {conversion.converter} "
+                                "keeps, named by their module stack and equal to the eager "
+                                "module's output on the first batch; the others are "
+                                "unmapped")
+    return tflite.file_session(runtime, job, name, path, rename=rename, program=(
+        f"{Path(job['model_path']).name} converted by {conversion.converter}, on "
+        f"{runtime.NAME}"), accelerator=accelerator)
 
 
 # -- the program's layers, as the analyses take them ------------------------------------------
