@@ -406,6 +406,8 @@ def recheck(record, model_path, dataset_path) -> dict:
     # the samples whose layers hold values (a record written with analysis.full_samples
     # holds the others' digests only)
     samples = record.value_samples
+    if not samples:  # nothing to check (unchecked_reason says why)
+        return {}
     images = read_test_images(dataset_path, samples).astype(dtype) \
         if any(spec["inbound"] is None for spec, _ in checked.values()) else None
     results: dict[str, list[dict]] = {}
