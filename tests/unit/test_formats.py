@@ -196,7 +196,9 @@ DEVICES = {"ort_all": {"accelerator": "cpu", "backend": "onnxruntime", "threads"
                             "inference_precision_hint": "f32", "repeats": 2,
                             "batch_size": 4},
            "torch_eager": {"accelerator": "cpu", "backend": "torch_export", "threads": 1,
-                           "repeats": 2, "batch_size": 4}}
+                           "repeats": 2, "batch_size": 4},
+           "litert_xnnpack": {"accelerator": "cpu", "backend": "litert", "threads": 1,
+                              "op_resolver": "xnnpack", "repeats": 1, "batch_size": 4}}
 
 
 def run_device(folder, device, model="cnn.onnx", inputs="inputs.npy", samples=(0, 1, 5),
@@ -529,6 +531,65 @@ def test_an_onnx_model_runs_on_torch_converted_by_onnx2torch_named_by_its_output
             assert accelerator["converter_versions"]["onnx2torch"] == \
                 importlib.metadata.version("onnx2torch")
             assert accelerator["model_format"] == "onnx"
+
+
+def test_an_onnx_model_runs_on_litert_through_onnx2torch_and_litert_torch(tmp_path):
+    """LiteRT on the model converted by onnx2torch, then litert-torch: the nodes whose
+    tensor the .tflite keeps are recorded under their ONNX names (the convolution fused
+    into its Relu is not one of them: absent, not guessed), every recorded value within
+    float32's rounding of numpy's float64 from the initializers, both converters and their
+    versions in the fingerprint; an op onnx2torch lacks fails the device, named."""
+    import importlib.metadata
+
+    model = conv_relu_gemm_model()
+    onnx.save(model, tmp_path / "cnn.onnx")
+    inputs = np.random.default_rng(6).standard_normal((8, 2, 6, 6)).astype(np.float32)
+    np.save(tmp_path / "inputs.npy", inputs)
+    weights = {tensor.name: numpy_helper.to_array(tensor).astype(np.float64)
+               for tensor in model.graph.initializer}
+    x = inputs[[0, 1, 5]].astype(np.float64)
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    patches = np.stack([padded[:, :, i:i + 6, j:j + 6] for i in range(3) for j in range(3)],
+                       axis=-1)
+    kernel = weights["w"].reshape(3, 2, 9)
+    conv = np.einsum("nchwk,ock->nohw", patches, kernel) + weights["b"][:, None, None]
+    conv_scale = np.einsum("nchwk,ock->nohw", np.abs(patches), np.abs(kernel)) + \
+        np.abs(weights["b"])[:, None, None]
+    activated = np.maximum(conv, 0)
+    bound = 19 * 2.0**-24 * conv_scale
+    with Record(run_device(tmp_path, "litert_xnnpack")) as record:
+        recorded = [info.name for info in record.layers(0)]
+        assert set(recorded) <= {"features", "activated", "flat", "scores", "output"}
+        assert recorded[-1] == "output" and "activated" in recorded, recorded
+        for row, sample in enumerate((0, 1, 5)):
+            if "features" in recorded:
+                features = record.tensor(sample, "features").values[0].astype(np.float64)
+                assert np.all(np.abs(features - conv[row]) <= bound[row])
+            found = record.tensor(sample, "activated").values[0].astype(np.float64)
+            assert np.all(np.abs(found - activated[row]) <= bound[row])
+            flat = activated[row].reshape(-1)
+            exact = flat @ weights["fc"].T + weights["fc_bias"]
+            scale = (np.abs(flat) + bound[row].reshape(-1)) @ np.abs(weights["fc"].T) + \
+                np.abs(weights["fc_bias"])
+            output = record.tensor(sample, "output").values[0].astype(np.float64)
+            assert np.all(np.abs(output - exact) <= 109 * 2.0**-24 * scale + np.abs(
+                weights["fc"]) @ bound[row].reshape(-1))
+        accelerator = json.loads(record.attr("fingerprint"))["accelerator"]
+    assert accelerator["converter"] == "onnx2torch.convert, then litert_torch.convert"
+    for package in ("onnx2torch", "litert-torch"):
+        assert accelerator["converter_versions"][package] == \
+            importlib.metadata.version(package)
+    assert accelerator["model_format"] == "onnx"
+    nodes = [helper.make_node("Det", ["x"], ["det"])]
+    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", 3, 3])], [helper.make_tensor_value_info(
+            "det", TensorProto.FLOAT, ["batch"])])
+    det = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    det.ir_version = 8
+    onnx.save(det, tmp_path / "det.onnx")
+    np.save(tmp_path / "det.npy", np.eye(3, dtype=np.float32)[None].repeat(4, axis=0))
+    with pytest.raises(InferenceError, match="onnx2torch.convert .* cannot convert det.onnx"):
+        run_device(tmp_path, "litert_xnnpack", "det.onnx", "det.npy", samples=(0, 1))
 
 
 def test_an_op_onnx2torch_lacks_fails_the_torch_device_naming_it(tmp_path):

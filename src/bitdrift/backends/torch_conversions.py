@@ -335,9 +335,9 @@ def onnx2torch_values(module) -> dict[str, str]:
 
 
 def to_litert(program, out: str | Path, sample) -> Conversion:
-    """The program as a LiteRT ``.tflite`` written to ``out``: ``litert_torch.convert`` of
-    its module on ``sample`` (a numpy batch: the .tflite takes batches of that shape, so
-    each device converts at its own batch size)."""
+    """The program (or a torch module) as a LiteRT ``.tflite`` written to ``out``:
+    ``litert_torch.convert`` of its module on ``sample`` (a numpy batch: the .tflite
+    takes batches of that shape, so each device converts at its own batch size)."""
     versions = package_versions("litert-torch", "ai-edge-litert", "torch")
     if versions["litert-torch"] is None:
         raise ConversionError(f"{LITERT_CONVERTER} needs the Python package 'litert-torch' "
@@ -350,7 +350,10 @@ def to_litert(program, out: str | Path, sample) -> Conversion:
         import litert_torch
 
         litert_torch.config.show_progress = False  # its progress lines, on every repeat
-        converted = litert_torch.convert(program.module(), (torch.from_numpy(sample),))
+        # an ExportedProgram's module, or a module (onnx2torch's GraphModule of an ONNX model)
+        module = program.module() if isinstance(program, torch.export.ExportedProgram) \
+            else program
+        converted = litert_torch.convert(module, (torch.from_numpy(sample),))
         with atomic_output(out) as partial:
             converted.export(str(partial))
     except Exception as error:  # a lowering torch has and LiteRT lacks, the MLIR converter

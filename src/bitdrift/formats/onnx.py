@@ -18,7 +18,7 @@ from bitdrift.formats import Input
 NAME = "onnx"
 WHAT = "an ONNX model"
 # torch_export: torch eager on the model converted by onnx2torch (torch_session)
-RUNTIMES = ("onnxruntime", "openvino", "torch_export")
+RUNTIMES = ("onnxruntime", "openvino", "torch_export", "litert")
 
 
 def recognise(path, head: bytes) -> bool:
@@ -124,6 +124,8 @@ def open_session(runtime, job: dict, name: str):
 
     if runtime.NAME == "torch_export":
         return torch_session(runtime, job, name)
+    if runtime.NAME == "litert":
+        return litert_session(runtime, job, name)
     device, path = job["device"], job["model_path"]
     accelerator = runtime.check_accelerator(name, device)
     accelerator["model_format"] = NAME
@@ -259,6 +261,77 @@ def torch_session(runtime, job: dict, name: str):
                    if job["layers"] else [], unrevealed=unrevealed, deployed=final,
                    deployed_program=f"{Path(path).name} converted by "
                                     f"{conversion.converter}, its forward, torch eager")
+
+
+def litert_session(runtime, job: dict, name: str):
+    """A Session of LiteRT (``runtime``: its resolver and threads) on the ONNX model
+    converted twice: by onnx2torch to a torch module (torch_conversions.from_onnx), and
+    that by litert-torch to a .tflite at the device's batch size (to_litert); both
+    converters and their versions in the fingerprint, a failure of either failing this
+    device alone, named. A node's value is recorded under its ONNX value's name where
+    litert-torch names a tensor by the onnx2torch module computing it and that tensor's
+    value on the first batch equals the module's eager output
+    (torch_conversions.litert_module_tensors); the others are unmapped, never guessed."""
+    import os
+    import shutil
+    import tempfile
+
+    from bitdrift.backends import torch_conversions as conversions
+    from bitdrift.backends.torch_program import run_graph, to_tensor
+    from bitdrift.datasets import count_test_images, read_test_images
+    from bitdrift.formats import tflite
+
+    device, path = job["device"], job["model_path"]
+    accelerator = runtime.check_accelerator(name, device)
+    accelerator["model_format"] = NAME
+    _, layers, _ = instrumented(path)
+    batch = device["batch_size"]
+    rows = count_test_images(job["dataset_path"])
+    first = read_test_images(job["dataset_path"], [row % rows for row in range(batch)])
+    folder = tempfile.mkdtemp(prefix="bitdrift-onnx-litert-")
+    try:
+        converted_path = os.path.join(folder, "model.tflite")
+        try:
+            to_torch = conversions.from_onnx(path)
+            to_tflite = conversions.to_litert(to_torch.model.eval(), converted_path, first)
+        except InferenceError as error:
+            raise InferenceError(f"device {name!r}: {error}") from error
+        accelerator.update({
+            "converter": f"{to_torch.converter}, then {to_tflite.converter}",
+            "converter_versions": {**to_torch.versions, **to_tflite.versions},
+            "converter_options": {**to_torch.options, **to_tflite.options}})
+        # {onnx2torch submodule: the ONNX value its node computes}
+        graph = {node.name: node for node in to_torch.model.graph.nodes}
+        values = {graph[node].target: value for node, value in to_torch.layers.items()
+                  if graph[node].op == "call_module"}
+        kinds = dict(layers)
+        inner = [module for module, value in values.items() if value != layers[-1][0]]
+
+        def rename(tensors, found_values):
+            if not job["layers"]:
+                return {}, []
+            eager = run_graph(to_torch.model, [to_tensor(first)],
+                              {node: [graph[node].target] for node in to_torch.layers
+                               if graph[node].op == "call_module"},
+                              inner, True, path, "float32").layers
+            found = conversions.litert_module_tensors(tensors[:-1], found_values[:-1],
+                                                      inner, eager)
+            names = {index: (values[module], kinds.get(values[module], "onnx"), axes)
+                     for index, (module, axes) in found.items()}
+            names[tensors[-1][0]] = (layers[-1][0], layers[-1][1], None)
+            mapped = {layer for layer, _, _ in names.values()}
+            return names, [layer for layer, _ in layers[:-1] if layer not in mapped]
+
+        accelerator["per_layer"] = (
+            "the ONNX nodes whose onnx2torch module names a tensor litert-torch keeps, "
+            "equal to the module's eager output on the first batch; the others are "
+            "unmapped")
+        return tflite.file_session(runtime, job, name, converted_path, rename=rename,
+                                   program=f"{Path(path).name} converted by "
+                                   f"{accelerator['converter']}, on {runtime.NAME}",
+                                   accelerator=accelerator)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def compile_model(runtime, path, device, accelerator, trace, name, shown=None):
