@@ -252,6 +252,16 @@ def check_model_file(name: str, model: dict, samples: list[int], devices: dict) 
             formats.check_inputs(model["inputs"], model["file"], format, samples)
         except (ModelFormatError, DatasetError) as error:
             raise ConfigError(f"config key models.{name}.inputs: {error}") from error
+    if format != "keras":
+        inputs = formats.signature(model["file"], format)
+        for device_name, device in devices.items():
+            if device["backend"] in runtimes:
+                try:
+                    formats.check_runtime_inputs(format, device["backend"], inputs,
+                                                 model["file"])
+                except ModelFormatError as error:
+                    raise ConfigError(f"config key devices.{device_name}.backend: "
+                                      f"{error}") from error
 
 
 def load_config(path: str | Path) -> dict:

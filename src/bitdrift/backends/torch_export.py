@@ -168,15 +168,21 @@ def open_session(job: dict, name: str):
     layers, final_name = program_layers(program)
     accelerator["per_layer"] = "every module call's output, by module path (torch eager)"
 
+    def arrays(batch) -> list:
+        """The program's inputs in call order: several by name (datasets.NamedInputs)."""
+        if isinstance(batch, dict):
+            return [batch[spec.name] for spec in runner.signature]
+        return [batch]
+
     def run(batch):
-        result = runner([batch], record_layers=bool(job["layers"]))
+        result = runner(arrays(batch), record_layers=bool(job["layers"]))
         if not job["layers"]:
             return [result.outputs[-1]]
         return [result.outputs[-1] if layer == final_name else result.layers[layer]
                 for layer, _ in layers]
 
     def final(batch):
-        return runner([batch], record_layers=False).outputs[-1]
+        return runner(arrays(batch), record_layers=False).outputs[-1]
 
     return Session(layers=layers if job["layers"] else [], run=run, final=final,
                    accelerator=accelerator, deployed=final,

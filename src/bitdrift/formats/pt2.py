@@ -17,6 +17,8 @@ from bitdrift.formats import Input
 NAME = "pt2"
 WHAT = "a PyTorch torch.export .pt2 archive"
 RUNTIMES = ("torch_export", "torch_inductor", "executorch", "onnxruntime", "openvino")
+# a program of several inputs: each fed by its name (a .npz of one array per input)
+SEVERAL_INPUTS = ("torch_export",)
 NATIVE = ("torch_export", "torch_inductor", "executorch")  # each opens the file itself
 file_layers = None  # no reading of its layers' weights yet (repro, effective precision)
 
