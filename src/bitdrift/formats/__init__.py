@@ -190,12 +190,13 @@ def open_session(job: dict, name: str):
                              f"{', '.join(loader.RUNTIMES) or 'none yet'})")
     if loader.open_session is None:  # the runtime module opens the file itself
         return backends.get(backend).open_session(job, name)
-    batch, fixed = job["device"]["batch_size"], loader.signature(job["model_path"])
+    batch, inputs = job["device"]["batch_size"], loader.signature(job["model_path"])
     try:
-        check_runtime_inputs(loader.NAME, backend, fixed, job["model_path"])
+        check_runtime_inputs(loader.NAME, backend, inputs, job["model_path"])
     except ModelFormatError as error:
         raise InferenceError(f"device {name!r}: {error}") from error
-    if fixed and fixed[0].shape and fixed[0].shape[0] not in (None, batch):
+    fixed = [wanted for wanted in inputs if wanted.shape and wanted.shape[0] not in (None, batch)]
+    if fixed:
         raise InferenceError(f"device {name!r}: batch_size {batch}, but model "
                              f"{job['model_path']} takes batches of exactly "
                              f"{fixed[0].shape[0]} (input {fixed[0].describe()})")
