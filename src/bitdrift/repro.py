@@ -150,6 +150,11 @@ def first_split(record_a: Record, record_b: Record, model_path) -> Split:
                               f"{len(layer['inbound'])} inputs; a repro runs one-input layers")
     source = layer["inbound"][0]
     inbound = None if found[source]["class_name"] == "InputLayer" else source
+    if inbound is None and sum(entry["class_name"] == "InputLayer"
+                               for entry in found.values()) > 1:
+        raise NotReproducible(f"layer {parted.name!r} reads the model input {source!r}, one "
+                              "of several; a repro runs a layer fed by a recorded layer or "
+                              "by a model's one input")
     if inbound is not None:
         if inbound not in {info.name for info in layers}:
             raise NotReproducible(f"the input of {parted.name!r} ({inbound}) is not recorded")

@@ -1,7 +1,8 @@
 """Models of several inputs (bitdrift.datasets.NamedInputs): a .npz of one array per input,
 matched to the model's inputs by name, checked when the config is read, and fed by name
-to ONNX Runtime and OpenVINO (an ONNX model) and torch eager (a .pt2 program); each
-recorded output checked against numpy or torch computing the model from the inputs."""
+to ONNX Runtime, OpenVINO and torch eager through onnx2torch (an ONNX model) and torch
+eager (a .pt2 program); each recorded output checked against numpy or torch computing
+the model from the inputs."""
 
 import numpy as np
 import onnx
@@ -87,7 +88,8 @@ def final_values(path) -> dict:
 
 
 @pytest.mark.parametrize("backend, keys", [("onnxruntime", {}),
-                                           ("openvino", {"inference_precision_hint": "f32"})])
+                                           ("openvino", {"inference_precision_hint": "f32"}),
+                                           ("torch_export", {})])  # through onnx2torch
 def test_an_onnx_model_of_two_inputs_is_fed_each_by_its_name(files, backend, keys):
     """The final output against numpy's float64 from both inputs, within float32's
     rounding of three terms and an addition; and the Add node's output is exactly the
@@ -164,15 +166,14 @@ def test_inputs_that_do_not_fit_a_model_of_two_are_one_line_naming_them(files, t
 def test_a_runtime_that_feeds_one_input_refuses_a_model_of_two_at_the_config_check(files):
     folder, _ = files
     for model, inputs, backend, several in (
-            ("two.onnx", "two.npz", "torch_export", "onnxruntime, openvino"),
             ("masked.pt2", "masked.npz", "torch_inductor", "torch_export"),
+            ("masked.pt2", "masked.npz", "executorch", "torch_export"),
             ("masked.pt2", "masked.npz", "onnxruntime", "torch_export")):
         with pytest.raises(ConfigError) as error:
             validate_config(config_of(str(folder / model), str(folder / inputs), backend))
-        names = "a, b" if model == "two.onnx" else "x, mask"
         assert str(error.value) == (
             f"config key devices.d.backend: backend {backend!r} feeds models of one input; "
-            f"{folder / model} takes 2 ({names}): runtimes that feed several: {several}")
+            f"{folder / model} takes 2 (x, mask): runtimes that feed several: {several}")
 
 
 def test_a_runtime_that_feeds_one_input_refuses_it_at_its_session_too(files):

@@ -20,7 +20,7 @@ WHAT = "an ONNX model"
 # torch_export: torch eager on the model converted by onnx2torch (torch_session)
 RUNTIMES = ("onnxruntime", "openvino", "torch_export")
 # a model of several inputs: each fed by its name (a .npz of one array per input)
-SEVERAL_INPUTS = ("onnxruntime", "openvino")
+SEVERAL_INPUTS = ("onnxruntime", "openvino", "torch_export")
 
 
 def recognise(path, head: bytes) -> bool:
@@ -236,10 +236,15 @@ def torch_session(runtime, job: dict, name: str):
     accelerator["per_layer"] = (f"every ONNX node output {conversion.converter} computes "
                                 "in an fx node of its own, by its ONNX name (torch eager)")
 
+    # onnx2torch's placeholders follow the graph's inputs: several fed by name, in that order
+    order = [wanted_input.name for wanted_input in signature(path)]
+
     def call(batch, record):
+        arrays = [batch[input_name] for input_name in order] if isinstance(batch, dict) \
+            else [batch]
         try:
-            return run_graph(module, [to_tensor(batch, precision)], names, wanted, record,
-                             Path(path).name, precision)
+            return run_graph(module, [to_tensor(array, precision) for array in arrays], names,
+                             wanted, record, Path(path).name, precision)
         except ProgramError as error:
             raise InferenceError(f"device {name!r}: {error}") from error
 
