@@ -201,3 +201,30 @@ def test_a_single_array_npz_still_feeds_a_model_of_one_input_whatever_its_name(t
     np.save(tmp_path / "one.npy", np.ones((3, 2), np.float32))
     with pytest.raises(ModelFormatError, match="takes input 'a' \\(\\?, 3\\) float32$"):
         formats.check_inputs(tmp_path / "one.npy", tmp_path / "one.onnx")
+
+
+def test_repro_refuses_a_node_fed_by_one_of_several_inputs_in_one_line(files, tmp_path):
+    """Two records parting at the MatMul fed by input a (hand-built: one bit of its output
+    flipped in a copy): the repro says it cannot cut that node alone."""
+    import shutil
+
+    import h5py
+
+    from bitdrift.repro import NotReproducible, write_repro
+
+    folder, _ = files
+    path = folder / "two.onnx.onnxruntime.h5"
+    if not path.is_file():
+        run_device(folder, "two.onnx", "two.npz", "onnxruntime")
+    shutil.copy(path, tmp_path / "a.h5")
+    shutil.copy(path, tmp_path / "b.h5")
+    with h5py.File(tmp_path / "b.h5", "r+") as record:
+        values = record["samples/0/layers/projected"][()]
+        values.view(np.uint32)[0, 0] ^= 1
+        record["samples/0/layers/projected"][...] = values
+    with pytest.raises(NotReproducible) as error:
+        write_repro(tmp_path / "a.h5", tmp_path / "b.h5", folder / "two.onnx",
+                    tmp_path / "repro", folder / "two.npz")
+    assert str(error.value) == ("layer 'projected' reads the model input 'a', one of several; "
+                                "a repro runs a layer fed by a recorded layer or by a model's "
+                                "one input")
