@@ -125,7 +125,8 @@ class MemorySampler(threading.Thread):
     and training runs are forked by bitdrift's fork servers, which leave the job's process
     tree (they outlive it to serve the next job): the workers of this run's servers (their
     socket under ``servers``) count towards every job running at that moment (exact with
-    --cores 1, one job at a time; the idle server itself is not counted)."""
+    --cores 1, one job at a time; the idle server itself is not counted), once: a server
+    the job started is in its tree while the job runs, its workers counted there."""
 
     SCRIPT = re.compile(r"\.snakemake/scripts/tmp[^/]*?\.(\w+)\.py")
 
@@ -184,14 +185,16 @@ class MemorySampler(threading.Thread):
                     totals[job] += proc.memory_info().rss / 2**20
                 except psutil.Error:
                     pass
-            workers = self._workers_rss()
+            # a server the job started is in its tree: its workers are counted there
+            workers = self._workers_rss(exclude={proc.pid for proc in procs})
             for job, rss in totals.items():
                 self.peaks[job] = max(self.peaks.get(job, 0.0), rss + workers)
                 self.script_of[job] = self._cmdlines[job]
             self._done.wait(self.interval)
 
-    def _workers_rss(self) -> float:
-        """RSS (MB) of the workers this run's fork servers have forked, now."""
+    def _workers_rss(self, exclude: set[int]) -> float:
+        """RSS (MB) of the workers this run's fork servers have forked, now, but those in
+        ``exclude`` (counted in a job's tree already)."""
         if time.monotonic() - self._last_scan > 2:  # servers are long-lived: scan seldom
             self._last_scan = time.monotonic()
             for proc in psutil.process_iter(["cmdline"]):
@@ -202,7 +205,8 @@ class MemorySampler(threading.Thread):
         for pid in list(self._server_pids):
             try:
                 for worker in psutil.Process(pid).children(recursive=True):
-                    total += worker.memory_info().rss / 2**20
+                    if worker.pid not in exclude:
+                        total += worker.memory_info().rss / 2**20
             except psutil.Error:
                 self._server_pids.discard(pid)
         return total

@@ -1082,7 +1082,9 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
             continue
         bias = weights.get(f"weights/{layer}/1") if found.get("bias") else None
         output = outputs[layer]
-        if spec.get("data_format") == "channels_first":  # an ONNX Conv: replayed channels-last
+        if spec["class_name"] == "Conv2D" and spec.get("data_format") == "channels_first":
+            # an ONNX Conv's or a torch program's NCHW values, replayed channels-last as
+            # their probes were read
             inbound, output = np.moveaxis(inbound, 1, -1), np.moveaxis(output, 1, -1)
         entry.update(_replayed(found, trees, spec, kernel, bias, inbound,
                                output, replay_positions, replay_samples))

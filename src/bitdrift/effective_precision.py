@@ -307,10 +307,26 @@ def reached(effective: dict) -> dict | None:
                 [result for result in effective.values() if "unchecked" not in result])}
 
 
-def summary(effective: dict | None) -> str:
+# A record whose layers keep digests only (analysis.full_samples: 0) has no values to check
+NO_FULL_SAMPLES = ("no sample keeps its layers' values (analysis.full_samples: 0); the check "
+                   "needs full tensors")
+
+
+def unchecked_reason(record) -> str | None:
+    """Why a record that recorded its layers has no effective-precision check: every
+    sample's layers hold digests only (NO_FULL_SAMPLES); None otherwise."""
+    if record.value_samples or not any(
+            not info.final for info in record.layers(record.samples[0])):
+        return None
+    return NO_FULL_SAMPLES
+
+
+def summary(effective: dict | None, reason: str | None = None) -> str:
     """One cell for the tables: ``declared`` (every checked layer within its format),
     ``reduced: bfloat16-like, 7.9 bits (5 of 5 layers)``, or ``unchecked`` (a record
-    without the check)."""
+    without the check; ``unchecked: REASON`` where ``reason``, unchecked_reason, says why)."""
+    if reason is not None:
+        return f"unchecked: {reason}"
     if effective is None:
         return "unchecked"
     found = reached(effective)
@@ -333,8 +349,9 @@ def effective_precision_table(records) -> list[dict]:
         base = {"model": record.model, "device": record.device,
                 "precision": record.precision}
         effective = record.effective_precision
-        if effective is None:
-            rows.append({**base, "unchecked": "record written without the check"})
+        reason = unchecked_reason(record)
+        if effective is None or reason is not None:
+            rows.append({**base, "unchecked": reason or "record written without the check"})
             continue
         for layer, result in effective.items():
             rows.append({**base, "layer": layer, **{key: result.get(key) for key in
@@ -389,6 +406,8 @@ def recheck(record, model_path, dataset_path) -> dict:
     # the samples whose layers hold values (a record written with analysis.full_samples
     # holds the others' digests only)
     samples = record.value_samples
+    if not samples:  # nothing to check (unchecked_reason says why)
+        return {}
     images = read_test_images(dataset_path, samples).astype(dtype) \
         if any(spec["inbound"] is None for spec, _ in checked.values()) else None
     results: dict[str, list[dict]] = {}

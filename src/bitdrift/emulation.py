@@ -47,7 +47,20 @@ MODEL = re.compile(r"(?P<family>[A-Za-z0-9_]+(?:-[A-Z][a-z]+)?)(?:-(?:IBRS|IBPB|
 # on Conroe, numpy 2 itself (x86-64-v2) and so every runtime dies the same way).
 BASELINE = "sse4_2"
 RUNTIME_NEEDS = {"tensorflow": "avx", "jax": "avx", "torch": BASELINE,
-                 "onnxruntime": BASELINE, "openvino": BASELINE, "litert": BASELINE}
+                 "onnxruntime": BASELINE, "openvino": BASELINE, "litert": BASELINE,
+                 "torch_export": BASELINE, "torch_inductor": BASELINE,
+                 "executorch": BASELINE}
+# gcc's -march of each x86 family. Inductor (torch_inductor) compiles its C++ kernels with
+# -march=native, and gcc runs natively beside QEMU, so an emulated device would get the
+# host's instructions (measured: SIGILL on a Zen 4 host emulating Haswell-v4); on the
+# emulated CPU itself, native is this.
+GCC_MARCH = {
+    "Nehalem": "nehalem",
+    "Westmere": "westmere", "Denverton": "goldmont", "Snowridge": "tremont",
+    "SandyBridge": "sandybridge", "IvyBridge": "ivybridge", "Haswell": "haswell",
+    "Broadwell": "broadwell", "Skylake-Client": "skylake", "EPYC": "znver1",
+    "Dhyana": "znver1", "EPYC-Rome": "znver2", "EPYC-Milan": "znver3",
+}  # the families without SSE4.2 run no torch (RUNTIME_NEEDS)
 # Instruction sets above which QEMU's TCG cannot go: a model needing them is refused.
 BEYOND_TCG = ("avx512", "amx", "fma4", "xop")
 # QEMU's x86 models that have them (`qemu-x86_64 -cpu help`, 7.2 to 10), named in the
@@ -93,6 +106,11 @@ def beyond_tcg(model: str) -> str | None:
     return (f"has {sets}, which QEMU's TCG does not emulate (it would run the model without "
             f"{them}, not as that CPU); emulate a model without {them} (Skylake-Client-v4 or "
             "EPYC-Milan: AVX2 and FMA) or run a real one")
+
+
+def gcc_march(model: str | None) -> str | None:
+    """gcc's -march for the emulated x86 CPU ``model`` (None natively or on Arm)."""
+    return GCC_MARCH.get(family(model)) if model and architecture(model) == "x86_64" else None
 
 
 def architecture(model: str) -> str | None:

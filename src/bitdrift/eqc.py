@@ -291,10 +291,11 @@ def eqc_tables(records: list[Record], layers: bool = True):
     import pandas as pd  # imported here: `bitdrift precision` writes rows without pandas
 
     from bitdrift.effective_precision import summary as effective_summary
+    from bitdrift.effective_precision import unchecked_reason
 
     final_rows, layer_rows = [], []
-    effective = {(record.model, record.device): effective_summary(record.effective_precision)
-                 for record in records}
+    effective = {(record.model, record.device): effective_summary(
+        record.effective_precision, unchecked_reason(record)) for record in records}
     precisions = {(record.model, record.device): record.precision for record in records}
     for result in analyse(records, layers=layers, remaining_precision=False):
         for summary, eqc in zip(result.devices, result.classes, strict=True):

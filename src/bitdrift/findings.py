@@ -143,14 +143,22 @@ def explanations(explain: pd.DataFrame) -> list[str]:
 
 def reduced_precision(effective: pd.DataFrame) -> list[str]:
     """Devices that compute below their declared format, with the format their errors
-    are consistent with (the recomputed effective-precision check)."""
+    are consistent with (the recomputed effective-precision check). Records whose layers
+    keep digests only (analysis.full_samples: 0) are named on a line of their own."""
+    from bitdrift.effective_precision import NO_FULL_SAMPLES
+
+    digests_only = effective[effective["unchecked"] == NO_FULL_SAMPLES] \
+        if "unchecked" in effective else effective.iloc[:0]
+    note = [f"Unchecked on {', '.join(digests_only['device'].astype(str).unique())}: "
+            f"{NO_FULL_SAMPLES}."] if len(digests_only) else []
+    effective = effective.drop(digests_only.index)
     if effective.empty or "reduced" not in effective:
-        return ["No effective-precision check in the records."]
+        return ["No effective-precision check in the records.", *note]
     reduced = effective[effective["reduced"].astype(str).str.lower() == "true"]
     if reduced.empty:
         checked = effective["device"].nunique()
         return [f"None: every checked Dense/Conv layer of the {checked} devices is within its "
-                "declared format's error bound."]
+                "declared format's error bound.", *note]
     lines = []
     for (model, device), rows in reduced.groupby(["model", "device"], sort=False):
         formats = sorted(set(rows["format"].astype(str)), key=list(rows["format"]).index)
@@ -159,7 +167,7 @@ def reduced_precision(effective: pd.DataFrame) -> list[str]:
                      f"{rows['effective_bits'].min():.1f} effective bits at worst, in "
                      f"{len(rows)} of {len(effective[effective['device'] == device])} "
                      f"checked layers ({', '.join(rows['layer'].astype(str))}).")
-    return lines
+    return lines + note
 
 
 def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:

@@ -507,10 +507,12 @@ def record_attrs(writer: RecordWriter, meta: dict, weights: dict, classes, expec
                    if position in selected]
     sample_images = read_test_images(dataset_path, list(samples))
     full_images = sample_images[[list(samples).index(sample) for sample in full]]
+    # no check without a sample whose layers keep their values (analysis.full_samples: 0):
+    # the record then says unchecked (bitdrift.effective_precision.unchecked_reason)
     effective = check_effective_precision(
         meta.get("checked", {}), weights, lambda sample, name: writer.read(
             sample, name).values if name in layer_names else None,
-        full, full_images, device["precision"]) if layers else None
+        full, full_images, device["precision"]) if layers and full else None
     orders = meta.get("orders")
     if orders:
         from bitdrift.accumulation import replay_layers

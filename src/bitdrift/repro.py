@@ -35,6 +35,8 @@ from bitdrift.errors import BitdriftError, ConfigError, InferenceError, RecordEr
 from bitdrift.record import Record
 
 EXPECTED = "expected.json"
+# The runtimes a script is written for: a .pt2 program's node on torch eager as well
+SCRIPTED_RUNTIMES = KERAS_RUNTIMES + EXPORTED_RUNTIMES + ("torch_export",)
 # The layers an ONNX runtime's script rebuilds as tf2onnx exports them (bitdrift.export)
 
 
@@ -278,6 +280,33 @@ out = np.concatenate([compiled(x[start:start + BATCH])[compiled.outputs[0]]
                       for start in range(0, len(x), BATCH)])
 '''
 
+# A .pt2 program's Linear or Conv2d call alone: its ATen op, as the eager program calls it
+# (bitdrift.backends.torch_export), the weights back in torch's layout (formats.pt2 gives
+# a Linear's kernel transposed, a Conv2d's HWIO)
+TORCH_EXPORT = '''import torch
+
+{threads}
+
+
+def tensor(array):
+    if array.dtype.name == "bfloat16":  # numpy has no bfloat16: its raw bits
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def array(value):
+    return value.view(torch.int16).numpy() if value.dtype == torch.bfloat16 else value.numpy()
+
+
+kernel = {kernel}
+bias = tensor(weights[1]) if len(weights) > 1 else None
+with torch.no_grad():
+    out = np.concatenate([array(torch.ops.aten.{op}.default(
+        tensor(x[start:start + BATCH]), kernel, bias{arguments}))
+        for start in range(0, len(x), BATCH)])
+'''
+TORCH_OPS = {"Dense": "linear", "Conv2D": "conv2d"}
+
 # Whole batches of the device's size, as it ran: the filler rows are zero (each row is
 # computed on its own; the batch's size is what picks the kernel)
 PAD = '''x = np.concatenate([x, np.zeros((-len(x) % BATCH, *x.shape[1:]), x.dtype)])
@@ -331,8 +360,26 @@ def _runtime_code(device: dict, split: Split) -> str:
 
         return LITERT.format(threads=threads or None,
                              resolver=RESOLVERS[device.get("op_resolver") or "xnnpack"])
+    if backend == "torch_export":
+        return _torch_export_code(split, threads)
     raise NotReproducible(f"backend {backend!r}: no repro script (bitdrift writes them for "
-                          f"{', '.join(KERAS_RUNTIMES + EXPORTED_RUNTIMES)})")
+                          f"{', '.join(SCRIPTED_RUNTIMES)})")
+
+
+def _torch_export_code(split: Split, threads: int | None) -> str:
+    config = split.config
+    if split.class_name == "Dense":
+        kernel, arguments = "tensor(weights[0].T)", ""
+    else:
+        kernel = "tensor(weights[0].transpose(3, 2, 0, 1))"
+        pads = [0, 0] if config["padding"] == "valid" else [
+            (size - 1) * rate // 2 for size, rate in zip(split.weights[0].shape[:2],
+                                                         config["dilation_rate"], strict=True)]
+        arguments = (f", {list(config['strides'])}, {pads}, {list(config['dilation_rate'])}, "
+                     f"{int(config['groups'])}")
+    return TORCH_EXPORT.format(threads=f"torch.set_num_threads({threads})" if threads else "",
+                               kernel=kernel, op=TORCH_OPS[split.class_name],
+                               arguments=arguments)
 
 
 def refusal(device: dict, split: Split) -> str | None:
@@ -345,10 +392,16 @@ def refusal(device: dict, split: Split) -> str | None:
         return (f"emulated Arm CPU {device['emulate']}: no repro script (it would run only "
                 "in this machine's aarch64 userland)")
     backend = device["backend"]
-    if backend not in KERAS_RUNTIMES + EXPORTED_RUNTIMES:
+    if backend not in SCRIPTED_RUNTIMES:
         return f"backend {backend!r}: no repro script"
     if backend == "litert" and device["precision"] != "float32":
         return "litert: the export is float32"
+    if split.format == "pt2" and backend != "torch_export":
+        return (f"{backend}: runs the .pt2 program converted; a repro script runs the "
+                "program's node on torch_export only")
+    if backend == "torch_export" and split.class_name not in TORCH_OPS:
+        return (f"torch_export: the script runs a program's Linear and Conv2d calls; "
+                f"{split.layer!r} is {split.class_name}")
     if backend in ONNX_RUNTIMES and split.format == "keras":
         activation = split.config.get("activation", "linear")
         if split.class_name not in ONNX_LAYERS or activation not in ONNX_ACTIVATIONS:

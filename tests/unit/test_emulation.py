@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from bitdrift.config import validate_config
-from bitdrift.emulation import FAMILIES, check_device, python_command, seen_cpu
+from bitdrift.emulation import (
+    FAMILIES,
+    GCC_MARCH,
+    check_device,
+    gcc_march,
+    python_command,
+    seen_cpu,
+)
 from bitdrift.emulation_check import host_vendor
 from bitdrift.errors import ConfigError, InferenceError
 
@@ -87,6 +94,27 @@ def test_the_instruction_sets_of_a_family_are_what_qemu_shows(family):
     for name in ("sse4_1", "sse4_2", "avx", "f16c", "avx2", "fma"):
         assert (name in flags) == (name in FAMILIES[family]), (family, name)
     assert not any(flag.startswith("avx512") for flag in flags)
+
+
+GCC_OPTIONS = {"sse4_1": "-msse4.1", "sse4_2": "-msse4.2", "avx": "-mavx", "f16c": "-mf16c",
+               "avx2": "-mavx2", "fma": "-mfma"}
+
+
+@pytest.mark.parametrize("family", sorted(name for name, sets in FAMILIES.items()
+                                           if "sse4_2" in sets))
+def test_inductors_march_for_an_emulated_cpu_enables_only_its_instruction_sets(family):
+    """torch_inductor's C++ kernels under emulation are compiled for the emulated CPU: gcc's
+    own list of what its -march enables, against the sets QEMU shows (FAMILIES)."""
+    march = gcc_march(f"{family}-v1" if family[0].isupper() else family)
+    assert march == GCC_MARCH[family]
+    done = subprocess.run(["gcc", f"-march={march}", "-Q", "--help=target"],
+                          capture_output=True, text=True, check=True)
+    enabled = {line.split()[0] for line in done.stdout.splitlines()
+               if line.strip().endswith("[enabled]")}
+    for name, option in GCC_OPTIONS.items():
+        assert (option in enabled) == (name in FAMILIES[family]), (family, march, option)
+    assert not any(option.startswith(("-mavx512", "-mamx")) for option in enabled)
+    assert gcc_march(None) is None and gcc_march("neoverse-n1") is None
 
 
 def test_the_host_is_seen_natively():

@@ -175,6 +175,85 @@ def check_kernels(kernels, name, export):
                        for call in calls), calls
 
 
+def onnx_graph_digest(path) -> str:
+    """What an ONNX file computes, its node and value names left out: each node's digest
+    is its op, its attributes and its inputs' digests (a weight's by its values); the
+    file's is the nodes' digests and the outputs'. tf2onnx names the Transpose nodes its
+    optimiser adds from a counter whose order varies from one process to the next (two
+    runs of one export differ in bytes), so equal files are compared by this."""
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(path)
+
+    def digest(*parts):
+        return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+    values = {"": ""}
+    for weight in model.graph.initializer:
+        array = numpy_helper.to_array(weight)
+        values[weight.name] = digest(str(array.dtype), array.shape, array.tobytes())
+    for given in model.graph.input:
+        values.setdefault(given.name, digest("input", given.name))
+    nodes = []
+    for node in model.graph.node:  # ONNX lists nodes in topological order
+        nodes.append(digest(node.op_type, node.domain,
+                            sorted((a.name, a.SerializeToString()) for a in node.attribute),
+                            [values[name] for name in node.input]))
+        values.update({name: digest(nodes[-1], index)
+                       for index, name in enumerate(node.output)})
+    return digest(sorted(nodes), [(output.name, values[output.name])
+                                  for output in model.graph.output],
+                  [(opset.domain, opset.version) for opset in model.opset_import])
+
+
+def test_the_exports_are_what_they_were_without_the_collections(assets, tmp_path):
+    """export_model converts under frequent garbage collections (bitdrift.export: tf2onnx's
+    graph copies bounded in memory). The same calls in two fresh processes, one with the
+    collections and one without (the conversion as it was): the LiteRT files are equal
+    byte for byte, the ONNX files node for node (their Transpose names vary per process,
+    see onnx_graph_digest), and ONNX Runtime gives every output bit for bit on test
+    images."""
+    import hashlib
+
+    import onnxruntime
+
+    _, dataset, model, keras_layers = assets
+    code = """
+import contextlib, sys
+import bitdrift.export as export
+if sys.argv[3] == 'plain':  # the conversion as it was, nothing around Keras' export
+    export._collecting_often = contextlib.nullcontext
+for kind in ('onnx', 'tflite'):
+    export.export_model(sys.argv[1], kind, f'{sys.argv[2]}/model.{kind}',
+                        f'{sys.argv[2]}/deployed.{kind}')
+"""
+    for how in ("collected", "plain"):
+        (tmp_path / how).mkdir()
+        subprocess.run([sys.executable, "-c", code, str(model), str(tmp_path / how), how],
+                       check=True, env=TF)
+    collected, plain = tmp_path / "collected", tmp_path / "plain"
+    for file in ("model.tflite", "deployed.tflite"):
+        assert hashlib.sha256((collected / file).read_bytes()).digest() == \
+            hashlib.sha256((plain / file).read_bytes()).digest()
+    images = read_test_images(dataset, SAMPLES).astype(np.float32)
+    for file, count in (("model.onnx", len(keras_layers)), ("deployed.onnx", 1)):
+        assert onnx_graph_digest(collected / file) == onnx_graph_digest(plain / file)
+        outputs = []
+        for path in (collected / file, plain / file):
+            session = onnxruntime.InferenceSession(str(path),
+                                                   providers=["CPUExecutionProvider"])
+            name = session.get_inputs()[0].name
+            outputs.append([session.run(None, {name: images[row:row + 1]})
+                            for row in range(len(images))])
+        assert len(outputs[0][0]) == count  # every layer of the probe; the model's output
+        assert all(ours.tobytes() == theirs.tobytes() and ours.shape == theirs.shape
+                   for rows in zip(*outputs, strict=True)
+                   for ours, theirs in zip(*rows, strict=True))
+
+
 def test_a_layer_the_export_exposes_wrongly_is_unmapped_never_mislabelled(assets, tmp_path):
     """An ONNX file whose first two outputs (conv2d and activation, of one shape) are
     swapped: both are listed as unmapped and left out; the others are recorded."""

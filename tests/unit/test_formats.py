@@ -184,7 +184,7 @@ def test_the_config_check_reads_the_files_where_they_exist(model_files, tmp_path
     assert str(error.value).startswith(
         "config key models.mine.file: program.pt2 is a PyTorch torch.export .pt2 archive, "
         "and no device runs it (runtimes that can: torch_export, torch_inductor, "
-        "executorch, onnxruntime, openvino)"), str(error.value)
+        "executorch, onnxruntime, openvino, litert)"), str(error.value)
     with pytest.raises(ConfigError, match="samples \\[7\\] beyond"):
         validate_config(config_of({"file": "cnn.onnx", "inputs": "inputs.npy"}, [0, 7]))
 

@@ -202,6 +202,47 @@ def test_full_samples_and_layer_select_in_a_real_run(assets, tmp_path):
         assert sorted(record.effective_precision) == ["conv2d"]
 
 
+def test_a_record_without_full_samples_says_its_effective_precision_is_unchecked(
+        assets, tmp_path):
+    """analysis.full_samples: 0 keeps every layer's digests only (0 rows on disk): the
+    effective precision needs full tensors, so the record carries no check and the table,
+    the classes' summary and the findings say unchecked, naming why (never an empty check
+    that reads as "declared")."""
+    import pandas as pd
+
+    from bitdrift.effective_precision import (
+        NO_FULL_SAMPLES,
+        effective_precision_table,
+        summary,
+        unchecked_reason,
+    )
+    from bitdrift.findings import reduced_precision
+
+    dataset, model = assets
+    out = tmp_path / "rec.h5"
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="small", device_name="t", device={**CPU, "backend": "torch"},
+              model_path=model, dataset_path=dataset, samples=[0, 1], out=out, log=log,
+              kernels=False, full_samples=0)
+    with h5py.File(out) as handle:  # no sample holds a layer's values
+        assert {handle[f"samples/{sample}/layers/{layer}"].shape[0] for sample in (0, 1)
+                for layer in handle["samples/0/layers"]} == {0}
+    with Record(out) as record:
+        assert not record.has_attr("effective_precision")
+        assert unchecked_reason(record) == NO_FULL_SAMPLES
+        rows = effective_precision_table([record])
+        assert summary(record.effective_precision, unchecked_reason(record)) == \
+            f"unchecked: {NO_FULL_SAMPLES}"
+        # the workflow's table recomputes from the record: still nothing to check
+        assert record.recheck_effective_precision(model, dataset) is None
+        assert effective_precision_table([record]) == rows
+    assert len(rows) == 1 and rows[0]["layer"] is None
+    assert rows[0]["unchecked"] == NO_FULL_SAMPLES and "full_samples: 0" in NO_FULL_SAMPLES
+    lines = reduced_precision(pd.DataFrame(rows))
+    assert lines == ["No effective-precision check in the records.",
+                     f"Unchecked on t: {NO_FULL_SAMPLES}."]
+
+
 def test_infer_command_line(assets, tmp_path):
     dataset, model = assets
     config = {"samples": [1], "datasets": {"digits": {"source": "digits"}},

@@ -84,3 +84,69 @@ def test_executorch_records_its_final_output_alone(program):
     (output,) = opened.run(inputs[:2])
     np.testing.assert_allclose(output, expected_outputs(inputs[:2])["classifier"], rtol=1e-4,
                                atol=1e-5)
+
+
+def test_litert_runs_the_litert_torch_conversion_under_the_module_paths(program):
+    """litert-torch folds each batch norm into its convolution and the ReLU after it: the
+    .tflite keeps the ReLUs' values (channels-last, recorded channels-first), the pool's
+    and the classifier's; each equals the module's output as forward hooks see it."""
+    path, inputs = program
+    np.save(path.parent / "inputs.npy", inputs)
+    device = {"backend": "litert", "accelerator": "cpu", "threads": 1,
+              "precision": "float32", "batch_size": 2}
+    opened = formats.open_session({"device": device, "model_path": str(path), "layers": True,
+                                   "model_format": "pt2",
+                                   "dataset_path": str(path.parent / "inputs.npy")}, "d")
+    names = [name for name, _ in opened.layers]
+    assert names == ["features.2", "features.5", "pool", "classifier"]
+    assert sorted(opened.unmapped) == ["features.0", "features.1", "features.3",
+                                       "features.4"]
+    assert opened.accelerator["converter"] == "litert_torch.convert"
+    assert opened.accelerator["converter_versions"]["litert-torch"] == "0.10.0"
+    assert opened.accelerator["model_format"] == "pt2"
+    module = torch_cnn.build_module()
+    captured = {}
+    for name in names:
+        module.get_submodule(name).register_forward_hook(
+            lambda _, __, output, name=name: captured.__setitem__(name, output.numpy()))
+    for start in (0, 2):
+        batch = inputs[start:start + 2]
+        with torch.no_grad():
+            module(torch.from_numpy(batch))
+        for name, value in zip(names, opened.run(batch), strict=True):
+            np.testing.assert_allclose(value, captured[name], rtol=1e-4, atol=1e-5,
+                                       err_msg=name)
+        np.testing.assert_array_equal(opened.deployed(batch), opened.final(batch))
+
+
+class Determinant(torch.nn.Module):
+    """A projection, then the determinant of a 2x2 matrix: torch runs it, litert-torch
+    has no lowering of aten._linalg_det."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.linalg.det(self.proj(x).reshape(-1, 2, 2))
+
+
+def test_a_failed_litert_conversion_is_one_line_naming_the_op(tmp_path):
+    from bitdrift.backends.torch_conversions import ConversionError
+
+    torch.export.save(torch.export.export(Determinant().eval(), (torch.zeros(2, 4),)),
+                      tmp_path / "det.pt2")
+    np.save(tmp_path / "inputs.npy", np.ones((2, 4), np.float32))
+    job = {"model_path": str(tmp_path / "det.pt2"), "layers": True, "model_format": "pt2",
+           "dataset_path": str(tmp_path / "inputs.npy")}
+    device = {"accelerator": "cpu", "threads": 1, "precision": "float32", "batch_size": 2}
+    with pytest.raises(ConversionError) as error:
+        formats.open_session({**job, "device": {**device, "backend": "litert"}}, "d")
+    assert str(error.value) == (
+        "litert_torch.convert (litert-torch 0.10.0, ai-edge-litert 2.3.0, torch "
+        f"{torch.__version__}) cannot convert the program: Lowering not found: "
+        "aten._linalg_det.default")
+    # the program itself runs, on the runtime that needs no conversion
+    (value,) = formats.open_session({**job, "device": {**device, "backend": "torch_export"}},
+                                    "d").run(np.ones((2, 4), np.float32))[-1:]
+    assert value.shape == (2,)

@@ -26,9 +26,10 @@ Keras backends (``tensorflow``, ``torch``, ``jax``) share theirs (``keras_common
 runtimes (``onnxruntime``, ``openvino``, ``litert``) run the file ``bitdrift.export``
 wrote from the same ``.keras`` model (``exported``), and cannot train. A torch.export
 program (``.pt2``) runs on ``torch_export`` (eager, per module), ``torch_inductor``
-(torch.compile) and ``executorch``, and converted on onnxruntime and openvino
+(torch.compile) and ``executorch``, and converted on onnxruntime, openvino and litert
 (bitdrift.formats.pt2); an ONNX model on ``torch_export`` too, converted by onnx2torch
-(bitdrift.formats.onnx.torch_session).
+(bitdrift.formats.onnx.torch_session); a user's own .tflite on litert
+(bitdrift.formats.tflite).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def open_session(job: dict, name: str):
 
     from bitdrift.backends.torch_conversions import to_executorch
     from bitdrift.backends.torch_executorch import NO_LAYERS, ExecuTorchRunner
-    from bitdrift.backends.torch_export import load, session_from_runner
+    from bitdrift.backends.torch_export import compiled_unrevealed, load, session_from_runner
     from bitdrift.backends.torch_program import ProgramError, input_signature
 
     device = job["device"]
@@ -68,4 +68,5 @@ def open_session(job: dict, name: str):
         except ProgramError as error:
             raise InferenceError(f"device {name!r}: {error}") from error
 
-    return session_from_runner(call, name, accelerator, note=NO_LAYERS)
+    return session_from_runner(call, name, accelerator, note=NO_LAYERS,
+                               unrevealed=compiled_unrevealed(program, "ExecuTorch (XNNPACK)"))

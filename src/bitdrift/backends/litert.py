@@ -1,11 +1,14 @@
-"""LiteRT (TensorFlow Lite) on the model's ``.tflite`` export: the op resolver (XNNPACK,
-the built-in kernels without it, or the reference kernels) and threads as device keys.
+"""LiteRT (TensorFlow Lite) on the model's ``.tflite`` export, a user's own ``.tflite``
+or a .pt2 program converted by litert-torch (bitdrift.formats.tflite, .pt2): the op
+resolver (XNNPACK, the built-in kernels without it, or the reference kernels) and
+threads as device keys.
 CPU only: a GPU delegate is not a device bitdrift can check here."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -58,22 +61,47 @@ LAYOUT_OPS = {"SHAPE", "STRIDED_SLICE", "PACK", "RESHAPE", "TRANSPOSE", "SQUEEZE
               "EXPAND_DIMS", "CONCATENATION", "GATHER", "SLICE"}
 
 
-def compile(path, device: dict, accelerator: dict, trace: bool = False):
+def compile(path, device: dict, accelerator: dict, trace: bool = False,
+            tensors: list[int] | None = None):
+    """(run, describe) of the .tflite at ``path`` with the device's resolver and threads:
+    ``run(batch)`` gives the signature's outputs in order (Keras' output_0, output_1, ...
+    by number; another file's in its graph's output order). With ``tensors`` (indices of
+    the file's tensors: a user's own .tflite, bitdrift.formats.tflite), the interpreter
+    keeps every tensor (LiteRT's ``experimental_preserve_all_tensors``) and each run
+    gives those tensors' values instead, None for one a delegate computes inside itself
+    without writing it (never another tensor's value)."""
+    import warnings
+
     interpreter = _interpreter()
     resolver_name = device.get("op_resolver") or "xnnpack"
     resolver = getattr(interpreter.OpResolverType, RESOLVERS[resolver_name])
-    loaded = interpreter.Interpreter(
-        model_path=str(path), num_threads=device.get("threads") or None,
-        experimental_op_resolver_type=resolver)
+    with warnings.catch_warnings():  # its warning that keeping every tensor costs memory
+        warnings.simplefilter("ignore", UserWarning)
+        loaded = interpreter.Interpreter(
+            model_path=str(path), num_threads=device.get("threads") or None,
+            experimental_op_resolver_type=resolver,
+            experimental_preserve_all_tensors=tensors is not None)
     runner = loaded.get_signature_runner()
-    # Keras names the outputs output_0, output_1, ... in the probe's order; the signature
-    # sorts them as text (output_10 before output_2).
-    names = sorted(runner.get_output_details(), key=lambda key: int(key.rsplit("_", 1)[1]))
+    signature_outputs = runner.get_output_details()
+    graph_order = [int(detail["index"]) for detail in loaded.get_output_details()]
+    if all(re.fullmatch(r"output_\d+", key) for key in signature_outputs):
+        # Keras names the outputs output_0, output_1, ... in the probe's order; the
+        # signature sorts them as text (output_10 before output_2).
+        names = sorted(signature_outputs, key=lambda key: int(key.rsplit("_", 1)[1]))
+    else:
+        names = sorted(signature_outputs, key=lambda key: graph_order.index(
+            int(signature_outputs[key]["index"])))
     (input_name,) = runner.get_input_details()
+    hidden: set[int] | None = None  # the tensors a delegate keeps inside, after a run
 
     def run(batch):
+        nonlocal hidden
         results = runner(**{input_name: np.ascontiguousarray(batch)})
-        return [results[key] for key in names]
+        if tensors is None:
+            return [results[key] for key in names]
+        if hidden is None:  # the delegate is applied by the first run
+            hidden = _hidden(loaded._get_ops_details())
+        return [None if index in hidden else loaded.get_tensor(index) for index in tensors]
 
     def describe():
         """The interpreter's nodes after a run (its delegate is applied by then): a node
@@ -96,8 +124,9 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False):
                 call=None if op["op_name"] in LAYOUT_OPS else KernelCall(
                     library="litert", primitive=op["op_name"], implementation=implementation),
                 inputs=tuple(int(tensor) for tensor in op["inputs"]), outputs=outputs))
-        details = runner.get_output_details()
-        return nodes, [int(details[key]["index"]) for key in names]
+        if tensors is not None:
+            return nodes, list(tensors)
+        return nodes, [int(signature_outputs[key]["index"]) for key in names]
 
     return run, describe
 
@@ -122,6 +151,16 @@ def _delegated(details: list[dict]) -> set[int]:
             taken.add(int(op["index"]))
             pending.extend(int(source) for source in op["inputs"] if int(source) >= 0)
     return taken
+
+
+def _hidden(details: list[dict]) -> set[int]:
+    """The tensors that nodes a DELEGATE node took compute and that it does not write
+    (its own outputs are written): a delegate fused them away."""
+    taken = _delegated(details)
+    written = {int(tensor) for op in details if op["op_name"] == "DELEGATE"
+               for tensor in op["outputs"]}
+    return {int(tensor) for op in details if int(op["index"]) in taken
+            for tensor in op["outputs"]} - written
 
 
 def versions() -> dict:

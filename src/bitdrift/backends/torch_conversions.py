@@ -1,7 +1,7 @@
 """Conversions of a torch.export program to the formats other runtimes run: ONNX through
 ``torch.onnx.export(program, dynamo=True)`` (onnxscript), OpenVINO's own
-``openvino.convert_model(program)``, and ExecuTorch's ``.pte`` lowered to its XNNPACK
-backend.
+``openvino.convert_model(program)``, ExecuTorch's ``.pte`` lowered to its XNNPACK
+backend, and LiteRT's ``.tflite`` through ``litert_torch.convert``.
 
 Each returns a :class:`Conversion`: the converted model, and the converter's name and
 versions for the record's fingerprint; or raises :class:`ConversionError` naming the
@@ -36,6 +36,7 @@ ONNX2TORCH_CONVERTER = "onnx2torch.convert"
 # have (its build loads only beside a CUDA torch: "operator torchvision::nms does not
 # exist"), so requirements-nodeps.txt installs onnx2torch without it
 TORCHVISION_CONVERTERS = {"nms": "NonMaxSuppression", "roialign": "RoiAlign"}
+LITERT_CONVERTER = "litert_torch.convert"
 
 
 class ConversionError(InferenceError):
@@ -331,3 +332,72 @@ def onnx2torch_values(module) -> dict[str, str]:
                         outputs[user.args[1]]:
                     values[user.name] = outputs[user.args[1]]
     return values
+
+
+def to_litert(program, out: str | Path, sample) -> Conversion:
+    """The program as a LiteRT ``.tflite`` written to ``out``: ``litert_torch.convert`` of
+    its module on ``sample`` (a numpy batch: the .tflite takes batches of that shape, so
+    each device converts at its own batch size)."""
+    versions = package_versions("litert-torch", "ai-edge-litert", "torch")
+    if versions["litert-torch"] is None:
+        raise ConversionError(f"{LITERT_CONVERTER} needs the Python package 'litert-torch' "
+                              "(pip install litert-torch; it is in requirements.txt)")
+    import torch
+
+    quiet = logging.getLogger()
+    level, quiet.level = quiet.level, logging.CRITICAL
+    try:
+        import litert_torch
+
+        litert_torch.config.show_progress = False  # its progress lines, on every repeat
+        converted = litert_torch.convert(program.module(), (torch.from_numpy(sample),))
+        with atomic_output(out) as partial:
+            converted.export(str(partial))
+    except Exception as error:  # a lowering torch has and LiteRT lacks, the MLIR converter
+        raise _failed(LITERT_CONVERTER, versions, error) from error
+    finally:
+        quiet.setLevel(level)
+    return Conversion(None, LITERT_CONVERTER, versions, Path(out),
+                      {"sample_shape": list(sample.shape)})
+
+
+def litert_module_tensors(tensors: list[tuple[int, str, str]], values: list, layers: list,
+                          expected: dict) -> dict:
+    """{tensor index: (layer, axes)} for the eager run's ``layers`` (module paths) that
+    the .tflite keeps: litert-torch names a tensor by the module stack of the ops it
+    computes (``<root>/<class>_<attribute>/...``, the last op's first, several joined by
+    ``;``), so a tensor whose first name is a module's path is that module's, or one of
+    its ops' (the layout transpose before a convolution is named by the convolution).
+    Of those, the last in execution order whose value on the check batch (``values``,
+    the tensors' in order) equals the module's eager output (``expected``) within float32
+    rounding, as it is or from LiteRT's channels-last layout (``axes``: the transpose back
+    to channels-first), is the module's. A module whose tensor a fusion took (a batch
+    norm folded into its convolution) has none of its own and is left out."""
+    import numpy as np
+
+    paths = [layer for layer in layers if "@" not in layer and ":" not in layer]
+
+    def owner(name: str) -> str | None:
+        segments = name.split(";", 1)[0].split("/")[1:]
+        found = [path for path in paths if len(path.split(".")) == len(segments) and all(
+            segment.endswith(f"_{part}") for segment, part in zip(
+                segments, path.split("."), strict=True))]
+        return found[0] if len(found) == 1 else None
+
+    def same(value, truth) -> bool:
+        scale = float(np.max(np.abs(truth))) if truth.size else 0.0
+        return value.shape == truth.shape and bool(
+            np.all(np.abs(value.astype(np.float64) - truth) <= 1e-4 * scale + 1e-6))
+
+    mapping: dict = {}
+    for position in reversed(range(len(tensors))):
+        index, name, _ = tensors[position]
+        layer, value = owner(name), values[position]
+        if layer is None or value is None or layer in {found for found, _ in mapping.values()}:
+            continue
+        truth = np.asarray(expected[layer], np.float64)
+        if same(value, truth):
+            mapping[index] = (layer, None)
+        elif value.ndim == 4 and same(value.transpose(0, 3, 1, 2), truth):
+            mapping[index] = (layer, (0, 3, 1, 2))
+    return mapping

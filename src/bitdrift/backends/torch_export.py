@@ -90,9 +90,12 @@ def versions() -> dict:
             for key, value in settings().items()}
 
 
-def trace_environment(device: dict) -> None:
-    """None: the eager run's oneDNN/MKL verbose lines are not yet mapped to module calls."""
-    return None
+def trace_environment(device: dict) -> dict:
+    """oneDNN's and MKL's verbose logging, as a Keras-on-torch device's traced repeat
+    (bitdrift.backends.torch); the eager runner marks each module call's nodes."""
+    from bitdrift.backends.torch import trace_environment as torch_trace_environment
+
+    return torch_trace_environment(device)
 
 
 def program_layers(program) -> tuple[list[tuple[str, str]], str | None]:
@@ -129,11 +132,23 @@ def load(job: dict):
     return load_program(job["model_path"])
 
 
+def compiled_unrevealed(program, compiler: str) -> dict:
+    """{layer: why its order is not revealed} of the program's Linear and Conv2d calls
+    (formats.pt2.file_layers) on a runtime that compiles the program whole: the order of
+    the compiled node alone is not probed (it may be fused, or lowered otherwise than the
+    node alone would be)."""
+    from bitdrift.formats import pt2
+
+    return {layer["name"]: f"{compiler} compiles the program whole; its {layer['op_type']} "
+                           "call is not probed alone"
+            for layer in pt2.program_file_layers(program) if "op_type" in layer}
+
+
 def session_from_runner(runner, name: str, accelerator: dict, *, note: str,
-                        deployed=None, deployed_program: str = ""):
+                        deployed=None, deployed_program: str = "", unrevealed=None):
     """A Session recording ``runner``'s final output only (a compiled runtime), saying why
     in the fingerprint (``per_layer``); the compiled code's kernel names, once known,
-    join the fingerprint too."""
+    join the fingerprint too. ``unrevealed``: compiled_unrevealed's."""
     from bitdrift.backends import Session
 
     accelerator["per_layer"] = note
@@ -145,7 +160,7 @@ def session_from_runner(runner, name: str, accelerator: dict, *, note: str,
         return run.outputs[-1]
 
     return Session(layers=[], run=lambda batch: [final(batch)], final=final,
-                   accelerator=accelerator, deployed=deployed,
+                   accelerator=accelerator, deployed=deployed, unrevealed=unrevealed or {},
                    deployed_program=deployed_program)
 
 
@@ -154,19 +169,27 @@ def open_session(job: dict, name: str):
     layers), and the program's own forward as deployed."""
     from bitdrift.backends import Session
     from bitdrift.backends.torch_program import EagerRunner, ProgramError
+    from bitdrift.formats import pt2
 
     device = job["device"]
     accelerator = check_accelerator(name, device)
     program = load(job)
+    trace = bool(job.get("trace"))
+    if trace:  # the kernel lines fall between a call's markers (bitdrift.kernels)
+        from bitdrift.backends.keras_common import marked_deployed, print_marker
     try:
         runner = EagerRunner(program, precision=device["precision"],
                              threads=device.get("threads"),
                              deterministic=device.get("deterministic"),
-                             source=job["model_path"])
+                             source=job["model_path"], mark=print_marker if trace else None)
     except ProgramError as error:
         raise InferenceError(f"device {name!r}: {error}") from error
     layers, final_name = program_layers(program)
     accelerator["per_layer"] = "every module call's output, by module path (torch eager)"
+    checked, order_layers, unrevealed = {}, {}, {}
+    if job["layers"]:  # the Linear and Conv2d calls, read from the program (formats.pt2)
+        checked, order_layers, unrevealed = pt2.checked_layers(
+            pt2.program_file_layers(program), [layer for layer, _ in layers], device["precision"])
 
     def arrays(batch) -> list:
         """The program's inputs in call order: several by name (datasets.NamedInputs)."""
@@ -184,7 +207,12 @@ def open_session(job: dict, name: str):
     def final(batch):
         return runner(arrays(batch), record_layers=False).outputs[-1]
 
+    # a traced job's deployed run is logged between its own markers (observer check)
+    deployed = marked_deployed(final, lambda: None) if trace else final
     return Session(layers=layers if job["layers"] else [], run=run, final=final,
-                   accelerator=accelerator, deployed=final,
+                   accelerator=accelerator, deployed=deployed, checked=checked,
+                   order_layers=order_layers, unrevealed=unrevealed,
+                   order_probe=pt2.node_order_probe(device["precision"]) if order_layers
+                   else None,
                    deployed_program=f"{Path(job['model_path']).name}'s program.module() "
                                     "called, torch eager")

@@ -67,7 +67,7 @@ class CompiledRunner:
 
     def __init__(self, program, *, options=("default",), precision: str = "float32",
                  threads: int | None = None, deterministic: bool | None = None,
-                 source: str = "the program"):
+                 source: str = "the program", march: str | None = None):
         import torch
 
         configure(threads, deterministic)
@@ -80,6 +80,8 @@ class CompiledRunner:
         # are applied after the decision to freeze, so freezing through them does nothing
         # (measured: the same kernels as default, parameters still inputs of the code)
         self.patches = inductor_options(self.options)
+        if march:  # an emulated CPU's: gcc's -march=native would be the host's
+            self.patches["cpp.march"] = march
         self.compiled = torch.compile(module, backend="inductor")
         self.kernels: list[str] | None = None
 
@@ -142,8 +144,12 @@ def configure_determinism(deterministic: bool) -> None:
 
 
 def check_accelerator(name: str, device: dict) -> dict:
-    return {**_shared().check_accelerator(name, device),
-            "inductor_options": list(device.get("inductor_options") or ["default"])}
+    from bitdrift.emulation import gcc_march
+
+    accelerator = {**_shared().check_accelerator(name, device),
+                   "inductor_options": list(device.get("inductor_options") or ["default"])}
+    march = gcc_march(device.get("emulate"))
+    return {**accelerator, "cpp_march": march} if march else accelerator
 
 
 def strategy_scope(accelerator: dict):
@@ -167,10 +173,11 @@ def open_session(job: dict, name: str):
     device = job["device"]
     accelerator = check_accelerator(name, device)
     try:
-        runner = CompiledRunner(_shared().load(job), options=accelerator["inductor_options"],
+        program = _shared().load(job)
+        runner = CompiledRunner(program, options=accelerator["inductor_options"],
                                 precision=device["precision"], threads=device.get("threads"),
                                 deterministic=device.get("deterministic"),
-                                source=job["model_path"])
+                                source=job["model_path"], march=accelerator.get("cpp_march"))
     except ProgramError as error:
         raise InferenceError(f"device {name!r}: {error}") from error
 
@@ -180,4 +187,6 @@ def open_session(job: dict, name: str):
         except ProgramError as error:
             raise InferenceError(f"device {name!r}: {error}") from error
 
-    return _shared().session_from_runner(call, name, accelerator, note=NO_LAYERS)
+    return _shared().session_from_runner(
+        call, name, accelerator, note=NO_LAYERS,
+        unrevealed=_shared().compiled_unrevealed(program, "torch.compile (Inductor)"))

@@ -210,6 +210,27 @@ def module_outputs(graph) -> tuple[list[ModuleOutput], dict[str, str]]:
     return recorded, aliases
 
 
+def node_layers(graph) -> dict[str, str]:
+    """{node name: the recorded module call it runs in} (the innermost module of its
+    stack, as module_outputs names it; a container's node under the call recorded for
+    it): where a traced run's kernel lines belong (bitdrift.kernels). Nodes outside every
+    recorded call (functions of the root module) are left out."""
+    recorded, aliases = module_outputs(graph)
+    names = {call.name for call in recorded}
+    found = {}
+    for node in graph.nodes:
+        stack = list((node.meta.get("nn_module_stack") or {}).items()) \
+            if node.op == "call_function" else []
+        for key, (path, _) in reversed(stack):
+            call = key.rsplit("@", 1)[1] if "@" in key else ""
+            label = f"{path}@{call}" if call.isdigit() else path
+            label = aliases.get(label, label)
+            if label in names:
+                found[node.name] = label
+                break
+    return found
+
+
 def _is_tensor(node) -> bool:
     import torch
 
@@ -345,8 +366,11 @@ class EagerRunner:
     the outputs (the program run as a user runs it, ``program.module()``)."""
 
     def __init__(self, program, *, precision: str = "float32", threads: int | None = None,
-                 deterministic: bool | None = None, source: str = "the program"):
+                 deterministic: bool | None = None, source: str = "the program",
+                 mark=None):
         configure(threads, deterministic)
+        # mark(event, layer): called around each node of a recorded call (a traced run)
+        self.mark = mark
         self.source, self.precision = source, precision
         self.signature = input_signature(program)
         self.module = cast_module(program.module(), precision, source)
@@ -356,28 +380,41 @@ class EagerRunner:
         self._names = {}
         for call in recorded:
             self._names.setdefault(call.node, []).append(call.name)
+        self._marked = node_layers(self.module.graph) if mark is not None else {}
 
     def __call__(self, inputs: list[np.ndarray], record_layers: bool = True) -> ProgramRun:
         check_inputs(self.signature, inputs, self.source)
         return run_graph(self.module, [to_tensor(array, self.precision) for array in inputs],
                          self._names, self.layers, record_layers, self.source,
-                         self.precision)
+                         self.precision, marked=self._marked, mark=self.mark)
 
 
 def run_graph(module, tensors: list, names: dict[str, list[str]], layers: list[str],
-              record_layers: bool, source: str, precision: str) -> ProgramRun:
+              record_layers: bool, source: str, precision: str, marked: dict | None = None,
+              mark=None) -> ProgramRun:
     """An fx GraphModule called on ``tensors`` (its own forward), or, with
     ``record_layers``, run node by node by ``torch.fx.Interpreter`` (the same calls in the
     same order) with the value of each node named in ``names`` ({fx node: [recorded
-    names]}) copied as it is made; ``layers`` in topological order."""
+    names]}) copied as it is made; ``layers`` in topological order. ``mark(edge, layer)``
+    is called around each node ``marked`` maps to a layer ({fx node: layer}: the traced
+    repeat's markers)."""
     import torch
     import torch.utils._pytree as pytree
 
     captured: dict[str, np.ndarray] = {}
 
+    marked = marked or {}
+
     class Recorder(torch.fx.Interpreter):
         def run_node(self, node):
-            value = super().run_node(node)
+            layer = marked.get(node.name)
+            if layer is not None:
+                mark("begin", layer)
+            try:
+                value = super().run_node(node)
+            finally:
+                if layer is not None:
+                    mark("end", layer)
             for name in names.get(node.name, ()):
                 captured[name] = to_numpy(value)  # a copy, before any in-place node
             return value

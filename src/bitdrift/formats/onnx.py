@@ -274,19 +274,24 @@ def compile_model(runtime, path, device, accelerator, trace, name, shown=None):
     try:
         return runtime.compile(path, device, accelerator, trace)
     except Exception as error:
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        # the line that names the op where the runtime's message has one (OpenVINO's
-        # report of unconverted ops comes after its source location)
-        named = [line for line in lines if any(word in line.lower() for word in OP_WORDS)]
-        reason = (named or lines or [type(error).__name__])[-1 if named else 0]
-        raise InferenceError(f"device {name!r}: {runtime.NAME} cannot run "
-                             f"{Path(shown or path).name} ({reason.lstrip('- ')[:300]})") \
-            from error
+        raise cannot_run(runtime, shown or path, name, error) from error
+
+
+def cannot_run(runtime, path, name, error: BaseException) -> InferenceError:
+    """One line saying why ``runtime`` cannot run the model at ``path``: the line of the
+    runtime's message that names the op where it has one (OpenVINO's report of
+    unconverted ops comes after its source location), else its first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if any(word in line.lower() for word in OP_WORDS)]
+    reason = (named or lines or [type(error).__name__])[-1 if named else 0]
+    return InferenceError(f"device {name!r}: {runtime.NAME} cannot run {Path(path).name} "
+                          f"({reason.lstrip('- ')[:300]})")
 
 
 SUMMING_OPS = ("MatMul", "Gemm", "Conv")  # the nodes whose summation order matters
 OP_WORDS = ("no conversion rule found for operations", "not implemented", "no kernel",
-            "could not find an implementation", "unsupported op")
+            "could not find an implementation", "unsupported op",
+            "didn't find op for builtin opcode", "unresolved custom op")
 
 
 def file_layers(path) -> list[dict]:
