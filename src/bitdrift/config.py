@@ -247,11 +247,22 @@ def check_model_file(name: str, model: dict, samples: list[int], devices: dict) 
     if format != "keras" and "dataset" in model:
         raise ConfigError(f"config key models.{name}.dataset: {model['file']} is "
                           f"{formats.get(format).WHAT}; give its own `inputs` (.npy or .npz)")
+    inputs = None  # the model's signature, read once
     if "inputs" in model and Path(model["inputs"]).is_file():
         try:
-            formats.check_inputs(model["inputs"], model["file"], format, samples)
+            inputs = formats.check_inputs(model["inputs"], model["file"], format, samples)
         except (ModelFormatError, DatasetError) as error:
             raise ConfigError(f"config key models.{name}.inputs: {error}") from error
+    running = {device_name: device["backend"] for device_name, device in devices.items()
+               if device["backend"] in runtimes}
+    if format != "keras" and running:
+        inputs = inputs if inputs is not None else formats.signature(model["file"], format)
+        for device_name, backend in running.items():
+            try:
+                formats.check_runtime_inputs(format, backend, inputs, model["file"])
+            except ModelFormatError as error:
+                raise ConfigError(f"config key devices.{device_name}.backend: {error}") \
+                    from error
 
 
 def load_config(path: str | Path) -> dict:

@@ -529,9 +529,43 @@ def is_inputs_file(path: str | Path) -> bool:
     return head == NPY_MAGIC or (head.startswith(b"PK") and zipfile.is_zipfile(path))
 
 
-def read_inputs(path: str | Path) -> np.ndarray:
-    """The array of a user's inputs file (the first axis is the sample; any dtype and
-    layout): a .npy file memory-mapped, or the one array of a .npz archive."""
+class NamedInputs(dict):
+    """A model's several inputs, {input name: array}, each array's first axis the sample
+    (all of one length): indexing by rows (a slice, a list of indices) takes those rows
+    of every array, so a batch is cut as from one array; a name gives its array."""
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return super().__getitem__(key)
+        return NamedInputs({name: array[key] for name, array in self.items()})
+
+    @property
+    def samples(self) -> int:
+        return next(iter(self.values())).shape[0]
+
+    def astype(self, dtype):
+        return NamedInputs({name: array.astype(dtype) for name, array in self.items()})
+
+    def describe(self) -> str:
+        return "; ".join(f"{name!r} {sample_shape(array)}" for name, array in self.items())
+
+
+def sample_count(inputs) -> int:
+    """The samples of an array of inputs, or of NamedInputs."""
+    return inputs.samples if isinstance(inputs, NamedInputs) else inputs.shape[0]
+
+
+def sample_shape(array) -> str:
+    """An array of inputs' shape and dtype, its first axis the samples:
+    ``(samples, 3, 16, 16) float32``."""
+    return f"({', '.join(['samples', *map(str, array.shape[1:])])}) {array.dtype.name}"
+
+
+def read_inputs(path: str | Path):
+    """The arrays of a user's inputs file (the first axis is the sample; any dtype and
+    layout): a .npy file memory-mapped, or the one array of a .npz archive; a .npz of
+    several arrays as NamedInputs (one per model input, by its name), every array of
+    the same number of samples."""
     try:
         loaded = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, zipfile.BadZipFile) as error:
@@ -539,26 +573,40 @@ def read_inputs(path: str | Path) -> np.ndarray:
             from error
     if isinstance(loaded, np.lib.npyio.NpzFile):
         with loaded:
-            if len(loaded.files) != 1:
-                raise DatasetError(f"{path}: a .npz inputs file holds one array (the model's "
-                                   f"one input); it holds {len(loaded.files)}: "
-                                   f"{', '.join(loaded.files)}")
+            if not loaded.files:
+                raise DatasetError(f"{path}: a .npz inputs file holding no array")
             try:
-                loaded = loaded[loaded.files[0]]
+                arrays = {name: loaded[name] for name in loaded.files}
             except (OSError, ValueError, zipfile.BadZipFile) as error:
                 raise DatasetError(f"{path}: a damaged .npz inputs file ({error})") from error
+        for name, array in arrays.items():
+            if array.ndim < 1 or array.shape[0] == 0:
+                raise DatasetError(f"{path}: array {name!r} of shape {array.shape}: the "
+                                   "first axis is the sample, and there is none")
+        if len(arrays) == 1:
+            return next(iter(arrays.values()))
+        counts = {name: array.shape[0] for name, array in arrays.items()}
+        if len(set(counts.values())) > 1:
+            raise DatasetError(f"{path}: arrays of different sample counts ("
+                               f"{', '.join(f'{name!r}: {n}' for name, n in counts.items())})"
+                               "; the first axis of each is the sample")
+        return NamedInputs(arrays)
     if loaded.ndim < 1 or loaded.shape[0] == 0:
         raise DatasetError(f"{path}: inputs of shape {loaded.shape}: the first axis is the "
                            "sample, and there is none")
     return loaded
 
 
-def read_test_images(path: str | Path, indices: list[int]) -> np.ndarray:
+def read_test_images(path: str | Path, indices: list[int]):
     """Test images at the given indices (float32, NHWC); for a user's inputs file, its
-    samples at those indices as they are (bitdrift.formats checks them against the model)."""
+    samples at those indices as they are (NamedInputs for several arrays; bitdrift.formats
+    checks them against the model)."""
     if is_inputs_file(path):
         inputs = read_inputs(path)
-        _check_indices(path, indices, inputs.shape[0])
+        _check_indices(path, indices, sample_count(inputs))
+        if isinstance(inputs, NamedInputs):
+            return NamedInputs({name: np.ascontiguousarray(array[list(indices)])
+                                for name, array in inputs.items()})
         return np.ascontiguousarray(inputs[list(indices)])
     try:
         with h5py.File(path, "r") as handle:
@@ -572,7 +620,7 @@ def read_test_images(path: str | Path, indices: list[int]) -> np.ndarray:
 def count_test_images(path: str | Path) -> int:
     """Number of test images in a prepared dataset file (samples in an inputs file)."""
     if is_inputs_file(path):
-        return read_inputs(path).shape[0]
+        return sample_count(read_inputs(path))
     try:
         with h5py.File(path, "r") as handle:
             return handle["x_test"].shape[0]

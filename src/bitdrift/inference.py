@@ -243,7 +243,7 @@ def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> s
     if format != "keras":
         formats.check_inputs(dataset_path, model_path, format)
     expected = model_input_shape(model_path) if format == "keras" else None
-    images = test_image_shape(dataset_path)
+    images = test_image_shape(dataset_path) if expected is not None else None
     if expected is not None and None not in expected and tuple(expected) != images:
         raise InferenceError(f"{dataset_path}: images of shape {images}, but model "
                              f"{model_path} takes inputs of shape {tuple(expected)}")

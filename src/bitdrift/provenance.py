@@ -18,8 +18,15 @@ from bitdrift.models import model_digest
 from bitdrift.record import Record, RecordError
 
 
-def input_sha256(images: np.ndarray) -> str:
-    """Digest of the recorded samples' input images (as float32, NHWC)."""
+def input_sha256(images) -> str:
+    """Digest of the recorded samples' input images (as float32, NHWC); of a model's several
+    inputs (bitdrift.datasets.NamedInputs), of each array by name, in the order of names."""
+    if isinstance(images, dict):
+        digest = hashlib.sha256()
+        for name in sorted(images):
+            digest.update(name.encode() + b"\0")
+            digest.update(np.ascontiguousarray(images[name], dtype=np.float32).tobytes())
+        return digest.hexdigest()
     return hashlib.sha256(np.ascontiguousarray(images, dtype=np.float32).tobytes()).hexdigest()
 
 

@@ -81,10 +81,10 @@ def run_order(record: Record, dataset_path) -> list[int]:
     from bitdrift.datasets import read_test_images
     from bitdrift.provenance import input_sha256
 
-    images = dict(zip(record.samples, read_test_images(dataset_path, record.samples),
-                      strict=True))
+    images = read_test_images(dataset_path, record.samples)  # rows of one or several arrays
+    row = {sample: index for index, sample in enumerate(record.samples)}
     return next((list(order) for order in permutations(record.samples)
-                 if input_sha256(np.stack([images[s] for s in order]))
+                 if input_sha256(images[[row[s] for s in order]])
                  == record.attr("input_sha256")), list(record.samples))
 
 
@@ -152,6 +152,11 @@ def first_split(record_a: Record, record_b: Record, model_path) -> Split:
                               f"{len(layer['inbound'])} inputs; a repro runs one-input layers")
     source = layer["inbound"][0]
     inbound = None if found[source]["class_name"] == "InputLayer" else source
+    if inbound is None and sum(entry["class_name"] == "InputLayer"
+                               for entry in found.values()) > 1:
+        raise NotReproducible(f"layer {parted.name!r} reads the model input {source!r}, one "
+                              "of several; a repro runs a layer fed by a recorded layer or "
+                              "by a model's one input")
     if inbound is not None:
         if inbound not in {info.name for info in layers}:
             raise NotReproducible(f"the input of {parted.name!r} ({inbound}) is not recorded")

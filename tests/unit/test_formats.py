@@ -125,7 +125,9 @@ def test_inputs_that_fit_are_accepted_and_any_that_do_not_are_named(model_files,
         formats.check_inputs(good, model, samples=[0, 9])
     archive = tmp_path / "two.npz"
     np.savez(archive, a=np.zeros((2, 3, 16, 16), np.float32), b=np.zeros(2))
-    with pytest.raises(DatasetError, match="holds one array .* it holds 2: a, b"):
+    with pytest.raises(ModelFormatError, match="two.npz: no array for input 'input'; arrays "
+                                               "'a', 'b' are no input's .* 'b' \\(samples\\) "
+                                               "float64\\)$"):
         formats.check_inputs(archive, model)
 
 

@@ -51,6 +51,29 @@ def determinant_model():
     return model, rng.standard_normal((8, 4)).astype(np.float32)
 
 
+def two_input_model():
+    """Gemm of input a, Relu, MatMul, Add of input b: a model of two inputs (a .npz of one
+    array per input, named as it), its inputs in the file in another order."""
+    rng = np.random.default_rng(2)
+    weights = {"w1": rng.standard_normal((8, 16)), "b1": rng.standard_normal(16),
+               "w2": rng.standard_normal((16, 4))}
+    nodes = [helper.make_node("Gemm", ["a", "w1", "b1"], ["hidden"]),
+             helper.make_node("Relu", ["hidden"], ["hidden_relu"]),
+             helper.make_node("MatMul", ["hidden_relu", "w2"], ["projected"]),
+             helper.make_node("Add", ["projected", "b"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "two", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 8]),
+                       helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(value.astype(np.float32), name)
+         for name, value in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    inputs = {"b": rng.standard_normal((8, 4)).astype(np.float32),
+              "a": rng.standard_normal((8, 8)).astype(np.float32)}
+    return model, inputs
+
+
 @pytest.fixture(scope="module")
 def onnx_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("onnx_workflow")
@@ -58,11 +81,15 @@ def onnx_run(tmp_path_factory):
     model, inputs = determinant_model()
     onnx.save(model, workdir / "det.onnx")
     np.save(workdir / "det.npy", inputs)
+    model, inputs = two_input_model()
+    onnx.save(model, workdir / "two.onnx")
+    np.savez(workdir / "two.npz", **inputs)
     config = workdir / "config.yaml"
     config.write_text(yaml.safe_dump({
         "samples": SAMPLES, "analysis": {"precision": "float32"}, "devices": DEVICES,
         "models": {"cnn": {"file": "cnn.onnx", "inputs": "inputs.npy"},
-                   "det": {"file": "det.onnx", "inputs": "det.npy"}}}))
+                   "det": {"file": "det.onnx", "inputs": "det.npy"},
+                   "two": {"file": "two.onnx", "inputs": "two.npz"}}}))
     result = snakemake(workdir, "all", configfile=config, check=False)
     return workdir, result.returncode, result.stdout + result.stderr
 
@@ -77,7 +104,8 @@ def test_only_the_onnx_runtimes_run_and_no_keras_rule(onnx_run):
                      for path in (workdir / "results/inference").rglob("*.h5"))
     # the failed device's failure record is cleared at the end of the run, so the next
     # run tries it again (bitdrift.failures); its reason stays in device_failures.csv
-    assert records == sorted([f"cnn/{device}.h5" for device in [*ONNX_DEVICES, TORCH_DEVICE]]
+    assert records == sorted([f"{model}/{device}.h5" for model in ("cnn", "two")
+                              for device in [*ONNX_DEVICES, TORCH_DEVICE]]
                              + ["det/ort_all.h5", "det/ort_no_optimizations.h5"])
 
 
@@ -142,3 +170,28 @@ def test_the_tables_name_the_models_own_nodes(onnx_run):
     assert {"conv", "fc1"} <= set(kernels[kernels["model"] == "cnn"]["layer"])
     with Record(workdir / "results/inference/cnn/ort_all.h5") as record:
         assert json.loads(record.attr("device_config"))["graph_optimization_level"] == "all"
+
+
+def test_a_model_of_two_inputs_is_fed_each_by_its_name(onnx_run):
+    """Every device's final output within float32's rounding of numpy's float64 from both
+    inputs; the classes of the final outputs, recounted here, are eqc.csv's; the Gemm fed
+    by an input is not recomputed as "the model's input" (one of several), the MatMul
+    fed by a recorded layer is."""
+    workdir, _, _ = onnx_run
+    inputs = np.load(workdir / "two.npz")
+    weights = {tensor.name: numpy_helper.to_array(tensor).astype(np.float64)
+               for tensor in onnx.load(workdir / "two.onnx").graph.initializer}
+    eqc = pd.read_csv(workdir / "results/tables/eqc.csv")
+    for sample in SAMPLES:
+        a, b = inputs["a"][sample].astype(np.float64), inputs["b"][sample]
+        hidden = np.maximum(a @ weights["w1"] + weights["b1"], 0)
+        exact = hidden @ weights["w2"] + b
+        outputs = {}
+        for device in [*ONNX_DEVICES, TORCH_DEVICE]:
+            with Record(workdir / f"results/inference/two/{device}.h5") as record:
+                outputs[device] = record.tensor(sample, "output").values[0]
+            np.testing.assert_allclose(outputs[device], exact, rtol=1e-4, atol=1e-5)
+        rows = eqc[(eqc["model"] == "two") & (eqc["sample"] == sample)]
+        assert rows["eqc"].nunique() == len({value.tobytes() for value in outputs.values()})
+    effective = pd.read_csv(workdir / "results/tables/effective_precision.csv")
+    assert set(effective[effective["model"] == "two"]["layer"]) == {"projected"}

@@ -102,7 +102,10 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False):
                 inputs=tuple(node.input), outputs=tuple(node.output)))
         return nodes, [output.name for output in session.get_outputs()]
 
-    return (lambda batch: session.run(None, {name: batch})), describe
+    def run(batch):  # a model of several inputs takes them by name (datasets.NamedInputs)
+        return session.run(None, dict(batch) if isinstance(batch, dict) else {name: batch})
+
+    return run, describe
 
 
 def versions() -> dict:

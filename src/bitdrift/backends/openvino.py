@@ -74,7 +74,8 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False):
     outputs = compiled.outputs
 
     def run(batch):
-        results = compiled(batch)
+        # a model of several inputs takes them by name (datasets.NamedInputs)
+        results = compiled(dict(batch) if isinstance(batch, dict) else batch)
         return [results[output] for output in outputs]
 
     def describe():

@@ -191,15 +191,21 @@ def open_session(job: dict, name: str):
         checked, order_layers, unrevealed = pt2.checked_layers(
             pt2.program_file_layers(program), [layer for layer, _ in layers], device["precision"])
 
+    def arrays(batch) -> list:
+        """The program's inputs in call order: several by name (datasets.NamedInputs)."""
+        if isinstance(batch, dict):
+            return [batch[spec.name] for spec in runner.signature]
+        return [batch]
+
     def run(batch):
-        result = runner([batch], record_layers=bool(job["layers"]))
+        result = runner(arrays(batch), record_layers=bool(job["layers"]))
         if not job["layers"]:
             return [result.outputs[-1]]
         return [result.outputs[-1] if layer == final_name else result.layers[layer]
                 for layer, _ in layers]
 
     def final(batch):
-        return runner([batch], record_layers=False).outputs[-1]
+        return runner(arrays(batch), record_layers=False).outputs[-1]
 
     # a traced job's deployed run is logged between its own markers (observer check)
     deployed = marked_deployed(final, lambda: None) if trace else final

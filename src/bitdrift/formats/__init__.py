@@ -18,6 +18,8 @@ Every loader module has:
   ``open_session(runtime, job, name)``: a bitdrift.backends.Session on the file for one
   of those runtimes; None where each runtime module's own ``open_session(job, name)``
   opens the file (Keras; a torch runner of a .pt2 program may do either).
+- ``SEVERAL_INPUTS`` (where a model of the format may take several inputs): the runtimes
+  among RUNTIMES that feed each input by its name (the others refuse such a model).
 """
 
 from __future__ import annotations
@@ -101,34 +103,58 @@ def planned_format(path) -> str:
 def check_inputs(inputs_path, model_path, format: str | None = None,
                  samples: list[int] | None = None) -> list[Input]:
     """A user's inputs file (``inputs:``) against the model's signature, each mismatch one
-    line naming both: the number of inputs, the dtype, and every dimension but the
-    sample axis (a dimension the model leaves free takes the input's own size; the
-    sample axis is the batch, which each device sets). Inputs holding NaN or Inf are
-    refused: a non-finite input propagates through every layer, and the classes would
-    compare how runtimes treat NaN, not how they round. Returns the signature."""
-    import numpy as np
-
-    from bitdrift.datasets import read_inputs
+    line naming both: the number of inputs (a model of several takes a .npz of one array
+    per input, by the input's name: a missing or extra array is named), the dtype, and
+    every dimension but the sample axis (a dimension the model leaves free takes the
+    input's own size; the sample axis is the batch, which each device sets). Inputs
+    holding NaN or Inf are refused: a non-finite input propagates through every layer,
+    and the classes would compare how runtimes treat NaN, not how they round. Returns the
+    signature."""
+    from bitdrift.datasets import NamedInputs, read_inputs, sample_count, sample_shape
 
     inputs = read_inputs(inputs_path)
     if samples is not None:
         from bitdrift.datasets import _check_indices
 
-        _check_indices(inputs_path, samples, inputs.shape[0], "; config key samples")
+        _check_indices(inputs_path, samples, sample_count(inputs), "; config key samples")
     expected = signature(model_path, format)
-    found = f"{inputs_path}: inputs of shape (samples, {', '.join(map(str, inputs.shape[1:]))})" \
-        f" {inputs.dtype.name}"
-    if len(expected) != 1:
-        raise ModelFormatError(f"{found}, but model {model_path} takes {len(expected)} inputs "
-                               f"({'; '.join(i.describe() for i in expected) or 'none read'}): "
-                               "bitdrift feeds models of one input")
-    wanted = expected[0]
+    takes = "; ".join(i.describe() for i in expected) or "none read"
+    if not isinstance(inputs, NamedInputs):
+        found = f"{inputs_path}: inputs of shape {sample_shape(inputs)}"
+        if len(expected) != 1:
+            raise ModelFormatError(f"{found}, but model {model_path} takes {len(expected)} "
+                                   f"inputs ({takes}): give a .npz of one array per input, "
+                                   "named as the input")
+        _check_array(inputs_path, inputs, expected[0], f"{found}, but model {model_path} "
+                                                       f"takes input {expected[0].describe()}")
+        return expected
+    names = [wanted.name for wanted in expected]
+    missing = [name for name in names if name not in inputs]
+    extra = [name for name in inputs if name not in names]
+    if missing or extra:
+        said = [f"no array for input {', '.join(map(repr, missing))}"] if missing else []
+        said += [f"{'arrays' if len(extra) > 1 else 'array'} {', '.join(map(repr, extra))} "
+                 f"{'are' if len(extra) > 1 else 'is'} no input's"] if extra else []
+        raise ModelFormatError(f"{inputs_path}: {'; '.join(said)} (model {model_path} takes "
+                               f"{takes}; the file holds {inputs.describe()})")
+    for wanted in expected:
+        array = inputs[wanted.name]
+        _check_array(inputs_path, array, wanted, f"{inputs_path}: array {wanted.name!r} of "
+                     f"shape {sample_shape(array)}, but model {model_path} takes input "
+                     f"{wanted.describe()}")
+    return expected
+
+
+def _check_array(inputs_path, inputs, wanted: Input, mismatch: str) -> None:
+    """One array of inputs against one input of the signature: ``mismatch`` where its
+    rank, a fixed dimension or its dtype differ; NaN and Inf refused."""
+    import numpy as np
+
     fits = len(wanted.shape) == inputs.ndim and all(
         dim is None or dim == size for dim, size in zip(wanted.shape[1:], inputs.shape[1:],
                                                          strict=False))
     if not fits or wanted.dtype != inputs.dtype.name:
-        raise ModelFormatError(f"{found}, but model {model_path} takes input "
-                               f"{wanted.describe()}")
+        raise ModelFormatError(mismatch)
     if np.issubdtype(inputs.dtype, np.floating):
         bad = ~np.isfinite(np.asarray(inputs, dtype=np.float64).reshape(inputs.shape[0], -1))
         rows = np.flatnonzero(bad.any(axis=1))
@@ -137,7 +163,16 @@ def check_inputs(inputs_path, model_path, format: str | None = None,
                                    f"{rows.size} samples (the first: sample {int(rows[0])}); "
                                    "refused, since every output would compare how runtimes "
                                    "propagate NaN, not how they round")
-    return expected
+
+
+def check_runtime_inputs(format: str, backend: str, inputs: list[Input], model_path) -> None:
+    """A model of several inputs runs on the runtimes that feed each by its name (the
+    loader's SEVERAL_INPUTS); another refuses it in one line naming them."""
+    several = getattr(get(format), "SEVERAL_INPUTS", ())  # Keras: inputs come from a dataset
+    if len(inputs) > 1 and backend not in several:
+        raise ModelFormatError(f"backend {backend!r} feeds models of one input; {model_path} "
+                               f"takes {len(inputs)} ({', '.join(i.name for i in inputs)}): "
+                               f"runtimes that feed several: {', '.join(several) or 'none yet'}")
 
 
 def open_session(job: dict, name: str):
@@ -155,8 +190,13 @@ def open_session(job: dict, name: str):
                              f"{', '.join(loader.RUNTIMES) or 'none yet'})")
     if loader.open_session is None:  # the runtime module opens the file itself
         return backends.get(backend).open_session(job, name)
-    batch, fixed = job["device"]["batch_size"], loader.signature(job["model_path"])
-    if fixed and fixed[0].shape and fixed[0].shape[0] not in (None, batch):
+    batch, inputs = job["device"]["batch_size"], loader.signature(job["model_path"])
+    try:
+        check_runtime_inputs(loader.NAME, backend, inputs, job["model_path"])
+    except ModelFormatError as error:
+        raise InferenceError(f"device {name!r}: {error}") from error
+    fixed = [wanted for wanted in inputs if wanted.shape and wanted.shape[0] not in (None, batch)]
+    if fixed:
         raise InferenceError(f"device {name!r}: batch_size {batch}, but model "
                              f"{job['model_path']} takes batches of exactly "
                              f"{fixed[0].shape[0]} (input {fixed[0].describe()})")

@@ -19,6 +19,8 @@ NAME = "onnx"
 WHAT = "an ONNX model"
 # torch_export: torch eager on the model converted by onnx2torch (torch_session)
 RUNTIMES = ("onnxruntime", "openvino", "torch_export", "litert")
+# a model of several inputs: each fed by its name (a .npz of one array per input)
+SEVERAL_INPUTS = ("onnxruntime", "openvino", "torch_export")
 
 
 def recognise(path, head: bytes) -> bool:
@@ -236,10 +238,15 @@ def torch_session(runtime, job: dict, name: str):
     accelerator["per_layer"] = (f"every ONNX node output {conversion.converter} computes "
                                 "in an fx node of its own, by its ONNX name (torch eager)")
 
+    # onnx2torch's placeholders follow the graph's inputs: several fed by name, in that order
+    order = [wanted_input.name for wanted_input in signature(path)]
+
     def call(batch, record):
+        arrays = [batch[input_name] for input_name in order] if isinstance(batch, dict) \
+            else [batch]
         try:
-            return run_graph(module, [to_tensor(batch, precision)], names, wanted, record,
-                             Path(path).name, precision)
+            return run_graph(module, [to_tensor(array, precision) for array in arrays], names,
+                             wanted, record, Path(path).name, precision)
         except ProgramError as error:
             raise InferenceError(f"device {name!r}: {error}") from error
 
@@ -376,6 +383,9 @@ def file_layers(path) -> list[dict]:
             constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
     layers = [{"name": value.name, "class_name": "InputLayer", "config": {}, "inbound": [],
                "weights": []} for value in graph.input if value.name not in constants]
+    # a node fed by one of several model inputs is read by its op type alone: the analyses
+    # that read "the model input" (inbound None) know one
+    several = {layer["name"] for layer in layers} if len(layers) > 1 else set()
     for node in graph.node:
         attributes = {attribute.name: attribute for attribute in node.attribute}
 
@@ -392,6 +402,9 @@ def file_layers(path) -> list[dict]:
         inbound = [name for name in node.input if name and name not in constants]
         entry = {"name": node.output[0], "class_name": node.op_type, "config": {},
                  "inbound": inbound, "weights": []}
+        if several.intersection(inbound):
+            layers.append(entry)
+            continue
         weights = [constants.get(name) for name in node.input[1:]]
         if node.op_type in ("MatMul", "Gemm") and len(inbound) == 1 and weights and \
                 weights[0] is not None and weights[0].ndim == 2:
