@@ -393,7 +393,7 @@ def test_a_device_whose_runtime_cannot_run_the_format_is_refused_before_any_repe
               samples=[0], out=tmp_path / "tf.h5")
     assert str(error.value) == (f"device 'tf': backend 'tensorflow' cannot run "
                                 f"{tmp_path / 'cnn.onnx'} (an ONNX model; runtimes that can: "
-                                "onnxruntime, openvino, torch_export)")
+                                "onnxruntime, openvino, torch_export, litert)")
 
 
 def test_a_study_that_needs_a_dataset_refuses_a_model_with_its_own_inputs(tmp_path,

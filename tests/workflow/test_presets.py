@@ -62,8 +62,9 @@ def test_your_model_preset_runs_an_onnx_model_with_no_keras_rule(tmp_path):
     rules = [job["rule"] for job in dry_run_jobs(output)]
     assert rules.count("example_model") == 2
     backends = [device["backend"] for device in settings["devices"].values()]
-    onnx_runtimes = ("onnxruntime", "openvino")  # written out: the formats' lists are checked
-    pt2_runtimes = onnx_runtimes + ("torch_export", "torch_inductor", "executorch")
+    # written out: the formats' lists are checked
+    onnx_runtimes = ("onnxruntime", "openvino", "torch_export", "litert")
+    pt2_runtimes = onnx_runtimes + ("torch_inductor", "executorch")
     assert rules.count("run_inference") == sum(backend in onnx_runtimes for backend in backends) \
         + sum(backend in pt2_runtimes for backend in backends)
     for rule in ("train_model", "export_model", "export_reference", "prepare_dataset"):
