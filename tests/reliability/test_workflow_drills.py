@@ -81,9 +81,9 @@ def test_every_lost_table_is_made_again_bit_for_bit(own_run):
 PRESETS = sorted((ROOT / "config/presets").glob("*.yaml"))
 # The runtimes that run a model file of each kind, as docs/your-model.md lists them: a
 # model runs on the devices of those runtimes only (a Keras model on every device).
-RUNTIMES_OF = {".onnx": {"onnxruntime", "openvino"},
+RUNTIMES_OF = {".onnx": {"onnxruntime", "openvino", "torch_export", "litert"},
                ".pt2": {"torch_export", "torch_inductor", "executorch", "onnxruntime",
-                        "openvino"}}
+                        "openvino", "litert"}}
 
 
 def runs_on(model: dict, device: dict) -> bool:
