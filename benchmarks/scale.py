@@ -5,6 +5,7 @@
     python benchmarks/scale.py --out /tmp/scale --devices 1 --samples 3 --kernels on
     python benchmarks/scale.py --out /tmp/scale --devices 2 --samples 3 --stage locate_divergence
     python benchmarks/scale.py --out /tmp/scale --devices 2 --samples 3 --overlay more.yaml
+    python benchmarks/scale.py --out /tmp/scale --plot-only   # redraw from OUT/scale.csv
 
 For every point of the grid (devices x samples x kernels on/off) it writes a complete
 config (ResNet-50 from the model zoo at --image-size on the embedded digits resized to it,
@@ -336,24 +337,27 @@ def measure_point(out: Path, devices: list[str], samples: int, kernels: bool,
 def plot(rows: list[dict], path: Path) -> None:
     """Three panels (wall time, peak memory, bytes), a line per rule across the points in
     order of devices x samples; kernels-on points are drawn apart (hollow, not joined to
-    the kernels-off ones), and one legend serves the three panels."""
+    the kernels-off ones), and one legend serves the three panels. Time and bytes also get
+    the whole run (every rule summed, dashed); memory is drawn on a linear axis from 0 with
+    issue 52's 4 GB bound, so a flat line reads as flat."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     points = sorted({(r["devices"], r["samples"], r["kernels"]) for r in rows},
                     key=lambda p: (p[2], p[0] * p[1], p[0]))
-    labels = [f"{d}x{s}" + ("\nkernels on" if k else "") for d, s, k in points]
+    labels = [f"{d}x{s}\n({d * s})" + ("\nkernels on" if k else "") for d, s, k in points]
     rules = sorted({r["rule"] for r in rows})
     figure, axes = plt.subplots(1, 3, figsize=(15, 6.5))
-    # (column, title, unit, the least worth a line: 5 s, 0.3 GiB, 1 MB)
-    measures = (("wall_s", "wall time, all jobs of the rule (s)", 1, 5),
-                ("peak_rss_mb", "peak memory of one job (GiB)", 1024, 0.3),
-                ("bytes", "bytes on disk (GB)", 1e9, 1e-3))
+    # (column, title, unit, the least worth a line: 5 s, 0.3 GiB, 1 MB, log scale)
+    measures = (("wall_s", "wall time, all jobs of the rule (s)", 1, 5, True),
+                ("peak_rss_mb", "peak memory of one job (GiB)", 1024, 0.3, False),
+                ("bytes", "bytes on disk (GB)", 1e9, 1e-3, True))
     colours = plt.get_cmap("tab20")
     legend = {}
-    for axis, (column, title, scale, least) in zip(axes, measures, strict=True):
+    for axis, (column, title, scale, least, log) in zip(axes, measures, strict=True):
         for rule in rules:
             values = []
             for point in points:
@@ -374,7 +378,25 @@ def plot(rows: list[dict], path: Path) -> None:
                                         "os^vD<>p"[index % 8] + "-", color=colours(index % 20),
                                         markerfacecolor="none" if kernels else None)
                     legend.setdefault(rule, line)
-        axis.set_yscale("log")
+        if column != "peak_rss_mb":  # the whole run: every rule's seconds, every byte
+            totals = [sum(float(r[column] or 0) for r in rows
+                          if (r["devices"], r["samples"], r["kernels"]) == point) / scale
+                      for point in points]
+            for kernels in (False, True):
+                where = [i for i, point in enumerate(points) if point[2] == kernels]
+                if where:
+                    (line,) = axis.plot(where, [totals[i] for i in where], "k*--",
+                                        markerfacecolor="none" if kernels else None)
+                    legend.setdefault("all rules (sum)", line)
+        if log:
+            axis.set_yscale("log")
+            # plain numbers (50, 200, 1000), not powers of ten, on a log axis
+            axis.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        else:  # memory on a linear axis, from 0: flat reads as flat
+            axis.set_ylim(bottom=0)
+            axis.axhline(4e9 / 2**30, color="grey", linestyle="--", linewidth=1)
+            axis.annotate("4 GB (issue 52's bound)", (0, 4e9 / 2**30), xytext=(2, 3),
+                          textcoords="offset points", fontsize=8, color="grey")
         axis.set_title(title)
         axis.set_xticks(range(len(points)), labels)
         axis.set_xlabel("devices x samples")
@@ -408,13 +430,18 @@ def main() -> None:
                              "a newer bitdrift offers), mappings merged key by key")
     parser.add_argument("--stage", metavar="RULE",
                         help="rerun this rule alone at each point (its records already there)")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="run nothing: draw OUT/scale.png from OUT/scale.csv (e.g. the "
+                             "rows of several --out folders put together)")
     args = parser.parse_args()
     available = args.device_names or default_devices()
     overlay = yaml.safe_load(args.overlay.read_text()) if args.overlay else {}
     args.out.mkdir(parents=True, exist_ok=True)
     table = args.out / "scale.csv"
     rows = list(csv.DictReader(table.open())) if table.exists() else []
-    for kernels in args.kernels:
+    if args.plot_only and not rows:
+        raise SystemExit(f"--plot-only: no rows in {table}")
+    for kernels in [] if args.plot_only else args.kernels:
         for count in args.devices:
             if count > len(available):
                 raise SystemExit(f"--devices {count}: only {len(available)} devices")
