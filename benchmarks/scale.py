@@ -18,7 +18,8 @@ taken in turn from each runtime (tensorflow, onnxruntime, torch, openvino, jax, 
 so a small N already pays for the exports and the reference; --device names them instead.
 
 Measured per job, through the workflow only (so it runs unchanged on a newer record
-format): wall seconds and Snakemake's max_rss from the rules' `benchmark:` files
+format): wall seconds, Snakemake's cpu_time (the job's own processes, not a fork
+server's workers) and max_rss from the rules' `benchmark:` files
 (results/benchmarks/RULE/...tsv; Snakemake samples a job every 0.5 s for its first 15 s,
 then every 30 s, so a long job's peak can be missed), and the peak resident memory
 sampled here every 0.25 s over the job's process and its workers, those its fork servers
@@ -52,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 BACKEND_ORDER = ("tensorflow", "onnxruntime", "torch", "openvino", "jax", "litert")
 COLUMNS = ["devices", "samples", "kernels", "image_size", "rule", "jobs", "wall_s",
            "wall_s_max_job", "peak_rss_mb", "snakemake_max_rss_mb", "bytes", "files",
-           "device_names"]
+           "device_names", "cpu_s"]
 
 
 def default_devices() -> list[str]:
@@ -242,7 +243,7 @@ def snakemake(args: list[str], log: Path, cores: int) -> tuple[int, dict[str, fl
 
 
 def benchmark_rows(results: Path, rules: set[str] | None = None) -> dict[str, list[dict]]:
-    """rule -> one dict per job: wall seconds and Snakemake's max_rss (MB)."""
+    """rule -> one dict per job: wall seconds, Snakemake's max_rss (MB) and cpu_time (s)."""
     jobs = defaultdict(list)
     root = results / "benchmarks"
     for path in sorted(root.rglob("*.tsv")):
@@ -252,9 +253,10 @@ def benchmark_rows(results: Path, rules: set[str] | None = None) -> dict[str, li
         rows = list(csv.DictReader(path.open(), delimiter="\t"))
         if rows:
             row = rows[-1]
-            rss = row.get("max_rss", "NA")
+            rss, cpu = row.get("max_rss", "NA"), row.get("cpu_time", "NA")
             jobs[rule].append({"s": float(row["s"]),
-                               "max_rss": float(rss) if rss not in ("NA", "-", "") else 0.0})
+                               "max_rss": float(rss) if rss not in ("NA", "-", "") else 0.0,
+                               "cpu": float(cpu) if cpu not in ("NA", "-", "") else 0.0})
     return jobs
 
 
@@ -327,6 +329,8 @@ def measure_point(out: Path, devices: list[str], samples: int, kernels: bool,
             "snakemake_max_rss_mb": round(max((j["max_rss"] for j in jobs.get(rule, [])),
                                               default=0.0)),
             "bytes": size, "files": files, "device_names": " ".join(devices),
+            # the jobs' own processes: a fork server's workers (the repeats) not counted
+            "cpu_s": round(sum(job["cpu"] for job in jobs.get(rule, [])), 1),
         })
     if status:
         print(f"{name}: the run failed; rows written for the jobs that finished",
