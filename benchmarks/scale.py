@@ -26,7 +26,7 @@ sampled here every 0.25 s over the job's process and its workers, those its fork
 fork included (the sum of their RSS; exact with --cores 1, the default: one job at a time);
 bytes on disk per rule, from the files `snakemake --detailed-summary` names as the rule's
 outputs. Writes OUT/scale.csv (one row per point and rule) and OUT/scale.png (rule x wall
-time, peak memory and bytes against devices x samples). --stage RULE reruns that rule
+time, CPU time, peak memory and bytes against devices x samples). --stage RULE reruns that rule
 alone (with --forcerun, on the records already there) for each point and appends its
 rows. Times on a shared machine are noisy; memory and bytes are not.
 """
@@ -339,9 +339,9 @@ def measure_point(out: Path, devices: list[str], samples: int, kernels: bool,
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Three panels (wall time, peak memory, bytes), a line per rule across the points in
+    """Four panels (wall time, CPU time, peak memory, bytes), a line per rule across the points in
     order of devices x samples; kernels-on points are drawn apart (hollow, not joined to
-    the kernels-off ones), and one legend serves the three panels. Time and bytes also get
+    the kernels-off ones), and one legend serves the panels. Times and bytes also get
     the whole run (every rule summed, dashed); memory is drawn on a linear axis from 0 with
     issue 52's 4 GB bound, so a flat line reads as flat."""
     import matplotlib
@@ -354,9 +354,10 @@ def plot(rows: list[dict], path: Path) -> None:
                     key=lambda p: (p[2], p[0] * p[1], p[0]))
     labels = [f"{d}x{s}\n({d * s})" + ("\nkernels on" if k else "") for d, s, k in points]
     rules = sorted({r["rule"] for r in rows})
-    figure, axes = plt.subplots(1, 3, figsize=(15, 6.5))
+    figure, axes = plt.subplots(1, 4, figsize=(20, 6.5))
     # (column, title, unit, the least worth a line: 5 s, 0.3 GiB, 1 MB, log scale)
     measures = (("wall_s", "wall time, all jobs of the rule (s)", 1, 5, True),
+                ("cpu_s", "CPU time of the jobs' processes (s)", 1, 5, True),
                 ("peak_rss_mb", "peak memory of one job (GiB)", 1024, 0.3, False),
                 ("bytes", "bytes on disk (GB)", 1e9, 1e-3, True))
     colours = plt.get_cmap("tab20")
@@ -367,7 +368,8 @@ def plot(rows: list[dict], path: Path) -> None:
             for point in points:
                 found = [r for r in rows if (r["devices"], r["samples"], r["kernels"]) == point
                          and r["rule"] == rule]
-                value = max((float(r[column] or 0) for r in found), default=0.0)
+                # rows of an older scale.py have no cpu_s
+                value = max((float(r.get(column) or 0) for r in found), default=0.0)
                 if column == "peak_rss_mb":
                     value = max(value, max((float(r["snakemake_max_rss_mb"] or 0)
                                             for r in found), default=0.0))
@@ -383,13 +385,14 @@ def plot(rows: list[dict], path: Path) -> None:
                                         markerfacecolor="none" if kernels else None)
                     legend.setdefault(rule, line)
         if column != "peak_rss_mb":  # the whole run: every rule's seconds, every byte
-            totals = [sum(float(r[column] or 0) for r in rows
+            totals = [sum(float(r.get(column) or 0) for r in rows
                           if (r["devices"], r["samples"], r["kernels"]) == point) / scale
                       for point in points]
             for kernels in (False, True):
                 where = [i for i, point in enumerate(points) if point[2] == kernels]
                 if where:
-                    (line,) = axis.plot(where, [totals[i] for i in where], "k*--",
+                    shown = [i for i in where if totals[i]]
+                    (line,) = axis.plot(shown, [totals[i] for i in shown], "k*--",
                                         markerfacecolor="none" if kernels else None)
                     legend.setdefault("all rules (sum)", line)
         if log:
