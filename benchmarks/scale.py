@@ -5,6 +5,7 @@
     python benchmarks/scale.py --out /tmp/scale --devices 1 --samples 3 --kernels on
     python benchmarks/scale.py --out /tmp/scale --devices 2 --samples 3 --stage locate_divergence
     python benchmarks/scale.py --out /tmp/scale --devices 2 --samples 3 --overlay more.yaml
+    python benchmarks/scale.py --out /tmp/scale --plot-only   # redraw from OUT/scale.csv
 
 For every point of the grid (devices x samples x kernels on/off) it writes a complete
 config (ResNet-50 from the model zoo at --image-size on the embedded digits resized to it,
@@ -17,14 +18,15 @@ taken in turn from each runtime (tensorflow, onnxruntime, torch, openvino, jax, 
 so a small N already pays for the exports and the reference; --device names them instead.
 
 Measured per job, through the workflow only (so it runs unchanged on a newer record
-format): wall seconds and Snakemake's max_rss from the rules' `benchmark:` files
+format): wall seconds, Snakemake's cpu_time (the job's own processes, not a fork
+server's workers) and max_rss from the rules' `benchmark:` files
 (results/benchmarks/RULE/...tsv; Snakemake samples a job every 0.5 s for its first 15 s,
 then every 30 s, so a long job's peak can be missed), and the peak resident memory
 sampled here every 0.25 s over the job's process and its workers, those its fork servers
 fork included (the sum of their RSS; exact with --cores 1, the default: one job at a time);
 bytes on disk per rule, from the files `snakemake --detailed-summary` names as the rule's
 outputs. Writes OUT/scale.csv (one row per point and rule) and OUT/scale.png (rule x wall
-time, peak memory and bytes against devices x samples). --stage RULE reruns that rule
+time, CPU time, peak memory and bytes against devices x samples). --stage RULE reruns that rule
 alone (with --forcerun, on the records already there) for each point and appends its
 rows. Times on a shared machine are noisy; memory and bytes are not.
 """
@@ -51,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 BACKEND_ORDER = ("tensorflow", "onnxruntime", "torch", "openvino", "jax", "litert")
 COLUMNS = ["devices", "samples", "kernels", "image_size", "rule", "jobs", "wall_s",
            "wall_s_max_job", "peak_rss_mb", "snakemake_max_rss_mb", "bytes", "files",
-           "device_names"]
+           "device_names", "cpu_s"]
 
 
 def default_devices() -> list[str]:
@@ -245,7 +247,7 @@ def snakemake(args: list[str], log: Path, cores: int) -> tuple[int, dict[str, fl
 
 
 def benchmark_rows(results: Path, rules: set[str] | None = None) -> dict[str, list[dict]]:
-    """rule -> one dict per job: wall seconds and Snakemake's max_rss (MB)."""
+    """rule -> one dict per job: wall seconds, Snakemake's max_rss (MB) and cpu_time (s)."""
     jobs = defaultdict(list)
     root = results / "benchmarks"
     for path in sorted(root.rglob("*.tsv")):
@@ -255,9 +257,10 @@ def benchmark_rows(results: Path, rules: set[str] | None = None) -> dict[str, li
         rows = list(csv.DictReader(path.open(), delimiter="\t"))
         if rows:
             row = rows[-1]
-            rss = row.get("max_rss", "NA")
+            rss, cpu = row.get("max_rss", "NA"), row.get("cpu_time", "NA")
             jobs[rule].append({"s": float(row["s"]),
-                               "max_rss": float(rss) if rss not in ("NA", "-", "") else 0.0})
+                               "max_rss": float(rss) if rss not in ("NA", "-", "") else 0.0,
+                               "cpu": float(cpu) if cpu not in ("NA", "-", "") else 0.0})
     return jobs
 
 
@@ -330,6 +333,8 @@ def measure_point(out: Path, devices: list[str], samples: int, kernels: bool,
             "snakemake_max_rss_mb": round(max((j["max_rss"] for j in jobs.get(rule, [])),
                                               default=0.0)),
             "bytes": size, "files": files, "device_names": " ".join(devices),
+            # the jobs' own processes: a fork server's workers (the repeats) not counted
+            "cpu_s": round(sum(job["cpu"] for job in jobs.get(rule, [])), 1),
         })
     if status:
         print(f"{name}: the run failed; rows written for the jobs that finished",
@@ -338,32 +343,37 @@ def measure_point(out: Path, devices: list[str], samples: int, kernels: bool,
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Three panels (wall time, peak memory, bytes), a line per rule across the points in
+    """Four panels (wall time, CPU time, peak memory, bytes), a line per rule across the points in
     order of devices x samples; kernels-on points are drawn apart (hollow, not joined to
-    the kernels-off ones), and one legend serves the three panels."""
+    the kernels-off ones), and one legend serves the panels. Times and bytes also get
+    the whole run (every rule summed, dashed); memory is drawn on a linear axis from 0 with
+    issue 52's 4 GB bound, so a flat line reads as flat."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     points = sorted({(r["devices"], r["samples"], r["kernels"]) for r in rows},
                     key=lambda p: (p[2], p[0] * p[1], p[0]))
-    labels = [f"{d}x{s}" + ("\nkernels on" if k else "") for d, s, k in points]
+    labels = [f"{d}x{s}\n({d * s})" + ("\nkernels on" if k else "") for d, s, k in points]
     rules = sorted({r["rule"] for r in rows})
-    figure, axes = plt.subplots(1, 3, figsize=(15, 6.5))
-    # (column, title, unit, the least worth a line: 5 s, 0.3 GiB, 1 MB)
-    measures = (("wall_s", "wall time, all jobs of the rule (s)", 1, 5),
-                ("peak_rss_mb", "peak memory of one job (GiB)", 1024, 0.3),
-                ("bytes", "bytes on disk (GB)", 1e9, 1e-3))
+    figure, axes = plt.subplots(1, 4, figsize=(20, 6.5))
+    # (column, title, unit, the least worth a line: 5 s, 0.3 GiB, 1 MB, log scale)
+    measures = (("wall_s", "wall time, all jobs of the rule (s)", 1, 5, True),
+                ("cpu_s", "CPU time of the jobs' processes (s)", 1, 5, True),
+                ("peak_rss_mb", "peak memory of one job (GiB)", 1024, 0.3, False),
+                ("bytes", "bytes on disk (GB)", 1e9, 1e-3, True))
     colours = plt.get_cmap("tab20")
     legend = {}
-    for axis, (column, title, scale, least) in zip(axes, measures, strict=True):
+    for axis, (column, title, scale, least, log) in zip(axes, measures, strict=True):
         for rule in rules:
             values = []
             for point in points:
                 found = [r for r in rows if (r["devices"], r["samples"], r["kernels"]) == point
                          and r["rule"] == rule]
-                value = max((float(r[column] or 0) for r in found), default=0.0)
+                # rows of an older scale.py have no cpu_s
+                value = max((float(r.get(column) or 0) for r in found), default=0.0)
                 if column == "peak_rss_mb":
                     value = max(value, max((float(r["snakemake_max_rss_mb"] or 0)
                                             for r in found), default=0.0))
@@ -378,7 +388,26 @@ def plot(rows: list[dict], path: Path) -> None:
                                         "os^vD<>p"[index % 8] + "-", color=colours(index % 20),
                                         markerfacecolor="none" if kernels else None)
                     legend.setdefault(rule, line)
-        axis.set_yscale("log")
+        if column != "peak_rss_mb":  # the whole run: every rule's seconds, every byte
+            totals = [sum(float(r.get(column) or 0) for r in rows
+                          if (r["devices"], r["samples"], r["kernels"]) == point) / scale
+                      for point in points]
+            for kernels in (False, True):
+                where = [i for i, point in enumerate(points) if point[2] == kernels]
+                if where:
+                    shown = [i for i in where if totals[i]]
+                    (line,) = axis.plot(shown, [totals[i] for i in shown], "k*--",
+                                        markerfacecolor="none" if kernels else None)
+                    legend.setdefault("all rules (sum)", line)
+        if log:
+            axis.set_yscale("log")
+            # plain numbers (50, 200, 1000), not powers of ten, on a log axis
+            axis.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        else:  # memory on a linear axis, from 0: flat reads as flat
+            axis.set_ylim(bottom=0)
+            axis.axhline(4e9 / 2**30, color="grey", linestyle="--", linewidth=1)
+            axis.annotate("4 GB (issue 52's bound)", (0, 4e9 / 2**30), xytext=(2, 3),
+                          textcoords="offset points", fontsize=8, color="grey")
         axis.set_title(title)
         axis.set_xticks(range(len(points)), labels)
         axis.set_xlabel("devices x samples")
@@ -412,13 +441,18 @@ def main() -> None:
                              "a newer bitdrift offers), mappings merged key by key")
     parser.add_argument("--stage", metavar="RULE",
                         help="rerun this rule alone at each point (its records already there)")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="run nothing: draw OUT/scale.png from OUT/scale.csv (e.g. the "
+                             "rows of several --out folders put together)")
     args = parser.parse_args()
     available = args.device_names or default_devices()
     overlay = yaml.safe_load(args.overlay.read_text()) if args.overlay else {}
     args.out.mkdir(parents=True, exist_ok=True)
     table = args.out / "scale.csv"
     rows = list(csv.DictReader(table.open())) if table.exists() else []
-    for kernels in args.kernels:
+    if args.plot_only and not rows:
+        raise SystemExit(f"--plot-only: no rows in {table}")
+    for kernels in [] if args.plot_only else args.kernels:
         for count in args.devices:
             if count > len(available):
                 raise SystemExit(f"--devices {count}: only {len(available)} devices")
