@@ -2,11 +2,14 @@
 Willetts' 50 + 50 runs of Keras ResNet-50 and of the Keras example's ResNet v2 (depth 29),
 200 epochs each, every run one job on its device's partition with its plan's resources."""
 
+import itertools
 import re
 
+import pandas as pd
 import pytest
 import yaml
 
+from bitdrift.record import Record
 from tests.utils import ROOT, snakemake
 
 pytestmark = pytest.mark.workflow
@@ -51,6 +54,12 @@ def test_morin_willetts_runs_land_on_their_partition_with_their_resources(tmp_pa
             assert job["resources"].get(key) == str(value), (job, key)
 
 
+# The runtimes of each format, written out (docs/your-model.md): the formats' lists are checked
+RUNTIMES_OF = {".onnx": ("onnxruntime", "openvino", "torch_export", "litert"),
+               ".pt2": ("onnxruntime", "openvino", "torch_export", "litert", "torch_inductor",
+                        "executorch")}
+
+
 def test_your_model_preset_runs_an_onnx_model_with_no_keras_rule(tmp_path):
     """config/presets/your_model.yaml (dry run; tests/workflow/test_onnx_model.py and
     test_pt2_model.py run such models through): the example ONNX model, the example .pt2
@@ -62,10 +71,36 @@ def test_your_model_preset_runs_an_onnx_model_with_no_keras_rule(tmp_path):
     rules = [job["rule"] for job in dry_run_jobs(output)]
     assert rules.count("example_model") == 2
     backends = [device["backend"] for device in settings["devices"].values()]
-    # written out: the formats' lists are checked
-    onnx_runtimes = ("onnxruntime", "openvino", "torch_export", "litert")
-    pt2_runtimes = onnx_runtimes + ("torch_inductor", "executorch")
+    onnx_runtimes, pt2_runtimes = RUNTIMES_OF[".onnx"], RUNTIMES_OF[".pt2"]
     assert rules.count("run_inference") == sum(backend in onnx_runtimes for backend in backends) \
         + sum(backend in pt2_runtimes for backend in backends)
     for rule in ("train_model", "export_model", "export_reference", "prepare_dataset"):
         assert rule not in rules
+
+
+def test_the_your_model_preset_runs_every_device_and_its_classes_recount(tmp_path):
+    """CI runs config/presets/your_model.yaml as a user would: the rule example_model builds
+    both models, every device whose runtime runs a model's format runs it (converted where
+    it must be), none fails; each model's classes per sample are those of the records'
+    final-output bytes, compared here pair by pair."""
+    preset = ROOT / "config/presets/your_model.yaml"
+    settings = yaml.safe_load(preset.read_text())
+    snakemake(tmp_path, "all", configfile=preset, timeout=2400)
+    results = tmp_path / "results"  # snakemake -d: the preset's workdir is this folder
+    assert pd.read_csv(results / "tables/device_failures.csv").empty
+    eqc = pd.read_csv(results / "tables/eqc.csv")
+    for model, entry in settings["models"].items():
+        runtimes = RUNTIMES_OF[entry["file"][entry["file"].rindex("."):]]
+        devices = sorted(name for name, device in settings["devices"].items()
+                         if device["backend"] in runtimes)
+        rows = eqc[eqc["model"] == model]
+        assert sorted(set(rows["device"])) == devices, model
+        for sample, group in rows.groupby("sample"):
+            classes = dict(zip(group["device"], group["eqc"], strict=True))
+            outputs = {}
+            for device in devices:
+                with Record(results / f"inference/{model}/{device}.h5") as record:
+                    outputs[device] = record.tensor(sample, "output").values[0].tobytes()
+            for first, second in itertools.combinations(devices, 2):
+                assert (classes[first] == classes[second]) == \
+                    (outputs[first] == outputs[second]), (model, sample, first, second)
