@@ -489,6 +489,26 @@ def conv_relu_gemm_model():
     return model
 
 
+def conv_relu_gemm_files(folder):
+    """conv_relu_gemm_model and 8 seeded inputs written to ``folder`` (cnn.onnx,
+    inputs.npy); (its initializers in float64, and numpy's float64 Conv of samples 0, 1, 5
+    with the sum of its terms' magnitudes, which bounds float32's rounding)."""
+    model = conv_relu_gemm_model()
+    onnx.save(model, folder / "cnn.onnx")
+    inputs = np.random.default_rng(6).standard_normal((8, 2, 6, 6)).astype(np.float32)
+    np.save(folder / "inputs.npy", inputs)
+    weights = {tensor.name: numpy_helper.to_array(tensor).astype(np.float64)
+               for tensor in model.graph.initializer}
+    padded = np.pad(inputs[[0, 1, 5]].astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    patches = np.stack([padded[:, :, i:i + 6, j:j + 6] for i in range(3) for j in range(3)],
+                       axis=-1)  # (n, c, 6, 6, 9)
+    kernel = weights["w"].reshape(3, 2, 9)
+    conv = np.einsum("nchwk,ock->nohw", patches, kernel) + weights["b"][:, None, None]
+    conv_scale = np.einsum("nchwk,ock->nohw", np.abs(patches), np.abs(kernel)) + \
+        np.abs(weights["b"])[:, None, None]
+    return weights, conv, conv_scale
+
+
 def test_an_onnx_model_runs_on_torch_converted_by_onnx2torch_named_by_its_outputs(tmp_path):
     """torch eager on the model onnx2torch converts, beside ONNX Runtime on the file: each
     records every node output under its ONNX name, within float32's rounding of numpy's
@@ -496,20 +516,7 @@ def test_an_onnx_model_runs_on_torch_converted_by_onnx2torch_named_by_its_output
     each sum); the converter and its version are in the fingerprint."""
     import importlib.metadata
 
-    model = conv_relu_gemm_model()
-    onnx.save(model, tmp_path / "cnn.onnx")
-    inputs = np.random.default_rng(6).standard_normal((8, 2, 6, 6)).astype(np.float32)
-    np.save(tmp_path / "inputs.npy", inputs)
-    weights = {tensor.name: numpy_helper.to_array(tensor).astype(np.float64)
-               for tensor in model.graph.initializer}
-    x = inputs[[0, 1, 5]].astype(np.float64)
-    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    patches = np.stack([padded[:, :, i:i + 6, j:j + 6] for i in range(3) for j in range(3)],
-                       axis=-1)  # (n, c, 6, 6, 9)
-    kernel = weights["w"].reshape(3, 2, 9)
-    conv = np.einsum("nchwk,ock->nohw", patches, kernel) + weights["b"][:, None, None]
-    conv_scale = np.einsum("nchwk,ock->nohw", np.abs(patches), np.abs(kernel)) + \
-        np.abs(weights["b"])[:, None, None]
+    weights, conv, conv_scale = conv_relu_gemm_files(tmp_path)
     names = ["features", "activated", "flat", "scores"]
     for device in ("torch_eager", "ort_all"):
         with Record(run_device(tmp_path, device)) as record:
@@ -543,20 +550,7 @@ def test_an_onnx_model_runs_on_litert_through_onnx2torch_and_litert_torch(tmp_pa
     versions in the fingerprint; an op onnx2torch lacks fails the device, named."""
     import importlib.metadata
 
-    model = conv_relu_gemm_model()
-    onnx.save(model, tmp_path / "cnn.onnx")
-    inputs = np.random.default_rng(6).standard_normal((8, 2, 6, 6)).astype(np.float32)
-    np.save(tmp_path / "inputs.npy", inputs)
-    weights = {tensor.name: numpy_helper.to_array(tensor).astype(np.float64)
-               for tensor in model.graph.initializer}
-    x = inputs[[0, 1, 5]].astype(np.float64)
-    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    patches = np.stack([padded[:, :, i:i + 6, j:j + 6] for i in range(3) for j in range(3)],
-                       axis=-1)
-    kernel = weights["w"].reshape(3, 2, 9)
-    conv = np.einsum("nchwk,ock->nohw", patches, kernel) + weights["b"][:, None, None]
-    conv_scale = np.einsum("nchwk,ock->nohw", np.abs(patches), np.abs(kernel)) + \
-        np.abs(weights["b"])[:, None, None]
+    weights, conv, conv_scale = conv_relu_gemm_files(tmp_path)
     activated = np.maximum(conv, 0)
     bound = 19 * 2.0**-24 * conv_scale
     with Record(run_device(tmp_path, "litert_xnnpack")) as record:
