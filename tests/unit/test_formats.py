@@ -542,6 +542,19 @@ def test_an_onnx_model_runs_on_torch_converted_by_onnx2torch_named_by_its_output
             assert accelerator["model_format"] == "onnx"
 
 
+def det_files(folder):
+    """An ONNX model of one Det node (no torch converter has it) and 4 identity matrices,
+    written to ``folder`` as det.onnx and det.npy."""
+    nodes = [helper.make_node("Det", ["x"], ["det"])]
+    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", 3, 3])], [helper.make_tensor_value_info(
+            "det", TensorProto.FLOAT, ["batch"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, folder / "det.onnx")
+    np.save(folder / "det.npy", np.eye(3, dtype=np.float32)[None].repeat(4, axis=0))
+
+
 def test_an_onnx_model_runs_on_litert_through_onnx2torch_and_litert_torch(tmp_path):
     """LiteRT on the model converted by onnx2torch, then litert-torch: the nodes whose
     tensor the .tflite keeps are recorded under their ONNX names (the convolution fused
@@ -576,14 +589,7 @@ def test_an_onnx_model_runs_on_litert_through_onnx2torch_and_litert_torch(tmp_pa
         assert accelerator["converter_versions"][package] == \
             importlib.metadata.version(package)
     assert accelerator["model_format"] == "onnx"
-    nodes = [helper.make_node("Det", ["x"], ["det"])]
-    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, ["batch", 3, 3])], [helper.make_tensor_value_info(
-            "det", TensorProto.FLOAT, ["batch"])])
-    det = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    det.ir_version = 8
-    onnx.save(det, tmp_path / "det.onnx")
-    np.save(tmp_path / "det.npy", np.eye(3, dtype=np.float32)[None].repeat(4, axis=0))
+    det_files(tmp_path)
     with pytest.raises(InferenceError, match="onnx2torch.convert .* cannot convert det.onnx"):
         run_device(tmp_path, "litert_xnnpack", "det.onnx", "det.npy", samples=(0, 1))
 
@@ -591,14 +597,7 @@ def test_an_onnx_model_runs_on_litert_through_onnx2torch_and_litert_torch(tmp_pa
 def test_an_op_onnx2torch_lacks_fails_the_torch_device_naming_it(tmp_path):
     """Det: ONNX Runtime runs it (test_a_runtime_that_lacks_an_op_...), onnx2torch has no
     converter for it: the torch device fails at the conversion, the op named."""
-    nodes = [helper.make_node("Det", ["x"], ["det"])]
-    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, ["batch", 3, 3])], [helper.make_tensor_value_info(
-            "det", TensorProto.FLOAT, ["batch"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "det.onnx")
-    np.save(tmp_path / "det.npy", np.eye(3, dtype=np.float32)[None].repeat(4, axis=0))
+    det_files(tmp_path)
     with pytest.raises(InferenceError) as error:
         run_device(tmp_path, "torch_eager", "det.onnx", "det.npy", samples=(0, 1))
     said = str(error.value)
