@@ -617,6 +617,14 @@ def read_test_images(path: str | Path, indices: list[int]):
                            f"file ({error})") from error
 
 
+def first_batch(path: str | Path, batch: int):
+    """A device's first batch of the test set or inputs file at ``path``: its first
+    ``batch`` rows, taken round again where it holds fewer (what a conversion at the
+    device's batch size is traced and checked on)."""
+    rows = count_test_images(path)
+    return read_test_images(path, [row % rows for row in range(batch)])
+
+
 def count_test_images(path: str | Path) -> int:
     """Number of test images in a prepared dataset file (samples in an inputs file)."""
     if is_inputs_file(path):

@@ -364,6 +364,29 @@ def to_litert(program, out: str | Path, sample) -> Conversion:
                       {"sample_shape": list(sample.shape)})
 
 
+def litert_rename(layers: list, names: dict, eager):
+    """tflite.file_session's ``rename`` for a torch module converted by litert-torch:
+    ``layers`` [(layer, class)] as the record names them, the final output last;
+    ``names`` {module path: layer} of the modules that may name a tensor of the .tflite;
+    ``eager()`` their eager values on the first batch ({module path: array}). A module's
+    tensor is its layer's where litert_module_tensors finds it; the .tflite's last tensor
+    is the final output; the other layers are unmapped."""
+    kinds = dict(layers)
+    final = layers[-1][0]
+    names = {module: layer for module, layer in names.items()
+             if layer in kinds and layer != final}
+
+    def rename(tensors, values):
+        found = litert_module_tensors(tensors[:-1], values[:-1], list(names), eager())
+        named = {index: (names[module], kinds[names[module]], axes)
+                 for index, (module, axes) in found.items()}
+        named[tensors[-1][0]] = (final, layers[-1][1], None)
+        mapped = {layer for layer, _, _ in named.values()}
+        return named, [layer for layer, _ in layers[:-1] if layer not in mapped]
+
+    return rename
+
+
 def litert_module_tensors(tensors: list[tuple[int, str, str]], values: list, layers: list,
                           expected: dict) -> dict:
     """{tensor index: (layer, axes)} for the eager run's ``layers`` (module paths) that

@@ -285,7 +285,7 @@ def litert_session(runtime, job: dict, name: str):
 
     from bitdrift.backends import torch_conversions as conversions
     from bitdrift.backends.torch_program import run_graph, to_tensor
-    from bitdrift.datasets import count_test_images, read_test_images
+    from bitdrift.datasets import first_batch
     from bitdrift.formats import tflite
 
     device, path = job["device"], job["model_path"]
@@ -293,8 +293,7 @@ def litert_session(runtime, job: dict, name: str):
     accelerator["model_format"] = NAME
     _, layers, _ = instrumented(path)
     batch = device["batch_size"]
-    rows = count_test_images(job["dataset_path"])
-    first = read_test_images(job["dataset_path"], [row % rows for row in range(batch)])
+    first = first_batch(job["dataset_path"], batch)
     folder = tempfile.mkdtemp(prefix="bitdrift-onnx-litert-")
     try:
         converted_path = os.path.join(folder, "model.tflite")
@@ -311,23 +310,17 @@ def litert_session(runtime, job: dict, name: str):
         graph = {node.name: node for node in to_torch.model.graph.nodes}
         values = {graph[node].target: value for node, value in to_torch.layers.items()
                   if graph[node].op == "call_module"}
-        kinds = dict(layers)
-        inner = [module for module, value in values.items() if value != layers[-1][0]]
+
+        def eager():
+            return run_graph(to_torch.model, [to_tensor(first)],
+                             {node: [graph[node].target] for node in to_torch.layers
+                              if graph[node].op == "call_module"},
+                             list(values), True, path, "float32").layers
+
+        by_module = conversions.litert_rename(layers, values, eager)
 
         def rename(tensors, found_values):
-            if not job["layers"]:
-                return {}, []
-            eager = run_graph(to_torch.model, [to_tensor(first)],
-                              {node: [graph[node].target] for node in to_torch.layers
-                               if graph[node].op == "call_module"},
-                              inner, True, path, "float32").layers
-            found = conversions.litert_module_tensors(tensors[:-1], found_values[:-1],
-                                                      inner, eager)
-            names = {index: (values[module], kinds.get(values[module], "onnx"), axes)
-                     for index, (module, axes) in found.items()}
-            names[tensors[-1][0]] = (layers[-1][0], layers[-1][1], None)
-            mapped = {layer for layer, _, _ in names.values()}
-            return names, [layer for layer, _ in layers[:-1] if layer not in mapped]
+            return by_module(tensors, found_values) if job["layers"] else ({}, [])
 
         accelerator["per_layer"] = (
             "the ONNX nodes whose onnx2torch module names a tensor litert-torch keeps, "

@@ -204,30 +204,25 @@ def _litert_session(runtime, job, name, program, layers, accelerator, folder):
 
     from bitdrift.backends import torch_conversions as conversions
     from bitdrift.backends.torch_program import EagerRunner
-    from bitdrift.datasets import count_test_images, read_test_images
+    from bitdrift.datasets import first_batch
     from bitdrift.formats import tflite
 
     batch = job["device"]["batch_size"]
-    rows = count_test_images(job["dataset_path"])
-    first = read_test_images(job["dataset_path"], [row % rows for row in range(batch)])
+    first = first_batch(job["dataset_path"], batch)
     path = os.path.join(folder, "model.tflite")
     conversion = conversions.to_litert(program, path, first)
     accelerator.update(conversion.fingerprint())
     accelerator["model_format"] = NAME
-    inner = [(layer, kind) for layer, kind in layers[:-1]]
-    kinds = dict(layers)
+    modules = {layer: layer for layer, _ in layers[:-1]}  # named by their module paths
+
+    def eager():
+        values = EagerRunner(program, source=job["model_path"])([first]).layers
+        return {layer: values[layer] for layer in modules if layer in values}
+
+    by_module = conversions.litert_rename(layers, modules, eager)
 
     def rename(tensors, values):
-        if not job["layers"]:
-            return {}, []
-        eager = EagerRunner(program, source=job["model_path"])([first]).layers
-        found = conversions.litert_module_tensors(
-            tensors[:-1], values[:-1], [layer for layer, _ in inner],
-            {layer: eager[layer] for layer, _ in inner if layer in eager})
-        names = {index: (layer, kinds[layer], axes) for index, (layer, axes) in found.items()}
-        names[tensors[-1][0]] = (layers[-1][0], layers[-1][1], None)
-        mapped = {layer for layer, _, _ in names.values()}
-        return names, [layer for layer, _ in inner if layer not in mapped]
+        return by_module(tensors, values) if job["layers"] else ({}, [])
 
     accelerator["per_layer"] = (f"the module calls whose tensor {conversion.converter} "
                                 "keeps, named by their module stack and equal to the eager "

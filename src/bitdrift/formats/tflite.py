@@ -89,7 +89,7 @@ def file_session(runtime, job: dict, name: str, path, rename=None,
     from pathlib import Path
 
     from bitdrift.backends import Session
-    from bitdrift.datasets import count_test_images, read_test_images
+    from bitdrift.datasets import first_batch
     from bitdrift.errors import BitdriftError, InferenceError
     from bitdrift.formats.onnx import cannot_run
 
@@ -101,8 +101,7 @@ def file_session(runtime, job: dict, name: str, path, rename=None,
     tensors = file_tensors(path)
     finals = len(_interpreter(path).get_output_details())
     batch = device["batch_size"]
-    rows = count_test_images(job["dataset_path"])
-    first = read_test_images(job["dataset_path"], [row % rows for row in range(batch)])
+    first = first_batch(job["dataset_path"], batch)
     try:
         compiled, describe = runtime.compile(path, device, accelerator, trace,
                                              tensors=[index for index, _, _ in tensors])
