@@ -57,7 +57,10 @@ LIBVER = ("v110", "latest")
 def codecs() -> dict[str, dict]:
     """{name: h5py create_dataset options} of every codec measured."""
     os.environ["BLOSC_NTHREADS"] = "1"  # before Blosc2 first compresses
-    import hdf5plugin
+    try:
+        import hdf5plugin
+    except ImportError:
+        raise SystemExit("hdf5plugin is not installed (requirements.txt pins it)") from None
 
     blosc2 = hdf5plugin.Blosc2
     return {
