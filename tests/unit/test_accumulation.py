@@ -1134,6 +1134,7 @@ print(json.dumps(reveal_orders(session, device, reuse=False)))
 def twin_record(tmp_path_factory):
     """(the record's orders, the job's log, the model): an inference of the twin model
     with its orders revealed (kernels=True)."""
+    import os
     import subprocess
     import sys
 
@@ -1145,7 +1146,7 @@ def twin_record(tmp_path_factory):
     dataset, model = folder / "digits.h5", folder / "twins.keras"
     prepare_dataset("digits", {"source": "digits", "limit_train": 8, "limit_test": 4}, dataset)
     subprocess.run([sys.executable, "-c", TWIN_MODEL, str(model)], check=True,
-                   env={**__import__("os").environ, "KERAS_BACKEND": "tensorflow"})
+                   env={**os.environ, "KERAS_BACKEND": "tensorflow"})
     out = folder / "twins.h5"
     with open(folder / "log", "w") as log:
         infer(model_name="twins", device_name="tf", device=TWIN_DEVICE, model_path=model,
