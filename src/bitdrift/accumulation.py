@@ -20,6 +20,7 @@ are then not the integers this needs, and the revealing stops with an error sayi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -1043,7 +1044,8 @@ def conv_border(spec: dict, kernel_shape) -> tuple[int, int]:
 def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
                   precision: str, model_input: np.ndarray | None = None,
                   replay: bool = True, replay_positions: int = REPLAY_POSITIONS,
-                  replay_samples: int = REPLAY_SAMPLES) -> dict:
+                  replay_samples: int = REPLAY_SAMPLES,
+                  report: Callable[[str, int, int, dict, float], None] | None = None) -> dict:
     """Per Dense or Conv2D layer with a revealed order: the order's name (order_name), and
     whether numpy replaying the layer in that order (a Conv2D as the GEMM of its input
     patches, each pixel's sum in its own tree), from the recorded input activation
@@ -1054,42 +1056,56 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
     device had them. The replay runs at ``replay_samples`` samples and a Conv2D's
     ``replay_positions`` output pixels (sampled_samples, sampled_grid; all where there
     are no more), which the entry's ``replayed`` names where some are left out;
-    ``replay=False`` names the orders and replays none."""
+    ``replay=False`` names the orders and replays none. An entry's ``searched_at`` (its
+    order taken from that layer's search: bitdrift.inference.reveal_orders) is kept; each
+    layer is replayed from its own values. ``report(layer, number, count, entry,
+    seconds)``: called after each layer (the job's progress lines)."""
     results = {}
-    for layer, found in orders.items():
-        if "trees" not in found:
-            results[layer] = {"order": "not revealed", "replay": found.get("error", "")}
-            continue
-        trees = [from_flat(tree, found["terms"]) for tree in found["trees"]]
-        entry = {"order": order_name(trees, found.get("places"), bool(found.get("bias"))),
-                 "terms": found["terms"], "trees": found["trees"],
-                 "bias": bool(found.get("bias"))}
-        if "places" in found:
-            entry["places"] = found["places"]
-        spec = checked.get(layer)
-        kernel = weights.get(f"weights/{layer}/0")
-        inbound = (outputs.get(spec["inbound"]) if spec["inbound"] else model_input) \
-            if spec else None
-        reason = ("not replayed: analysis.replay is false" if not replay else
-                  f"not replayed: {precision}" if precision != "float32" else
-                  "not replayed: its input is not recorded" if spec is None or kernel is None
-                  or inbound is None or layer not in outputs else
-                  f"not replayed: activation {spec['activation']} folded in"
-                  if spec["activation"] not in ("linear", "relu") else "")
-        if reason:
-            entry["replay"] = reason
-            results[layer] = entry
-            continue
-        bias = weights.get(f"weights/{layer}/1") if found.get("bias") else None
-        output = outputs[layer]
-        if spec["class_name"] == "Conv2D" and spec.get("data_format") == "channels_first":
-            # an ONNX Conv's or a torch program's NCHW values, replayed channels-last as
-            # their probes were read
-            inbound, output = np.moveaxis(inbound, 1, -1), np.moveaxis(output, 1, -1)
-        entry.update(_replayed(found, trees, spec, kernel, bias, inbound,
-                               output, replay_positions, replay_samples))
-        results[layer] = entry
+    for number, (layer, found) in enumerate(orders.items(), start=1):
+        started = time.perf_counter()
+        results[layer] = _replayed_layer(layer, found, checked, weights, outputs, precision,
+                                         model_input, replay, replay_positions,
+                                         replay_samples)
+        if "searched_at" in found:
+            results[layer]["searched_at"] = found["searched_at"]
+        if report is not None:
+            report(layer, number, len(orders), results[layer], time.perf_counter() - started)
     return results
+
+
+def _replayed_layer(layer, found, checked, weights, outputs, precision, model_input, replay,
+                    replay_positions, replay_samples) -> dict:
+    """replay_layers' entry of one layer."""
+    if "trees" not in found:
+        return {"order": "not revealed", "replay": found.get("error", "")}
+    trees = [from_flat(tree, found["terms"]) for tree in found["trees"]]
+    entry = {"order": order_name(trees, found.get("places"), bool(found.get("bias"))),
+             "terms": found["terms"], "trees": found["trees"],
+             "bias": bool(found.get("bias"))}
+    if "places" in found:
+        entry["places"] = found["places"]
+    spec = checked.get(layer)
+    kernel = weights.get(f"weights/{layer}/0")
+    inbound = (outputs.get(spec["inbound"]) if spec["inbound"] else model_input) \
+        if spec else None
+    reason = ("not replayed: analysis.replay is false" if not replay else
+              f"not replayed: {precision}" if precision != "float32" else
+              "not replayed: its input is not recorded" if spec is None or kernel is None
+              or inbound is None or layer not in outputs else
+              f"not replayed: activation {spec['activation']} folded in"
+              if spec["activation"] not in ("linear", "relu") else "")
+    if reason:
+        entry["replay"] = reason
+        return entry
+    bias = weights.get(f"weights/{layer}/1") if found.get("bias") else None
+    output = outputs[layer]
+    if spec["class_name"] == "Conv2D" and spec.get("data_format") == "channels_first":
+        # an ONNX Conv's or a torch program's NCHW values, replayed channels-last as
+        # their probes were read
+        inbound, output = np.moveaxis(inbound, 1, -1), np.moveaxis(output, 1, -1)
+    entry.update(_replayed(found, trees, spec, kernel, bias, inbound,
+                           output, replay_positions, replay_samples))
+    return entry
 
 
 def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
@@ -1189,7 +1205,8 @@ def checked_orders(found, wrong: Callable[[str], Exception]) -> dict | None:
         if not isinstance(entry, dict):
             raise wrong(f"layer {layer!r} is {json_kind(entry)}, not an object")
         for key, kind, name in (("order", str, "text"), ("replay", str, "text"),
-                                ("error", str, "text"), ("bias", bool, "true or false")):
+                                ("error", str, "text"), ("bias", bool, "true or false"),
+                                ("searched_at", str, "a layer's name")):
             if key in entry and not isinstance(entry[key], kind):
                 raise wrong(f"layer {layer!r}: {key!r} is not {name}")
         replayed = entry.get("replayed", {})

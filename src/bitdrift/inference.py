@@ -121,7 +121,11 @@ def run_repeat(job: dict) -> None:
     if job.get("orders") and (session.order_probe is not None or session.unrevealed):
         meta["orders"] = {layer: {"error": reason} for layer, reason in session.unrevealed.items()}
         if session.order_probe is not None:
-            meta["orders"].update(reveal_orders(session, device, job.get("order_positions")))
+            # a line per layer in the job's log (the worker's stderr): a large model's
+            # search takes minutes
+            meta["orders"].update(reveal_orders(
+                session, device, job.get("order_positions"), log=sys.stderr,
+                what=f"{job.get('model_name', job['model_path'])} on {name}"))
     meta["outputs"] = out.positions
     meta["shapes"] = out.shapes
     meta["batches"] = -(-len(indices) // batch)
@@ -188,44 +192,81 @@ class RepeatWriter:
 WORKER = "bitdrift.inference:run_repeat"
 
 
-def reveal_orders(session, device: dict, positions: int | None = None) -> dict:
+def reveal_orders(session, device: dict, positions: int | None = None, *,
+                  reuse: bool = True, log=None, what: str = "") -> dict:
     """{layer: {"trees", ...} or {"error"}}: the order each Dense and Conv2D layer sums in,
     revealed through this runtime at the layer's shapes and the device's batch size
     (bitdrift.accumulation): at every batch row and, for a Conv2D, every output pixel of
     a grid of at most ``positions`` (analysis.replay_positions; None: its default), else
     at the replay's sample of that many; in every format a device runs (float16 and
-    bfloat16 with the probe values they hold)."""
+    bfloat16 with the probe values they hold).
+
+    A layer whose probe is the same program as an earlier layer's (probe_key: its spec,
+    the batch, the precision, the positions) takes that layer's entry with
+    ``searched_at`` naming it, instead of a search of its own: the probe replaces the
+    weights and runs on ones, so its calls, and thus what the search finds, are the
+    same (``reuse=False`` searches every layer). ``log``: a line per layer, ``what``
+    (model on device) first."""
+    import time
+
     from bitdrift.accumulation import (
         PROBE_VALUES,
         REPLAY_POSITIONS,
         OrderError,
         conv_border,
         conv_grid,
+        from_flat,
+        order_name,
         reveal_places,
     )
 
-    orders = {}
+    orders, searched = {}, {}  # searched: {probe key: the layer searched with it}
     computes = session.accelerator.get("inference_precision") or device["precision"]
-    for layer, spec in session.order_layers.items():
+    count = len(session.order_layers)
+    for number, (layer, spec) in enumerate(session.order_layers.items(), start=1):
+        started = time.perf_counter()
+        key = probe_key(spec, device["batch_size"], device["precision"], computes,
+                        positions or REPLAY_POSITIONS)
         terms, units, use_bias = spec["terms"], spec["units"], spec["use_bias"]
-        if device["precision"] not in PROBE_VALUES:
+        if reuse and key in searched:
+            first = searched[key]
+            orders[layer] = {**orders[first], "searched_at": first}
+            said = f"the same probe as {first}, reused"
+        elif device["precision"] not in PROBE_VALUES:
             orders[layer] = {"error": f"{device['precision']}: no probe for this format"}
-            continue
-        if computes in ("bfloat16", "float16") and computes != device["precision"]:
+        elif computes in ("bfloat16", "float16") and computes != device["precision"]:
             # OpenVINO's bfloat16 default: ones are not exact there, nothing swamps alike
             orders[layer] = {"error": f"the runtime computes in {computes}"}
-            continue
-        grid, live = conv_grid(spec) if spec["class_name"] == "Conv2D" else ((1, 1), None)
-        try:
-            found = reveal_places(session.order_probe(spec, device["batch_size"]), terms,
-                                  units, device["precision"], use_bias,
-                                  device["batch_size"], grid, live,
-                                  positions=positions or REPLAY_POSITIONS,
-                                  border=conv_border(spec["config"], spec["kernel_shape"]))
-            orders[layer] = found.entry(terms + (1 if use_bias else 0), use_bias)
-        except OrderError as error:
-            orders[layer] = {"error": str(error)}
+        else:
+            grid, live = conv_grid(spec) if spec["class_name"] == "Conv2D" else ((1, 1), None)
+            try:
+                found = reveal_places(session.order_probe(spec, device["batch_size"]),
+                                      terms, units, device["precision"], use_bias,
+                                      device["batch_size"], grid, live,
+                                      positions=positions or REPLAY_POSITIONS,
+                                      border=conv_border(spec["config"], spec["kernel_shape"]))
+                orders[layer] = found.entry(terms + (1 if use_bias else 0), use_bias)
+            except OrderError as error:
+                orders[layer] = {"error": str(error)}
+            searched[key] = layer
+        if "searched_at" not in orders[layer]:
+            entry = orders[layer]
+            said = (f"not revealed ({entry['error']})" if "error" in entry else order_name(
+                [from_flat(tree, entry["terms"]) for tree in entry["trees"]],
+                entry["places"], use_bias)) + f", {time.perf_counter() - started:.1f} s"
+        if log is not None:
+            print(f"bitdrift: {what}: order of {layer} ({number}/{count}): {said}", file=log,
+                  flush=True)
     return orders
+
+
+def probe_key(spec: dict, batch: int, precision: str, computes: str, positions: int) -> str:
+    """What an order probe's calls depend on, as text: the layer's probe spec (its shapes
+    and settings; an ONNX file's node by name, whose probe is that node cut from the
+    file), the batch, the device's precision and the runtime's, and the positions
+    searched; two layers of one key get bit-identical probe calls."""
+    return json.dumps({"spec": spec, "batch": batch, "precision": precision,
+                       "computes": computes, "positions": positions}, sort_keys=True)
 
 
 def check_before_repeats(model_path, dataset_path, samples: list[int], out) -> str:
@@ -321,7 +362,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
         for repeat in progress(range(device["repeats"]), f"{model_name} on {device_name}: "
                                "repeats", file=log):
             job = {"device": device, "device_name": device_name, "model_path": str(model_path),
-                   "dataset_path": str(dataset_path), "samples": list(samples),
+                   "model_name": model_name, "dataset_path": str(dataset_path),
+                   "samples": list(samples),
                    "full_samples": full, "layers": layers,
                    "out": str(Path(tmp) / f"repeat{repeat}.npz"),
                    "fingerprint": repeat == 0, "orders": repeat == 0 and kernels,
@@ -520,9 +562,16 @@ def record_attrs(writer: RecordWriter, meta: dict, weights: dict, classes, expec
         # Every revealed order is named; without recorded layers there is nothing to
         # replay it against, and replay_layers says so per layer
         first = _FirstRepeats(writer, layer_names if full else [], full)
+
+        def report(layer, number, count, entry, seconds):  # a line per layer: minutes in all
+            said = "none, its order not revealed" if entry["order"] == "not revealed" \
+                else entry["replay"]
+            print(f"bitdrift: {model_name} on {device_name}: replay of {layer} ({number}/"
+                  f"{count}): {said}, {seconds:.1f} s", file=log, flush=True)
+
         orders = replay_layers(orders, meta.get("checked", {}) if layers else {}, weights,
                                first, device["precision"], full_images.astype(np.float32),
-                               **(replay or {}))
+                               **(replay or {}), report=report)
     finding = describe_reduced(effective or {}, device, device_name, model_name)
     if finding:
         print(finding, file=log, flush=True)

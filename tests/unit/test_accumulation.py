@@ -1099,3 +1099,115 @@ def test_a_replay_beyond_the_sampled_search_counts_the_values_not_searched():
                           image)["conv"]
     assert every["replay"] == "bit-identical without FMA; 304 of 336 values not replayed " \
         "(order not searched there)"
+
+
+# -- layers of one probe: one search, each its own replay ------------------------------------
+# A stem Conv2D, three Conv2D layers of one probe spec (the same shapes and settings; the
+# activation, which the probe leaves out, differs) and a Dense head: five orders, three
+# searches. twin_c's tanh is not replayed (its own verdict, not twin_a's).
+TWINS = ("twin_a", "twin_b", "twin_c")
+TWIN_MODEL = """
+import keras, sys
+keras.utils.set_random_seed(0)
+inputs = keras.Input((32, 32, 3))
+x = keras.layers.Conv2D(4, 3, strides=4, padding="same", name="stem")(inputs)
+for name, activation in (("twin_a", "relu"), ("twin_b", "linear"), ("twin_c", "tanh")):
+    x = keras.layers.Conv2D(4, 3, padding="same", activation=activation, name=name)(x)
+x = keras.layers.Dense(10, name="head")(keras.layers.Flatten()(x))
+keras.Model(inputs, x).save(sys.argv[1])
+"""
+TWIN_DEVICE = {"accelerator": "cpu", "threads": 1, "batch_size": 2, "precision": "float32",
+               "env": {}, "repeats": 1, "external": False, "backend": "tensorflow"}
+# every layer searched on its own, in a fresh process of the device's environment
+SEARCH_EACH = """
+import json, sys
+from bitdrift import formats
+from bitdrift.inference import reveal_orders
+device = json.loads(sys.argv[2])
+session = formats.open_session({"device": device, "model_path": sys.argv[1], "layers": True},
+                               "d")
+print(json.dumps(reveal_orders(session, device, reuse=False)))
+"""
+
+
+@pytest.fixture(scope="module")
+def twin_record(tmp_path_factory):
+    """(the record's orders, the job's log, the model): an inference of the twin model
+    with its orders revealed (kernels=True)."""
+    import os
+    import subprocess
+    import sys
+
+    from bitdrift.datasets import prepare_dataset
+    from bitdrift.inference import infer
+    from bitdrift.record import Record
+
+    folder = tmp_path_factory.mktemp("twins")
+    dataset, model = folder / "digits.h5", folder / "twins.keras"
+    prepare_dataset("digits", {"source": "digits", "limit_train": 8, "limit_test": 4}, dataset)
+    subprocess.run([sys.executable, "-c", TWIN_MODEL, str(model)], check=True,
+                   env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    out = folder / "twins.h5"
+    with open(folder / "log", "w") as log:
+        infer(model_name="twins", device_name="tf", device=TWIN_DEVICE, model_path=model,
+              dataset_path=dataset, samples=[0, 1, 2], out=out, log=log, kernels=True)
+    with Record(out) as record:
+        orders = record.accumulation_orders
+    return orders, (folder / "log").read_text(), model
+
+
+def test_layers_of_one_probe_share_one_search_that_equals_their_own(twin_record):
+    """twin_b and twin_c take twin_a's search (marked searched_at), the stem and the head
+    are searched; every layer's order equals the one a search of that layer alone finds
+    (reuse=False, another process): the truth the other way."""
+    import json
+    import subprocess
+    import sys
+
+    from bitdrift.devices import device_environment
+
+    orders, _, model = twin_record
+    assert sorted(orders) == sorted(["stem", *TWINS, "head"])
+    assert [layer for layer in orders if "searched_at" in orders[layer]] == ["twin_b", "twin_c"]
+    assert orders["twin_b"]["searched_at"] == orders["twin_c"]["searched_at"] == "twin_a"
+    alone = json.loads(subprocess.run(
+        [sys.executable, "-c", SEARCH_EACH, str(model), json.dumps(TWIN_DEVICE)],
+        check=True, capture_output=True, text=True,
+        env=device_environment(TWIN_DEVICE)).stdout)
+    assert sorted(alone) == sorted(orders)
+    for layer, entry in alone.items():
+        assert "trees" in entry and "searched_at" not in entry, (layer, entry)
+        recorded = {key: orders[layer][key] for key in ("trees", "terms", "bias", "places")}
+        assert recorded == entry, layer
+    # the twins' probes are one program; the stem's and head's are others
+    assert alone["twin_a"] == alone["twin_b"] == alone["twin_c"]
+    assert alone["stem"]["terms"] == 3 * 3 * 3 + 1 != alone["twin_a"]["terms"] == 3 * 3 * 4 + 1
+
+
+def test_layers_of_one_probe_are_each_replayed_from_their_own_values(twin_record):
+    """The replay is each layer's: twin_a (relu) and twin_b (linear) reproduce their own
+    recorded outputs bit for bit, twin_c's tanh is not replayed, whatever twin_a's."""
+    orders, _, _ = twin_record
+    for layer in ("stem", "twin_a", "twin_b", "head"):
+        assert orders[layer]["replay"].startswith("bit-identical"), (layer, orders[layer])
+    assert orders["twin_c"]["replay"] == "not replayed: activation tanh folded in"
+
+
+def test_the_log_says_each_layers_order_search_and_replay(twin_record):
+    """One line per layer for the search (the worker's, in the job's log), naming it and
+    the layer searched where the search was taken from another, and one per replay."""
+    import re
+
+    orders, log, _ = twin_record
+    searched = re.findall(r"^bitdrift: twins on tf: order of (\w+) \((\d)/5\): (.*)$", log,
+                          re.MULTILINE)
+    assert [(layer, int(number)) for layer, number, _ in searched] == \
+        [(layer, number) for number, layer in enumerate(["stem", *TWINS, "head"], start=1)]
+    said = {layer: text for layer, _, text in searched}
+    assert said["twin_b"] == said["twin_c"] == "the same probe as twin_a, reused"
+    for layer in ("stem", "twin_a", "head"):
+        assert re.fullmatch(re.escape(orders[layer]["order"]) + r", \d+\.\d s", said[layer])
+    replayed = re.findall(r"^bitdrift: twins on tf: replay of (\w+) \((\d)/5\): (.*), "
+                          r"\d+\.\d s$", log, re.MULTILINE)
+    assert [(layer, text) for layer, _, text in replayed] == \
+        [(layer, orders[layer]["replay"]) for layer in ["stem", *TWINS, "head"]]
