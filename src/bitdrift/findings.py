@@ -71,8 +71,65 @@ def emulated(fingerprints: dict) -> list[str]:
             f"{', '.join(devices)}." for (model, brand, sets, qemu), devices in groups.items()]
 
 
+# A list in a sentence is written in full up to LISTED items; a longer one shows its
+# first SHOWN and says how many more (the tables hold them all): a run of 100 samples,
+# 177 layers and 30 devices otherwise writes lines of thousands of names.
+LISTED = 10
+SHOWN = 5
+
+
+def _first(items, listed: int = LISTED, shown: int = SHOWN) -> str:
+    """``a, b, c`` up to ``listed`` items, else the first ``shown`` and ``… and N more``."""
+    items = [str(item) for item in items]
+    if len(items) <= listed:
+        return ", ".join(items)
+    return ", ".join(items[:shown]) + f" … and {len(items) - shown} more"
+
+
+def _largest(sizes: list, listed: int = LISTED, shown: int = SHOWN) -> list[int]:
+    """The indices of the items a list keeps, in their order: all up to ``listed``; more:
+    the ``shown`` largest (``sizes``), the first of equal ones."""
+    if len(sizes) <= listed:
+        return list(range(len(sizes)))
+    return sorted(sorted(range(len(sizes)), key=lambda index: sizes[index],
+                         reverse=True)[:shown])
+
+
+def _sample_names(samples) -> str:
+    return _first(f"#{sample}" for sample in sorted(samples))
+
+
 def _samples(rows: pd.DataFrame) -> str:
-    return ", ".join(f"#{sample}" for sample in sorted(rows["sample"].unique()))
+    """``samples #0, #1, #6``; many: ``100 samples (#0, #1, … and 95 more)``."""
+    samples = rows["sample"].unique()
+    return f"samples {_sample_names(samples)}" if len(samples) <= LISTED else \
+        f"{len(samples)} samples ({_sample_names(samples)})"
+
+
+def _class_counts(per_sample: pd.Series, devices: int) -> str:
+    """How many classes the devices form on each sample (``per_sample``: sample -> count),
+    as a sentence's middle: each count in full up to LISTED samples; more: the range, each
+    count with its number of samples, the samples of the rarer counts."""
+    if len(per_sample) <= LISTED:
+        counts = "/".join(str(per_sample[sample]) for sample in sorted(per_sample.index))
+        return (f"{counts} classes among {devices} devices on test samples "
+                f"{_sample_names(per_sample.index)} (final output)")
+    where = "each sample's classes, device by device, in results/tables/eqc.csv"
+    if per_sample.nunique() == 1:
+        return (f"{per_sample.iloc[0]} classes among {devices} devices on each of the "
+                f"{len(per_sample)} test samples (final output; {where})")
+    # the commonest count first; a tie in frequency: the smaller count first
+    frequency = per_sample.value_counts()
+    frequency = frequency.sort_index().sort_values(ascending=False, kind="stable")
+    (common, times), rarer = next(frequency.items()), list(frequency.items())[1:]
+    parts = [f"{common} on {times} of them"] + [
+        f"{count} on {samples} ({_sample_names(per_sample.index[per_sample == count])})"
+        for count, samples in rarer[:SHOWN]]
+    if len(rarer) > SHOWN:
+        left = rarer[SHOWN:]
+        parts.append(f"… and {len(left)} more counts on {sum(n for _, n in left)} samples")
+    return (f"{per_sample.min()} to {per_sample.max()} classes among {devices} devices over "
+            f"the {len(per_sample)} test samples (final output): {', '.join(parts)}; {where}")
 
 
 def classes(eqc: pd.DataFrame, precisions: dict) -> list[str]:
@@ -83,10 +140,8 @@ def classes(eqc: pd.DataFrame, precisions: dict) -> list[str]:
         rows = rows.assign(precision=rows["device"].map(precisions).fillna("unknown"))
         for precision, part in rows.groupby("precision", sort=False):
             devices = list(dict.fromkeys(part["device"]))
-            per_sample = part.groupby("sample")["eqc"].nunique()
-            counts = "/".join(str(per_sample[sample]) for sample in sorted(per_sample.index))
-            lines.append(f"{model}, {precision}: {counts} classes among {len(devices)} "
-                         f"devices on test samples {_samples(part)} (final output).")
+            per_sample = part.groupby("sample")["eqc"].nunique().sort_index()
+            lines.append(f"{model}, {precision}: {_class_counts(per_sample, len(devices))}.")
             # the same class on every sample: bit for bit identical outputs throughout
             signature = part.pivot_table(index="device", columns="sample", values="eqc",
                                          aggfunc="first")
@@ -110,14 +165,45 @@ def classes(eqc: pd.DataFrame, precisions: dict) -> list[str]:
     return lines
 
 
+# How a group of attributes reads when there are many (bitdrift.explain names them
+# ``kernel.<layer>``, ``order.<layer>``, ``versions.<module>``, ``env.<name>``)
+_PER_LAYER = ("kernel", "order")
+
+
+def _attributes(names) -> list[str]:
+    """Attribute names as a sentence's items, quoted: each one up to LISTED names; more:
+    those of one prefix together, counted, with a few examples (``kernel.*`` at 176 layers
+    (``kernel.avg_pool``, … and 173 more)); names without a prefix one by one."""
+    names = [str(name) for name in names]
+    if len(names) <= LISTED:
+        return [f"`{name}`" for name in names]
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.split(".", 1)[0] if "." in name else "", []).append(name)
+    items = []
+    for prefix, members in groups.items():
+        examples = _first((f"`{name}`" for name in members), listed=4, shown=3)
+        if not prefix or len(members) == 1:
+            items += [f"`{name}`" for name in members]
+        elif prefix in _PER_LAYER:
+            items.append(f"`{prefix}.*` at {len(members)} layers ({examples})")
+        else:
+            items.append(f"{len(members)} `{prefix}.*` attributes ({examples})")
+    return items
+
+
 def explanations(explain: pd.DataFrame) -> list[str]:
-    """What explain names as determining the final output's classes."""
+    """What explain names as determining the final output's classes: one sentence per set
+    of attributes, with the samples it explains; over LISTED sets, those explaining the
+    most samples, and how many more (explain.csv holds every sample's)."""
     lines = []
     final = explain[explain["layer"].astype(str) == "output"] if "layer" in explain else explain
-    for (model, attributes), rows in final.groupby(["model", "attributes"], sort=False):
+    found = list(final.groupby(["model", "attributes"], sort=False))
+    shown = _largest([rows["sample"].nunique() for _, rows in found])
+    for (model, attributes), rows in (found[index] for index in shown):
         determined = rows["determined"].astype(bool).all()
-        named = ", ".join(f"`{name}`" for name in str(attributes).split(";") if name) or \
-            "nothing (one class)"
+        named = ", ".join(_attributes(name for name in str(attributes).split(";") if name)) \
+            or "nothing (one class)"
         first = rows.iloc[0]
         caveats = [f"{first['search']} search"]
         if str(first.get("weak", "")).lower() == "true":
@@ -128,16 +214,21 @@ def explanations(explain: pd.DataFrame) -> list[str]:
                 name, others = group.split("=", 1)
                 others = others.split("+")
                 caveats.append(f"`{name}` splits the devices as "
-                               + _names(f"`{other}`" for other in others)
+                               + _names(_attributes(others))
                                + (" does" if len(others) == 1 else " do"))
         alternatives = [item for item in str(first.get("alternatives") or "").split("|")
                         if item and item != "nan"]
         if alternatives:
             caveats.append(f"explain.csv lists {len(alternatives)} other sets of as many "
                            "attributes that do as well")
-        lines.append(f"{model}, samples {_samples(rows)}: the classes are "
+        lines.append(f"{model}, {_samples(rows)}: the classes are "
                      f"{'determined' if determined else 'not fully determined'} by {named} "
                      f"({'; '.join(caveats)}).")
+    if len(shown) < len(found):
+        left = [rows for index, (_, rows) in enumerate(found) if index not in shown]
+        samples = pd.concat(left)[["model", "sample"]].drop_duplicates()
+        lines.append(f"… and {len(left)} more sets of attributes, on {len(samples)} "
+                     "(model, sample) pairs; every sample's in results/tables/explain.csv.")
     return lines
 
 
@@ -166,7 +257,7 @@ def reduced_precision(effective: pd.DataFrame) -> list[str]:
                      f"{' and '.join(f + '-like' for f in formats)}: "
                      f"{rows['effective_bits'].min():.1f} effective bits at worst, in "
                      f"{len(rows)} of {len(effective[effective['device'] == device])} "
-                     f"checked layers ({', '.join(rows['layer'].astype(str))}).")
+                     f"checked layers ({_first(rows['layer'].astype(str))}).")
     return lines + note
 
 
@@ -178,18 +269,26 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
     parted = class_pairs(table)  # each class pair once (not once per device of a class)
     for model, rows in parted.groupby("model", sort=False):
         counts = rows["first_layer"].value_counts()
+        at = [f"{count} at `{layer}`" for layer, count in counts.items()]
+        if len(at) > LISTED:  # the commonest layers; the rest counted
+            rest = counts.iloc[SHOWN:]
+            at = at[:SHOWN] + [f"… and {rest.sum()} at {len(rest)} more layers "
+                               "(results/tables/divergence.csv)"]
         lines.append(f"{model}: of {len(rows)} (class pair, sample) first divergences, "
-                     + ", ".join(f"{count} at `{layer}`" for layer, count in counts.items())
-                     + ".")
+                     + ", ".join(at) + ".")
         if "kernels_differ" in rows:
             differ = rows[rows["kernels_differ"].astype(str) == "yes"]
             pairs = differ.apply(lambda row: " vs ".join(sorted(
                 [str(row["kernels_a"]), str(row["kernels_b"])])), axis=1).value_counts()
             if len(pairs):  # the three commonest, and any tied with the third
-                shown = pairs[pairs >= pairs.iloc[min(2, len(pairs) - 1)]]
+                third = pairs.iloc[min(2, len(pairs) - 1)]
+                tied = pairs[pairs >= third]
+                said = [f"`{pair}` ({count})" for pair, count in tied.iloc[:LISTED].items()]
+                if len(tied) > LISTED:  # those left out all count as many as the third
+                    said = said[:SHOWN] + [f"… and {len(tied) - SHOWN} more pairs at "
+                                           f"{third} each"]
                 lines.append(f"{model}: kernels at the first divergent layer, most often: "
-                             + "; ".join(f"`{pair}` ({count})" for pair, count in
-                                         shown.items()) + ".")
+                             + "; ".join(said) + ".")
     for row in coverage.to_dict("records"):
         untraced = pd.to_numeric(pd.Series([row["untraced"]]), errors="coerce").fillna(0)[0]
         deployed_only = int(pd.to_numeric(pd.Series([row.get("deployed_only", 0)]),
@@ -325,11 +424,25 @@ def _replay_clause(part: pd.DataFrame) -> str:
     return "; ".join(clauses)
 
 
+# The end of an order's name where the search looked at a sample of a Conv2D's positions
+# (bitdrift.accumulation.SAMPLED_NAME); a replay cell's verdict is what precedes its
+# first "; " (the rest says what it sampled or left out). Layers that differ in these
+# alone sum alike and are said together.
+_SAMPLED_ORDER = r" \(order searched at \d+ of \d+ positions\)$"
+# Sentences per model; more are counted, and every device is still named once. The
+# default run (30 devices, 5 layers) writes 21.
+ORDER_SENTENCES = 30
+
+
 def orders(table: pd.DataFrame) -> list[str]:
-    """How each Dense and Conv2D layer sums: per model and layer, one sentence per order
-    naming the devices that sum in it and what numpy's replay in that order gave; first,
-    per model, how many revealed and replayed (device, layer) pairs the replay reproduces
-    bit for bit."""
+    """How each Dense and Conv2D layer sums: first, per model, how many revealed and
+    replayed (device, layer) pairs numpy's replay reproduces bit for bit; then one
+    sentence per order naming the devices that sum in it and what the replay in that order
+    gave, said once for all the layers where the same devices sum alike. Over
+    ORDER_SENTENCES sentences: those of the most layers, one for each device not named in
+    them, and a count of the rest (accumulation_orders.csv holds every layer)."""
+    import re
+
     lines = []
     table = table.assign(order=table["order"].astype(str), device=table["device"].astype(str),
                          replay=table["replay"].fillna("").astype(str))
@@ -342,22 +455,85 @@ def orders(table: pd.DataFrame) -> list[str]:
                      f"{int(same.sum())} of the {len(replayed)} (device, layer) pairs it "
                      f"replayed ({int(hidden.sum())} with no revealed order, "
                      f"{len(rows) - int(hidden.sum()) - len(replayed)} not replayed).")
+        # (kind, order or reason, devices, replay clause) -> the layers said in it
+        groups: dict[tuple, list[dict]] = {}
         for layer, part in rows.groupby("layer", sort=False):
             terms = pd.to_numeric(part["terms"], errors="coerce").dropna() \
                 if "terms" in part else pd.Series(dtype=float)
+            terms = int(terms.iloc[0]) if len(terms) else None
             where = f"{model}, layer `{layer}`" + (
-                f" (sums of {int(terms.iloc[0])} terms)" if len(terms) else "")
+                f" (sums of {terms} terms)" if terms is not None else "")
             for order, group in part[part["order"] != "not revealed"].groupby(
                     "order", sort=False):
-                devices = list(dict.fromkeys(group["device"]))
-                lines.append(f"{where}: {_names(devices)} "
-                             f"{'sum' if len(devices) > 1 else 'sums'} {order_phrase(order)}; "
-                             f"numpy's replay in that order {_replay_clause(group)}.")
+                devices = tuple(dict.fromkeys(group["device"]))
+                verdicts = group.assign(replay=group["replay"].str.split("; ").str[0])
+                shape = re.sub(_SAMPLED_ORDER, "", order)
+                run = ~group["replay"].str.startswith("not replayed")
+                key = ("sums", shape, devices, _replay_clause(verdicts))
+                groups.setdefault(key, []).append({
+                    "layer": layer, "terms": terms,
+                    "sentence": f"{where}: {_names(devices)} "
+                                f"{'sum' if len(devices) > 1 else 'sums'} "
+                                f"{order_phrase(order)}; numpy's replay in that order "
+                                f"{_replay_clause(group)}.",
+                    "part": shape != order or bool((verdicts["replay"]
+                                                    != group["replay"]).any()),
+                    "missed": int((run & ~group["replay"].str.startswith("bit-identical")).sum())})
             for reason, group in part[part["order"] == "not revealed"].groupby(
                     "replay", sort=False):
-                lines.append(f"{where}: the order of {_names(dict.fromkeys(group['device']))} "
-                             f"was not revealed" + (f" ({reason})." if reason else "."))
+                devices = tuple(dict.fromkeys(group["device"]))
+                groups.setdefault(("hidden", reason, devices, ""), []).append({
+                    "layer": layer, "terms": terms, "part": False, "missed": 0,
+                    "sentence": f"{where}: the order of {_names(devices)} was not revealed"
+                                + (f" ({reason})." if reason else ".")})
+        keys = list(groups)
+        # a replay that did not reproduce the record first, then the most layers
+        kept = set(_largest([(any(layer["missed"] for layer in groups[key]),
+                              len(groups[key])) for key in keys],
+                            ORDER_SENTENCES, ORDER_SENTENCES))
+        named = {device for index in kept for device in keys[index][2]}
+        for device in dict.fromkeys(rows["device"]):  # each device said once at least
+            if device not in named:
+                index = max((index for index, key in enumerate(keys) if device in key[2]),
+                            key=lambda index: len(groups[keys[index]]))
+                kept.add(index)
+                named.update(keys[index][2])
+        lines += [_orders_sentence(model, keys[index], groups[keys[index]])
+                  for index in sorted(kept)]
+        left = [index for index in range(len(keys)) if index not in kept]
+        if left:
+            pairs = sum(len(keys[index][2]) * len(groups[keys[index]]) for index in left)
+            missed = sum(layer["missed"] for index in left for layer in groups[keys[index]])
+            lines.append(f"{model}: … and {len(left)} more (order, devices) "
+                         f"{'sentence' if len(left) == 1 else 'sentences'}, at {pairs} "
+                         f"(device, layer) {'pair' if pairs == 1 else 'pairs'}"
+                         + (f", {missed} of them not reproduced by the replay" if missed
+                            else "")
+                         + "; every layer in results/tables/accumulation_orders.csv.")
     return lines
+
+
+def _orders_sentence(model: str, key: tuple, layers: list[dict]) -> str:
+    """orders' sentence for one (order, devices, replay) at ``layers``: a layer's own
+    sentence, or the layers counted with a few named and their sums' range of terms."""
+    if len(layers) == 1:
+        return layers[0]["sentence"]
+    kind, said, devices, clause = key
+    terms = sorted({layer["terms"] for layer in layers if layer["terms"] is not None})
+    span = "" if not terms else f"; sums of {terms[0]} terms" if len(terms) == 1 else \
+        f"; sums of {terms[0]} to {terms[-1]} terms"
+    names = _first(f"`{layer['layer']}`" for layer in layers)
+    where = f"{model}, {len(layers)} layers ({names}{span})"
+    if kind == "hidden":
+        return (f"{where}: the order of {_names(devices)} was not revealed"
+                + (f" ({said})." if said else "."))
+    part = sum(layer["part"] for layer in layers)
+    note = "" if not part else (
+        f" (at {'each of these layers' if part == len(layers) else f'{part} of them'} the "
+        "search or the replay covered part of the output; how much: "
+        "results/tables/accumulation_orders.csv)")
+    return (f"{where}: {_names(devices)} {'sum' if len(devices) > 1 else 'sums'} "
+            f"{order_phrase(said)}; numpy's replay in that order {clause}{note}.")
 
 
 def agreement(table: pd.DataFrame) -> list[str]:

@@ -286,3 +286,288 @@ def test_an_order_that_varies_by_position_reads_as_words():
         in phrase
     assert f"over {counts['1']} pixels" in phrase and "pairwise" in phrase
     assert f"the order is unknown at {counts['.']} pixels" in phrase
+
+
+# -- a run at the size of issue 52: 100 samples, 30 devices, 50 Conv2D/Dense layers, 200+
+# explaining attributes, tables in the columns the real ones have
+# (a ResNet-50 run's results/tables: eqc.csv, explain.csv, accumulation_orders.csv, ...)
+BIG_SAMPLES = list(range(100))
+BIG_DEVICES = [f"{backend}_{variant}" for backend in ("tf", "torch", "ort")
+               for variant in ("1thread", "2threads", "sse41", "avx", "no_onednn",
+                               "batch8", "1thread_float16", "1thread_bfloat16",
+                               "2threads_float64", "fast_math")]
+BIG_LAYERS = [f"conv{stage}_block{block}_{index}_conv" for stage in (2, 3, 4, 5)
+              for block in range(1, 7) for index in (1, 2, 3)][:49] + ["predictions"]
+LONGEST = 1000  # characters a findings line may hold, whatever the run's size
+
+
+def _big_eqc(counts: dict) -> pd.DataFrame:
+    """eqc.csv's rows: on each sample the devices in ``counts[sample]`` classes."""
+    return pd.DataFrame([{"model": "resnet50", "sample": sample, "device": device,
+                          "eqc": index % counts[sample] + 1, "deterministic": True,
+                          "distinct_outputs": 1, "majority_count": 10,
+                          "effective_precision": "declared"}
+                         for sample in BIG_SAMPLES
+                         for index, device in enumerate(BIG_DEVICES)])
+
+
+def _left_out(line: str) -> int:
+    import re
+
+    (more,) = re.findall(r"… and (\d+) more", line)
+    return int(more)
+
+
+def test_classes_on_100_samples_are_counted_not_listed():
+    """The same number of classes on every sample is said once, with the number of
+    samples; counts that vary: the range, the commonest with its number of samples, the
+    rarer ones' samples (a few, and how many more); no line grows with the samples."""
+    from bitdrift.findings import SHOWN, classes
+
+    precisions = dict.fromkeys(BIG_DEVICES, "float32")
+    eqc = _big_eqc(dict.fromkeys(BIG_SAMPLES, 3))
+    samples = len(set(eqc["sample"]))
+    line = classes(eqc, precisions)[0]
+    assert line == (f"resnet50, float32: 3 classes among {len(BIG_DEVICES)} devices on each "
+                    f"of the {samples} test samples (final output; each sample's classes, "
+                    "device by device, in results/tables/eqc.csv).")
+    # 2 classes on 12 samples, 4 on 3 (#5, #50, #95), 3 on the others
+    counts = dict.fromkeys(BIG_SAMPLES, 3) | dict.fromkeys(range(20, 32), 2) | \
+        dict.fromkeys((5, 50, 95), 4)
+    eqc = _big_eqc(counts)
+    lines = classes(eqc, precisions)
+    # the truth from the rows: the set of classes each sample's devices fall in
+    found = {sample: len(set(part["eqc"])) for sample, part in eqc.groupby("sample")}
+    by_count = {n: sorted(s for s, c in found.items() if c == n) for n in set(found.values())}
+    common = max(by_count, key=lambda n: len(by_count[n]))
+    line = lines[0]
+    assert len(line) < LONGEST
+    assert line.startswith(f"resnet50, float32: {min(found.values())} to "
+                           f"{max(found.values())} classes among {len(BIG_DEVICES)} devices "
+                           f"over the {len(found)} test samples (final output): {common} on "
+                           f"{len(by_count[common])} of them, ")
+    two = by_count[2]
+    assert f"2 on {len(two)} (" + ", ".join(f"#{s}" for s in two[:SHOWN]) + \
+        f" … and {len(two) - SHOWN} more)" in line
+    assert f"4 on 3 ({', '.join(f'#{s}' for s in by_count[4])})" in line
+    assert line.endswith("; each sample's classes, device by device, in "
+                         "results/tables/eqc.csv.")
+    # three devices always together: named, with every other device
+    together = _big_eqc(dict.fromkeys(BIG_SAMPLES, len(BIG_DEVICES)))
+    together.loc[together["device"].isin(BIG_DEVICES[1:3]), "eqc"] = 1
+    text = "\n".join(classes(together, precisions))
+    assert all(device in text for device in BIG_DEVICES)
+
+
+def test_an_explanation_on_100_samples_groups_its_attributes_by_prefix():
+    """An explain row per sample, the chosen attribute splitting the devices as 2 settings,
+    4 versions, 150 layers' kernels and 50 layers' orders do: the samples counted, the
+    attributes counted per prefix with a few examples, the numbers left out exact."""
+    import re
+
+    from bitdrift.findings import explanations
+
+    kernels = [f"kernel.{layer}" for layer in BIG_LAYERS * 3][:150]
+    kernels = [f"{name}_{index}" for index, name in enumerate(kernels)]
+    orders = [f"order.{layer}" for layer in BIG_LAYERS]
+    versions = [f"versions.{module}" for module in ("keras", "onnxruntime", "tensorflow",
+                                                    "tensorflow_onednn")]
+    others = ["graph_optimization_level", "threads", *versions, *kernels, *orders]
+    table = pd.DataFrame([{
+        "model": "resnet50", "sample": sample, "layer": "output", "n_eqc": 2,
+        "n_devices": len(BIG_DEVICES), "attributes": "backend", "determined": True,
+        "search": "exact", "unexplained_devices": "", "alternatives": "",
+        "confounded": "backend=" + "+".join(others), "weak": True,
+        "nondeterministic_devices": ""} for sample in BIG_SAMPLES])
+    (line,) = explanations(table)
+    assert len(line) < LONGEST, len(line)
+    samples = table["sample"].nunique()
+    assert line.startswith(f"resnet50, {samples} samples (#0, #1, #2, #3, #4 … and "
+                           f"{samples - 5} more): the classes are determined by `backend`")
+    per_prefix = {prefix: sum(name.startswith(prefix + ".") for name in others)
+                  for prefix in ("kernel", "order", "versions")}
+    assert f"`kernel.*` at {per_prefix['kernel']} layers (`{kernels[0]}`, `{kernels[1]}`, " \
+        f"`{kernels[2]}` … and {per_prefix['kernel'] - 3} more)" in line
+    assert f"`order.*` at {per_prefix['order']} layers (`{orders[0]}`" in line
+    assert f"{per_prefix['versions']} `versions.*` attributes (" + \
+        ", ".join(f"`{name}`" for name in versions) + ")" in line
+    assert "`graph_optimization_level`, `threads`, " in line
+    # every "N more" is what its list left out
+    for shown, more in re.findall(r"\(((?:`[^`]+`, )+`[^`]+`) … and (\d+) more\)", line):
+        prefix = shown.split("`")[1].split(".")[0]
+        assert shown.count("`") // 2 + int(more) == per_prefix[prefix]
+
+
+def test_many_sets_of_attributes_keep_those_of_the_most_samples():
+    """12 explanations of 1 to 12 samples each: the 5 explaining the most samples are
+    said, the other 7 counted with their samples."""
+    from bitdrift.findings import SHOWN, explanations
+
+    sizes = list(range(1, 13))
+    rows, sample = [], 0
+    for index, size in enumerate(sizes):
+        for _ in range(size):
+            rows.append({"model": "m", "sample": sample, "layer": "output",
+                         "attributes": f"kernel.layer_{index}", "determined": True,
+                         "search": "exact"})
+            sample += 1
+    lines = explanations(pd.DataFrame(rows))
+    kept = sorted(sizes, reverse=True)[:SHOWN]
+    assert [int(line.split("`kernel.layer_")[1].split("`")[0]) + 1 for line in lines[:-1]] \
+        == sorted(kept)
+    assert lines[-1] == (f"… and {len(sizes) - SHOWN} more sets of attributes, on "
+                         f"{sum(sizes) - sum(kept)} (model, sample) pairs; every sample's in "
+                         "results/tables/explain.csv.")
+
+
+def _big_orders():
+    """accumulation_orders.csv's rows, 30 devices x 50 layers, by hand: family a (10
+    devices) sums sequentially at every layer, its third device's replay differing at
+    layer 7; family b sums in blocks of 128 at even layers and in an order of a height of
+    its own at each odd one; each device of family c in an order of its own at every layer,
+    but the last c device, whose record maps the last layer alone. Conv2D layers were
+    searched and replayed at 64 of their positions. The sentences that differ in more than
+    the layer: 1 (a, 49 layers) + 1 (a at layer 7) + 1 (b, 25 even layers) + 25 (b, each
+    odd layer) + 9 x 50 + 1 (c)."""
+    family = {"a": BIG_DEVICES[:10], "b": BIG_DEVICES[10:20], "c": BIG_DEVICES[20:]}
+    rows = []
+    for number, layer in enumerate(BIG_LAYERS):
+        conv = layer != "predictions"
+        pixels = 12544 >> (2 * (number % 3))
+        searched = f" (order searched at 64 of {pixels} positions)" if conv else ""
+        replayed = (f"; replayed at 64 of {pixels} positions of 1 of 3 samples "
+                    "(analysis.replay_positions, analysis.replay_samples)") if conv else ""
+        for name, devices in family.items():
+            for index, device in enumerate(devices):
+                if device == BIG_DEVICES[-1] and conv:
+                    continue
+                order = ("sequential, bias last" if name == "a" else
+                         "blocks of 128, bias last" if name == "b" and number % 2 == 0 else
+                         f"other (height {100 + number}), bias last" if name == "b" else
+                         f"other (height {1000 + 100 * index + number}), bias last")
+                replay = "differs: 3 of 10 values bit-identical at best (with FMA)" \
+                    if (name, index, number) == ("a", 2, 7) else "bit-identical with FMA"
+                rows.append({"model": "resnet50", "device": device, "backend": name,
+                             "layer": layer, "terms": 65 + 64 * number,
+                             "order": order + searched, "replay": replay + replayed})
+    odd = len(BIG_LAYERS) // 2
+    return pd.DataFrame(rows), 1 + 1 + 1 + odd + (len(family["c"]) - 1) * len(BIG_LAYERS) + 1
+
+
+def _devices_said(sentence: str) -> list[str]:
+    """The devices a sentence of orders names, in it as _names writes them."""
+    import re
+
+    said = re.search(r"\): (?:the order of )?(.*?) (?:sums?|was not revealed) ", sentence)[1]
+    return re.split(r", | and ", said)
+
+
+def test_the_orders_of_50_layers_and_30_devices_are_said_once_per_shape():
+    """Layers where the same devices sum alike are one sentence (their number, a few
+    named, the rest counted); the sentences kept are at most ORDER_SENTENCES and one per
+    device otherwise unnamed; the one replay that differs is kept; what is left out is
+    counted exactly: its sentences, and its (device, layer) pairs with those said adding
+    up to the table's rows."""
+    import re
+
+    from bitdrift.findings import ORDER_SENTENCES, orders
+
+    table, sentences = _big_orders()
+    lines = orders(table)
+    assert all(len(line) < LONGEST for line in lines), max(map(len, lines))
+    replayed = table[~table["replay"].str.startswith("not replayed")]
+    same = replayed["replay"].str.startswith("bit-identical").sum()
+    assert f"gives the record's bits for {same} of the {len(replayed)} (device, layer) " \
+        "pairs" in lines[0]
+    said, tail = lines[1:-1], lines[-1]
+    # the replay that differs, a's and b's sentences of many layers, then the first of one
+    # layer each (layers 0 to 2: every device but the last, seen at the last layer alone):
+    # one sentence more names it
+    assert len(said) == ORDER_SENTENCES + 1
+    assert any(re.search(rf"\b{BIG_DEVICES[-1]} sums\b", line) for line in said)
+    text = "\n".join(lines)
+    assert all(re.search(rf"\b{device}\b", text) for device in set(table["device"]))
+    everywhere_but_7 = len(BIG_LAYERS) - 1
+    (sequential,) = [line for line in said
+                     if line.startswith(f"resnet50, {everywhere_but_7} layers (")]
+    assert _devices_said(sequential) == BIG_DEVICES[:10]
+    assert "sum sequentially, in index order, the bias added last; numpy's replay in that " \
+        f"order gives their bits with FMA (at {everywhere_but_7 - 1} of them the search or the " \
+        "replay covered part of the output" in sequential  # not at the Dense predictions
+    assert _left_out(sequential) == everywhere_but_7 - 5
+    (differs,) = [line for line in said if "matches only 3 of 10 values" in line]
+    assert differs.startswith(f"resnet50, layer `{BIG_LAYERS[7]}` (sums of {65 + 64 * 7} "
+                              "terms)")
+    more, pairs = map(int, re.fullmatch(
+        r"resnet50: … and (\d+) more \(order, devices\) sentences, at (\d+) \(device, layer\) "
+        r"pairs; every layer in results/tables/accumulation_orders\.csv\.", tail).groups())
+    assert more == sentences - len(said)
+    layers_of = [1 if " layer `" in line.split(":")[0]
+                 else int(re.match(r"resnet50, (\d+) layers", line)[1]) for line in said]
+    assert pairs + sum(count * len(_devices_said(line))
+                       for count, line in zip(layers_of, said, strict=True)) == len(table)
+
+
+def test_long_lists_elsewhere_are_cut_and_counted():
+    """First divergences at 40 layers, 20 kernel pairs tied at the third, a device below its
+    format at 54 layers: each list shows a few and counts the rest exactly."""
+    from collections import Counter
+
+    from bitdrift.findings import SHOWN, divergence, reduced_precision
+
+    layers = [f"conv{index}" for index in range(40)]
+    rows = [{"model": "m", "sample": sample, "class_a": 1, "class_b": 2,
+             "first_layer": layers[sample % 40], "kernels_differ": "yes",
+             "kernels_a": f"k{sample % 20}", "kernels_b": "ref"} for sample in range(100)]
+    lines = divergence(pd.DataFrame(rows), pd.DataFrame())
+    at = Counter(row["first_layer"] for row in rows)
+    top = at.most_common()
+    rest = top[SHOWN:]
+    assert lines[0] == ("m: of 100 (class pair, sample) first divergences, "
+                        + ", ".join(f"{count} at `{layer}`" for layer, count in top[:SHOWN])
+                        + f", … and {sum(n for _, n in rest)} at {len(rest)} more layers "
+                        "(results/tables/divergence.csv).")
+    pairs = Counter(f"k{sample % 20} vs ref" for sample in range(100))
+    assert len(set(pairs.values())) == 1  # all tied: 5 shown, 15 counted
+    assert lines[1].endswith(f"… and {len(pairs) - SHOWN} more pairs at "
+                             f"{next(iter(pairs.values()))} each.")
+    effective = pd.DataFrame([{"model": "m", "device": "ov", "precision": "float32",
+                               "layer": f"conv{index}", "reduced": True, "format": "bfloat16",
+                               "effective_bits": 7.5} for index in range(54)])
+    (line,) = reduced_precision(effective)
+    assert f"in 54 of 54 checked layers (conv0, conv1, conv2, conv3, conv4 … and {54 - SHOWN} " \
+        "more)." in line
+
+
+def test_the_findings_of_a_big_run_stay_short_and_valid(tmp_path):
+    """Every table at the size of issue 52 through findings(): no line over LONGEST
+    characters, every device named, a '*' only inside a literal, and the report's text
+    valid reStructuredText (docutils at warning level)."""
+    import re
+
+    from docutils.core import publish_parts
+    from docutils.utils import Reporter
+
+    orders_table, _ = _big_orders()
+    eqc = _big_eqc({sample: 2 + sample % 3 for sample in BIG_SAMPLES})
+    layers = pd.DataFrame([{"model": "resnet50", "sample": 0, "layer": "conv1_conv",
+                            "device": device, "precision": "float32"}
+                           for device in BIG_DEVICES])
+    kernels = "+".join(f"kernel.{layer}" for layer in BIG_LAYERS * 4)
+    explain = pd.DataFrame([{"model": "resnet50", "sample": sample, "layer": "output",
+                             "attributes": "backend;threads", "determined": True,
+                             "search": "exact", "weak": False,
+                             "confounded": f"backend={kernels}"} for sample in BIG_SAMPLES])
+    paths = {}
+    for name, table in (("eqc", eqc), ("eqc_layers", layers), ("explain", explain),
+                        ("accumulation_orders", orders_table)):
+        paths[name] = tmp_path / f"{name}.csv"
+        table.to_csv(paths[name], index=False)
+    sections = findings(paths, {BIG_DEVICES[0]: FINGERPRINT})
+    lines = [line for _, said in sections for line in said]
+    assert max(map(len, lines)) < LONGEST
+    text = markdown(sections)
+    assert all(re.search(rf"\b{device}\b", text) for device in BIG_DEVICES)
+    assert "*" not in re.sub(r"`[^`]*`", "", text.split("\n", 1)[1])
+    publish_parts(restructured_text(sections), writer="html",
+                  settings_overrides={"halt_level": Reporter.WARNING_LEVEL})
