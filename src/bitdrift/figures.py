@@ -89,6 +89,24 @@ def _model_tree(group: list[Record]):
                                             method="complete")
 
 
+# Up to this many samples the title lists each one's number of classes (3/2/2/...); more
+# would run off the figure: the title then counts them.
+TITLE_COUNTS = 12
+
+
+def _class_counts_title(per_sample: pd.Series) -> str:
+    """``3/2/2 classes`` for a few samples; for many, the range of classes per sample and
+    the commonest count with how many of the drawn samples have it."""
+    counts = [int(count) for count in per_sample]
+    if len(counts) <= TITLE_COUNTS:
+        return f"{'/'.join(map(str, counts))} classes"
+    if len(set(counts)) == 1:
+        return f"{counts[0]} classes on each of {len(counts)} samples"
+    commonest = max(set(counts), key=lambda count: (counts.count(count), -count))
+    return (f"{min(counts)}–{max(counts)} classes per sample ({commonest} on "
+            f"{counts.count(commonest)} of {len(counts)})")
+
+
 def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
              precision: str = "float32") -> None:
     """Per model, one block: a grid devices x samples coloured by class ('*':
@@ -117,7 +135,7 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         samples = samples[:MAX_GRID_COLUMNS]
         classes = part.groupby("sample")["eqc"].nunique()
         outside = len(devices) - (len(tree[0]) if tree is not None else 0)
-        title = (f"{model}: {'/'.join(str(int(classes[s])) for s in samples)} classes among "
+        title = (f"{model}: {_class_counts_title(classes[samples])} among "
                  f"{len(devices)} devices"
                  + (f" (first {len(samples)} samples; {left_out} more in eqc.csv)"
                     if left_out else "")

@@ -571,3 +571,21 @@ def test_the_findings_of_a_big_run_stay_short_and_valid(tmp_path):
     assert "*" not in re.sub(r"`[^`]*`", "", text.split("\n", 1)[1])
     publish_parts(restructured_text(sections), writer="html",
                   settings_overrides={"halt_level": Reporter.WARNING_LEVEL})
+
+
+def test_the_eqc_figure_title_counts_classes_when_samples_are_many():
+    """A few samples: each one's class count, as the grid's columns; many (ResNet-50's 100):
+    the range and the commonest count with its number of samples, counted here from the
+    series itself; never a count per sample past TITLE_COUNTS."""
+    from bitdrift.figures import TITLE_COUNTS, _class_counts_title
+
+    few = pd.Series([3, 2, 2])
+    assert _class_counts_title(few) == "3/2/2 classes"
+    same = pd.Series([2] * 60)
+    assert _class_counts_title(same) == "2 classes on each of 60 samples"
+    varied = pd.Series([1] * 7 + [4] * 30 + [2] * 23)
+    title = _class_counts_title(varied)
+    commonest = varied.value_counts().idxmax()
+    assert title == (f"{varied.min()}–{varied.max()} classes per sample ({commonest} on "
+                     f"{(varied == commonest).sum()} of {len(varied)})")
+    assert title.count("/") == 0 and len(varied) > TITLE_COUNTS
