@@ -86,6 +86,14 @@ class DeviceSummary:
     majority_count: int
 
 
+def class_count_frequency(per_sample):
+    """How many samples have each number of classes (``per_sample``: a pandas Series,
+    sample -> classes), the commonest count first and of equally common ones the smaller
+    first: the order the findings and the EQC figure's title say them in."""
+    frequency = per_sample.value_counts()
+    return frequency.sort_index().sort_values(ascending=False, kind="stable")
+
+
 def summarize_repeats(device: str, repeats: np.ndarray, float_format: str):
     """Return (summary, representative array) for one device's repeats of one tensor."""
     keys = [output_key(repeat, float_format) for repeat in repeats]

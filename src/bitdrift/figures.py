@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from bitdrift.atomic import save_figure  # noqa: E402
-from bitdrift.eqc import summarize_repeats  # noqa: E402
+from bitdrift.eqc import class_count_frequency, summarize_repeats  # noqa: E402
 from bitdrift.kernels import UNTRACED  # noqa: E402
 from bitdrift.models import layer_kind  # noqa: E402
 from bitdrift.precision import MANTISSA_BITS, pairwise_dropped_bits  # noqa: E402
@@ -97,14 +97,14 @@ TITLE_COUNTS = 12
 def _class_counts_title(per_sample: pd.Series) -> str:
     """``3/2/2 classes`` for a few samples; for many, the range of classes per sample and
     the commonest count with how many of the drawn samples have it."""
-    counts = [int(count) for count in per_sample]
+    counts = per_sample.astype(int)
     if len(counts) <= TITLE_COUNTS:
         return f"{'/'.join(map(str, counts))} classes"
-    if len(set(counts)) == 1:
-        return f"{counts[0]} classes on each of {len(counts)} samples"
-    commonest = max(set(counts), key=lambda count: (counts.count(count), -count))
-    return (f"{min(counts)}–{max(counts)} classes per sample ({commonest} on "
-            f"{counts.count(commonest)} of {len(counts)})")
+    if counts.nunique() == 1:
+        return f"{counts.iloc[0]} classes on each of {len(counts)} samples"
+    commonest, times = next(iter(class_count_frequency(counts).items()))
+    return (f"{counts.min()}–{counts.max()} classes per sample ({commonest} on {times} of "
+            f"{len(counts)})")
 
 
 def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,

@@ -118,10 +118,9 @@ def _class_counts(per_sample: pd.Series, devices: int) -> str:
     if per_sample.nunique() == 1:
         return (f"{per_sample.iloc[0]} classes among {devices} devices on each of the "
                 f"{len(per_sample)} test samples (final output; {where})")
-    # the commonest count first; a tie in frequency: the smaller count first
-    frequency = per_sample.value_counts()
-    frequency = frequency.sort_index().sort_values(ascending=False, kind="stable")
-    (common, times), rarer = next(frequency.items()), list(frequency.items())[1:]
+    from bitdrift.eqc import class_count_frequency
+
+    (common, times), *rarer = class_count_frequency(per_sample).items()
     parts = [f"{common} on {times} of them"] + [
         f"{count} on {samples} ({_sample_names(per_sample.index[per_sample == count])})"
         for count, samples in rarer[:SHOWN]]
