@@ -40,18 +40,17 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-# What every record dataset carries (bitdrift.record.CHECKSUM); kept on each codec so the
-# bytes compare with a record's.
-FLETCHER32 = {"fletcher32": True}
-# The codec records use (bitdrift.record.COMPRESSION); the sanity line checks it
-# reproduces the records' own bytes.
+# What every record dataset carries (CHECKSUM), kept on each codec so the bytes compare
+# with a record's; the codec records use (COMPRESSION), which the sanity line checks
+# reproduces the records' own bytes; LIBVER: records' object headers and chunk indexes.
+from bitdrift.record import CHECKSUM as FLETCHER32
+from bitdrift.record import COMPRESSION, LIBVER
+
 RECORD_CODEC = "shuffle+gzip-1"
 # Within this share of the records' own stored bytes, the record codec reproduces them.
 SANITY_TOLERANCE = 0.01
 COLUMNS = ["codec", "raw_bytes", "stored_bytes", "ratio", "write_MBps", "read_MBps",
            "write_MBps_cpu", "read_MBps_cpu"]
-# As LIBVER in bitdrift.record: records' object headers and chunk indexes.
-LIBVER = ("v110", "latest")
 
 
 def codecs() -> dict[str, dict]:
@@ -65,8 +64,7 @@ def codecs() -> dict[str, dict]:
     blosc2 = hdf5plugin.Blosc2
     return {
         "none": FLETCHER32,
-        RECORD_CODEC: {"shuffle": True, "compression": "gzip", "compression_opts": 1,
-                       **FLETCHER32},
+        RECORD_CODEC: {**COMPRESSION, **FLETCHER32},
         "shuffle+gzip-4": {"shuffle": True, "compression": "gzip", "compression_opts": 4,
                            **FLETCHER32},
         "shuffle+lzf": {"shuffle": True, "compression": "lzf", **FLETCHER32},
@@ -92,8 +90,10 @@ class Layer:
 
 
 def _uses_record_codec(dataset: h5py.Dataset) -> bool:
-    return (dataset.shuffle and dataset.compression == "gzip"
-            and dataset.compression_opts == 1 and dataset.fletcher32)
+    return (dataset.shuffle == COMPRESSION["shuffle"]
+            and dataset.compression == COMPRESSION["compression"]
+            and dataset.compression_opts == COMPRESSION["compression_opts"]
+            and dataset.fletcher32)
 
 
 def record_layers(paths: list[str], limit_bytes: int | None = None) -> Iterator[Layer]:
