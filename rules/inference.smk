@@ -77,6 +77,7 @@ rule run_inference:
         replay=replay_settings(config),
         full_samples=config["analysis"].get("full_samples"),
         layer_select=config["analysis"].get("layer_select"),
+        traced_samples=config["analysis"]["traced_samples"],
     script:
         "../workflow/scripts/run_inference.py"
 

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -79,20 +80,33 @@ def run_repeat(job: dict) -> None:
     # worker holds one batch of the model's layers, not every sample's. A sample outside
     # analysis.full_samples leaves its layers' digests only (its final output in full).
     keep = set(job.get("full_samples", job["samples"]))
-    for number, start in enumerate(range(0, len(indices), batch)):
+    # a traced repeat of analysis.traced_samples: full runs some batches alone, numbered
+    # as in the measured repeats (the same rows and filler in each)
+    numbers = job.get("batches") or range(-(-len(indices) // batch))
+    seconds = []
+    for number in numbers:
+        start = number * batch
         names = job["samples"][start:start + batch]
+        began = time.perf_counter()
         outputs = session.run(images[start:start + batch])
         for position, value in enumerate(outputs):
             out.add_batch(position, number, np.asarray(value)[:len(names)], names,
                           None if position == len(outputs) - 1 else keep)
         del outputs
+        seconds.append(time.perf_counter() - began)
+    print(batch_seconds_line("instrumented", seconds, batch), file=sys.stderr, flush=True)
     if session.deployed is not None and job.get("observe", True):
         # the observer check (bitdrift.observer): the model as deployed, after the
         # instrumented run in the same process, on the same batches
-        for number, start in enumerate(range(0, len(indices), batch)):
+        seconds = []
+        for number in numbers:
+            start = number * batch
             names = job["samples"][start:start + batch]
+            began = time.perf_counter()
             out.add_batch(DEPLOYED, number, np.asarray(session.deployed(
                 images[start:start + batch]))[:len(names)], names, None)
+            seconds.append(time.perf_counter() - began)
+        print(batch_seconds_line("deployed", seconds, batch), file=sys.stderr, flush=True)
     arrays = {}
     # The first repeat also classifies the reference's test images (the argmax check
     # against TensorFlow, see bitdrift.export) and describes the machine; py-cpuinfo
@@ -129,11 +143,23 @@ def run_repeat(job: dict) -> None:
     meta["outputs"] = out.positions
     meta["shapes"] = out.shapes
     meta["batches"] = -(-len(indices) // batch)
+    if job.get("batches"):
+        meta["batches_run"] = list(numbers)
     # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
     # (bitdrift.prefork.exit_now), fresh or forked.
     for key, value in {"meta": np.asarray(json.dumps(meta)), **arrays, **weights}.items():
         out.add(key, value)
     out.close()
+
+
+def batch_seconds_line(run: str, seconds: list[float], batch: int) -> str:
+    """The job log's line of one pass over the batches: the first batch apart (it
+    compiles and warms caches), so that the others give what a further sample costs
+    (benchmarks/scale.py reads these lines; docs/benchmarks.md)."""
+    later = seconds[1:]
+    each = f", then {sum(later) / len(later):.3f} s per batch" if later else ""
+    return (f"bitdrift: {run} run of {len(seconds)} batches of {batch}: "
+            f"{sum(seconds):.3f} s, the first {seconds[0] if seconds else 0:.3f} s{each}")
 
 
 def batch_key(position: int | str, batch: int) -> str:
@@ -318,7 +344,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
           export: str | Path | None = None, kernels: bool = True, log=sys.stderr,
           deployed_export: str | Path | None = None, observe: bool = True,
           replay: dict | None = None, full_samples=None,
-          layer_select: list[str] | None = None) -> None:
+          layer_select: list[str] | None = None, traced_samples: str = "all") -> None:
     """Run all repeats of one (model, device), each in a process of its own (fresh, or
     forked from a pre-imported parent: bitdrift.prefork), and write the record.
 
@@ -337,7 +363,9 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     ``full_samples`` (analysis.full_samples: None all, N the first N, or a list): the
     samples whose layers keep their values; the others' layers keep their digests only.
     ``layer_select`` (analysis.layer_select): the layers recorded, by name or Keras class
-    (None: all). The record is written a layer at a time as the repeats are merged."""
+    (None: all). ``traced_samples`` (analysis.traced_samples): "all", or "full" for a
+    traced repeat of the batches holding the full samples alone (traced_batch_numbers).
+    The record is written a layer at a time as the repeats are merged."""
     model_format = check_before_repeats(model_path, dataset_path, samples, out)
     from bitdrift import formats
 
@@ -356,6 +384,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                                  f"{model_path}")
     metas, files, weights, classes, selected, deployed = [], [], {}, None, None, True
     full = full_sample_list(samples, full_samples)
+    traced_batches = traced_batch_numbers(list(samples), full, device["batch_size"],
+                                          traced_samples)
     with terminate_cleanly(), work_folder(out) as tmp, repeat_workers(
             WORKER, device, f"device {device_name!r}", log) as workers:
         how = workers.HOW
@@ -397,14 +427,14 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
             # an exported runtime maps its outputs to the layers by the reference
             "reference": str(reference) if reference else None,
             "export": str(export) if export else None, "trace": True,
-            "model_format": model_format,
+            "model_format": model_format, "batches": traced_batches,
             "deployed_export": str(deployed_export) if deployed_export else None},
             Path(tmp) / "trace.txt", workers, how, log) if kernels else None
         with RecordWriter(out) as writer:
             match = merge_repeats(writer, files, metas[0], list(samples), full, selected,
                                   device["batch_size"], deployed,
                                   Path(tmp) / "traced.npz" if traced and traced["traced"]
-                                  else None)
+                                  else None, traced_batches)
             if traced and traced["traced"]:
                 traced["outputs_match"] = match
                 if not match:
@@ -436,6 +466,22 @@ def full_sample_list(samples: list[int], full_samples) -> list[int]:
     return [sample for sample in samples if sample in set(full_samples)]
 
 
+def traced_batch_numbers(samples: list[int], full: list[int], batch_size: int,
+                         traced_samples: str) -> list[int] | None:
+    """The batches a traced repeat runs (analysis.traced_samples): None for every batch
+    ("all"); for "full" those holding a full sample, the first batch where there is none.
+    Every batch of a device has one shape (the last is filled up: batch_indices), so
+    these run the kernels the others do; their samples alone are checked against the
+    measured repeats (merge_repeats)."""
+    if traced_samples == "all":
+        return None
+    if traced_samples != "full":
+        raise InferenceError(f"config key analysis.traced_samples: {traced_samples!r} is "
+                             "neither 'all' nor 'full'")
+    rows = [samples.index(sample) for sample in full] or [0]
+    return sorted({row // batch_size for row in rows})
+
+
 def selected_positions(model_layers: list, layer_select, model_name: str) -> set[int]:
     """Positions of the layers analysis.layer_select names (by layer name or Keras class);
     None selects all. A name that is no layer or class of the model is refused in one line."""
@@ -454,12 +500,13 @@ def selected_positions(model_layers: list, layer_select, model_name: str) -> set
 
 def merge_repeats(writer: RecordWriter, files: list, meta: dict, samples: list[int],
                   full: list[int], selected: set[int], batch_size: int, deployed: bool,
-                  traced: Path | None) -> bool:
+                  traced: Path | None, traced_batches: list[int] | None = None) -> bool:
     """The repeats' files merged into the record a layer at a time: per layer, each
     repeat's batches read in turn (np.load reads one key at a time) and each sample's row
     added to its tensor, which keeps a repeat identical to one already written as its
     digest only. Memory: one batch of one layer. Returns whether the traced repeat's
-    outputs equal the measured majority bit for bit (True without a traced repeat)."""
+    outputs equal the measured majority bit for bit (True without a traced repeat), on
+    its batches (``traced_batches``; None: every batch)."""
     bfloat16 = bool(meta["bfloat16"])
     layer_entries = meta["layers"]
     last = meta["outputs"] - 1
@@ -469,9 +516,9 @@ def merge_repeats(writer: RecordWriter, files: list, meta: dict, samples: list[i
         repeats = [stack.enter_context(np.load(path)) for path in files]
         traced_data = stack.enter_context(np.load(traced)) if traced else None
 
-        def rows(data, position):
+        def rows(data, position, numbers=None):
             """(row, digest, values or None where the repeat kept the digest only)."""
-            for number in range(meta["batches"]):
+            for number in range(meta["batches"]) if numbers is None else numbers:
                 digests, values = data[digest_key(position, number)], \
                     data[batch_key(position, number)]
                 kept = iter(values)
@@ -509,7 +556,7 @@ def merge_repeats(writer: RecordWriter, files: list, meta: dict, samples: list[i
                         else:
                             tensor.add(values)
             if traced_data is not None and position != DEPLOYED:
-                for row, digest, _ in rows(traced_data, position):
+                for row, digest, _ in rows(traced_data, position, traced_batches):
                     # the majority of the measured repeats, a tie to the first seen
                     majority = Counter(tensors[row][0].digests).most_common(1)[0][0]
                     match = match and majority == digest
@@ -647,8 +694,15 @@ def traced_repeat(model_name: str, device_name: str, device: dict, meta: dict, j
                 "reason": f"backend {device['backend']!r} logs no kernel per call",
                 "layers": {name: {"signature": "untraced", "calls": []}
                            for name in layer_classes}}
-    print(f"bitdrift: {model_name} on {device_name}: traced repeat (kernel logs) in {how}",
-          file=log, flush=True)
+    size, numbers = device["batch_size"], job.get("batches")
+    # analysis.traced_samples: full runs the batches of the full samples alone
+    traced_samples = None if numbers is None else [
+        sample for number in numbers for sample in job["samples"][number * size:
+                                                                 (number + 1) * size]]
+    which = "" if traced_samples is None else (
+        f" on the batches of samples {traced_samples} alone (analysis.traced_samples: full)")
+    print(f"bitdrift: {model_name} on {device_name}: traced repeat (kernel logs) in "
+          f"{how}{which}", file=log, flush=True)
     with open(trace_path, "w") as stdout:
         status = workers.run(job, stdout=stdout, environment=environment)
     if status != 0:
@@ -678,6 +732,8 @@ def traced_repeat(model_name: str, device_name: str, device: dict, meta: dict, j
     traced = {"traced": True, "outputs_match": True, "environment": environment,
               "header": trace.header, "raw": trace.raw, "outside": trace.outside,
               "layers": found, "layer_classes": layer_classes, "order": list(layer_classes)}
+    if traced_samples is not None:
+        traced["samples"] = [int(sample) for sample in traced_samples]
     graphs = traced_meta.get("deployed_kernels")
     if deployed_calls is not None and described is None:
         graphs = {"deployed": [asdict(call) for call in deployed_calls],

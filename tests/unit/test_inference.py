@@ -268,3 +268,44 @@ def test_cpu_description_is_kept_per_host_and_boot(tmp_path, monkeypatch):
     cached = list(tmp_path.glob("bitdrift-cpuinfo-*.json"))
     assert len(cached) == 1 and first["count"] >= 1 and isinstance(first["flags"], list)
     assert cpu_info() == first  # read back, not measured again
+
+
+def test_a_traced_repeat_of_the_full_samples_batches_alone(assets, tmp_path):
+    """analysis.traced_samples: full. torch, batch size 2, samples [6, 0, 1] with sample 1
+    in full: the batches are [6, 0] and [1, filler], and the traced repeat runs the second
+    alone. Its kernels are those a traced repeat of every batch names, with half the calls
+    (one batch of two), its outputs are checked on sample 1's rows, and the record names
+    the samples traced."""
+    from bitdrift.inference import traced_batch_numbers
+
+    # by hand: rows 0..4 in batches of 2; no full sample traces the first batch
+    assert traced_batch_numbers([6, 0, 1], [1], 2, "full") == [1]
+    assert traced_batch_numbers([6, 0, 1, 3, 4], [6, 4], 2, "full") == [0, 2]
+    assert traced_batch_numbers([6, 0, 1], [], 2, "full") == [0]
+    assert traced_batch_numbers([6, 0, 1], [1], 2, "all") is None
+    dataset, model = assets
+    device = {**CPU, "backend": "torch", "batch_size": 2}
+    kernels, logs = {}, {}
+    for which in ("all", "full"):
+        with open(tmp_path / f"{which}.log", "w") as log:
+            infer(model_name="small", device_name="t", device=device, model_path=model,
+                  dataset_path=dataset, samples=[6, 0, 1], out=tmp_path / f"{which}.h5",
+                  log=log, full_samples=[1], traced_samples=which,
+                  replay={"replay": False, "replay_positions": 64, "replay_samples": 1})
+        logs[which] = (tmp_path / f"{which}.log").read_text()
+        with Record(tmp_path / f"{which}.h5") as record:
+            kernels[which] = record.kernels
+    assert kernels["full"]["traced"] and kernels["full"]["outputs_match"]
+    assert kernels["full"]["samples"] == [1] and "samples" not in kernels["all"]
+    assert " on the batches of samples [1] alone (analysis.traced_samples: full)" in \
+        logs["full"].split("traced repeat (kernel logs) in ")[1].splitlines()[0]
+    # the traced repeat's own lines: one batch against two
+    assert logs["full"].count("bitdrift: instrumented run of 1 batches of 2") == 1
+    assert "bitdrift: instrumented run of 1 batches" not in logs["all"]
+    layers_all, layers_full = kernels["all"]["layers"], kernels["full"]["layers"]
+    assert {name: entry["signature"] for name, entry in layers_full.items()} == \
+        {name: entry["signature"] for name, entry in layers_all.items()}
+    logged = [name for name, entry in layers_all.items() if entry["calls"]]
+    assert logged, "torch logged no oneDNN call: nothing to compare"
+    for name in logged:
+        assert 2 * len(layers_full[name]["calls"]) == len(layers_all[name]["calls"]), name

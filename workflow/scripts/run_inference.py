@@ -30,5 +30,6 @@ with workflow_job(snakemake.log[0], on_failure=on_failure):
         replay=snakemake.params.replay,
         full_samples=snakemake.params.full_samples,
         layer_select=snakemake.params.layer_select,
+        traced_samples=snakemake.params.traced_samples,
         log=sys.stderr,
     )

@@ -97,7 +97,8 @@ def cmd_infer(args) -> None:
           kernels=config["analysis"]["kernels"], deployed_export=deployed,
           replay=replay_settings(config),
           full_samples=config["analysis"].get("full_samples"),
-          layer_select=config["analysis"].get("layer_select"))
+          layer_select=config["analysis"].get("layer_select"),
+          traced_samples=config["analysis"]["traced_samples"])
     if unchecked:
         print(f"bitdrift: wrote {out} without the argmax check against TensorFlow ({unchecked}; "
               "`bitdrift export` makes one)", file=sys.stderr)
