@@ -112,6 +112,9 @@ def read_run(folder: Path, target: int) -> list[dict]:
         device = log.stem
         tsv = folder / "results" / "benchmarks" / "run_inference" / log.parent.name / \
             f"{device}.tsv"
+        if not tsv.is_file():  # a job still running, or one that failed
+            print(f"{device}: no {tsv.name} (not finished): left out", file=sys.stderr)
+            continue
         with open(tsv) as handle:
             wall = float(next(csv.DictReader(handle, delimiter="\t"))["s"])
         threads = config["devices"][device].get("threads") or 1
