@@ -90,7 +90,9 @@ def point_config(devices: list[str], samples: int, kernels: bool, image_size: in
         "workdir": str(workdir),
         "samples": list(range(samples)),
         "datasets": {"digits": {"source": "digits", "image_size": image_size,
-                                "limit_train": 16, "limit_test": max(samples, 16)}},
+                                "limit_train": 16,
+                                # the samples and the filler of a batch of up to 16
+                                "limit_test": -(-samples // 16) * 16}},
         "models": {"resnet50": {"architecture": "resnet50", "dataset": "digits",
                                 "train": {"epochs": 0, "seeds": [1]}}},
         "devices": entries,
