@@ -67,8 +67,8 @@ def job_reading(log_text: str, wall: float, samples: int, target: int) -> dict:
     """One job's wall at ``target`` samples from its log and its wall at ``samples``."""
     found = passes(log_text)
     if not found:
-        raise ValueError("no pass line (bitdrift: instrumented run of ...) in the log: a run "
-                         "of a bitdrift older than these lines")
+        raise ValueError("no pass line (bitdrift: instrumented run of ...) in the log: a device that failed, "
+                         "or a run of a bitdrift older than these lines")
     batch = found[0]["batch"]
     growing = sum(item["per_batch"] for item in found if not item["traced_full"])
     extra = math.ceil(target / batch) - math.ceil(samples / batch)
@@ -118,9 +118,13 @@ def read_run(folder: Path, target: int) -> list[dict]:
         with open(tsv) as handle:
             wall = float(next(csv.DictReader(handle, delimiter="\t"))["s"])
         threads = config["devices"][device].get("threads") or 1
+        try:
+            reading = job_reading(log.read_text(errors="replace"), wall, samples, target)
+        except ValueError as error:  # a device that failed (its failure record) runs no pass
+            print(f"{device}: {error}: left out", file=sys.stderr)
+            continue
         rows.append({"device": device, "threads": threads, "samples": samples,
-                     "wall_s": round(wall, 1), "target_samples": target,
-                     **job_reading(log.read_text(errors="replace"), wall, samples, target)})
+                     "wall_s": round(wall, 1), "target_samples": target, **reading})
     return rows
 
 
