@@ -67,8 +67,8 @@ def job_reading(log_text: str, wall: float, samples: int, target: int) -> dict:
     """One job's wall at ``target`` samples from its log and its wall at ``samples``."""
     found = passes(log_text)
     if not found:
-        raise ValueError("no pass line (bitdrift: instrumented run of ...) in the log: a device that failed, "
-                         "or a run of a bitdrift older than these lines")
+        raise ValueError("no pass line (bitdrift: instrumented run of ...) in the log: a "
+                         "device that failed, or a run of a bitdrift older than these lines")
     batch = found[0]["batch"]
     growing = sum(item["per_batch"] for item in found if not item["traced_full"])
     extra = math.ceil(target / batch) - math.ceil(samples / batch)
