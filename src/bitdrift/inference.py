@@ -82,7 +82,8 @@ def run_repeat(job: dict) -> None:
     keep = set(job.get("full_samples", job["samples"]))
     # a traced repeat of analysis.traced_samples: full runs some batches alone, numbered
     # as in the measured repeats (the same rows and filler in each)
-    numbers = job.get("batches") or range(-(-len(indices) // batch))
+    count = -(-len(indices) // batch)
+    numbers = job.get("batches") or range(count)
     seconds = []
     for number in numbers:
         start = number * batch
@@ -142,9 +143,7 @@ def run_repeat(job: dict) -> None:
                 what=f"{job.get('model_name', job['model_path'])} on {name}"))
     meta["outputs"] = out.positions
     meta["shapes"] = out.shapes
-    meta["batches"] = -(-len(indices) // batch)
-    if job.get("batches"):
-        meta["batches_run"] = list(numbers)
+    meta["batches"] = count
     # The libraries' kernel lines of a traced repeat are flushed by the worker's exit
     # (bitdrift.prefork.exit_now), fresh or forked.
     for key, value in {"meta": np.asarray(json.dumps(meta)), **arrays, **weights}.items():
@@ -155,7 +154,7 @@ def run_repeat(job: dict) -> None:
 def batch_seconds_line(run: str, seconds: list[float], batch: int) -> str:
     """The job log's line of one pass over the batches: the first batch apart (it
     compiles and warms caches), so that the others give what a further sample costs
-    (benchmarks/scale.py reads these lines; docs/benchmarks.md)."""
+    (benchmarks/per_sample.py reads these lines; docs/benchmarks.md)."""
     later = seconds[1:]
     each = f", then {sum(later) / len(later):.3f} s per batch" if later else ""
     return (f"bitdrift: {run} run of {len(seconds)} batches of {batch}: "
