@@ -86,13 +86,14 @@ def point_config(devices: list[str], samples: int, kernels: bool, image_size: in
     expanded = load_config(REPO / "config.yaml")["devices"]
     entries = {name: default["devices"].get(name) or _unexpanded(expanded[name])
                for name in devices}
+    # each device fills its last batch from the test set (bitdrift.inference.batch_indices)
+    limit_test = max(16, *(-(-samples // expanded[name]["batch_size"])
+                           * expanded[name]["batch_size"] for name in devices))
     return {
         "workdir": str(workdir),
         "samples": list(range(samples)),
         "datasets": {"digits": {"source": "digits", "image_size": image_size,
-                                "limit_train": 16,
-                                # the samples and the filler of a batch of up to 16
-                                "limit_test": -(-samples // 16) * 16}},
+                                "limit_train": 16, "limit_test": limit_test}},
         "models": {"resnet50": {"architecture": "resnet50", "dataset": "digits",
                                 "train": {"epochs": 0, "seeds": [1]}}},
         "devices": entries,
