@@ -42,7 +42,7 @@ include: "rules/batching.smk"
 
 # A run of `all` ends by writing results/report.html (write_report), also when a device
 # failed: a device that failed left a failure record and the others went on
-# (bitdrift.failures); the run names each one, removes its failure record so the next run
+# (bitdrift.record.failures); the run names each one, removes its failure record so the next run
 # retries it, and ends non-zero. When no device ran, findings.md says so in place of an
 # earlier run's answer.
 onsuccess:

@@ -4,7 +4,7 @@
 
 For numpy, each Keras runtime (TensorFlow, torch, JAX) and each exported runtime (ONNX
 Runtime, OpenVINO, LiteRT with XNNPACK), in a fresh process: the seconds
-bitdrift.accumulation.reveal takes for the default model's three Dense shapes (320 -> 128,
+bitdrift.analysis.accumulation.reveal takes for the default model's three Dense shapes (320 -> 128,
 128 -> 128, 128 -> 10, bias included, batch 1, one thread), and the number of Dense calls
 it made. Printed as a Markdown table with the host's CPU named; docs/benchmarks.md quotes
 it. The first call of a runtime (its own warm-up; for LiteRT the converter process that
@@ -28,12 +28,12 @@ shapes = json.loads(sys.argv[2])
 EXPORTED = ("onnxruntime", "openvino", "litert")
 if backend in EXPORTED:
     from bitdrift import backends
-    from bitdrift.backends import exported
+    from bitdrift.backends.exported import common as exported
     runtime = backends.get(backend)
     device = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
               "op_resolver": "xnnpack", "graph_optimization_level": "all"}
     accelerator = runtime.check_accelerator("benchmark", device)
-    from bitdrift.accumulation import probe_spec
+    from bitdrift.analysis.accumulation import probe_spec
     layers = {f"dense_{index}": probe_spec("Dense", {"use_bias": True}, (terms,),
                                            (terms, units))
               for index, (terms, units) in enumerate(shapes)}
@@ -42,7 +42,7 @@ if backend in EXPORTED:
 elif backend != "numpy":
     os.environ["KERAS_BACKEND"] = backend
     import keras
-from bitdrift.accumulation import OrderError, reveal, summary
+from bitdrift.analysis.accumulation import OrderError, reveal, summary
 rows = []
 setup = 0.0
 for terms, units in shapes:

@@ -23,8 +23,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from bitdrift.eqc import eqc_tables, precision_table
-from bitdrift.record import open_records, write_record
+from bitdrift.analysis.eqc import eqc_tables, precision_table
+from bitdrift.record.hdf5 import open_records, write_record
 
 
 def make_records(folder: Path, devices: int, layers: int, elements: int) -> list[Path]:

@@ -2,12 +2,12 @@
 
     python benchmarks/atlas.py [--records 10000] [--classes 300]
 
-Writes synthetic inference records (real HDF5 records, bitdrift.record.write_record: one
+Writes synthetic inference records (real HDF5 records, bitdrift.record.hdf5.write_record: one
 model, 3 samples, 2 repeats, a 10-logit output; devices in ``--classes`` bit-identical
 classes, each class perturbed from a common output in its low mantissa bits), builds the
-atlas index (bitdrift.atlas) and times: the index build from the records, its write and
+atlas index (bitdrift.atlas.digest_index) and times: the index build from the records, its write and
 read, and one query (an exact match and a no-match that needs the nearest search), against
-``identify --against`` (bitdrift.explain.identify) on a subset for scale.
+``identify --against`` (bitdrift.analysis.explain.identify) on a subset for scale.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.atlas import Index
-from bitdrift.record import Record, open_records, write_record
+from bitdrift.atlas.digest_index import Index
+from bitdrift.record.hdf5 import Record, open_records, write_record
 
 ATTRS = {"backend": "tensorflow", "precision": "float32", "model_sha256": "m" * 64,
          "input_sha256": "i" * 64, "fingerprint": {"hostname": "benchmark"}, "model": "m"}
@@ -79,7 +79,7 @@ def main() -> None:
         nearest = time.perf_counter() - started
         assert not found.matched
         subset = records[:500]
-        from bitdrift.explain import identify
+        from bitdrift.analysis.explain import identify
 
         started = time.perf_counter()
         identify(query, subset)

@@ -43,8 +43,8 @@ import numpy as np
 # What every record dataset carries (CHECKSUM), kept on each codec so the bytes compare
 # with a record's; the codec records use (COMPRESSION), which the sanity line checks
 # reproduces the records' own bytes; LIBVER: records' object headers and chunk indexes.
-from bitdrift.record import CHECKSUM as FLETCHER32
-from bitdrift.record import COMPRESSION, LIBVER
+from bitdrift.record.hdf5 import CHECKSUM as FLETCHER32
+from bitdrift.record.hdf5 import COMPRESSION, LIBVER
 
 RECORD_CODEC = "shuffle+gzip-1"
 # Within this share of the records' own stored bytes, the record codec reproduces them.

@@ -5,7 +5,7 @@
 
 Per runtime: the seconds of its import in a fresh process, natively and under
 `qemu-x86_64 -cpu MODEL` (an Arm model: `qemu-aarch64` in the aarch64 userland of
-`bitdrift install-aarch64`), and of one device's whole inference job (bitdrift.inference.infer:
+`bitdrift install-aarch64`), and of one device's whole inference job (bitdrift.run.inference.infer:
 two repeats and no traced one, Cifar10-small with initial weights on three digits),
 natively and emulated. Printed as a Markdown table with the host's CPU named; the
 benchmark docs quote it.
@@ -43,7 +43,7 @@ def job_seconds(folder: Path, backend: str, emulate: str | None) -> float:
 import sys, time
 sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
-from bitdrift.inference import infer
+from bitdrift.run.inference import infer
 folder = Path({str(folder)!r})
 device = {{"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
           "env": {{}}, "repeats": 2, "external": False, "backend": {backend!r},
@@ -69,10 +69,10 @@ def main() -> None:
     parser.add_argument("--runtimes", nargs="+", help="default: every runtime that runs on "
                         "the model")
     args = parser.parse_args()
-    from bitdrift import aarch64
-    from bitdrift.devices import cpu_info
-    from bitdrift.emulation import architecture, environment, python_command
-    from bitdrift.qemu import ARM_QEMU, QEMU, qemu_version
+    from bitdrift.emulation import aarch64
+    from bitdrift.emulation.cpus import architecture, environment, python_command
+    from bitdrift.emulation.qemu import ARM_QEMU, QEMU, qemu_version
+    from bitdrift.run.devices import cpu_info
     from tests.utils import small_model_assets
 
     arm = architecture(args.model) == "aarch64"
@@ -81,7 +81,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         small_model_assets(folder)
-        code = ("import sys; from bitdrift.export import export_model, write_reference; "
+        code = ("import sys; from bitdrift.backends.keras.export import export_model, write_reference; "
                 "write_reference(sys.argv[1], sys.argv[2], sys.argv[3] + '/reference.npz'); "
                 "export_model(sys.argv[1], 'onnx', sys.argv[3] + '/model.onnx'); "
                 "export_model(sys.argv[1], 'tflite', sys.argv[3] + '/model.tflite')")

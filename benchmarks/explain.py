@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.explain import explain_table
-from bitdrift.record import open_records, write_record
+from bitdrift.analysis.explain import explain_table
+from bitdrift.record.hdf5 import open_records, write_record
 
 
 def make_records(folder: Path, records: int, flags: int) -> list[Path]:

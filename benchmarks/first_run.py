@@ -8,7 +8,7 @@ Reads what a run leaves: every job's wall seconds (Snakemake's ``benchmark:`` fi
   framework's import (Keras, torch), or from the script's call if it loads none, to its
   end, less the time it waited on worker processes;
 - every worker's (inference repeats, training runs), ``bitdrift: work ... s`` (load,
-  compute, write; bitdrift.prefork).
+  compute, write; bitdrift.run.workers).
 Start-up is the job-seconds less that work: interpreters, Snakemake's script preamble,
 framework imports, starting workers and fork servers, exits. A rule whose logs have
 neither line (a run of an older bitdrift) is not split, and the share is then a range.

@@ -5,7 +5,7 @@
 CARRIED holds what the GPU machine cannot make without TensorFlow or a network:
 ``reference.npz`` (TensorFlow's reference of the reference model: `bitdrift export`) and
 ``model.onnx`` and ``deployed.onnx`` (its exports, for ONNX Runtime on the host CPU). The
-reference model and its inputs come from the package (bitdrift.reference_set). Every device
+reference model and its inputs come from the package (bitdrift.inputs.reference_set). Every device
 below runs through `bitdrift infer` (all repeats, the traced repeat, the orders), one
 record each under OUT/records; OUT gets ``records.tar.gz`` and ``log.txt``. `bitdrift atlas
 add` turns the records into the machine's atlas entry where the analysis is installed.
@@ -15,7 +15,7 @@ backend): TF32 as torch sets it (convolutions with, matmuls without), TF32 every
 nowhere, cuDNN's deterministic algorithms, cuDNN autotuning, float16 and bfloat16; JAX on
 the GPU at its default and highest matmul precision; and the host's CPU through torch and
 ONNX Runtime, an entry for another CPU. A device's processes see only its GPU: none falls
-back to the CPU (bitdrift.backends.torch.torch_device).
+back to the CPU (bitdrift.backends.keras.torch.torch_device).
 
 Devices run ``--parallel`` at a time (each its own processes; cuDNN autotuning alone, as
 other jobs' kernels would sway its timing).
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from bitdrift import reference_set
+from bitdrift.inputs import reference_set
 
 GPU = {"accelerator": "gpu", "backend": "torch"}
 DEVICES = {

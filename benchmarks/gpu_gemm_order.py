@@ -12,10 +12,10 @@ The main run, per Dense layer, per precision (float16; float32 with TF32 off) an
 ``matmul``: torch.matmul of the input and the (n, units) kernel, no bias, Keras' torch
 Dense before its bias add), on ``--device`` at the layer's own shapes (batch = the samples):
 
-1. reveals the summation order with bitdrift.accumulation.reveal_places through the op
+1. reveals the summation order with bitdrift.analysis.accumulation.reveal_places through the op
    itself (FPRev's method: probes of +-M and ones, M swamping the ones);
 2. runs the op on the layer's real inputs (twice: the GPU's run-to-run repeatability);
-3. replays the revealed tree on the CPU with numpy (bitdrift.accumulation.replay, each
+3. replays the revealed tree on the CPU with numpy (bitdrift.analysis.accumulation.replay, each
    addition rounded to float32, with and without FMA) and, for float16, with mmasim's model
    of the GPU's matrix unit (every node of the tree that adds products is one fused
    dot-product-accumulate of mmasim.arithmetic.fdpa.t_fdpa with the architecture's
@@ -67,7 +67,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.accumulation import OrderError, from_flat, order_name, replay, reveal_places, to_flat
+from bitdrift.analysis.accumulation import (
+    OrderError,
+    from_flat,
+    order_name,
+    replay,
+    reveal_places,
+    to_flat,
+)
 from bitdrift.atomic import atomic_output
 
 LAYERS_FILE = "dense_layers.npz"
@@ -99,8 +106,8 @@ def prepare(folder: Path) -> Path:
     """Write ``folder``/dense_layers.npz from the reference model run by Keras."""
     import keras
 
-    from bitdrift import reference_set
-    from bitdrift.datasets import read_test_images
+    from bitdrift.inputs import reference_set
+    from bitdrift.inputs.datasets import read_test_images
 
     samples = reference_set.samples()
     images = read_test_images(reference_set.inputs_file(), samples)

@@ -1,5 +1,5 @@
 """Check on demand, on a machine with an NVIDIA GPU: what cuDNN and cuBLAS log for a torch
-layer, under which logging variables, and what bitdrift.kernels reads from it.
+layer, under which logging variables, and what bitdrift.analysis.kernels reads from it.
 
     python benchmarks/gpu_kernel_logs.py ASSETS OUT
 
@@ -8,7 +8,7 @@ A traced repeat of a torch GPU device logged no cuDNN or cuBLASLt call on an NVI
 of logging variables and two ways of ending the process (a normal exit, and bitdrift's
 flush-then-``os._exit``), keeps each one's raw stdout and stderr in OUT, and writes
 ``result.json``: per variant, the lines each library wrote and the kernel calls per layer
-that ``bitdrift.kernels.parse_trace`` finds. The layers: a Conv2D, a Dense with bias and a
+that ``bitdrift.analysis.kernels.parse_trace`` finds. The layers: a Conv2D, a Dense with bias and a
 bare matmul in plain torch, and, where Keras is importable, every layer of ASSETS'
 ``small.keras`` marked by ``keras_common.mark_layers`` (the traced repeat's own markers).
 With ``--infer`` or ``--infer-only`` (ASSETS also holding ``digits.h5``) it then runs
@@ -82,7 +82,7 @@ def child(assets: Path) -> None:
         os.environ["KERAS_BACKEND"] = "torch"
         import keras
 
-        from bitdrift.backends.keras_common import mark_layers
+        from bitdrift.backends.keras.common import mark_layers
     except ImportError as error:
         print(f"no keras model: {error}", file=sys.stderr)
     else:
@@ -102,7 +102,7 @@ def child(assets: Path) -> None:
 
 
 def main(assets: Path, out: Path) -> None:
-    from bitdrift.kernels import parse_trace
+    from bitdrift.analysis.kernels import parse_trace
 
     out.mkdir(parents=True, exist_ok=True)
     result = {}
@@ -146,8 +146,8 @@ def _text(output) -> str:
 def inference_job(assets: Path, out: Path) -> dict:
     """The default torch device on the GPU, its inference job with the traced repeat."""
     from bitdrift.config import load_config
-    from bitdrift.inference import infer
-    from bitdrift.record import open_records
+    from bitdrift.record.hdf5 import open_records
+    from bitdrift.run.inference import infer
 
     device = load_config(Path(__file__).parents[1] / "config.yaml")["devices"][
         "torch_1thread"] | {"accelerator": "gpu"}

@@ -5,7 +5,7 @@
 ASSETS holds ``small.keras`` and ``digits.h5`` (made where TensorFlow is installed, with
 ``tests.utils.small_model_assets``) and ``train.h5`` (``prepare_dataset("digits", ...)``,
 128 training and 32 test images); OUT gets ``result.json`` and the jobs' log. It checks:
-the worker selection (bitdrift.prefork.worker_processes, bitdrift.forkserver.repeat_workers)
+the worker selection (bitdrift.run.workers.worker_processes, bitdrift.run.fork_server.repeat_workers)
 gives a GPU device fresh processes, whose repeats agree bit for bit; a training run through
 the fork server's selection equals a fresh one (arm ``control``: op determinism on); the
 whole inference job writes a record that names the GPU, with and without its traced
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift import forkserver
 from bitdrift.config import load_config
 from bitdrift.errors import AcceleratorMissing
-from bitdrift.prefork import FreshProcesses, worker_processes
+from bitdrift.run import fork_server as forkserver
+from bitdrift.run.workers import FreshProcesses, worker_processes
 from bitdrift.studies.variance.plans import ARMS
 from bitdrift.studies.variance.runs import train_run
 
@@ -55,7 +55,7 @@ def arrays(path):
         return json.loads(str(data["meta"])), {k: data[k] for k in data.files if k != "meta"}
 
 
-WORKER = "bitdrift.inference:run_repeat"
+WORKER = "bitdrift.run.inference:run_repeat"
 outs = {}
 for name, make in (("fresh1", None), ("fresh2", None),
                    ("worker_processes", worker_processes),
@@ -104,7 +104,7 @@ for name in ("served", "fresh_again"):
             np.array_equal(runs[name][k].view(np.uint8), runs["fresh"][k].view(np.uint8))
             for k in ("logits", "weights"))
 # the whole inference job, as the workflow runs it (repeats, record, traced repeat)
-from bitdrift.inference import infer  # noqa: E402
+from bitdrift.run.inference import infer  # noqa: E402
 
 for kernels in (False, True):
     try:

@@ -55,7 +55,7 @@ def main() -> None:
                         str(folder / "config.yaml"), "--dataset", "digits", "--out",
                         str(dataset)], check=True, env=env)
         subprocess.run([sys.executable, "-c",
-                        "import sys, keras; from bitdrift.models import build_model; "
+                        "import sys, keras; from bitdrift.inputs.models import build_model; "
                         "build_model(keras, {'architecture': 'cifar10_small'}, (32, 32, 3), 10)"
                         f".save({str(model)!r})"], check=True, env=env)
         start = time.perf_counter()

@@ -5,8 +5,8 @@ sample (config analysis.replay_positions), run on demand.
 
 Two of ResNet-50's convolutions at 224x224 (conv2's 3x3, 64 -> 64 channels, 'same', 56x56
 output; conv1's 7x7, 3 -> 64, stride 2, 112x112 output), each probed as
-bitdrift's Keras runtimes probe it (bitdrift.backends.keras_common: the layer alone on an
-input of ones, Keras on torch, one thread), revealed by bitdrift.accumulation.reveal_places
+bitdrift's Keras runtimes probe it (bitdrift.backends.keras.common: the layer alone on an
+input of ones, Keras on torch, one thread), revealed by bitdrift.analysis.accumulation.reveal_places
 at every pixel and at the sample: seconds, probe calls, the peak of what Python allocated
 during the search (tracemalloc: the answers kept and compared; the runtime's own buffers
 are outside it), and the order's name. Printed as a Markdown table with the host's CPU;
@@ -33,7 +33,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from bitdrift.accumulation import (
+    from bitdrift.analysis.accumulation import (
         conv_border,
         conv_grid,
         from_flat,

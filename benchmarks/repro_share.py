@@ -26,8 +26,8 @@ import pandas as pd
 
 from bitdrift import paths
 from bitdrift.commands.common import read_config
-from bitdrift.devices import cpu_info
-from bitdrift.repro import EXPECTED, NotReproducible, write_repro
+from bitdrift.run.devices import cpu_info
+from bitdrift.run.repro import EXPECTED, NotReproducible, write_repro
 
 
 def run_once(folder: Path, name: str, entry: dict, printed: dict, seconds, key) -> bool:

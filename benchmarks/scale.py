@@ -86,7 +86,7 @@ def point_config(devices: list[str], samples: int, kernels: bool, image_size: in
     expanded = load_config(REPO / "config.yaml")["devices"]
     entries = {name: default["devices"].get(name) or _unexpanded(expanded[name])
                for name in devices}
-    # each device fills its last batch from the test set (bitdrift.inference.batch_indices)
+    # each device fills its last batch from the test set (bitdrift.run.inference.batch_indices)
     limit_test = max(16, *(-(-samples // expanded[name]["batch_size"])
                            * expanded[name]["batch_size"] for name in devices))
     return {
@@ -204,7 +204,7 @@ class MemorySampler(threading.Thread):
             self._last_scan = time.monotonic()
             for proc in psutil.process_iter(["cmdline"]):
                 line = " ".join(proc.info["cmdline"] or ())
-                if "bitdrift.forkserver" in line and self.servers in line:
+                if "bitdrift.run.fork_server" in line and self.servers in line:
                     self._server_pids.add(proc.pid)
         total = 0.0
         for pid in list(self._server_pids):

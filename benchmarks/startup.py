@@ -3,7 +3,7 @@
     python benchmarks/startup.py --runs 3
 
 Every inference repeat and training run of the protocol is a process in which nothing has
-run before (fresh, or forked from a pre-imported parent: bitdrift.prefork). Per kind this
+run before (fresh, or forked from a pre-imported parent: bitdrift.run.workers). Per kind this
 starts one fresh process several times and splits its wall time into: the interpreter
 (up to the first line of the script), the framework import (Keras on its backend, with what
 bitdrift imports beside it), the model load, the work (one inference repeat of three
@@ -31,14 +31,14 @@ INFERENCE = r"""
 import time
 begun = time.perf_counter()
 import json, sys
-from bitdrift.devices import import_keras
+from bitdrift.run.devices import import_keras
 if sys.argv[5] == "after":
     from bitdrift import backends
     backends.get(sys.argv[3]).preimport()
 keras = import_keras(sys.argv[3])
 import numpy as np
-from bitdrift.datasets import read_test_images
-from bitdrift.models import layer_probe
+from bitdrift.inputs.datasets import read_test_images
+from bitdrift.inputs.models import layer_probe
 imported = time.perf_counter()
 model = keras.saving.load_model(sys.argv[1], compile=False)
 probe, _ = layer_probe(keras, model)
@@ -52,7 +52,7 @@ written = time.perf_counter()
 print(json.dumps({"begun": begun, "import": imported - begun, "load": loaded - imported,
                   "work": worked - loaded, "write": written - worked}))
 if sys.argv[5] == "after":
-    from bitdrift.prefork import exit_now
+    from bitdrift.run.workers import exit_now
     exit_now(0)
 """
 
@@ -60,13 +60,13 @@ TRAINING = r"""
 import time
 begun = time.perf_counter()
 import json, sys
-from bitdrift.devices import import_keras
+from bitdrift.run.devices import import_keras
 if sys.argv[5] == "after":
     from bitdrift import backends
     backends.get(sys.argv[3]).preimport()
 keras = import_keras(sys.argv[3])
-from bitdrift.datasets import dataset_classes, read_dataset
-from bitdrift.training import SOURCES, fit, run_seeds
+from bitdrift.inputs.datasets import dataset_classes, read_dataset
+from bitdrift.run.training import SOURCES, fit, run_seeds
 imported = time.perf_counter()
 data = read_dataset(sys.argv[2])
 loaded = time.perf_counter()
@@ -79,7 +79,7 @@ written = time.perf_counter()
 print(json.dumps({"begun": begun, "import": imported - begun, "load": loaded - imported,
                   "work": worked - loaded, "write": written - worked}))
 if sys.argv[5] == "after":
-    from bitdrift.prefork import exit_now
+    from bitdrift.run.workers import exit_now
     exit_now(0)
 """
 
@@ -102,13 +102,13 @@ def main() -> None:
                              "teardown at exit, every repeat a fresh process")
     args = parser.parse_args()
     mode = "before" if args.before else "after"
-    from bitdrift.datasets import prepare_dataset
+    from bitdrift.inputs.datasets import prepare_dataset
 
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         dataset, model = folder / "digits.h5", folder / "model.keras"
         prepare_dataset("digits", {"source": "digits", "limit_train": 256}, dataset)
-        build = ("import keras, sys; from bitdrift.models import build_model; "
+        build = ("import keras, sys; from bitdrift.inputs.models import build_model; "
                  "build_model(keras, {'architecture': 'cifar10_small'}, (32, 32, 3), 10)"
                  ".save(sys.argv[1])")
         subprocess.run([sys.executable, "-c", build, str(model)], check=True,
@@ -154,17 +154,17 @@ def main() -> None:
 
 def device_job(folder: Path, model: Path, dataset: Path, backend: str,
                before: bool) -> tuple[str, float]:
-    """Three repeats of the real inference worker (bitdrift.inference.run_repeat) as
+    """Three repeats of the real inference worker (bitdrift.run.inference.run_repeat) as
     ``infer`` runs them: fresh processes before, children of a pre-imported parent after
-    (bitdrift.prefork; the runtime's PREFORK)."""
+    (bitdrift.run.workers; the runtime's PREFORK)."""
     from contextlib import nullcontext
 
     from bitdrift import backends
-    from bitdrift.prefork import FreshProcesses, worker_processes
+    from bitdrift.run.workers import FreshProcesses, worker_processes
 
     device = {"backend": backend, "accelerator": "cpu", "precision": "float32",
               "batch_size": 1, "threads": 1, "repeats": 2}
-    worker = "bitdrift.inference:run_repeat"
+    worker = "bitdrift.run.inference:run_repeat"
     started = time.perf_counter()
     with open(os.devnull, "w") as log:
         context = nullcontext(FreshProcesses(worker, device, backend, log)) if before \

@@ -22,7 +22,7 @@ import tempfile
 CODE = """
 import json, sys, time, numpy as np, torch
 from torch import nn
-from bitdrift.backends import torch_program as tp
+from bitdrift.backends.torch_program import program as tp
 from tests.unit.test_torch_program import small_cnn
 model_name, how = sys.argv[1], sys.argv[2]
 if model_name == "cnn":
@@ -37,26 +37,26 @@ eager = tp.EagerRunner(program)([x.numpy()]).outputs[0]
 start = time.perf_counter()
 kernels = None
 if how.startswith("inductor"):
-    from bitdrift.backends.torch_inductor import CompiledRunner
+    from bitdrift.backends.torch_program.inductor import CompiledRunner
     run = CompiledRunner(program, options=how.split(":")[1].split("+"))([x.numpy()])
     output, kernels = run.outputs[0], run.kernels
 elif how == "eager":
     output = tp.EagerRunner(program)([x.numpy()]).outputs[0]
 elif how == "onnx":
     import onnxruntime
-    from bitdrift.backends.torch_conversions import to_onnx
+    from bitdrift.backends.torch_program.conversions import to_onnx
     conversion = to_onnx(program, sys.argv[3] + "/m.onnx")
     session = onnxruntime.InferenceSession(sys.argv[3] + "/m.onnx")
     output = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
 elif how == "openvino":
     import openvino
-    from bitdrift.backends.torch_conversions import to_openvino
+    from bitdrift.backends.torch_program.conversions import to_openvino
     compiled = openvino.compile_model(to_openvino(program).model, "CPU",
                                       {"INFERENCE_PRECISION_HINT": "f32"})
     output = compiled(x.numpy())[0]
 elif how == "executorch":
-    from bitdrift.backends.torch_conversions import to_executorch
-    from bitdrift.backends.torch_executorch import ExecuTorchRunner
+    from bitdrift.backends.torch_program.conversions import to_executorch
+    from bitdrift.backends.torch_program.executorch_runner import ExecuTorchRunner
     to_executorch(program, sys.argv[3] + "/m.pte")
     runner = ExecuTorchRunner(sys.argv[3] + "/m.pte", tp.input_signature(program))
     output = runner([x.numpy()]).outputs[0]

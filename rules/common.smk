@@ -13,27 +13,29 @@ os.environ.update(BITDRIFT_SOURCE=workflow.basedir)
 
 from snakemake.exceptions import WorkflowError
 
-from bitdrift import (
-    atlas_entries,
-    export,
-    forkserver,
-    formats,
-    paths,
-    reference,
-    reference_set,
-)
+from bitdrift import formats, paths
+
+from bitdrift.atlas import entries as atlas_entries
+
+from bitdrift.backends.keras import export
+
+from bitdrift.run import fork_server as forkserver
+
+from bitdrift.backends.exported import expected as reference
+
+from bitdrift.inputs import reference_set
 from bitdrift.config import ConfigError, replay_settings, validate_config
-from bitdrift.datasets import DatasetError, check_samples
-from bitdrift.emulation import architecture
+from bitdrift.inputs.datasets import DatasetError, check_samples
+from bitdrift.emulation.cpus import architecture
 from bitdrift.errors import BitdriftError
-from bitdrift.examples import EXAMPLES
-from bitdrift.failures import end_of_run
-from bitdrift.provenance import infer_command
+from bitdrift.inputs.examples import EXAMPLES
+from bitdrift.record.failures import end_of_run
+from bitdrift.run.provenance import infer_command
 from bitdrift.studies import study_models
 
 # A job run by a cluster's executor (SLURM's, any remote one: its process parses this file
 # in remote mode) trains in fresh processes: a fork server started by one job would live in
-# that job's allocation (bitdrift.forkserver, which also checks for SLURM itself)
+# that job's allocation (bitdrift.run.fork_server, which also checks for SLURM itself)
 if workflow.remote_exec:
     os.environ[forkserver.FRESH] = "1"
 
@@ -132,9 +134,9 @@ _check_samples()
 STUDY_MODELS = study_models(config)
 config["models"].update(STUDY_MODELS)
 ALL_MODELS = MODELS + list(STUDY_MODELS)
-# The atlas: the reference model (bitdrift.reference_set: committed, never trained) runs on
+# The atlas: the reference model (bitdrift.inputs.reference_set: committed, never trained) runs on
 # the devices of config key atlas.devices as one more model of the spine's inference rule,
-# and its records place this machine among the machines measured (bitdrift.atlas_entries).
+# and its records place this machine among the machines measured (bitdrift.atlas.entries).
 ATLAS_DEVICES = config["atlas"]["devices"]
 if ATLAS_DEVICES:
     try:  # each file checked against the reference set's digests
@@ -306,7 +308,7 @@ def scheduled_record_files():
 
 
 def answer_files():
-    """What the end of a run replaces when no device ran (bitdrift.failures.end_of_run):
+    """What the end of a run replaces when no device ran (bitdrift.record.failures.end_of_run):
     findings.md, which then says so, and the earlier run's report and findings.rst; no
     device ran when none of the records the findings are written from was made."""
     return {

@@ -89,7 +89,7 @@ rule example_model:
         inputs="examples/{example}.{suffix}.npy",
     log:
         "logs/example_model/{example}.{suffix}.log",
-    # bitdrift's example models (bitdrift.examples), built here: no download
+    # bitdrift's example models (bitdrift.inputs.examples), built here: no download
     wildcard_constraints:
         example=_choice(EXAMPLES),
         suffix="onnx|pt2",

@@ -7,13 +7,13 @@ import tempfile
 import numpy as np
 import pytest
 
-from bitdrift.record import write_record
+from bitdrift.record.hdf5 import write_record
 from tests.utils import BASE_ATTRS, ROOT, fork_servers_in, snakemake, write_inputs
 
 
 @pytest.fixture(scope="session", autouse=True)
 def private_fork_servers():
-    """The session's fork servers (bitdrift.forkserver: a test's inference or training
+    """The session's fork servers (bitdrift.run.fork_server: a test's inference or training
     starts one) listen in a folder of its own, never among a user's, and end with it."""
     folder = tempfile.mkdtemp(prefix="bdts")  # short: a socket's path holds 107 bytes
     with pytest.MonkeyPatch.context() as patch:

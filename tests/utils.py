@@ -94,12 +94,12 @@ def write_inputs(workdir):
 def small_model_assets(folder: Path) -> tuple[Path, Path]:
     """The digits dataset (8 training, 12 test images) and an untrained Cifar10-small saved
     by Keras on TensorFlow in a process of its own (seed 0), in ``folder``."""
-    from bitdrift.datasets import prepare_dataset
+    from bitdrift.inputs.datasets import prepare_dataset
 
     dataset = folder / "digits.h5"
     prepare_dataset("digits", {"source": "digits", "limit_train": 8, "limit_test": 12}, dataset)
     model = folder / "small.keras"
-    code = ("import keras, sys; from bitdrift.models import build_model; "
+    code = ("import keras, sys; from bitdrift.inputs.models import build_model; "
             "keras.utils.set_random_seed(0); "
             "build_model(keras, {'architecture': 'cifar10_small'}, (32, 32, 3), 10)"
             ".save(sys.argv[1])")
@@ -113,9 +113,9 @@ EXPORT_FILES = {"onnxruntime": "model.onnx", "openvino": "model.onnx", "litert":
 
 
 def export_small_model(model: Path, dataset: Path, folder: Path) -> Path:
-    """``model``'s reference, ONNX and LiteRT exports in ``folder`` (as bitdrift.export
+    """``model``'s reference, ONNX and LiteRT exports in ``folder`` (as bitdrift.backends.keras.export
     writes them, in a TensorFlow process of its own); returns the reference's path."""
-    code = ("import sys; from bitdrift.export import export_model, write_reference; "
+    code = ("import sys; from bitdrift.backends.keras.export import export_model, write_reference; "
             "write_reference(sys.argv[1], sys.argv[2], sys.argv[3] + '/reference.npz'); "
             "export_model(sys.argv[1], 'onnx', sys.argv[3] + '/model.onnx'); "
             "export_model(sys.argv[1], 'tflite', sys.argv[3] + '/model.tflite')")
@@ -125,13 +125,13 @@ def export_small_model(model: Path, dataset: Path, folder: Path) -> Path:
 
 
 def fork_servers_in(folder) -> list[int]:
-    """The pids of the fork servers (bitdrift.forkserver) listening in ``folder``."""
+    """The pids of the fork servers (bitdrift.run.fork_server) listening in ``folder``."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
                 command = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-                if b"bitdrift.forkserver" in command and any(
+                if b"bitdrift.run.fork_server" in command and any(
                         part.startswith(str(folder).encode()) for part in command):
                     found.append(int(entry))
     return found

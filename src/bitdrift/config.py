@@ -68,7 +68,7 @@ def validate_config(config: dict) -> dict:
         if best.validator == "oneOf" and _key_path(best).startswith("models."):
             message = "a model needs exactly one of 'architecture' or 'file'"
         if best.validator == "enum" and list(best.absolute_path)[-1:] == ["emulate"]:
-            from bitdrift.emulation import beyond_tcg
+            from bitdrift.emulation.cpus import beyond_tcg
 
             if beyond_tcg(best.instance):  # a real CPU model, refused for a reason
                 message = f"{best.instance!r} {beyond_tcg(best.instance)}"
@@ -183,7 +183,7 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
 
     for study in STUDIES:  # each study checks the names its own section refers to
         importlib.import_module(f"bitdrift.studies.{study}.config").check(config)
-    from bitdrift.emulation import check_device
+    from bitdrift.emulation.cpus import check_device
 
     for name, device in config["devices"].items():
         check_device(name, device)
@@ -226,7 +226,7 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
 
 def check_model_file(name: str, model: dict, samples: list[int], devices: dict) -> None:
     """A model file's format by its content, and its inputs against its signature, where
-    the files exist (a file made later is checked by its job: bitdrift.inference)."""
+    the files exist (a file made later is checked by its job: bitdrift.run.inference)."""
     from bitdrift import formats
     from bitdrift.errors import DatasetError, ModelFormatError
 
@@ -283,6 +283,6 @@ def inference_seed(model: dict) -> int:
 
 def replay_settings(config: dict) -> dict:
     """The replay's settings of a validated config (``analysis``), as
-    bitdrift.accumulation.replay_layers takes them."""
+    bitdrift.analysis.accumulation.replay_layers takes them."""
     return {key: config["analysis"][key]
             for key in ("replay", "replay_positions", "replay_samples")}

@@ -51,7 +51,7 @@ def framework_imported() -> None:
 def workflow_job(log_path, on_failure=None):
     """``with workflow_job(snakemake.log[0]):`` around a script's one call.
 
-    ``on_failure(reason) -> line``: a device's job (bitdrift.failures) that fails for any
+    ``on_failure(reason) -> line``: a device's job (bitdrift.record.failures) that fails for any
     reason but an interruption records the failure and ends successfully, so that the
     other devices' analysis goes on; the line goes to the log and the terminal."""
     terminal = os.fdopen(os.dup(2), "w", buffering=1)

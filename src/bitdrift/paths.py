@@ -53,13 +53,13 @@ def model_inputs_file(config: dict, model: str) -> str:
 
 
 def export_file(model="{model}", format="{format}") -> str:
-    """The model exported for the runtimes that read ``format`` (bitdrift.reference.FORMATS)."""
+    """The model exported for the runtimes that read ``format`` (bitdrift.backends.exported.expected.FORMATS)."""
     return f"{RESULTS}/exports/{model}/model.{format}"
 
 
 def deployed_export_file(model="{model}", format="{format}") -> str:
     """The model itself in ``format``, its final output alone: what a user deploys (the
-    observer check, bitdrift.observer)."""
+    observer check, bitdrift.analysis.observer)."""
     return f"{RESULTS}/exports/{model}/deployed.{format}"
 
 
@@ -68,7 +68,7 @@ def export_reference_file(model="{model}") -> str:
 
 
 def aarch64_userland_file() -> str:
-    """The manifest of the aarch64 userland emulated Arm devices run in (bitdrift.aarch64)."""
+    """The manifest of the aarch64 userland emulated Arm devices run in (bitdrift.emulation.aarch64)."""
     return f"{RESULTS}/emulation/aarch64.json"
 
 
@@ -76,8 +76,8 @@ def record_file(model="{model}", device="{device}") -> str:
     return f"{RESULTS}/inference/{model}/{device}.h5"
 
 
-# The reference model (bitdrift.reference_set) as the workflow's model name: its records
-# place this machine among the atlas's machines (bitdrift.atlas_entries)
+# The reference model (bitdrift.inputs.reference_set) as the workflow's model name: its records
+# place this machine among the atlas's machines (bitdrift.atlas.entries)
 ATLAS_MODEL = "atlas_reference"
 
 
@@ -86,7 +86,7 @@ def atlas_record_file(device="{device}") -> str:
 
 
 def findings_file(suffix: str = "md") -> str:
-    """What this machine showed, in sentences generated from the tables (bitdrift.findings):
+    """What this machine showed, in sentences generated from the tables (bitdrift.report.findings):
     findings.md, and findings.rst for the report's first section."""
     return f"{RESULTS}/findings.{suffix}"
 

@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bitdrift.analysis.eqc import eqc_tables, precision_table
 from bitdrift.atomic import WORK_MARK, work_folder
 from bitdrift.cli import main
 from bitdrift.config import ConfigError, validate_config
-from bitdrift.eqc import eqc_tables, precision_table
-from bitdrift.record import open_records
+from bitdrift.record.hdf5 import open_records
 
 A = np.array([1.0, 2.0, 3.0], np.float32)
 B = np.array([1.0, 2.0, 3.0000002], np.float32)
@@ -188,7 +188,7 @@ def trained(tmp_path_factory):
     assert main(["prepare-dataset", "--config", str(config), "--dataset", "d",
                  "--out", str(dataset)]) == 0
     code = ("import os; os.environ['KERAS_BACKEND'] = 'torch'; import keras; "
-            "from bitdrift.models import build_model; "
+            "from bitdrift.inputs.models import build_model; "
             "build_model(keras, {'architecture': 'cifar10_small'}, (32, 32, 3), 10)"
             f".save({str(folder / 'model.keras')!r})")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -557,8 +557,8 @@ def _written(folder) -> list[str]:
 def parting(trained, tmp_path):
     """Two hand-made records of the `trained` model that part at its first Dense layer fed
     by a recorded layer (their model digest is the model file's), for `repro`."""
-    from bitdrift.models import keras_file_layers, model_digest
-    from bitdrift.record import write_record
+    from bitdrift.inputs.models import keras_file_layers, model_digest
+    from bitdrift.record.hdf5 import write_record
     from tests.utils import BASE_ATTRS
 
     _, _, _, model = trained
@@ -684,7 +684,7 @@ WRONG_ORDERS = {
 def ordered(tmp_path):
     """Records of two devices that part at a Dense layer, summed in other revealed orders,
     with kernels; their divergence table; and a writer of a third whose orders are given."""
-    from bitdrift.record import write_record
+    from bitdrift.record.hdf5 import write_record
     from tests.utils import BASE_ATTRS
 
     def write(device, value, orders):
@@ -909,7 +909,7 @@ def _arm_userland(prefix, manifest):
     """A stand-in aarch64 userland under ``prefix`` (sys.prefix in the test): QEMU 10 that
     only answers --version, the root's python and the site as empty files, and
     ``manifest`` as its manifest.json (text, or JSON of anything)."""
-    from bitdrift import aarch64
+    from bitdrift.emulation import aarch64
 
     (prefix / "bin").mkdir(parents=True)
     qemu = prefix / "bin" / "qemu-aarch64"
@@ -925,7 +925,7 @@ def _arm_userland(prefix, manifest):
 
 
 def _pins():
-    from bitdrift import aarch64
+    from bitdrift.emulation import aarch64
 
     return aarch64.requirements(("tensorflow",))
 
@@ -1053,8 +1053,8 @@ def test_an_atlas_index_of_the_wrong_json_type_is_one_line(make_record, tmp_path
 @pytest.mark.parametrize("meta", [[], {"layers": "conv2d", "checked": {}, "check_indices": [],
                                        "argmax_indices": [], "model_sha256": "m"}])
 def test_an_export_reference_whose_meta_is_of_another_json_type_is_one_error(tmp_path, meta):
+    from bitdrift.backends.exported.expected import read_reference
     from bitdrift.errors import RecordError
-    from bitdrift.reference import read_reference
 
     path = tmp_path / "reference.npz"
     np.savez(path, meta=json.dumps(meta), argmax=np.zeros(2, np.int64))

@@ -1,4 +1,4 @@
-"""Emulated Arm CPUs: the userland bitdrift.aarch64 builds (a Debian arm64 root, aarch64
+"""Emulated Arm CPUs: the userland bitdrift.emulation.aarch64 builds (a Debian arm64 root, aarch64
 wheels), the refusals of a device that cannot run, and real LiteRT and ONNX Runtime runs
 under qemu-aarch64 checked against the host's records of the same runtime."""
 
@@ -9,8 +9,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from bitdrift import aarch64
-from bitdrift.emulation import ARM_FAMILIES, environment, python_command
+from bitdrift.emulation import aarch64
+from bitdrift.emulation.cpus import ARM_FAMILIES, environment, python_command
 from bitdrift.errors import InferenceError, InstallError
 
 INDEX = """Package: python3.11-minimal
@@ -155,7 +155,7 @@ def test_the_instruction_sets_of_an_arm_model_are_what_qemu_shows(userland, mode
     """The table the figure orders by and the findings name, against the features the
     emulated process reads (QEMU's /proc/cpuinfo for aarch64)."""
     device = {"emulate": model}
-    code = ("import json, platform; from bitdrift.emulation import seen_cpu; "
+    code = ("import json, platform; from bitdrift.emulation.cpus import seen_cpu; "
             "print(json.dumps({**seen_cpu(), 'machine': platform.machine()}))")
     done = subprocess.run([*python_command(device), "-c", code], capture_output=True,
                           text=True, env={**os.environ, **environment(device)},
@@ -181,8 +181,8 @@ SAMPLES = [0, 6]
 
 
 def _record(exported, tmp_path, name, device):
-    from bitdrift.inference import infer
-    from bitdrift.record import Record
+    from bitdrift.record.hdf5 import Record
+    from bitdrift.run.inference import infer
     from tests.utils import EXPORT_FILES
 
     folder, dataset, model, reference = exported
@@ -205,7 +205,7 @@ def test_a_runtime_runs_on_an_emulated_arm_cpu(userland, exported, tmp_path, bac
     (the Arm wheel maps the same layers); the fingerprint is the Arm CPU the process saw,
     QEMU's version and the host; the Dense layers' summation order is revealed on the Arm
     CPU (LiteRT's layers converted by the host's python)."""
-    from bitdrift.findings import emulated
+    from bitdrift.report.findings import emulated
 
     # OpenVINO's default precision follows the CPU (bfloat16 on a host with native bf16,
     # float16 on Arm): float32 asked for on both sides
@@ -261,7 +261,7 @@ def test_a_killed_job_leaves_no_worker_behind(userland, exported, tmp_path, emul
     folder, dataset, model, reference = exported
     device = {**CPU, "backend": "onnxruntime", "repeats": 50,
               **({"emulate": emulate} if emulate else {})}
-    code = (f"from bitdrift.inference import infer\n"
+    code = (f"from bitdrift.run.inference import infer\n"
             f"infer(model_name='small', device_name='k', device={device!r}, "
             f"model_path={str(model)!r}, dataset_path={str(dataset)!r}, samples={SAMPLES}, "
             f"out={str(tmp_path / 'k.h5')!r}, log=open({str(tmp_path / 'k.log')!r}, 'w'), "
@@ -270,7 +270,7 @@ def test_a_killed_job_leaves_no_worker_behind(userland, exported, tmp_path, emul
     job = subprocess.Popen([sys.executable, "-c", code])
 
     def workers():  # the job's worker processes now (not a `qemu --version` probe)
-        return [pid for pid in _children(job.pid) if _alive(pid) and b"bitdrift.inference"
+        return [pid for pid in _children(job.pid) if _alive(pid) and b"bitdrift.run.inference"
                 in open(f"/proc/{pid}/cmdline", "rb").read()]
 
     deadline, found, running = time.monotonic() + 120, [], []

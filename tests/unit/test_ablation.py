@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from bitdrift.config import ConfigError, validate_config
-from bitdrift.record import open_records, write_record
+from bitdrift.record.hdf5 import open_records, write_record
 from bitdrift.studies.ablation.config import variant_models, variants_of
 from bitdrift.studies.ablation.tables import (
     ablation_layers,
@@ -84,8 +84,8 @@ def test_variant_models_build_with_their_layer_classes_and_positions():
     pytest.importorskip("keras")
     import os
 
-    from bitdrift.devices import import_keras
-    from bitdrift.models import build_model
+    from bitdrift.inputs.models import build_model
+    from bitdrift.run.devices import import_keras
 
     keras = import_keras(os.environ.get("KERAS_BACKEND", "tensorflow"))
     config = validate_config(_config(variants={"sigmoid_avg": {"activation": "sigmoid",

@@ -1,4 +1,4 @@
-"""The atlas index (bitdrift.atlas) against a brute-force comparison of the records."""
+"""The atlas index (bitdrift.atlas.digest_index) against a brute-force comparison of the records."""
 
 import subprocess
 import sys
@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from bitdrift.atlas import Index
+from bitdrift.atlas.digest_index import Index
 from bitdrift.errors import RecordError
-from bitdrift.record import Record, open_records, write_record
+from bitdrift.record.hdf5 import Record, open_records, write_record
 from tests.utils import BASE_ATTRS
 
 SAMPLES = (0, 1, 2)

@@ -1,4 +1,4 @@
-"""Atlas entries (bitdrift.atlas_entries) from hand-made records of the reference model:
+"""Atlas entries (bitdrift.atlas.entries) from hand-made records of the reference model:
 the entry against digests computed here, the comparison against known equal and different
 layers, and one line for each entry that cannot be read."""
 
@@ -10,10 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bitdrift import atlas_entries, reference_set
-from bitdrift.atlas_entries import THIS_MACHINE, AtlasError, add, compare, read_atlas, read_entry
+from bitdrift.atlas import entries as atlas_entries
+from bitdrift.atlas.entries import THIS_MACHINE, AtlasError, add, compare, read_atlas, read_entry
 from bitdrift.cli import main
-from bitdrift.record import write_record
+from bitdrift.inputs import reference_set
+from bitdrift.record.hdf5 import write_record
 
 MODEL = reference_set.manifest()["model"]["model_sha256"]
 SAMPLES = (0, 1)
@@ -56,7 +57,7 @@ def record(path, device, cpu, values, tensorflow="2.21.0", model=MODEL, accelera
 
 
 def digest(values):
-    """SHA-256 of format, shape and bytes (bitdrift.atlas.output_digest), spelled here."""
+    """SHA-256 of format, shape and bytes (bitdrift.atlas.digest_index.output_digest), spelled here."""
     found = hashlib.sha256(f"float32:{values.shape}:".encode())
     found.update(values.tobytes())
     return found.hexdigest()[:atlas_entries.DIGEST_HEX]
@@ -216,14 +217,14 @@ def test_atlas_devices_are_the_configs_scheduled_devices():
 
 
 def gpu(name, driver):
-    """A GPU as bitdrift.backends.torch.check_accelerator describes it."""
+    """A GPU as bitdrift.backends.keras.torch.check_accelerator describes it."""
     return {"accelerator": "gpu", "gpu_name": name, "compute_capability": "9.0",
             "cuda_version": "12.8", "cudnn_version": 91000, "driver_version": driver,
             "gpu_count": 1, "cudnn_deterministic": False, "cudnn_benchmark": False}
 
 
 def test_gpu_machines_driver_is_software_and_the_findings_section(tmp_path):
-    from bitdrift.findings import ATLAS_HEADING, findings
+    from bitdrift.report.findings import ATLAS_HEADING, findings
 
     atlas = tmp_path / "atlas"
     h100 = gpu("NVIDIA H100 80GB HBM3", "570.1")
@@ -256,7 +257,7 @@ def test_gpu_machines_driver_is_software_and_the_findings_section(tmp_path):
 
 def test_no_device_ran_the_reference_model(tmp_path):
     """Every record a failure record: the comparison, its table and figure still written."""
-    from bitdrift.record import write_failure
+    from bitdrift.record.hdf5 import write_failure
 
     failed = tmp_path / "d1.h5"
     write_failure(failed, {"model": "atlas_reference", "device": "d1",

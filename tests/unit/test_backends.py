@@ -34,7 +34,7 @@ def test_every_runtime_has_the_whole_interface(name):
 
 
 def test_explains_frameworks_are_the_runtimes():
-    from bitdrift.explain import FRAMEWORKS
+    from bitdrift.analysis.explain import FRAMEWORKS
 
     assert set(FRAMEWORKS.values()) == set(backends.RUNTIMES)
     assert set(backends.KNOBS) <= set(backends.RUNTIMES)
@@ -62,7 +62,7 @@ def test_no_branch_on_a_backends_name(module):
 def test_a_devices_runtime_settings_win_over_inherited_ones():
     """An XLA_FLAGS left in the user's shell must not replace the device's own flags (the
     measured device would silently be another); a user's TF log level is kept."""
-    from bitdrift.devices import device_environment
+    from bitdrift.run.devices import device_environment
 
     device = {"backend": "jax", "accelerator": "cpu", "threads": 2, "xla_flags": "--a=1"}
     env = device_environment(device, {"XLA_FLAGS": "--inherited", "TF_CPP_MIN_LOG_LEVEL": "0",

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from bitdrift.config import load_config, validate_config
-from bitdrift.datasets import GRAMMAR_VOCABULARY, detokenize, load_grammar, tokenize
 from bitdrift.errors import ConfigError, DatasetError
+from bitdrift.inputs.datasets import GRAMMAR_VOCABULARY, detokenize, load_grammar, tokenize
 from bitdrift.studies.batching.analysis import batching_tables, origins
 from bitdrift.studies.batching.runs import (
     batch_settings,
@@ -205,7 +205,7 @@ def transformer(tmp_path_factory):
     import subprocess
     import sys
 
-    from bitdrift.datasets import prepare_dataset
+    from bitdrift.inputs.datasets import prepare_dataset
 
     folder = tmp_path_factory.mktemp("transformer")
     dataset = folder / "grammar.h5"
@@ -216,7 +216,7 @@ def transformer(tmp_path_factory):
             "train": {"epochs": 1, "batch_size": 32, "learning_rate": 0.003,
                       "optimizer": "adam", "seeds": [1], "deterministic": True,
                       "backend": "tensorflow"}}
-    code = ("import json, sys; from bitdrift.training import train_model; "
+    code = ("import json, sys; from bitdrift.run.training import train_model; "
             "folder = sys.argv[2]; "
             "train_model(spec=json.loads(sys.argv[1]), seed=1, "
             "dataset_path=folder + '/grammar.h5', out_model=folder + '/model.keras', "

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bitdrift.datasets import (
+from bitdrift.inputs.datasets import (
     SHUFFLE_SEED,
     DatasetError,
     dataset_classes,

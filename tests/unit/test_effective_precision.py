@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from bitdrift.effective_precision import (
+from bitdrift.analysis.effective_precision import (
     check_layer,
     describe_reduced,
     effective_precision_table,
@@ -12,7 +12,7 @@ from bitdrift.effective_precision import (
     round_significand,
     summary,
 )
-from bitdrift.record import Record, write_record
+from bitdrift.record.hdf5 import Record, write_record
 from tests.utils import BASE_ATTRS
 
 DENSE = {"class_name": "Dense", "inbound": "flatten", "activation": "linear", "use_bias": True}
@@ -210,7 +210,7 @@ def test_recheck_catches_a_float64_record_rounded_to_float32(tmp_path):
 
     import pandas as pd
 
-    from bitdrift.inference import infer
+    from bitdrift.run.inference import infer
     from tests.utils import small_model_assets
 
     dataset, model = small_model_assets(tmp_path)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bitdrift.config import validate_config
-from bitdrift.emulation import (
+from bitdrift.emulation.cpus import (
     FAMILIES,
     GCC_MARCH,
     check_device,
@@ -18,7 +18,7 @@ from bitdrift.emulation import (
     python_command,
     seen_cpu,
 )
-from bitdrift.emulation_check import host_vendor
+from bitdrift.emulation.fidelity import host_vendor
 from bitdrift.errors import ConfigError, InferenceError
 
 # One thread: MKL and oneDNN split work by the topology CPUID reports, which QEMU's model
@@ -35,8 +35,8 @@ def small_model(tmp_path_factory):
 
 
 def _run(small_model, tmp_path, name, device):
-    from bitdrift.inference import infer
-    from bitdrift.record import Record
+    from bitdrift.record.hdf5 import Record
+    from bitdrift.run.inference import infer
 
     dataset, model = small_model
     out = tmp_path / f"{name}.h5"
@@ -87,7 +87,7 @@ def test_an_emulated_haswell_equals_the_host_forced_to_avx2_bit_for_bit(small_mo
                                     "EPYC-Rome"])
 def test_the_instruction_sets_of_a_family_are_what_qemu_shows(family):
     """The table the config check reads against CPUID inside QEMU."""
-    code = "import json; from bitdrift.emulation import seen_cpu; print(json.dumps(seen_cpu()))"
+    code = "import json; from bitdrift.emulation.cpus import seen_cpu; print(json.dumps(seen_cpu()))"
     done = subprocess.run([*python_command({"emulate": family}), "-c", code],
                           capture_output=True, text=True, check=True)
     flags = set(json.loads(done.stdout.strip().splitlines()[-1])["flags"])
@@ -162,7 +162,7 @@ def test_the_models_refused_as_beyond_tcg_are_those_qemu_runs_without_their_sets
     QEMU lists and warns, at start, that TCG runs without those sets (truth from QEMU)."""
     import re
 
-    from bitdrift.emulation import BEYOND_TCG_MODELS, QEMU, qemu_path
+    from bitdrift.emulation.cpus import BEYOND_TCG_MODELS, QEMU, qemu_path
 
     qemu = qemu_path() or QEMU
     listed = subprocess.run([qemu, "-cpu", "help"], capture_output=True,  # exits 1
@@ -252,7 +252,7 @@ def test_install_qemu_reads_trixies_layout(tmp_path):
     """From trixie on, qemu-user itself holds the static emulators (usr/bin/qemu-x86_64)
     and qemu-user-static is a transitional package without them: the static build is
     taken from qemu-user."""
-    from bitdrift.qemu import install_qemu
+    from bitdrift.emulation.qemu import install_qemu
 
     url, _, server = serve_mirror(tmp_path, [
         {"name": "qemu-user-static", "description": "QEMU user mode emulation "
@@ -273,7 +273,7 @@ def test_install_qemu_takes_the_static_build_from_a_debian_mirror(debian_mirror,
     HTTP: the payload lands in PREFIX/bin as qemu-x86_64, executable, and an emulated
     device's command then finds it there before the PATH."""
     from bitdrift.cli import main
-    from bitdrift.qemu import qemu_path
+    from bitdrift.emulation.qemu import qemu_path
 
     mirror, payload, _ = debian_mirror
     prefix = tmp_path / "env"
@@ -287,8 +287,8 @@ def test_install_qemu_takes_the_static_build_from_a_debian_mirror(debian_mirror,
 
 def test_install_qemu_refuses_a_package_that_does_not_match_the_index(debian_mirror,
                                                                       tmp_path):
+    from bitdrift.emulation.qemu import install_qemu
     from bitdrift.errors import InstallError
-    from bitdrift.qemu import install_qemu
 
     mirror, _, write_index = debian_mirror
     write_index(sha256="0" * 64)
@@ -314,7 +314,7 @@ def test_the_emulation_check_finds_faithful_kernels_and_fails_on_a_wrong_class(
     and model."""
     import pandas as pd
 
-    from bitdrift import emulation_check
+    from bitdrift.emulation import fidelity as emulation_check
 
     if "avx2" not in _host_flags():
         pytest.fail("this test needs an AVX2 host (every CPU bitdrift's CI has run on has it)")
@@ -338,7 +338,7 @@ def test_a_switch_that_changes_nothing_on_the_host_is_no_native_reference(monkey
     check must say "no native reference", whether the emulated bits equal them or not.
     `ONEDNN_MAX_CPU_ISA=ALL` is oneDNN's default, no cap, on any CPU; and on a host
     without AVX-512 (its flags) the Haswell class's AVX2 cap is no cap either."""
-    from bitdrift import emulation_check
+    from bitdrift.emulation import fidelity as emulation_check
 
     flags = _host_flags()
     monkeypatch.setitem(emulation_check.CLASSES, "Haswell-v4",
@@ -369,7 +369,7 @@ def test_the_verdict_follows_the_digests(case, expected):
     under an emulated Haswell equalled the capped host at one shape and differed at the
     model's); a vendor-dependent kernel under another vendor's model is no reference
     either, equal or not."""
-    from bitdrift.emulation_check import judge
+    from bitdrift.emulation.fidelity import judge
 
     native, emulated, host = case
     for vendor in ("GenuineIntel", "AuthenticAMD"):
@@ -391,8 +391,8 @@ def test_mkl_is_checked_at_the_default_models_shapes(tmp_path):
     three Dense layers, read from the Keras model itself."""
     import keras
 
-    from bitdrift.emulation_check import MODEL_MKL_LAYERS
-    from bitdrift.models import cifar10_small
+    from bitdrift.emulation.fidelity import MODEL_MKL_LAYERS
+    from bitdrift.inputs.models import cifar10_small
 
     model = cifar10_small(keras, (32, 32, 3), 10)
     expected = []
@@ -414,7 +414,7 @@ def test_tensorflows_onednn_is_faithful_under_a_model_of_the_hosts_vendor():
     where it must be faithful on a host with AVX-512 (the AVX2 cap changes its kernel)
     and no native reference on one without (the cap changes nothing), and never calls the
     other vendor's model a mismatch."""
-    from bitdrift.emulation_check import check, host_vendor, model_vendor
+    from bitdrift.emulation.fidelity import check, host_vendor, model_vendor
 
     flags = _host_flags()
     if not {"avx2", "fma"} <= flags:
@@ -434,7 +434,7 @@ def test_tensorflows_onednn_is_faithful_under_a_model_of_the_hosts_vendor():
 def test_the_generations_grid_is_read_from_the_class_table():
     import pandas as pd
 
-    from bitdrift.figures import generations_grid
+    from bitdrift.report.figures import generations_grid
 
     eqc = pd.DataFrame({"device": ["t_h", "t_n", "o_h", "t_h", "t_n", "o_h"],
                         "sample": [0, 0, 0, 1, 1, 1], "eqc": [1, 2, 1, 1, 1, 2]})
@@ -458,7 +458,7 @@ def test_the_generations_grid_is_read_from_the_class_table():
 def test_the_figure_says_why_a_runtime_has_no_cell_on_a_cpu(backend, model, why):
     """An empty cell of the generations figure names the reason, the same one the config
     check refuses such a device for."""
-    from bitdrift.emulation import unavailable
+    from bitdrift.emulation.cpus import unavailable
 
     assert unavailable(backend, model) == why
     device = {"accelerator": "cpu", "backend": backend, "emulate": model}

@@ -2,14 +2,14 @@ import h5py
 import numpy as np
 import pytest
 
-from bitdrift.eqc import (
+from bitdrift.analysis.eqc import (
     EQC_COLUMNS,
     EQC_EXTRA_COLUMNS,
     PRECISION_COLUMNS,
     eqc_tables,
     precision_table,
 )
-from bitdrift.record import RecordError, open_records
+from bitdrift.record.hdf5 import RecordError, open_records
 
 A = np.array([1.0, 2.0, 3.0], np.float32)
 B = np.array([1.0, 2.0, 3.0000002], np.float32)  # last bit of one element
@@ -127,7 +127,7 @@ def test_analysis_commands_do_not_import_frameworks(make_record, tmp_path):
         f"assert main(['precision', *{paths!r}, '--out', {str(tmp_path / 'p.csv')!r}]) == 0; "
         # nor what only other commands run (emulators, package metadata): the
         # start-up is much of a small analysis
-        "unused = {'bitdrift.emulation', 'importlib.metadata'} "
+        "unused = {'bitdrift.emulation.cpus', 'importlib.metadata'} "
         "& set(sys.modules); assert not unused, unused; "
         f"assert main(['plot-eqc', *{paths!r}, '--eqc', {str(tmp_path / 'e.csv')!r}, "
         f"'--out', {str(tmp_path / 'e.pdf')!r}]) == 0; "
@@ -139,7 +139,7 @@ def test_analysis_commands_do_not_import_frameworks(make_record, tmp_path):
 
 
 def test_parallel_workers_give_the_rows_of_one_process(make_record):
-    from bitdrift.eqc import precision_rows
+    from bitdrift.analysis.eqc import precision_rows
 
     rng = np.random.default_rng(1)
     base = rng.normal(size=(1, 1, 64)).astype(np.float32)
@@ -166,7 +166,7 @@ def test_remaining_precision_without_the_device_its_check_flags(make_record):
     recounted here with numpy."""
     import json
 
-    from bitdrift.precision import MANTISSA_BITS
+    from bitdrift.analysis.remaining_precision import MANTISSA_BITS
 
     exact = np.array([1.1, -2.3, 3.7], np.float32)
     bf16 = (exact.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)  # truncated

@@ -5,8 +5,8 @@ import h5py
 import numpy as np
 import pytest
 
-from bitdrift.datasets import load_digits, write_dataset
 from bitdrift.errors import StudyError
+from bitdrift.inputs.datasets import load_digits, write_dataset
 from bitdrift.studies.variance.examples import (
     example_divergence,
     example_tables,

@@ -9,11 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bitdrift.cli import main
-from bitdrift.divergence import divergence_table, pairs_apart
-from bitdrift.eqc import eqc_tables
-from bitdrift.errors import RecordError
-from bitdrift.explain import (
+from bitdrift.analysis.divergence import divergence_table, pairs_apart
+from bitdrift.analysis.eqc import eqc_tables
+from bitdrift.analysis.explain import (
     MISSING,
     attribute_table,
     class_table,
@@ -24,7 +22,9 @@ from bitdrift.explain import (
     informative,
     smallest_determining_set,
 )
-from bitdrift.record import open_records
+from bitdrift.cli import main
+from bitdrift.errors import RecordError
+from bitdrift.record.hdf5 import open_records
 
 
 def test_flag_groups_common_and_identical_presence():
@@ -189,8 +189,8 @@ def test_each_class_pair_is_counted_once(make_record, tmp_path):
     samples: the table compares the classes' first devices (a-b, a-d, b-d) and every
     device against a, so a-c meets classes A and B a second time. By hand: 3 distinct
     class pairs per sample, 6 in all; the findings count those, not the table's rows."""
-    from bitdrift.divergence import class_pairs
-    from bitdrift.findings import divergence as divergence_lines
+    from bitdrift.analysis.divergence import class_pairs
+    from bitdrift.report.findings import divergence as divergence_lines
 
     base = np.array([0.5, 0.25], np.float32)
     apart = np.array([0.5, 0.75], np.float32)

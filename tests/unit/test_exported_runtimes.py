@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from bitdrift.datasets import prepare_dataset, read_test_images
+from bitdrift.backends.exported.expected import Reference, mapped_positions, read_reference
 from bitdrift.errors import AcceleratorMissing, InferenceError
-from bitdrift.inference import infer
-from bitdrift.record import Record
-from bitdrift.reference import Reference, mapped_positions, read_reference
+from bitdrift.inputs.datasets import prepare_dataset, read_test_images
+from bitdrift.record.hdf5 import Record
+from bitdrift.run.inference import infer
 
 CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
        "env": {}, "repeats": 2, "external": False}
@@ -41,9 +41,9 @@ def assets(tmp_path_factory):
     model = tmp / "small.keras"
     code = f"""
 import sys, keras, numpy as np
-from bitdrift.models import build_model, layer_probe
-from bitdrift.datasets import read_test_images
-from bitdrift.export import export_model, write_reference
+from bitdrift.inputs.models import build_model, layer_probe
+from bitdrift.inputs.datasets import read_test_images
+from bitdrift.backends.keras.export import export_model, write_reference
 keras.utils.set_random_seed(0)
 build_model(keras, {{'architecture': 'cifar10_small'}}, (32, 32, 3), 10).save(sys.argv[1])
 model = keras.saving.load_model(sys.argv[1])
@@ -154,7 +154,7 @@ def check_kernels(kernels, name, export):
                                    != sorted(deployed["instrumented"]))
     if name == "onnxruntime_disable_all":
         # unoptimised, each graph runs its file's own arithmetic nodes
-        from bitdrift.backends.onnxruntime import LAYOUT_OPS
+        from bitdrift.backends.exported.onnxruntime import LAYOUT_OPS
 
         for side, file in (("deployed", "deployed.onnx"), ("instrumented", "model.onnx")):
             file_ops = sorted(f"ort {node.op_type}" for node in
@@ -210,7 +210,7 @@ def onnx_graph_digest(path) -> str:
 
 
 def test_the_exports_are_what_they_were_without_the_collections(assets, tmp_path):
-    """export_model converts under frequent garbage collections (bitdrift.export: tf2onnx's
+    """export_model converts under frequent garbage collections (bitdrift.backends.keras.export: tf2onnx's
     graph copies bounded in memory). The same calls in two fresh processes, one with the
     collections and one without (the conversion as it was): the LiteRT files are equal
     byte for byte, the ONNX files node for node (their Transpose names vary per process,
@@ -223,7 +223,7 @@ def test_the_exports_are_what_they_were_without_the_collections(assets, tmp_path
     _, dataset, model, keras_layers = assets
     code = """
 import contextlib, sys
-import bitdrift.export as export
+import bitdrift.backends.keras.export as export
 if sys.argv[3] == 'plain':  # the conversion as it was, nothing around Keras' export
     export._collecting_often = contextlib.nullcontext
 for kind in ('onnx', 'tflite'):

@@ -1,5 +1,5 @@
 """Training runs and inference repeats as children of a device's shared fork server
-(bitdrift.forkserver).
+(bitdrift.run.fork_server).
 
 A served child must train what a fresh process trains: the same runs are trained both
 ways on a TensorFlow and a torch device and every array of the run file and every weight
@@ -28,12 +28,13 @@ import h5py
 import numpy as np
 import pytest
 
-from bitdrift import backends, forkserver
+from bitdrift import backends
+from bitdrift.analysis.kernels import layer_kernels, parse_trace
 from bitdrift.config import load_config
-from bitdrift.datasets import prepare_dataset
 from bitdrift.errors import BitdriftError
-from bitdrift.kernels import layer_kernels, parse_trace
-from bitdrift.prefork import FreshProcesses
+from bitdrift.inputs.datasets import prepare_dataset
+from bitdrift.run import fork_server as forkserver
+from bitdrift.run.workers import FreshProcesses
 from bitdrift.studies.variance.plans import ARMS
 from bitdrift.studies.variance.runs import train_run
 from tests.unit.test_prefork import WORKER, arrays, repeat_job
@@ -337,7 +338,7 @@ def test_a_socket_folder_that_is_not_private_is_refused(monkeypatch, tmp_path):
 def test_an_accelerator_device_is_never_forked(monkeypatch):
     """On a GPU the framework's import starts CUDA, which a forked child cannot use
     (measured on an H200): its repeats and runs are fresh processes, whatever its runtime."""
-    from bitdrift.prefork import forkable, worker_processes
+    from bitdrift.run.workers import forkable, worker_processes
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv(forkserver.FRESH, raising=False)

@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from bitdrift import formats
 from bitdrift.config import validate_config
 from bitdrift.errors import ConfigError, DatasetError, InferenceError, ModelFormatError
-from bitdrift.examples import onnx_cnn
-from bitdrift.record import Record
+from bitdrift.inputs.examples import onnx_cnn
+from bitdrift.record.hdf5 import Record
 
 KERAS_AND_LITERT = """
 import sys, keras, tensorflow as tf
@@ -205,7 +205,7 @@ DEVICES = {"ort_all": {"accelerator": "cpu", "backend": "onnxruntime", "threads"
 
 def run_device(folder, device, model="cnn.onnx", inputs="inputs.npy", samples=(0, 1, 5),
                kernels=False):
-    from bitdrift.inference import infer
+    from bitdrift.run.inference import infer
 
     config = validate_config({"models": {"cnn": {"file": str(folder / model),
                                                  "inputs": str(folder / inputs)}},
@@ -352,7 +352,7 @@ def test_repro_cuts_the_first_parting_node_from_the_users_file(onnx_records, tmp
     reproduces each record."""
     from itertools import combinations
 
-    from bitdrift.repro import check_repro, write_repro
+    from bitdrift.run.repro import check_repro, write_repro
 
     folder, records = onnx_records
 
@@ -377,7 +377,7 @@ def test_repro_cuts_the_first_parting_node_from_the_users_file(onnx_records, tmp
 
 def test_a_device_whose_runtime_cannot_run_the_format_is_refused_before_any_repeat(
         tmp_path):
-    from bitdrift.inference import infer
+    from bitdrift.run.inference import infer
 
     onnx_cnn.write(tmp_path / "cnn.onnx", tmp_path / "inputs.npy", samples=4)
     device = validate_config({"models": {"cnn": {"file": str(tmp_path / "cnn.onnx"),

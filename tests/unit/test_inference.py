@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from bitdrift.errors import AcceleratorMissing
-from bitdrift.inference import InferenceError, batch_indices, infer
-from bitdrift.models import model_digest
-from bitdrift.record import Record
+from bitdrift.inputs.models import model_digest
+from bitdrift.record.hdf5 import Record
+from bitdrift.run.inference import InferenceError, batch_indices, infer
 from tests.utils import small_model_assets
 
 CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
@@ -210,13 +210,13 @@ def test_a_record_without_full_samples_says_its_effective_precision_is_unchecked
     that reads as "declared")."""
     import pandas as pd
 
-    from bitdrift.effective_precision import (
+    from bitdrift.analysis.effective_precision import (
         NO_FULL_SAMPLES,
         effective_precision_table,
         summary,
         unchecked_reason,
     )
-    from bitdrift.findings import reduced_precision
+    from bitdrift.report.findings import reduced_precision
 
     dataset, model = assets
     out = tmp_path / "rec.h5"
@@ -261,7 +261,7 @@ def test_infer_command_line(assets, tmp_path):
 def test_cpu_description_is_kept_per_host_and_boot(tmp_path, monkeypatch):
     import tempfile
 
-    from bitdrift.devices import cpu_info
+    from bitdrift.run.devices import cpu_info
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     first = cpu_info()
@@ -276,7 +276,7 @@ def test_a_traced_repeat_of_the_full_samples_batches_alone(assets, tmp_path):
     alone. Its kernels are those a traced repeat of every batch names, with half the calls
     (one batch of two), its outputs are checked on sample 1's rows, and the record names
     the samples traced."""
-    from bitdrift.inference import traced_batch_numbers
+    from bitdrift.run.inference import traced_batch_numbers
 
     # by hand: rows 0..4 in batches of 2; no full sample traces the first batch
     assert traced_batch_numbers([6, 0, 1], [1], 2, "full") == [1]

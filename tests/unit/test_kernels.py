@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bitdrift.kernels import (
+from bitdrift.analysis.kernels import (
     GraphNode,
     KernelCall,
     graph_layer_calls,
@@ -218,8 +218,8 @@ def isa_tokens(name: str) -> set[str]:
 
 
 def _traced(model, dataset, tmp_path, backend, env, kernels=True, tag=""):
-    from bitdrift.inference import infer
-    from bitdrift.record import Record
+    from bitdrift.record.hdf5 import Record
+    from bitdrift.run.inference import infer
 
     device = {"accelerator": "cpu", "threads": 2, "batch_size": 1, "precision": "float32",
               "env": env, "repeats": 1, "external": False, "backend": backend}
@@ -288,7 +288,7 @@ def _records(tmp_path):
 
     import numpy as np
 
-    from bitdrift.record import DEPLOYED, open_records, write_record
+    from bitdrift.record.hdf5 import DEPLOYED, open_records, write_record
     from tests.utils import BASE_ATTRS
 
     conv = np.arange(8, dtype=np.float32).reshape(1, 1, 8)
@@ -332,9 +332,9 @@ def test_coverage_against_a_hand_count(tmp_path):
     conv), d-e (same kernels, threads differ), and f's pairs (untraced)."""
     import pandas as pd
 
-    from bitdrift.divergence import divergence_table
-    from bitdrift.eqc import eqc_tables
-    from bitdrift.explain import coverage
+    from bitdrift.analysis.divergence import divergence_table
+    from bitdrift.analysis.eqc import eqc_tables
+    from bitdrift.analysis.explain import coverage
 
     records = _records(tmp_path)
     divergence = divergence_table(records)
@@ -390,7 +390,7 @@ def test_coverage_against_a_hand_count(tmp_path):
 def test_explain_can_name_a_kernel(tmp_path):
     """At conv, the classes {a,b,d,e} vs c are decided by conv's kernel; explain --layers
     names kernel.conv (confounded with nothing but the untraced device's backend)."""
-    from bitdrift.explain import device_attributes, explain_table
+    from bitdrift.analysis.explain import device_attributes, explain_table
 
     records = _records(tmp_path)
     attributes, _ = device_attributes(records[2])
@@ -407,7 +407,7 @@ def test_a_kernels_table_names_the_records_without_kernels(tmp_path):
 
     import numpy as np
 
-    from bitdrift.record import write_record
+    from bitdrift.record.hdf5 import write_record
     from tests.utils import BASE_ATTRS
 
     _records(tmp_path)
@@ -433,10 +433,10 @@ def test_coverage_from_the_csv_files_equals_the_in_memory_count(tmp_path):
     """The workflow hands coverage the CSVs: a class pair bit-identical at every layer has
     an empty first layer, read back as NaN, and must not count as a divergence (it did with
     pandas 3: 213 counted where there were 181)."""
+    from bitdrift.analysis.divergence import divergence_table
+    from bitdrift.analysis.eqc import EQC_COLUMNS, eqc_tables
+    from bitdrift.analysis.explain import coverage
     from bitdrift.atomic import read_table, write_csv
-    from bitdrift.divergence import divergence_table
-    from bitdrift.eqc import EQC_COLUMNS, eqc_tables
-    from bitdrift.explain import coverage
 
     records = _records(tmp_path)
     divergence = divergence_table(records)
@@ -482,7 +482,7 @@ def test_an_xla_module_is_read_as_the_calls_its_entry_computes():
     """By hand: parameters, constants and a fused broadcast move data (no call); a custom
     call is named by its target, a fusion by its kind and the operations it fuses, any
     other instruction by itself; shapes are the results'."""
-    from bitdrift.kernels import xla_module_calls
+    from bitdrift.analysis.kernels import xla_module_calls
 
     calls = xla_module_calls((DATA / "xla_module.hlo.txt").read_text())
     assert [(c.primitive, c.implementation, c.shape) for c in calls] == [
@@ -496,8 +496,8 @@ def test_a_jax_traced_repeat_names_what_xla_compiled_for_each_layer(tmp_path):
     """A real JAX inference with kernel provenance: every Dense and Conv layer has XLA
     calls for its sum (a dot or a convolution), every ReLU an elementwise loop, the
     Flatten none; the traced repeat computed the measured bits; the dump is gone."""
-    from bitdrift.inference import infer
-    from bitdrift.record import Record
+    from bitdrift.record.hdf5 import Record
+    from bitdrift.run.inference import infer
     from tests.utils import small_model_assets
 
     dataset, model = small_model_assets(tmp_path)

@@ -114,7 +114,7 @@ def test_zero_program_tables_1_and_3(precision):
 
 
 def test_backprop_variation_on_a_real_network(tmp_path):
-    from bitdrift.datasets import prepare_dataset
+    from bitdrift.inputs.datasets import prepare_dataset
 
     dataset = tmp_path / "digits.h5"
     prepare_dataset("digits", {"source": "digits", "limit_train": 64, "limit_test": 8}, dataset)

@@ -8,15 +8,15 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from bitdrift.datasets import file_digest  # noqa: E402
-from bitdrift.devices import import_keras  # noqa: E402
-from bitdrift.models import (  # noqa: E402
+from bitdrift.inputs.datasets import file_digest  # noqa: E402
+from bitdrift.inputs.models import (  # noqa: E402
     ACTIVATION_CLASSES,
     build_model,
     cast_model,
     layer_probe,
     model_digest,
 )
+from bitdrift.run.devices import import_keras  # noqa: E402
 
 keras = import_keras(os.environ["KERAS_BACKEND"])
 

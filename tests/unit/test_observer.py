@@ -1,4 +1,4 @@
-"""The observer check (bitdrift.observer): the model as deployed beside the instrumented
+"""The observer check (bitdrift.analysis.observer): the model as deployed beside the instrumented
 run. A real case where exposing a tensor changes the output (ONNX Runtime's MatMul+Add ->
 Gemm fusion, blocked by the exposed MatMul output), and records built by hand whose truth
 is known: the record keeps both outputs, the classes are the deployed outputs', the table
@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 
 from bitdrift import backends
-from bitdrift.backends.exported import deployed_session
-from bitdrift.eqc import eqc_tables
-from bitdrift.findings import observer
-from bitdrift.observer import changed_devices, observer_check, observer_table, record_check
-from bitdrift.record import DEPLOYED, OUTPUT, Record, write_record
+from bitdrift.analysis.eqc import eqc_tables
+from bitdrift.analysis.observer import changed_devices, observer_check, observer_table, record_check
+from bitdrift.backends.exported.common import deployed_session
+from bitdrift.record.hdf5 import DEPLOYED, OUTPUT, Record, write_record
+from bitdrift.report.findings import observer
 from tests.utils import BASE_ATTRS
 
 # A Dense layer whose sum cancels: the first term 2**24, the last -2**24, the others 0, and
@@ -209,7 +209,7 @@ def test_the_deployed_graphs_kernels_are_named_where_they_differ():
     """compare_kernels on graphs listed by hand: a fusion that drops the Relu nodes and
     turns two Gemms into FusedGemms is named as such; equal multisets in another order
     are the same kernels."""
-    from bitdrift.observer import compare_kernels
+    from bitdrift.analysis.observer import compare_kernels
 
     def calls(*names):
         return [{"implementation": name} for name in names]
@@ -228,7 +228,7 @@ def test_litert_names_the_nodes_a_delegate_took_when_only_the_final_output_is_kn
     """Plans as LiteRT lists them: a delegate whose outputs are every node's (the
     instrumented file) and one whose output is its last node's alone (the deployed file)
     take the same nodes; a node outside the delegate's inputs-to-outputs path is not taken."""
-    from bitdrift.backends.litert import _delegated
+    from bitdrift.backends.exported.litert import _delegated
 
     def op(index, name, inputs, outputs):
         return {"index": index, "op_name": name, "inputs": inputs, "outputs": outputs}

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from bitdrift.precision import (
+from bitdrift.analysis.remaining_precision import (
     MANTISSA_BITS,
     bit_length,
     integer_view,
@@ -130,7 +130,7 @@ def _cnh_by_hand(values, reference):
 
 
 def test_significant_bits_match_a_hand_computed_cnh_example():
-    from bitdrift.precision import significant_bits
+    from bitdrift.analysis.remaining_precision import significant_bits
 
     column = np.array([1.0, 1.0 + 2.0**-20, 1.0 - 2.0**-21, 1.0 + 2.0**-22])
     outputs = column[:, None]
@@ -147,7 +147,7 @@ def test_significant_bits_match_a_hand_computed_cnh_example():
 
 @pytest.mark.parametrize("float_format", ["float16", "float32", "float64"])
 def test_significant_bits_of_agreeing_devices_are_the_full_mantissa(float_format):
-    from bitdrift.precision import significant_bits
+    from bitdrift.analysis.remaining_precision import significant_bits
 
     x = np.linspace(-3, 3, 20).astype(float_format).astype(np.float64)
     outputs = np.stack([x, x.copy(), x.copy()])
@@ -162,8 +162,8 @@ def test_significant_bits_of_agreeing_devices_are_the_full_mantissa(float_format
 
 
 def test_precision_table_reports_significant_bits_against_the_float64_device(make_record):
-    from bitdrift.eqc import precision_table
-    from bitdrift.record import open_records
+    from bitdrift.analysis.eqc import precision_table
+    from bitdrift.record.hdf5 import open_records
 
     base = np.linspace(0.5, 2.0, 8)
     reference = make_record("d64", {0: base[None, None, :]}, precision="float64")

@@ -1,4 +1,4 @@
-"""Forked children of a pre-imported parent (bitdrift.prefork) against fresh processes.
+"""Forked children of a pre-imported parent (bitdrift.run.workers) against fresh processes.
 
 A runtime that says PREFORK runs a device's repeats as children of one parent that has
 imported the framework; that is only allowed if a child computes what a fresh process
@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 
 from bitdrift import backends
+from bitdrift.analysis.kernels import layer_kernels, parse_trace
 from bitdrift.config import load_config
 from bitdrift.errors import BitdriftError
-from bitdrift.kernels import layer_kernels, parse_trace
-from bitdrift.prefork import ForkedChildren, FreshProcesses, worker_processes
+from bitdrift.run.workers import ForkedChildren, FreshProcesses, worker_processes
 from tests.utils import ROOT, small_model_assets
 
 DEFAULT_DEVICES = load_config(ROOT / "config.yaml")["devices"]
 FORKED = {name: device for name, device in DEFAULT_DEVICES.items()
           if backends.get(device["backend"]).PREFORK}
-WORKER = "bitdrift.inference:run_repeat"
+WORKER = "bitdrift.run.inference:run_repeat"
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from bitdrift.config import ConfigError, load_config
-from bitdrift.datasets import load_source
 from bitdrift.errors import InferenceError, StudyError
-from bitdrift.inference import check_before_repeats
-from bitdrift.record import Record
+from bitdrift.inputs.datasets import load_source
+from bitdrift.record.hdf5 import Record
+from bitdrift.run.inference import check_before_repeats
 from bitdrift.studies.probes.cli import search_arguments
 from bitdrift.studies.probes.evaluation import (
     evaluate_probes,
@@ -163,7 +163,7 @@ def test_evaluation_counts_equal_a_count_from_the_records(searched, tmp_path):
     """Every device runs the evaluation set (probes, then the natural samples) through the
     core's inference; the classes on the held-out devices are recounted from the records
     with numpy."""
-    from bitdrift.inference import infer
+    from bitdrift.run.inference import infer
 
     config = searched["config"]
     evaluation = tmp_path / "evaluation.h5"
@@ -176,7 +176,7 @@ def test_evaluation_counts_equal_a_count_from_the_records(searched, tmp_path):
         record = tmp_path / f"{device}.h5"
         export = reference = None
         if device == "ort_1thread":  # an exported runtime: the ONNX file and its reference
-            from bitdrift.export import export_model, write_reference
+            from bitdrift.backends.keras.export import export_model, write_reference
 
             export, reference = tmp_path / "model.onnx", tmp_path / "reference.npz"
             export_model(searched["model"], "onnx", export)

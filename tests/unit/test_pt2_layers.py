@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from bitdrift.formats import pt2
-from bitdrift.inference import infer
-from bitdrift.record import Record
+from bitdrift.record.hdf5 import Record
+from bitdrift.run.inference import infer
 
 # oneDNN and MKL capped below AVX (no FMA instructions) on every x86 CPU, so the replay
 # below sums as numpy does here (rounded products), whatever CPU runs the test
@@ -114,7 +114,7 @@ def test_a_revealed_linear_order_replays_bit_for_bit_in_numpy(record, program):
 def test_effective_precision_of_a_float32_device_is_float32(record, program):
     """At inference and recomputed from the record's activations and the file's weights
     (effective_precision.recheck), the Conv2d and both Linear calls are float32-like."""
-    from bitdrift.effective_precision import recheck
+    from bitdrift.analysis.effective_precision import recheck
 
     folder, _ = program
     with Record(record) as found:
@@ -128,8 +128,8 @@ def test_effective_precision_of_a_float32_device_is_float32(record, program):
 
 
 def test_compiled_runtimes_record_each_call_as_not_revealed(program):
-    from bitdrift.backends.torch_export import compiled_unrevealed
-    from bitdrift.backends.torch_program import load_program
+    from bitdrift.backends.torch_program.eager import compiled_unrevealed
+    from bitdrift.backends.torch_program.program import load_program
 
     folder, _ = program
     found = compiled_unrevealed(load_program(folder / "tiny.pt2"), "torch.compile (Inductor)")
@@ -171,7 +171,7 @@ def test_repro_runs_the_first_parted_call_alone_as_each_device_ran_it(record, pr
     (the record's own bytes, hashed here)."""
     import hashlib
 
-    from bitdrift.repro import check_repro, write_repro
+    from bitdrift.run.repro import check_repro, write_repro
 
     folder, _ = program
     other = tmp_path / "native.h5"

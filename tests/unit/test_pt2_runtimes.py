@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from bitdrift import formats
-from bitdrift.backends import torch_export
+from bitdrift.backends.torch_program import eager as torch_export
 from bitdrift.config import validate_config
 from bitdrift.errors import ConfigError
-from bitdrift.examples import torch_cnn
+from bitdrift.inputs.examples import torch_cnn
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ class Determinant(torch.nn.Module):
 
 
 def test_a_failed_litert_conversion_is_one_line_naming_the_op(tmp_path):
-    from bitdrift.backends.torch_conversions import ConversionError
+    from bitdrift.backends.torch_program.conversions import ConversionError
 
     torch.export.save(torch.export.export(Determinant().eval(), (torch.zeros(2, 4),)),
                       tmp_path / "det.pt2")

@@ -1,4 +1,4 @@
-"""The importer of the study's published records (bitdrift.published) on a subset of them
+"""The importer of the study's published records (bitdrift.atlas.published) on a subset of them
 committed in tests/data/unanticipated/ (SOURCE.md): bitdrift's classes, remaining
 precision and identify against numpy computed from the JSON files directly."""
 
@@ -12,9 +12,9 @@ import h5py
 import numpy as np
 import pytest
 
+from bitdrift.atlas.published import MODEL_FILES
 from bitdrift.cli import main
-from bitdrift.published import MODEL_FILES
-from bitdrift.record import Record
+from bitdrift.record.hdf5 import Record
 
 DATA = Path(__file__).parents[1] / "data" / "unanticipated" / "equivalence_classes"
 MODEL = "cifar10_medium"

@@ -10,9 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bitdrift.eqc import eqc_tables
-from bitdrift.inference import RepeatWriter, batch_key, merge_repeats
-from bitdrift.record import (
+from bitdrift.analysis.eqc import eqc_tables
+from bitdrift.record.hdf5 import (
     DigestOnly,
     Record,
     RecordError,
@@ -20,6 +19,7 @@ from bitdrift.record import (
     open_records,
     write_record,
 )
+from bitdrift.run.inference import RepeatWriter, batch_key, merge_repeats
 from tests.utils import BASE_ATTRS, on_mounts
 
 ATTRS = {**BASE_ATTRS, "model": "m", "device": "d"}
@@ -188,7 +188,7 @@ def test_writing_a_record_holds_one_layer_in_memory(tmp_path):
 
 
 def test_merging_repeats_holds_one_batch_of_one_layer(tmp_path):
-    """The parent's merge of the repeats' files (bitdrift.inference.merge_repeats): 3
+    """The parent's merge of the repeats' files (bitdrift.run.inference.merge_repeats): 3
     repeats x 4 samples x 12 layers of 512 KiB per sample, read back equal to the
     repeats' values; Python's peak allocation stays near one batch of one layer. Sample 2
     is outside full_samples: its repeats' files hold its layers' digests only."""
@@ -255,7 +255,7 @@ def test_a_record_stopped_between_layers_leaves_nothing(tmp_path):
 WRITE_BIG = """
 import sys, numpy as np
 from bitdrift.errors import BitdriftError
-from bitdrift.record import write_record
+from bitdrift.record.hdf5 import write_record
 from tests.utils import BASE_ATTRS
 layers = [(f"l{i}", np.random.default_rng(i).standard_normal((2, 65536)).astype(np.float32))
           for i in range(8)]
@@ -292,7 +292,7 @@ def test_divergence_of_digest_only_samples_names_the_layer_without_a_precision(t
     sample 1's layers as digests only: the divergence table still names the first
     parting layer (from the digests), and leaves its remaining precision empty, while
     sample 0 (values kept) gets a number equal to numpy's count of the shared bits."""
-    from bitdrift.divergence import divergence_table
+    from bitdrift.analysis.divergence import divergence_table
 
     rng = np.random.default_rng(9)
     base = {index: {"output": np.repeat(rng.standard_normal((1, 10)).astype(np.float32), 2, 0),

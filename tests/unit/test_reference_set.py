@@ -6,8 +6,8 @@ import shutil
 import h5py
 import pytest
 
-from bitdrift import reference_set
 from bitdrift.errors import BitdriftError
+from bitdrift.inputs import reference_set
 
 
 def test_files_match_the_manifest_digests():

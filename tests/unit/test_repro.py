@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bitdrift.cli import main
-from bitdrift.inference import infer
+from bitdrift.run.inference import infer
 
 CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 2, "precision": "float32",
        "env": {}, "repeats": 1, "external": False}
@@ -118,7 +118,7 @@ def test_records_that_agree_another_model_or_format_are_refused(records, tmp_pat
     assert "other precisions (float32, float16)" in capsys.readouterr().err
     # a model file the records did not run: named
     other = tmp_path / "other.keras"
-    code = ("import keras, sys; from bitdrift.models import build_model; "
+    code = ("import keras, sys; from bitdrift.inputs.models import build_model; "
             "keras.utils.set_random_seed(1); build_model(keras, {'architecture': "
             "'cifar10_small'}, (32, 32, 3), 10).save(sys.argv[1])")
     subprocess.run([sys.executable, "-c", code, str(other)], check=True,
@@ -140,7 +140,7 @@ def test_records_that_agree_another_model_or_format_are_refused(records, tmp_pat
 def test_an_emulated_arm_device_is_refused_a_script_with_the_reason():
     """Its command would name this machine's QEMU, root and site: the folder says why
     instead (checked before anything about the layer is looked at)."""
-    from bitdrift.repro import refusal
+    from bitdrift.run.repro import refusal
 
     why = refusal({"backend": "onnxruntime", "precision": "float32",
                    "emulate": "neoverse-n1"}, None)

@@ -1,4 +1,4 @@
-"""Models of several inputs (bitdrift.datasets.NamedInputs): a .npz of one array per input,
+"""Models of several inputs (bitdrift.inputs.datasets.NamedInputs): a .npz of one array per input,
 matched to the model's inputs by name, checked when the config is read, and fed by name
 to ONNX Runtime, OpenVINO and torch eager through onnx2torch (an ONNX model) and torch
 eager (a .pt2 program); each recorded output checked against numpy or torch computing
@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from bitdrift import formats
 from bitdrift.config import validate_config
 from bitdrift.errors import ConfigError, DatasetError, ModelFormatError
-from bitdrift.record import Record
+from bitdrift.record.hdf5 import Record
 
 WEIGHTS = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
 SAMPLES = [0, 1, 3]  # batches of 2: the last one filled with sample 2
@@ -69,7 +69,7 @@ def config_of(model: str, inputs: str, backend: str = "onnxruntime") -> dict:
 
 
 def run_device(folder, model: str, inputs: str, backend: str, **keys):
-    from bitdrift.inference import infer
+    from bitdrift.run.inference import infer
 
     config = config_of(str(folder / model), str(folder / inputs), backend)
     config["devices"]["d"].update(keys)
@@ -210,7 +210,7 @@ def test_repro_refuses_a_node_fed_by_one_of_several_inputs_in_one_line(files, tm
 
     import h5py
 
-    from bitdrift.repro import NotReproducible, write_repro
+    from bitdrift.run.repro import NotReproducible, write_repro
 
     folder, _ = files
     path = folder / "two.onnx.onnxruntime.h5"

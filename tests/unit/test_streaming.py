@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from bitdrift.record import open_records
+from bitdrift.record.hdf5 import open_records
 
 DEVICES, SAMPLES, LAYERS, REPEATS, ELEMENTS = 4, 2, 12, 2, 32768
 # The layer where device d first differs from device 0 (None: never): its own bit flip
@@ -72,7 +72,7 @@ def truth_first_part(files, device_a: int, device_b: int, sample: int):
 
 
 def test_divergence_streams_one_layer_at_a_time(big_records):
-    from bitdrift.divergence import divergence_table
+    from bitdrift.analysis.divergence import divergence_table
 
     records = open_records(big_records)
     table, peak = peak_of(divergence_table, records)
@@ -93,7 +93,7 @@ def test_remaining_precision_rows_stream(big_records):
     """The ablation tables' rows (precision_rows, which ablation_layers and
     precision_casting read): per layer the classes and remaining precision, each layer
     read once over all devices and let go."""
-    from bitdrift.eqc import precision_rows
+    from bitdrift.analysis.eqc import precision_rows
 
     records = open_records(big_records)
     rows, peak = peak_of(precision_rows, records, "float32", significant=True)
@@ -119,9 +119,9 @@ PER_IMAGE = CONVS * SIDE * SIDE * FILTERS * 4  # every Conv2D layer's output of 
 REFERENCE_CODE = f"""
 import json, resource, sys
 import keras, numpy as np
-from bitdrift import export
-from bitdrift.datasets import read_test_images
-from bitdrift.models import layer_probe
+from bitdrift.backends.keras import export
+from bitdrift.inputs.datasets import read_test_images
+from bitdrift.inputs.models import layer_probe
 
 model_path, dataset, out, batch_bytes, check_bytes = sys.argv[1:6]
 keras.utils.set_random_seed(0)
@@ -149,14 +149,14 @@ print(json.dumps({{"grew": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss -
 
 def write_reference_in_tensorflow(tmp_path, batch_bytes: int, check_bytes: int):
     """A model of CONVS 32x32x64 Conv2D layers, its reference written by
-    bitdrift.export in a TensorFlow process; (how much its peak RSS grew while writing it,
+    bitdrift.backends.keras.export in a TensorFlow process; (how much its peak RSS grew while writing it,
     the reference's path, the truth computed there by Keras apart from it)."""
     import json
     import os
     import subprocess
     import sys
 
-    from bitdrift.datasets import prepare_dataset
+    from bitdrift.inputs.datasets import prepare_dataset
 
     dataset = tmp_path / "digits.h5"
     prepare_dataset("digits", {"source": "digits", "limit_train": 8,
@@ -181,7 +181,7 @@ def test_the_export_reference_is_written_in_bounded_memory(tmp_path):
     than the 64-image batch it ran in (96 MB of outputs held at once) or every layer in
     full; what it keeps is Keras' own values at every stride-th place, the layers'
     largest magnitudes and the classes, and a runtime's outputs still map by it."""
-    from bitdrift.reference import mapped_positions, read_reference
+    from bitdrift.backends.exported.expected import mapped_positions, read_reference
 
     grew, out, truth, classes = write_reference_in_tensorflow(tmp_path, 2 * PER_IMAGE,
                                                               4 * 8 * 2**14)
@@ -207,8 +207,8 @@ def test_the_export_reference_is_written_in_bounded_memory(tmp_path):
 def test_a_reference_whose_sampling_is_damaged_is_refused_in_one_line(tmp_path):
     import json
 
+    from bitdrift.backends.exported.expected import read_reference
     from bitdrift.errors import RecordError
-    from bitdrift.reference import read_reference
 
     meta = {"layers": [["conv", "Conv2D"]], "checked": {}, "check_indices": [0],
             "argmax_indices": [0], "model_sha256": "m", "check_shapes": [[1, 4]],
@@ -223,7 +223,7 @@ def test_a_reference_whose_sampling_is_damaged_is_refused_in_one_line(tmp_path):
 def test_the_class_tables_stream(big_records):
     """eqc.csv and eqc_layers.csv (eqc_tables): per layer each device's class, one layer
     over all devices at a time; the classes are those of the files' bytes."""
-    from bitdrift.eqc import eqc_tables
+    from bitdrift.analysis.eqc import eqc_tables
 
     records = open_records(big_records)
     (final, layers), peak = peak_of(eqc_tables, records)

@@ -13,7 +13,7 @@ import pytest
 from bitdrift import formats
 from bitdrift.config import validate_config
 from bitdrift.errors import ModelFormatError
-from bitdrift.record import Record
+from bitdrift.record.hdf5 import Record
 
 KERAS_TO_TFLITE = """
 import sys, keras, numpy as np, tensorflow as tf
@@ -41,7 +41,7 @@ SAMPLES = [0, 1, 5]
 
 @pytest.fixture(scope="module")
 def tflite_records(tmp_path_factory):
-    from bitdrift.inference import infer
+    from bitdrift.run.inference import infer
 
     folder = tmp_path_factory.mktemp("tflite")
     subprocess.run([sys.executable, "-c", KERAS_TO_TFLITE, str(folder)], check=True,
@@ -131,7 +131,7 @@ def test_a_tensor_xnnpack_keeps_inside_its_delegate_is_absent(tflite_records):
     then absent. Keeping every tensor, the record's run, gives every one a value."""
     from ai_edge_litert import interpreter
 
-    from bitdrift.backends import litert
+    from bitdrift.backends.exported import litert
 
     folder, _ = tflite_records
     path = folder / "model.tflite"

@@ -11,9 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-from bitdrift.backends import torch_conversions, torch_inductor, torch_program
-from bitdrift.backends.torch_conversions import ConversionError
-from bitdrift.backends.torch_program import EagerRunner, load_program
+from bitdrift.backends.torch_program import conversions as torch_conversions
+from bitdrift.backends.torch_program import inductor as torch_inductor
+from bitdrift.backends.torch_program import program as torch_program
+from bitdrift.backends.torch_program.conversions import ConversionError
+from bitdrift.backends.torch_program.program import EagerRunner, load_program
 from tests.unit.test_torch_program import cnn, encoder  # noqa: F401 (fixtures)
 
 # float32 kernels summing in another order: the same values to a few ulps of the outputs
@@ -123,7 +125,7 @@ def test_openvino_converts_the_program_with_the_layers_it_keeps(cnn, encoder):  
 
 
 def test_executorch_xnnpack_runs_the_program(cnn, tmp_path):  # noqa: F811
-    from bitdrift.backends.torch_executorch import ExecuTorchRunner
+    from bitdrift.backends.torch_program.executorch_runner import ExecuTorchRunner
 
     model, x, path = cnn
     program = load_program(path)

@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from bitdrift.backends import torch_program
-from bitdrift.backends.torch_program import EagerRunner, ProgramError, load_program
+from bitdrift.backends.torch_program import program as torch_program
+from bitdrift.backends.torch_program.program import EagerRunner, ProgramError, load_program
 
 
 class SmallCNN(nn.Module):

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from bitdrift.training import _fans, augment, cross_entropy, run_seeds
+from bitdrift.run.training import _fans, augment, cross_entropy, run_seeds
 
 
 def test_augmentation_is_seeded_crop():
@@ -58,8 +58,8 @@ def test_run_seeds_follow_the_switches():
 INITIAL_WEIGHTS = r"""
 import json, sys
 import numpy as np
-from bitdrift.devices import import_keras
-from bitdrift.training import fit, run_seeds, SOURCES
+from bitdrift.run.devices import import_keras
+from bitdrift.run.training import fit, run_seeds, SOURCES
 
 keras = import_keras(sys.argv[1])
 rng = np.random.default_rng(0)

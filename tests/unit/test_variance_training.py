@@ -2,8 +2,8 @@
 
 import pytest
 
-from bitdrift.datasets import prepare_dataset
 from bitdrift.errors import AcceleratorMissing, TrainingRunError
+from bitdrift.inputs.datasets import prepare_dataset
 from bitdrift.studies.variance.plans import ARMS
 from bitdrift.studies.variance.runs import train_run
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from bitdrift.examples import onnx_cnn
-from bitdrift.record import Record
+from bitdrift.inputs.examples import onnx_cnn
+from bitdrift.record.hdf5 import Record
 from tests.utils import snakemake
 
 pytestmark = pytest.mark.workflow
@@ -103,7 +103,7 @@ def test_only_the_onnx_runtimes_run_and_no_keras_rule(onnx_run):
     records = sorted(path.relative_to(workdir / "results/inference").as_posix()
                      for path in (workdir / "results/inference").rglob("*.h5"))
     # the failed device's failure record is cleared at the end of the run, so the next
-    # run tries it again (bitdrift.failures); its reason stays in device_failures.csv
+    # run tries it again (bitdrift.record.failures); its reason stays in device_failures.csv
     assert records == sorted([f"{model}/{device}.h5" for model in ("cnn", "two")
                               for device in [*ONNX_DEVICES, TORCH_DEVICE]]
                              + ["det/ort_all.h5", "det/ort_no_optimizations.h5"])

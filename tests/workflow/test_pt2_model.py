@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from bitdrift.examples import torch_cnn
-from bitdrift.record import Record
+from bitdrift.inputs.examples import torch_cnn
+from bitdrift.record.hdf5 import Record
 from tests.utils import snakemake
 
 pytestmark = pytest.mark.workflow

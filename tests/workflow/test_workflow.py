@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from bitdrift.eqc import EQC_COLUMNS, EQC_EXTRA_COLUMNS, PRECISION_COLUMNS
-from bitdrift.record import Record
+from bitdrift.analysis.eqc import EQC_COLUMNS, EQC_EXTRA_COLUMNS, PRECISION_COLUMNS
+from bitdrift.record.hdf5 import Record
 from tests.utils import open_every_category, snakemake
 
 pytestmark = pytest.mark.workflow
@@ -103,7 +103,7 @@ def test_figures_and_report_exist(run):
 def test_this_machine_among_the_machines_measured(run):
     """The reference model on atlas.devices, compared with the atlas shipped with bitdrift:
     each entry's verdict against per-layer digests computed here from the record."""
-    from bitdrift.atlas_entries import THIS_MACHINE, default_folder, read_atlas, settings
+    from bitdrift.atlas.entries import THIS_MACHINE, default_folder, read_atlas, settings
 
     workdir, _ = run
     table = pd.read_csv(workdir / "results/tables/atlas.csv")

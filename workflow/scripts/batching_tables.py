@@ -1,7 +1,7 @@
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.datasets import GRAMMAR_VOCABULARY
+    from bitdrift.inputs.datasets import GRAMMAR_VOCABULARY
     from bitdrift.studies.batching.analysis import write_batching
 
     write_batching(

@@ -1,9 +1,9 @@
 import sys
 
-from bitdrift.failures import failure_recorder
 from bitdrift.jobs import workflow_job
+from bitdrift.record.failures import failure_recorder
 
-# A device that fails leaves a failure record, and the other devices go on (bitdrift.failures)
+# A device that fails leaves a failure record, and the other devices go on (bitdrift.record.failures)
 on_failure = failure_recorder(
     snakemake.output[0],
     snakemake.wildcards.model,
@@ -12,7 +12,7 @@ on_failure = failure_recorder(
     snakemake.log[0],
 )
 with workflow_job(snakemake.log[0], on_failure=on_failure):
-    from bitdrift.inference import infer
+    from bitdrift.run.inference import infer
 
     infer(
         model_name=snakemake.wildcards.model,

@@ -3,7 +3,7 @@ import sys
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.inference import infer
+    from bitdrift.run.inference import infer
     from bitdrift.studies.probes.evaluation import evaluation_rows
 
     probe_rows, natural_rows = evaluation_rows(snakemake.input.dataset)

@@ -6,9 +6,9 @@ with workflow_job(snakemake.log[0]):
     from bitdrift import backends
 
     # A job of one Keras backend: Keras without the optional modules it would load and
-    # this job never uses (bitdrift.backends.keras_common.preimport), seconds less start-up
+    # this job never uses (bitdrift.backends.keras.common.preimport), seconds less start-up
     backends.get(snakemake.params.spec["train"]["backend"]).preimport()
-    from bitdrift.training import train_model
+    from bitdrift.run.training import train_model
 
     train_model(
         spec=snakemake.params.spec,

@@ -8,7 +8,7 @@ Every module has:
 - ``NAME`` and ``environment(device) -> dict``: variables its process needs set before the
   framework is imported (e.g. ``KERAS_BACKEND``);
 - ``preimport()``: what a worker process imports before its job, and ``PREFORK``: whether
-  a CPU device's repeats are children forked after that import (bitdrift.prefork) instead
+  a CPU device's repeats are children forked after that import (bitdrift.run.workers) instead
   of fresh processes (a GPU or TPU device's never are: ``prefork.forkable``);
 - ``import_keras()``: Keras on this backend (refusing a process already on another);
 - ``configure_threads(threads)``, ``configure_determinism(deterministic)``: the framework's
@@ -21,9 +21,9 @@ Every module has:
 
 and ``open_session(job, name) -> Session``: the model loaded (cast, placed on the
 accelerator) and callable on a batch, returning the recorded layers' outputs, with the
-model as deployed beside it (final output only: the observer check, bitdrift.observer). The
+model as deployed beside it (final output only: the observer check, bitdrift.analysis.observer). The
 Keras backends (``tensorflow``, ``torch``, ``jax``) share theirs (``keras_common``); the exported
-runtimes (``onnxruntime``, ``openvino``, ``litert``) run the file ``bitdrift.export``
+runtimes (``onnxruntime``, ``openvino``, ``litert``) run the file ``bitdrift.backends.keras.export``
 wrote from the same ``.keras`` model (``exported``), and cannot train. A torch.export
 program (``.pt2``) runs on ``torch_export`` (eager, per module), ``torch_inductor``
 (torch.compile) and ``executorch``, and converted on onnxruntime, openvino and litert
@@ -102,15 +102,15 @@ class Session:
     # compiled graph, when the job traces ({layer: [KernelCall as dict]}); None otherwise
     kernels: dict | None = None
     # The Dense and Conv2D layers whose summation order can be revealed ({layer:
-    # bitdrift.accumulation.probe_spec}) and how: order_probe(spec, batch) returns a function
+    # bitdrift.analysis.accumulation.probe_spec}) and how: order_probe(spec, batch) returns a function
     # of (kernel as (terms, units), bias) giving the (batch, units) sums of a batch of ones
-    # through such a layer alone, in the runtime's own format (bitdrift.accumulation)
+    # through such a layer alone, in the runtime's own format (bitdrift.analysis.accumulation)
     order_layers: dict = field(default_factory=dict)
     order_probe: Callable | None = None
     # The summing layers whose order is not revealed, and why ({layer: reason}): a model
     # of another format whose nodes bitdrift does not probe yet; recorded as not revealed
     unrevealed: dict = field(default_factory=dict)
-    # The model as deployed (the observer check, bitdrift.observer): ``deployed(batch)``
+    # The model as deployed (the observer check, bitdrift.analysis.observer): ``deployed(batch)``
     # gives the final output of the program a user runs, the final output alone with the
     # runtime's own graph optimisations, and ``deployed_program`` says which program that
     # is; None where the session has none (a traced job, an exported runtime without its

@@ -9,8 +9,8 @@ from bitdrift.errors import ConfigError, RecordError
 
 
 def cmd_identify(args) -> int:
-    from bitdrift.explain import identify
-    from bitdrift.record import open_records
+    from bitdrift.analysis.explain import identify
+    from bitdrift.record.hdf5 import open_records
 
     if sum(bool(found) for found in (args.against, args.index,
                                      args.atlas is not None)) != 1:
@@ -22,8 +22,8 @@ def cmd_identify(args) -> int:
         return cmd_identify_atlas(args)
     eqc = None
     if args.eqc:
+        from bitdrift.analysis.eqc import EQC_COLUMNS
         from bitdrift.atomic import read_table
-        from bitdrift.eqc import EQC_COLUMNS
 
         eqc = read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc")
     unknown, *known = open_records([args.record, *args.against])
@@ -51,8 +51,8 @@ def cmd_identify(args) -> int:
 
 
 def cmd_identify_indexed(args) -> int:
-    from bitdrift.atlas import Index
-    from bitdrift.record import Record
+    from bitdrift.atlas.digest_index import Index
+    from bitdrift.record.hdf5 import Record
 
     found = Index.read(args.index).identify(Record(args.record))
     if found.matched:
@@ -68,7 +68,7 @@ def cmd_identify_indexed(args) -> int:
 def _read_atlas(folder):
     """The atlas's readable entries; a line on standard error for each refused one (the
     comparison goes on without it)."""
-    from bitdrift.atlas_entries import default_folder, read_atlas
+    from bitdrift.atlas.entries import default_folder, read_atlas
 
     atlas = read_atlas(folder or default_folder())
     for line in atlas.refused:
@@ -80,7 +80,7 @@ def cmd_identify_atlas(args) -> int:
     """The machines and devices of the atlas whose every layer gives the record's bits
     (its device's layers, on the reference model's samples); else the nearest by the
     remaining precision of the final output."""
-    from bitdrift.atlas_entries import identify
+    from bitdrift.atlas.entries import identify
 
     found = identify(args.record, _read_atlas(args.atlas))
     machines = "; ".join(f"{machine}: {', '.join(devices)}"
@@ -99,7 +99,7 @@ def cmd_atlas(args) -> int:
 
 
 def cmd_atlas_add(args) -> int:
-    from bitdrift.atlas_entries import add, default_folder, encode, machine_name
+    from bitdrift.atlas.entries import add, default_folder, encode, machine_name
 
     written = add(args.files, args.atlas or default_folder(), replace=args.replace)
     if not written:
@@ -112,7 +112,7 @@ def cmd_atlas_add(args) -> int:
 
 
 def cmd_atlas_compare(args) -> int:
-    from bitdrift.atlas_entries import compare_records
+    from bitdrift.atlas.entries import compare_records
 
     atlas = _read_atlas(args.atlas)
     lines = compare_records(args.files, atlas, table=args.out, refused_table=args.refused_out,
@@ -123,8 +123,8 @@ def cmd_atlas_compare(args) -> int:
 
 
 def cmd_index(args) -> int:
-    from bitdrift.atlas import Index
-    from bitdrift.record import open_records
+    from bitdrift.atlas.digest_index import Index
+    from bitdrift.record.hdf5 import open_records
 
     index = Index.build(open_records(args.files), args.layer)
     index.write(args.out)

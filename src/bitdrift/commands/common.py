@@ -38,13 +38,13 @@ def default_workers() -> int:
 
 def open_checked(args):
     """Open the records; with --expect, check them against the workflow's files."""
-    from bitdrift.record import RecordError, open_records
+    from bitdrift.record.hdf5 import RecordError, open_records
 
     records = open_records(args.files)
     if not args.expect:
         return records
     # Only here: provenance reads models and datasets (~20 ms of imports).
-    from bitdrift.provenance import check_layout, check_provenance
+    from bitdrift.run.provenance import check_layout, check_provenance
 
     check_layout(records, [model for model, _, _ in args.expect])
     for model, model_path, dataset_path in args.expect:

@@ -7,7 +7,7 @@ import sys
 
 def cmd_emulation_check(args) -> int:
     from bitdrift.atomic import write_csv
-    from bitdrift.emulation_check import COLUMNS, NO_REFERENCE, MismatchError, check
+    from bitdrift.emulation.fidelity import COLUMNS, NO_REFERENCE, MismatchError, check
 
     try:
         rows = check(args.kernels, args.models)
@@ -26,7 +26,7 @@ def cmd_emulation_check(args) -> int:
 
 
 def cmd_install_qemu(args) -> int:
-    from bitdrift.qemu import install_qemu
+    from bitdrift.emulation.qemu import install_qemu
 
     done = install_qemu(args.prefix, args.targets, args.mirror, args.suite)
     print(f"bitdrift: QEMU {done['version']} (Debian's static build): "
@@ -35,7 +35,7 @@ def cmd_install_qemu(args) -> int:
 
 
 def cmd_install_aarch64(args) -> int:
-    from bitdrift import aarch64
+    from bitdrift.emulation import aarch64
 
     done = aarch64.install(mirror=args.mirror, runtimes=args.runtimes)
     print(f"bitdrift: aarch64 userland ({len(done['packages'])} Debian arm64 packages; "
@@ -46,7 +46,7 @@ def cmd_install_aarch64(args) -> int:
 
 def add_commands(sub) -> None:
     """Register these commands on the `bitdrift` subparsers."""
-    from bitdrift.emulation_check import CLASSES, KERNELS
+    from bitdrift.emulation.fidelity import CLASSES, KERNELS
 
     p = sub.add_parser("emulation-check", help="are emulated CPUs faithful: small kernels "
                        "under QEMU against the host forced to that CPU class's kernels")
@@ -57,7 +57,7 @@ def add_commands(sub) -> None:
     p.add_argument("--out", required=True, help="the table (CSV)")
     p.set_defaults(func=cmd_emulation_check)
 
-    from bitdrift.qemu import DEBIAN_MIRROR, DEBIAN_SUITE
+    from bitdrift.emulation.qemu import DEBIAN_MIRROR, DEBIAN_SUITE
 
     p = sub.add_parser("install-qemu", help="QEMU's user-mode emulators (Debian's static "
                        "build) into this environment, for nodes without apt-get or root")
@@ -76,7 +76,7 @@ def add_commands(sub) -> None:
                        "Debian's arm64 python and aarch64 wheels of their runtimes, into this "
                        "environment")
     # no --prefix: Arm devices look for their userland in the environment that runs them
-    from bitdrift.aarch64 import DEFAULT_RUNTIMES, RUNTIMES
+    from bitdrift.emulation.aarch64 import DEFAULT_RUNTIMES, RUNTIMES
 
     p.add_argument("--runtimes", nargs="+", choices=list(RUNTIMES),
                    default=list(DEFAULT_RUNTIMES),

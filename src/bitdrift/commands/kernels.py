@@ -15,11 +15,11 @@ from bitdrift.errors import ConfigError
 def cmd_kernels(args) -> None:
     import pandas as pd
 
+    from bitdrift.analysis.eqc import EQC_COLUMNS
+    from bitdrift.analysis.explain import COVERAGE_COLUMNS, coverage
+    from bitdrift.analysis.kernels import TABLE_COLUMNS, kernels_table
     from bitdrift.atomic import read_table, write_csv
-    from bitdrift.eqc import EQC_COLUMNS
     from bitdrift.errors import RecordError
-    from bitdrift.explain import COVERAGE_COLUMNS, coverage
-    from bitdrift.kernels import TABLE_COLUMNS, kernels_table
 
     records = open_checked(args)
     rows, lacking = kernels_table(records)
@@ -51,8 +51,8 @@ def cmd_kernels(args) -> None:
                   f"{row['deployed_only']}; adjusted Rand index (kernel signature, "
                   f"class) {_rounded(row['adjusted_rand_index_mean'])}")
     if args.orders_out:
-        from bitdrift.accumulation import TABLE_COLUMNS as ORDER_COLUMNS
-        from bitdrift.accumulation import orders_table
+        from bitdrift.analysis.accumulation import TABLE_COLUMNS as ORDER_COLUMNS
+        from bitdrift.analysis.accumulation import orders_table
 
         orders = orders_table(records)
         write_csv(orders, args.orders_out, columns=ORDER_COLUMNS)
@@ -73,11 +73,11 @@ def _rounded(value) -> str:
 
 
 def cmd_plot_kernels(args) -> None:
+    from bitdrift.analysis.eqc import EQC_COLUMNS
+    from bitdrift.analysis.explain import COVERAGE_COLUMNS
+    from bitdrift.analysis.kernels import TABLE_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.eqc import EQC_COLUMNS
-    from bitdrift.explain import COVERAGE_COLUMNS
-    from bitdrift.figures import plot_kernels
-    from bitdrift.kernels import TABLE_COLUMNS
+    from bitdrift.report.figures import plot_kernels
 
     plot_kernels(read_table(args.table, TABLE_COLUMNS, "bitdrift kernels"),
                  read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"),
@@ -88,10 +88,10 @@ def cmd_plot_kernels(args) -> None:
 
 
 def cmd_plot_orders(args) -> None:
-    from bitdrift.accumulation import contrasting_pair
+    from bitdrift.analysis.accumulation import contrasting_pair
+    from bitdrift.analysis.divergence import DIVERGENCE_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.divergence import DIVERGENCE_COLUMNS
-    from bitdrift.figures import plot_orders
+    from bitdrift.report.figures import plot_orders
 
     records = open_checked(args)
     divergence = read_table(args.divergence, DIVERGENCE_COLUMNS, "bitdrift divergence")

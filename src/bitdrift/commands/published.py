@@ -1,5 +1,5 @@
 """`bitdrift import-published`: the published records of the study bitdrift follows
-(Schlögl, Hofer & Böhme 2023) as bitdrift records (bitdrift.published)."""
+(Schlögl, Hofer & Böhme 2023) as bitdrift records (bitdrift.atlas.published)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 
 def cmd_import_published(args) -> None:
-    from bitdrift.published import import_published
+    from bitdrift.atlas.published import import_published
 
     written = import_published(args.folder, args.out, datasets=args.datasets)
     models = sorted({path.parent.name for path in written})

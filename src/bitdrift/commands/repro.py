@@ -1,11 +1,11 @@
 """`bitdrift repro`: the first layer where two devices part, as a folder of one-layer
-scripts that reproduce each device's bits (bitdrift.repro)."""
+scripts that reproduce each device's bits (bitdrift.run.repro)."""
 
 from __future__ import annotations
 
 
 def cmd_repro(args) -> int:
-    from bitdrift.repro import check_repro, write_repro
+    from bitdrift.run.repro import check_repro, write_repro
 
     summary = write_repro(args.files[0], args.files[1], args.model_file, args.out,
                           dataset_path=args.dataset_file)

@@ -15,7 +15,7 @@ from bitdrift.errors import ConfigError
 
 
 def cmd_prepare_dataset(args) -> None:
-    from bitdrift.datasets import prepare_dataset
+    from bitdrift.inputs.datasets import prepare_dataset
 
     config = read_config(args.config)
     prepare_dataset(args.dataset, config["datasets"][args.dataset],
@@ -23,7 +23,7 @@ def cmd_prepare_dataset(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from bitdrift.training import train_model
+    from bitdrift.run.training import train_model
 
     config = read_config(args.config)
     spec = model_spec(config, args.model)
@@ -44,9 +44,9 @@ def cmd_train(args) -> None:
 def cmd_infer(args) -> None:
     from pathlib import Path
 
+    from bitdrift.backends.keras.export import inference_inputs
     from bitdrift.config import replay_settings
-    from bitdrift.export import inference_inputs
-    from bitdrift.inference import infer
+    from bitdrift.run.inference import infer
 
     config = read_config(args.config)
     model_spec(config, args.model)  # refuses an unknown model
@@ -74,8 +74,8 @@ def cmd_infer(args) -> None:
         deployed = None
     unchecked = None
     if reference and not args.reference and "export" not in inputs and Path(reference).is_file():
-        from bitdrift.models import model_digest
-        from bitdrift.reference import read_reference
+        from bitdrift.backends.exported.expected import read_reference
+        from bitdrift.inputs.models import model_digest
 
         if read_reference(reference).model_sha256 != model_digest(model_path):
             # The workflow's reference is of the workflow's model; --model-file ran another.
@@ -105,8 +105,8 @@ def cmd_infer(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from bitdrift.export import export_model, write_reference
-    from bitdrift.reference import FORMATS
+    from bitdrift.backends.exported.expected import FORMATS
+    from bitdrift.backends.keras.export import export_model, write_reference
 
     config = read_config(args.config)
     spec = model_spec(config, args.model)

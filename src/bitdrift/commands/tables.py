@@ -14,8 +14,8 @@ from bitdrift.commands.common import (
 
 
 def cmd_eqc(args) -> None:
+    from bitdrift.analysis.eqc import eqc_tables
     from bitdrift.atomic import write_csv
-    from bitdrift.eqc import eqc_tables
 
     records = open_checked(args)
     final, layers = eqc_tables(records, layers=args.layers_out is not None)
@@ -27,8 +27,8 @@ def cmd_eqc(args) -> None:
 
 
 def cmd_precision(args) -> None:
+    from bitdrift.analysis.eqc import PRECISION_COLUMNS, PRECISION_EXTRA_COLUMNS, precision_rows
     from bitdrift.atomic import write_csv
-    from bitdrift.eqc import PRECISION_COLUMNS, PRECISION_EXTRA_COLUMNS, precision_rows
 
     rows = precision_rows(open_checked(args), precision=args.precision,
                           significant=args.significant_bits, workers=args.workers)
@@ -36,8 +36,12 @@ def cmd_precision(args) -> None:
 
 
 def cmd_effective_precision(args) -> None:
+    from bitdrift.analysis.effective_precision import (
+        TABLE_COLUMNS,
+        effective_precision_table,
+        summary,
+    )
     from bitdrift.atomic import write_csv
-    from bitdrift.effective_precision import TABLE_COLUMNS, effective_precision_table, summary
 
     records = open_checked(args)
     rows = effective_precision_table(records)
@@ -51,15 +55,15 @@ def cmd_effective_precision(args) -> None:
 
 
 def cmd_divergence(args) -> None:
+    from bitdrift.analysis.divergence import divergence_table
     from bitdrift.atomic import write_csv
-    from bitdrift.divergence import divergence_table
 
     write_csv(divergence_table(open_checked(args)), args.out)
 
 
 def cmd_explain(args) -> None:
+    from bitdrift.analysis.explain import explain_table
     from bitdrift.atomic import write_csv
-    from bitdrift.explain import explain_table
 
     explain, flags, classes = explain_table(open_checked(args), layers=args.layers,
                                             time_budget=args.time_budget)
@@ -72,7 +76,7 @@ def cmd_explain(args) -> None:
 
 def cmd_agreement(args) -> None:
     from bitdrift.atomic import write_csv
-    from bitdrift.export import AGREEMENT_COLUMNS, agreement_table
+    from bitdrift.backends.keras.export import AGREEMENT_COLUMNS, agreement_table
 
     rows = agreement_table(open_checked(args))
     write_csv(rows, args.out, columns=AGREEMENT_COLUMNS)
@@ -83,8 +87,8 @@ def cmd_agreement(args) -> None:
 
 
 def cmd_observer(args) -> None:
+    from bitdrift.analysis.observer import OBSERVER_COLUMNS, changed_devices, observer_table
     from bitdrift.atomic import write_csv
-    from bitdrift.observer import OBSERVER_COLUMNS, changed_devices, observer_table
 
     rows = observer_table(open_checked(args))
     write_csv(rows, args.out, columns=OBSERVER_COLUMNS)
@@ -98,7 +102,7 @@ def cmd_observer(args) -> None:
 
 def cmd_failures(args) -> None:
     from bitdrift.atomic import write_csv
-    from bitdrift.failures import TABLE_COLUMNS, failure_rows
+    from bitdrift.record.failures import TABLE_COLUMNS, failure_rows
 
     rows = failure_rows(args.files)
     write_csv(rows, args.out, columns=TABLE_COLUMNS)
@@ -109,7 +113,7 @@ def cmd_failures(args) -> None:
 def cmd_findings(args) -> None:
     from pathlib import Path
 
-    from bitdrift.findings import STUDY_TABLES, TABLES, write_findings
+    from bitdrift.report.findings import STUDY_TABLES, TABLES, write_findings
 
     tables = {name: Path(args.tables) / f"{name}.csv" for name in (*TABLES, *STUDY_TABLES)}
     sections = write_findings(tables, args.files, args.out, args.rst_out, args.figure)

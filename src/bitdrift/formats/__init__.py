@@ -11,7 +11,7 @@ Every loader module has:
   raises ModelFormatError naming the file and what is wrong;
 - ``signature(path) -> list[Input]``: the model's inputs (None for a dimension the model
   leaves free), read without running it;
-- ``file_layers(path)``: its layers as bitdrift.models.keras_file_layers gives a Keras
+- ``file_layers(path)``: its layers as bitdrift.inputs.models.keras_file_layers gives a Keras
   model's (the analyses that recompute a layer from its weights), or None where the
   format has no such reading yet;
 - ``RUNTIMES``: the runtimes (bitdrift.backends) that run the file, and
@@ -110,11 +110,11 @@ def check_inputs(inputs_path, model_path, format: str | None = None,
     holding NaN or Inf are refused: a non-finite input propagates through every layer,
     and the classes would compare how runtimes treat NaN, not how they round. Returns the
     signature."""
-    from bitdrift.datasets import NamedInputs, read_inputs, sample_count, sample_shape
+    from bitdrift.inputs.datasets import NamedInputs, read_inputs, sample_count, sample_shape
 
     inputs = read_inputs(inputs_path)
     if samples is not None:
-        from bitdrift.datasets import _check_indices
+        from bitdrift.inputs.datasets import _check_indices
 
         _check_indices(inputs_path, samples, sample_count(inputs), "; config key samples")
     expected = signature(model_path, format)
@@ -204,7 +204,7 @@ def open_session(job: dict, name: str):
 
 
 def file_layers(path) -> list[dict] | None:
-    """The model's layers with their weights (bitdrift.models.keras_file_layers' shape),
+    """The model's layers with their weights (bitdrift.inputs.models.keras_file_layers' shape),
     whatever its format; None where its loader has no such reading."""
     loader = get(detect(path))
     return loader.file_layers(path) if loader.file_layers is not None else None

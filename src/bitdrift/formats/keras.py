@@ -1,6 +1,6 @@
 """Keras models: a ``.keras`` archive (a zip holding config.json) or a legacy ``.h5``
 (HDF5 with a model_config attribute). Keras' own runtimes open them (bitdrift.backends:
-tensorflow, torch, jax), and the exported runtimes run bitdrift.export's conversions."""
+tensorflow, torch, jax), and the exported runtimes run bitdrift.backends.keras.export's conversions."""
 
 from __future__ import annotations
 
@@ -60,13 +60,13 @@ def check(path) -> None:
 def signature(path) -> list[Input]:
     """The input a ``.keras`` file declares (float32: Keras casts to the device's
     precision); none read from a legacy .h5."""
-    from bitdrift.models import model_input_shape
+    from bitdrift.inputs.models import model_input_shape
 
     shape = model_input_shape(path)
     return [] if shape is None else [Input("input", (None, *shape), "float32")]
 
 
 def file_layers(path) -> list[dict]:
-    from bitdrift.models import keras_file_layers
+    from bitdrift.inputs.models import keras_file_layers
 
     return keras_file_layers(path)

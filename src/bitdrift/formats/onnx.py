@@ -121,8 +121,8 @@ def open_session(runtime, job: dict, name: str):
     import onnx
 
     from bitdrift.backends import Session
+    from bitdrift.backends.exported.expected import unreadable_export
     from bitdrift.errors import BitdriftError
-    from bitdrift.reference import unreadable_export
 
     if runtime.NAME == "torch_export":
         return torch_session(runtime, job, name)
@@ -165,7 +165,7 @@ def open_session(runtime, job: dict, name: str):
     if trace:
         from dataclasses import asdict
 
-        from bitdrift.kernels import graph_layer_calls
+        from bitdrift.analysis.kernels import graph_layer_calls
 
         nodes, outputs = nodes_outputs
         found = graph_layer_calls(nodes, outputs, {position: layer for position, (layer, _)
@@ -196,14 +196,14 @@ def open_session(runtime, job: dict, name: str):
 def torch_session(runtime, job: dict, name: str):
     """A Session of torch eager (``runtime``: torch_export, its knobs: threads,
     deterministic, precision, the libraries' ISA variables) on the model converted by
-    onnx2torch (bitdrift.backends.torch_conversions.from_onnx; converter and versions in
+    onnx2torch (bitdrift.backends.torch_program.conversions.from_onnx; converter and versions in
     the fingerprint; an op it lacks fails this device alone, named). Each node's output is
     recorded under the ONNX value it computes, the names an ONNX runtime's record has; a
     value no fx node is known to compute is unmapped, never guessed. The GraphModule's
     own forward is the model as deployed."""
     from bitdrift.backends import Session
-    from bitdrift.backends.torch_conversions import from_onnx
-    from bitdrift.backends.torch_program import (
+    from bitdrift.backends.torch_program.conversions import from_onnx
+    from bitdrift.backends.torch_program.program import (
         ProgramError,
         cast_module,
         configure,
@@ -283,10 +283,10 @@ def litert_session(runtime, job: dict, name: str):
     import shutil
     import tempfile
 
-    from bitdrift.backends import torch_conversions as conversions
-    from bitdrift.backends.torch_program import run_graph, to_tensor
-    from bitdrift.datasets import first_batch
+    from bitdrift.backends.torch_program import conversions
+    from bitdrift.backends.torch_program.program import run_graph, to_tensor
     from bitdrift.formats import tflite
+    from bitdrift.inputs.datasets import first_batch
 
     device, path = job["device"], job["model_path"]
     accelerator = runtime.check_accelerator(name, device)
@@ -336,7 +336,7 @@ def litert_session(runtime, job: dict, name: str):
 
 def compile_model(runtime, path, device, accelerator, trace, name, shown=None):
     """runtime.compile, an op the runtime lacks named in one line (only this device
-    fails: bitdrift.failures); ``shown`` the file the user gave (of an instrumented copy)."""
+    fails: bitdrift.record.failures); ``shown`` the file the user gave (of an instrumented copy)."""
     try:
         return runtime.compile(path, device, accelerator, trace)
     except Exception as error:
@@ -361,7 +361,7 @@ OP_WORDS = ("no conversion rule found for operations", "not implemented", "no ke
 
 
 def file_layers(path) -> list[dict]:
-    """The model's nodes as bitdrift.models.keras_file_layers gives a Keras model's (named
+    """The model's nodes as bitdrift.inputs.models.keras_file_layers gives a Keras model's (named
     as the record names them), for
     the analyses that recompute a layer from its weights (effective precision, repro):
     each graph input as an InputLayer, each MatMul or Gemm with constant weights as a
@@ -426,8 +426,8 @@ def file_layers(path) -> list[dict]:
                     "data_format": "channels_first", "groups": int(number("group", 1))},
                     weights=[kernel] + ([bias] if bias is not None else []))
         layers.append(entry)
-    # named as the record names them (HDF5 takes "/" for a path: bitdrift.record)
-    from bitdrift.record import _sanitize
+    # named as the record names them (HDF5 takes "/" for a path: bitdrift.record.hdf5)
+    from bitdrift.record.hdf5 import _sanitize
 
     return [dict(layer, name=_sanitize(layer["name"]),
                  inbound=[_sanitize(name) for name in layer["inbound"]]) for layer in layers]
@@ -460,10 +460,10 @@ def _padding(attributes, number, ints, kernel_shape) -> str | None:
 def node_model(path, layer: str, input_shape: tuple):
     """The node whose output the record names ``layer`` alone, as an ONNX model of the
     same opset: its input ``x`` (a batch of ``input_shape``), its constant operands as
-    initializers, its attributes as in the file, its output ``y`` (bitdrift.repro)."""
+    initializers, its attributes as in the file, its output ``y`` (bitdrift.run.repro)."""
     from onnx import helper
 
-    from bitdrift.record import _sanitize
+    from bitdrift.record.hdf5 import _sanitize
 
     model = _load(path)
     graph = model.graph
@@ -500,10 +500,10 @@ def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
     """({output: (effective-precision spec, [kernel, bias])}, {output: order probe spec}):
     the MatMul, Gemm (as Dense) and Conv (as channels-first Conv2D) nodes whose output and
     input are recorded, named by their output as the session records it; the order of the
-    Dense ones over a (batch, terms) input is revealed (bitdrift.accumulation)."""
-    from bitdrift.accumulation import probe_spec
-    from bitdrift.effective_precision import spec_from_config
-    from bitdrift.record import _sanitize
+    Dense ones over a (batch, terms) input is revealed (bitdrift.analysis.accumulation)."""
+    from bitdrift.analysis.accumulation import probe_spec
+    from bitdrift.analysis.effective_precision import spec_from_config
+    from bitdrift.record.hdf5 import _sanitize
 
     raw = {_sanitize(name): name for name in recorded}
     layers = file_layers(path)
@@ -563,7 +563,7 @@ def node_order_probe(runtime, path, device: dict, accelerator: dict):
     import onnx
     from onnx import numpy_helper
 
-    from bitdrift.backends.exported import run_probe_model
+    from bitdrift.backends.exported.common import run_probe_model
 
     def make(spec: dict, batch: int):
         conv = spec["op_type"] == "Conv"

@@ -97,7 +97,7 @@ def converted_session(runtime, job: dict, name: str):
     import shutil
     import tempfile
 
-    from bitdrift.backends.torch_export import load, program_layers
+    from bitdrift.backends.torch_program.eager import load, program_layers
 
     device = job["device"]
     accelerator = runtime.check_accelerator(name, device)
@@ -116,7 +116,7 @@ def _converted(runtime, job, name, program, layers, accelerator, folder):
     import os
 
     from bitdrift.backends import Session
-    from bitdrift.backends import torch_conversions as conversions
+    from bitdrift.backends.torch_program import conversions
     from bitdrift.errors import BitdriftError, InferenceError
     from bitdrift.formats.onnx import compile_model
 
@@ -202,10 +202,10 @@ def _litert_session(runtime, job, name, program, layers, accelerator, folder):
     the first batch), the others unmapped; the final output last."""
     import os
 
-    from bitdrift.backends import torch_conversions as conversions
-    from bitdrift.backends.torch_program import EagerRunner
-    from bitdrift.datasets import first_batch
+    from bitdrift.backends.torch_program import conversions
+    from bitdrift.backends.torch_program.program import EagerRunner
     from bitdrift.formats import tflite
+    from bitdrift.inputs.datasets import first_batch
 
     batch = job["device"]["batch_size"]
     first = first_batch(job["dataset_path"], batch)
@@ -235,7 +235,7 @@ def _litert_session(runtime, job, name, program, layers, accelerator, folder):
 
 # -- the program's layers, as the analyses take them ------------------------------------------
 def file_layers(path) -> list[dict]:
-    """The program's layers as bitdrift.models.keras_file_layers gives a Keras model's,
+    """The program's layers as bitdrift.inputs.models.keras_file_layers gives a Keras model's,
     named as the torch_export device records them (module paths, torch_program.
     module_outputs): each user input as an InputLayer, each ``aten.linear`` call as a
     Dense layer (kernel ``weight.T``, (terms, units)), each ``aten.conv2d`` call whose
@@ -246,14 +246,14 @@ def file_layers(path) -> list[dict]:
     outside any module: not recorded). ``op_type`` is the module class (Linear, Conv2d),
     ``node`` the graph node, ``input_shape`` its input's shape per sample (None where
     dynamic)."""
-    from bitdrift.backends.torch_program import load_program
+    from bitdrift.backends.torch_program.program import load_program
 
     return program_file_layers(load_program(path))
 
 
 def program_file_layers(program) -> list[dict]:
     """file_layers of a loaded ExportedProgram."""
-    from bitdrift.backends.torch_program import module_outputs
+    from bitdrift.backends.torch_program.program import module_outputs
 
     module = program.module()
     recorded, _ = module_outputs(module.graph)
@@ -299,7 +299,7 @@ def program_file_layers(program) -> list[dict]:
                     "data_format": "channels_first", "groups": int(groups)},
                     weights=[kernel] + ([bias] if bias is not None else []))
         layers.append(entry)
-    from bitdrift.record import _sanitize  # named as the record names them
+    from bitdrift.record.hdf5 import _sanitize  # named as the record names them
 
     return [dict(layer, name=_sanitize(layer["name"]),
                  inbound=[_sanitize(name) for name in layer["inbound"]]) for layer in layers]
@@ -331,7 +331,7 @@ def _value(module, node) -> np.ndarray | None:
         return None
     from functools import reduce
 
-    from bitdrift.backends.torch_program import to_numpy
+    from bitdrift.backends.torch_program.program import to_numpy
 
     return to_numpy(reduce(getattr, node.target.split("."), module))
 
@@ -371,16 +371,16 @@ def _padding(pads, strides, dilations, kernel_shape) -> str | None:
 def checked_layers(layers: list[dict], recorded: list[str], precision: str) -> tuple[dict,
                                                                                     dict, dict]:
     """({layer: (effective-precision spec, [kernel, bias] as the device had them)},
-    {layer: order probe spec (bitdrift.accumulation.probe_spec)}, {layer: why its order
+    {layer: order probe spec (bitdrift.analysis.accumulation.probe_spec)}, {layer: why its order
     is not revealed}) of the recorded Linear and Conv2d calls among ``layers``
     (file_layers); the effective-precision check takes those fed by the program input or
     a recorded call. A Linear's order is probed over (batch, terms) inputs, a Conv2d's
     (groups 1) at its input's own shape, channels-last in the spec (its terms in Keras'
     order: position, then channel) and channels-first where the probe runs it
     (node_order_probe)."""
-    from bitdrift.accumulation import probe_spec
-    from bitdrift.effective_precision import spec_from_config
-    from bitdrift.models import numpy_dtype
+    from bitdrift.analysis.accumulation import probe_spec
+    from bitdrift.analysis.effective_precision import spec_from_config
+    from bitdrift.inputs.models import numpy_dtype
 
     inputs = {layer["name"] for layer in layers if layer["class_name"] == "InputLayer"}
     checked, orders, unrevealed = {}, {}, {}
@@ -432,8 +432,8 @@ def node_order_probe(precision: str):
     input and output channels-first, the sums read back channels-last)."""
     import torch
 
-    from bitdrift.accumulation import probe_output
-    from bitdrift.backends.torch_program import to_numpy, to_tensor, torch_dtype
+    from bitdrift.analysis.accumulation import probe_output
+    from bitdrift.backends.torch_program.program import to_numpy, to_tensor, torch_dtype
 
     dtype = torch_dtype(precision)
 

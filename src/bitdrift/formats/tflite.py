@@ -1,5 +1,5 @@
 """LiteRT flatbuffers (``.tflite``: the file identifier ``TFL3`` at bytes 4..8), run as
-they are by LiteRT (bitdrift.backends.litert, its resolver and threads as device keys).
+they are by LiteRT (bitdrift.backends.exported.litert, its resolver and threads as device keys).
 
 The per-layer record names each value by the file's own tensor names: every float tensor
 a node outputs, in the interpreter's execution order, the final outputs last, read from
@@ -89,9 +89,9 @@ def file_session(runtime, job: dict, name: str, path, rename=None,
     from pathlib import Path
 
     from bitdrift.backends import Session
-    from bitdrift.datasets import first_batch
     from bitdrift.errors import BitdriftError, InferenceError
     from bitdrift.formats.onnx import cannot_run
+    from bitdrift.inputs.datasets import first_batch
 
     device, shown = job["device"], job["model_path"]
     if accelerator is None:
@@ -154,15 +154,15 @@ def file_session(runtime, job: dict, name: str, path, rename=None,
     if trace:
         from dataclasses import asdict
 
-        from bitdrift.kernels import graph_layer_calls
+        from bitdrift.analysis.kernels import graph_layer_calls
 
         nodes, outputs = nodes_outputs
         found = graph_layer_calls(nodes, outputs, {position: layer for position, layer, _, _
                                                    in recorded})
         kernels = {layer: [asdict(call) for call in calls] for layer, calls in found.items()}
     layers = [(layer, kind) for _, layer, kind, _ in recorded]
-    # named as the record names the layers (HDF5 takes "/" for a path: bitdrift.record)
-    from bitdrift.record import _sanitize
+    # named as the record names the layers (HDF5 takes "/" for a path: bitdrift.record.hdf5)
+    from bitdrift.record.hdf5 import _sanitize
 
     unrevealed = {_sanitize(layer): f"a .tflite file's own {op} node, whose order is not "
                                     "probed yet" for layer, op in layers if op in SUMMING_OPS}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from bitdrift.atomic import save_figure
-from bitdrift.figures import mark_layer_kinds
-from bitdrift.record import OUTPUT
+from bitdrift.record.hdf5 import OUTPUT
+from bitdrift.report.figures import mark_layer_kinds
 
 
 def _pyplot():

@@ -3,7 +3,7 @@ SUP-4..7), deviations before and after each activation (Table SUP-8), layers tha
 keep or lower the remaining precision (Table SUP-9), the variants' test accuracy (Table
 SUP-7) and precision casting (main paper Figure 6, Figures SUP-2/3).
 
-The per-layer numbers come from the core's analysis (`bitdrift.eqc.precision_rows`) over
+The per-layer numbers come from the core's analysis (`bitdrift.analysis.eqc.precision_rows`) over
 the records the spine's inference rule wrote, so a variant is analysed exactly as the
 main study's models are.
 """
@@ -14,11 +14,11 @@ import h5py
 import numpy as np
 import pandas as pd
 
-from bitdrift.eqc import precision_rows
+from bitdrift.analysis.eqc import precision_rows
+from bitdrift.analysis.remaining_precision import MANTISSA_BITS
 from bitdrift.errors import StudyError
-from bitdrift.models import layer_kind
-from bitdrift.precision import MANTISSA_BITS
-from bitdrift.record import OUTPUT
+from bitdrift.inputs.models import layer_kind
+from bitdrift.record.hdf5 import OUTPUT
 
 VARIANT_COLUMNS = ["base", "variant", "model", "activation", "pooling", "trained"]
 LAYER_COLUMNS = [*VARIANT_COLUMNS, "sample", "layer", "position", "layer_index",

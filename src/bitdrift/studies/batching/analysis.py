@@ -117,8 +117,8 @@ def plot_batching(runs: list[dict], tables: dict, out) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
 
+    from bitdrift.analysis.remaining_precision import MANTISSA_BITS
     from bitdrift.atomic import save_figure
-    from bitdrift.precision import MANTISSA_BITS
 
     summary = {row["device"]: row for row in tables["summary"]}
     columns = min(len(runs), 3)
@@ -169,7 +169,7 @@ def write_batching(run_files: list, model_path, out_tables: dict, out_figure,
                    vocabulary: list[str]) -> dict:
     """Read the run files, write the three tables (CSV and HTML) and the figure."""
     from bitdrift.atomic import write_csv
-    from bitdrift.models import layer_inbound
+    from bitdrift.inputs.models import layer_inbound
 
     runs = [read_run(path) for path in run_files]
     tables = batching_tables(runs, layer_inbound(model_path), vocabulary)

@@ -11,7 +11,7 @@ def run_arguments(config: dict, device_name: str) -> dict:
     """The keyword arguments of runs.run_device for a validated config's `batching`
     section and one of its devices (the workflow's model, dataset and exports)."""
     from bitdrift import paths
-    from bitdrift.export import command_inputs
+    from bitdrift.backends.keras.export import command_inputs
     from bitdrift.studies.batching.config import prompt_tokens, studied_model
     from bitdrift.studies.batching.paths import batching_run_file
 
@@ -52,7 +52,7 @@ def cmd_batching_tables(args) -> None:
     """Tables (layers x settings verdicts, decoding, summary) and the figure."""
     from pathlib import Path
 
-    from bitdrift.datasets import GRAMMAR_VOCABULARY
+    from bitdrift.inputs.datasets import GRAMMAR_VOCABULARY
     from bitdrift.studies.batching.analysis import write_batching
     from bitdrift.studies.batching.paths import BATCHING_TABLES
 

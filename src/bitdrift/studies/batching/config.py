@@ -24,7 +24,7 @@ def studied_model(config: dict) -> tuple[str, dict]:
 
 def prompt_tokens(config: dict) -> list[list[int]]:
     """The decoding prompts as token ids of the studied model's dataset vocabulary."""
-    from bitdrift.datasets import DatasetError, tokenize
+    from bitdrift.inputs.datasets import DatasetError, tokenize
 
     prompts = []
     for index, prompt in enumerate(config["batching"]["decoding"]["prompts"]):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bitdrift.analysis.remaining_precision import MANTISSA_BITS, remaining_precision
 from bitdrift.atomic import atomic_output, work_folder
 from bitdrift.errors import InferenceError
-from bitdrift.precision import MANTISSA_BITS, remaining_precision
 
 PAD = 0  # the padding token (the grammar's <pad>)
 POSITIONS = ("first", "middle", "last")
@@ -153,7 +153,7 @@ def decoding_entry(alone: tuple[list[int], np.ndarray],
 def run_worker(job: dict) -> None:
     """Inside the device's process: open the model on the runtime, measure, save JSON."""
     from bitdrift import backends
-    from bitdrift.datasets import read_test_images
+    from bitdrift.inputs.datasets import read_test_images
 
     device, name = job["device"], job["device_name"]
     session = backends.get(device["backend"]).open_session(job, name)
@@ -183,9 +183,9 @@ def run_device(*, model_name: str, device_name: str, device: dict, model_path, d
                neighbour_sets: int, padded_length: int | None, prompts: list[list[int]],
                tokens: int, out, reference=None, export=None, log=sys.stderr) -> None:
     """Run the study on one device in a process of its own and write ``out`` (JSON)."""
-    from bitdrift.datasets import count_test_images, test_image_shape
-    from bitdrift.forkserver import repeat_workers
-    from bitdrift.inference import check_before_repeats, terminate_cleanly
+    from bitdrift.inputs.datasets import count_test_images, test_image_shape
+    from bitdrift.run.fork_server import repeat_workers
+    from bitdrift.run.inference import check_before_repeats, terminate_cleanly
 
     check_before_repeats(model_path, dataset_path, inputs, out)
     n_test = count_test_images(dataset_path)
@@ -221,6 +221,6 @@ def run_device(*, model_name: str, device_name: str, device: dict, model_path, d
 
 
 if __name__ == "__main__":
-    from bitdrift.prefork import worker_main
+    from bitdrift.run.workers import worker_main
 
     worker_main(run_worker)

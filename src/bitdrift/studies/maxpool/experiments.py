@@ -11,8 +11,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from bitdrift.datasets import read_dataset
 from bitdrift.errors import StudyError
+from bitdrift.inputs.datasets import read_dataset
 from bitdrift.jobs import framework_imported
 from bitdrift.progress import progress
 from bitdrift.studies.maxpool.jacobians import (
@@ -44,8 +44,8 @@ COMPARISONS = {
 
 def select_device(accelerator: str) -> torch.device:
     """cpu, or cuda when asked for; a missing GPU fails, never falls back to the CPU (the
-    torch runtime's own check, bitdrift.backends.torch)."""
-    from bitdrift.backends import torch as torch_runtime
+    torch runtime's own check, bitdrift.backends.keras.torch)."""
+    from bitdrift.backends.keras import torch as torch_runtime
 
     return torch_runtime.torch_device("the MaxPool study", accelerator)
 
@@ -53,7 +53,7 @@ def select_device(accelerator: str) -> torch.device:
 def configure(accelerator: str, deterministic: bool) -> torch.device:
     """The device, and torch's determinism switch set either way: deterministic kernels
     make D(P, P~) 0; off, GPU kernels give tau^1 > 0."""
-    from bitdrift.backends import torch as torch_runtime
+    from bitdrift.backends.keras import torch as torch_runtime
 
     device = select_device(accelerator)
     torch_runtime.configure_determinism(deterministic)

@@ -13,7 +13,7 @@ def search_arguments(config: dict, model_path: str | None = None,
     """The keyword arguments of search_probes for a validated config's `probes` section
     (the workflow's model and dataset files unless given)."""
     from bitdrift import paths
-    from bitdrift.export import command_inputs
+    from bitdrift.backends.keras.export import command_inputs
 
     section = config.get("probes")
     if not section:

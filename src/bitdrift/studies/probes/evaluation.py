@@ -19,9 +19,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from bitdrift.datasets import read_dataset
 from bitdrift.errors import StudyError
-from bitdrift.record import OUTPUT, Record
+from bitdrift.inputs.datasets import read_dataset
+from bitdrift.record.hdf5 import OUTPUT, Record
 from bitdrift.studies.probes.search import PADDING_ROWS, greedy_order, partition, write_images
 
 IDENTIFY_INPUTS = (1, 2, 3)
@@ -66,7 +66,7 @@ def evaluation_rows(evaluation_file) -> tuple[list[int], list[int]]:
 
 def read_outputs(records: list) -> dict:
     """{device: {row: output}}, each the majority of the device's repeats."""
-    from bitdrift.eqc import summarize_repeats
+    from bitdrift.analysis.eqc import summarize_repeats
 
     outputs = {}
     for path in records:

@@ -20,14 +20,14 @@ import h5py
 import numpy as np
 
 from bitdrift.atomic import atomic_output
-from bitdrift.datasets import file_digest, read_dataset
 from bitdrift.errors import StudyError
-from bitdrift.models import model_digest
-from bitdrift.record import OUTPUT, Record
+from bitdrift.inputs.datasets import file_digest, read_dataset
+from bitdrift.inputs.models import model_digest
+from bitdrift.record.hdf5 import OUTPUT, Record
 
 PROBE_SOURCE = "probes"
 # A device whose batch size exceeds one pads its last batch with test images not run
-# (bitdrift.inference.batch_indices): files that run every row end with these many
+# (bitdrift.run.inference.batch_indices): files that run every row end with these many
 # copies of the first test images.
 PADDING_ROWS = 64
 
@@ -56,7 +56,7 @@ def evaluate(natural: np.ndarray, candidates: np.ndarray | None, *, model_name: 
     output only). The file run is the natural test set, then the candidates: a device's
     batch is padded with the first test images, and the export reference's checks read
     the test images at their own indices, as in every other record."""
-    from bitdrift.inference import infer
+    from bitdrift.run.inference import infer
 
     work.mkdir(parents=True, exist_ok=True)
     images = natural if candidates is None else np.concatenate([natural, candidates])

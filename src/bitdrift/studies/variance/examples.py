@@ -319,7 +319,7 @@ def gallery(examples: pd.DataFrame, dataset_path, plan: str, arm: str | None = N
     example diverges. The images are the
     dataset file's test images at the rows' indices; labels are checked against it.
     """
-    from bitdrift.datasets import read_test_images
+    from bitdrift.inputs.datasets import read_test_images
 
     rows = examples[examples["plan"] == plan]
     if rows.empty:

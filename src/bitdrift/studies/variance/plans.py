@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 
 from bitdrift.errors import PlanError
-from bitdrift.training import SOURCES, run_seeds  # noqa: F401 (run_seeds: part of a plan's API)
+from bitdrift.run.training import SOURCES, run_seeds  # noqa: F401 (run_seeds: part of a plan's API)
 
 ARMS = {
     "algo_impl": dict.fromkeys(SOURCES, "per_run") | {"deterministic": False},

@@ -4,10 +4,10 @@ The parent (:func:`train_run`, called by the Snakemake job or ``bitdrift train-r
 runs the job in a process with the device's environment (threads, oneDNN ISA,
 CUDA_VISIBLE_DEVICES), as inference does: a GPU device without a GPU fails there, it
 never trains on the CPU instead. For TensorFlow and torch that process is a child forked
-by the device's shared fork server (:mod:`bitdrift.forkserver`: the framework imported
+by the device's shared fork server (:mod:`bitdrift.run.fork_server`: the framework imported
 once for all of a device's runs), elsewhere ``python -m bitdrift.studies.variance.runs
 JOB_JSON``. The training itself is the core's one
-loop (:func:`bitdrift.training.fit`), which says how each source of randomness is seeded.
+loop (:func:`bitdrift.run.training.fit`), which says how each source of randomness is seeded.
 
 Outputs: ``model.keras``, ``history.csv`` (per epoch: loss, accuracy, test loss and
 accuracy, seconds, mean step seconds) and ``run.h5`` (final test logits and labels, the
@@ -27,18 +27,18 @@ import numpy as np
 
 from bitdrift.atomic import atomic_output
 from bitdrift.errors import TrainingRunError
-from bitdrift.forkserver import training_workers
-from bitdrift.prefork import worker_main
+from bitdrift.run.fork_server import training_workers
+from bitdrift.run.training import cross_entropy, fit, run_seeds, save_model_and_history
+from bitdrift.run.workers import worker_main
 from bitdrift.studies.variance.paths import RUN_FILES
-from bitdrift.training import cross_entropy, fit, run_seeds, save_model_and_history
 
 RUN_FORMAT = 2  # 2: init_sha256, the digest of the initial weights
 
 
 def run_worker(job: dict) -> None:
     """Inside the run's process: train, then write model, history and run file."""
-    from bitdrift.datasets import dataset_classes, read_dataset
-    from bitdrift.devices import (
+    from bitdrift.inputs.datasets import dataset_classes, read_dataset
+    from bitdrift.run.devices import (
         check_accelerator,
         configure_determinism,
         configure_threads,

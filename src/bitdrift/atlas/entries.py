@@ -1,0 +1,667 @@
+"""The atlas: one small file per machine and software versions, of the reference model.
+
+Each machine that ran the reference model (bitdrift.inputs.reference_set) on some devices leaves
+an entry, a gzipped JSON file of a few kilobytes (``bitdrift atlas add RECORDS``):
+
+    format_version       FORMAT_VERSION; a reader refuses a newer one
+    reference            model_sha256, input_sha256 and samples of the records
+    machine              the hardware: CPU (brand, vendor, family, model, stepping, arch,
+                         flags), the accelerators the devices ran on (GPU, driver), the CPU
+                         model emulated where one was (bitdrift.emulation.cpus)
+    software             the OS, and the library versions of every device's runtime
+    devices/<name>       config (the device's entry in the config), accelerator, layers
+                         (labels in model order, the final output last), digests
+                         (per sample: per layer the SHA-256 of the representative of its
+                         repeats, as the classes use; 32 hex digits), outputs (per sample
+                         the final output's raw bits, for the remaining precision between
+                         machines), kernels (per layer the kernel signature, where traced),
+                         accumulation_orders (the revealed orders, where recorded)
+
+Records of several machines (the host and its emulated CPU generations) make one entry
+per machine. Entries are compared per device (same name and configuration): machines
+whose digests are all equal give the same bits; otherwise the first layer in model order
+whose digest differs is where they part, and a difference between two machines of the
+same hardware is named by the software versions that differ.
+
+The entries ship with the package, beside the reference model they are of
+(``bitdrift/reference_set/atlas``): a pip install compares its machine without a clone.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import re
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bitdrift.errors import ConfigError, RecordError
+
+FORMAT_VERSION = 1
+SUFFIX = ".json.gz"
+DIGEST_HEX = 32  # 128 bits of each SHA-256: collision-free at any atlas size
+
+
+def default_folder() -> Path:
+    """The atlas shipped with bitdrift, beside the reference model it is of."""
+    from bitdrift.inputs import reference_set
+
+    return reference_set.FOLDER / "atlas"
+
+
+class AtlasError(RecordError):
+    """An atlas entry that cannot be read, or cannot be compared with the others."""
+
+
+# -- making an entry ------------------------------------------------------------------------
+def _hardware(fingerprint: dict) -> dict:
+    cpu = fingerprint.get("cpu") or {}
+    hardware = {"cpu": {key: cpu.get(key) for key in ("brand", "vendor", "family", "model",
+                                                      "stepping", "arch", "flags")}}
+    if "emulation" in fingerprint:
+        emulation = fingerprint["emulation"]
+        hardware["emulated"] = {"model": emulation.get("model"),
+                                "host": emulation.get("host_brand")}
+    return hardware
+
+
+def _accelerator(fingerprint: dict) -> dict:
+    return dict(fingerprint.get("accelerator") or {})
+
+
+# What a GPU is (bitdrift.backends' check_accelerator); its driver and CUDA libraries are
+# software versions, its cuDNN switches the device's settings
+GPU_HARDWARE = ("accelerator", "gpu_name", "compute_capability", "gpu_count")
+GPU_SOFTWARE = ("driver_version", "cuda_version", "cudnn_version")
+
+
+def _is_gpu(accelerator: dict) -> bool:
+    return accelerator.get("accelerator", "cpu") != "cpu"
+
+
+def _software(fingerprint: dict) -> dict:
+    software = {"os": fingerprint.get("platform")}
+    if "emulation" in fingerprint:
+        software["qemu"] = fingerprint["emulation"].get("qemu")
+    return software
+
+
+def machine_key(machine: dict, software: dict) -> str:
+    """What one entry is of: its hardware and software, as a short digest."""
+    text = json.dumps({"machine": machine, "software": software}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def machine_name(machine: dict) -> str:
+    """A machine in words: its GPUs, else its CPU (the emulated model named as such)."""
+    # each name once: torch and JAX describe one GPU with other fields
+    gpus = list(dict.fromkeys(gpu.get("gpu_name") or "GPU" for gpu in machine.get("gpus", [])))
+    found = machine["cpu"]
+    cpu = found.get("brand") or "unknown CPU"
+    if found.get("family") is not None:  # a brand alone ("AMD EPYC") spans generations
+        cpu += f" family {found['family']} model {found.get('model')}"
+    if "emulated" in machine:
+        cpu = f"emulated {machine['emulated']['model']} ({cpu})"
+    return " + ".join(gpus) + f" on {cpu}" if gpus else cpu
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:48] or "machine"
+
+
+def _device_part(record) -> tuple[dict, dict]:
+    """A record's device: its part of the entry, and the fingerprint it was made on."""
+    from bitdrift.analysis.eqc import summarize_repeats
+    from bitdrift.analysis.remaining_precision import integer_view
+
+    layers, digests, outputs = None, {}, {}
+    for sample in record.samples:
+        infos = record.layers(sample)
+        labels = [info.label for info in infos]
+        if layers is None:
+            layers = labels
+        elif labels != layers:
+            raise AtlasError(f"{record.path}: sample {sample} has layers {labels}, sample "
+                             f"{record.samples[0]} has {layers}")
+        per_layer = []
+        for info in infos:
+            # the majority of the repeats' digests (first seen among ties), as the classes
+            # take the majority of their values; read without the values in format 4
+            counts = Counter(record.digests(sample, info))
+            per_layer.append(max(counts, key=counts.get).hex()[:DIGEST_HEX])
+            # the final output's bits where the record holds its values (a sample outside
+            # analysis.full_samples holds digests only)
+            if info.final and record.has_values(sample, info):
+                tensor = record.tensor(sample, info)
+                _, representative = summarize_repeats(record.device, tensor.values,
+                                                      tensor.float_format)
+                bits = integer_view(representative, tensor.float_format)
+                outputs[str(sample)] = {
+                    "format": tensor.float_format, "shape": list(representative.shape),
+                    "bits": bits.astype(bits.dtype.newbyteorder("<")).tobytes().hex()}
+        digests[str(sample)] = per_layer
+    part = {"config": record.json_attr("device_config", default={}),
+            "backend": record.attr("backend"), "precision": record.precision,
+            "accelerator": _accelerator(record.fingerprint),
+            "versions": {**(record.fingerprint.get("versions") or {}),
+                         **{key: value for key, value in
+                            (record.fingerprint.get("accelerator") or {}).items()
+                            if key in GPU_SOFTWARE}},
+            "layers": layers, "digests": digests, "outputs": outputs}
+    kernels = record.kernels
+    if kernels:
+        part["kernels"] = {layer: entry.get("signature", "")
+                           for layer, entry in kernels.get("layers", {}).items()}
+    orders = record.accumulation_orders
+    if orders:
+        part["accumulation_orders"] = orders
+    return part, record.fingerprint
+
+
+def entries_from_records(paths: list[str | Path]) -> list[dict]:
+    """This machine's entries from its records of the reference model: one per machine
+    the records were made on (the host, each emulated CPU)."""
+    from bitdrift.inputs import reference_set
+    from bitdrift.record.hdf5 import open_records, read_failure
+
+    expected = reference_set.manifest()["model"]["model_sha256"]
+    if all(read_failure(path) is not None for path in paths):
+        return []  # every device failed here: no entry (the failures say why)
+    records = open_records(paths)
+    entries: dict[str, dict] = {}
+    for record in records:
+        with record:
+            if record.attr("model_sha256") != expected:
+                raise AtlasError(f"{record.path}: model digest "
+                                 f"{record.attr('model_sha256')[:12]}... is not the reference "
+                                 f"model's {expected[:12]}... (bitdrift/reference_set); an "
+                                 "atlas entry is of the reference model only")
+            part, fingerprint = _device_part(record)
+        hardware = _hardware(fingerprint)
+        software = _software(fingerprint)
+        # One entry per hardware and OS: the devices' runtimes are its software versions
+        key = machine_key(hardware, software)
+        entry = entries.setdefault(key, {
+            "format_version": FORMAT_VERSION,
+            "reference": {"model_sha256": expected,
+                          "input_sha256": record.attr("input_sha256"),
+                          "samples": [int(s) for s in record.samples]},
+            "machine": hardware, "software": software, "devices": {},
+            "_paths": {}})
+        if record.attr("input_sha256") != entry["reference"]["input_sha256"] or \
+                [int(s) for s in record.samples] != entry["reference"]["samples"]:
+            raise AtlasError(f"{record.path}: other inputs (input digest or samples) than "
+                             f"{next(iter(entry['_paths'].values()))}")
+        if record.device in entry["devices"]:
+            raise AtlasError(f"{record.path}: device {record.device!r} twice (also "
+                             f"{entry['_paths'][record.device]})")
+        if _is_gpu(part["accelerator"]):
+            gpus = entry["machine"].setdefault("gpus", [])
+            gpu = {k: v for k, v in part["accelerator"].items() if k in GPU_HARDWARE}
+            if gpu not in gpus:
+                gpus.append(gpu)
+        entry["devices"][record.device] = part
+        entry["_paths"][record.device] = str(record.path)
+    found = []
+    for entry in entries.values():
+        del entry["_paths"]
+        # The versions every device that reports a library agrees on; a setting a device
+        # reports among its versions (torch_deterministic, tensorflow_onednn) that differs
+        # between devices stays with the device
+        seen: dict[str, set] = {}
+        for part in entry["devices"].values():
+            for library, version in part["versions"].items():
+                seen.setdefault(library, set()).add(json.dumps(version))
+        entry["software"]["versions"] = {library: json.loads(next(iter(values)))
+                                         for library, values in sorted(seen.items())
+                                         if len(values) == 1}
+        found.append(entry)
+    return found
+
+
+def entry_key(entry: dict) -> str:
+    """The entry's machine and software versions, as a short digest (its file name ends
+    with it)."""
+    return machine_key(entry["machine"], entry["software"])
+
+
+def same_machine_and_versions(a: dict, b: dict) -> bool:
+    """Two entries of one machine (hardware and OS) whose libraries are of the same
+    versions wherever both name one: the same measurement twice (an entry of fewer devices
+    names fewer libraries)."""
+    if a["machine"] != b["machine"] or \
+            {k: v for k, v in a["software"].items() if k != "versions"} != \
+            {k: v for k, v in b["software"].items() if k != "versions"}:
+        return False
+    ours, theirs = a["software"].get("versions", {}), b["software"].get("versions", {})
+    return all(ours[name] == theirs[name] for name in ours.keys() & theirs.keys())
+
+
+def entry_file_name(entry: dict) -> str:
+    return f"{_slug(machine_name(entry['machine']))}-{entry_key(entry)}{SUFFIX}"
+
+
+def encode(entry: dict) -> bytes:
+    # mtime=0: the same entry is the same bytes, whenever it is written
+    return gzip.compress(json.dumps(entry, sort_keys=True, separators=(",", ":")).encode(),
+                         mtime=0)
+
+
+def add(paths: list[str | Path], folder: str | Path,
+        replace: bool = False) -> list[tuple[Path, dict]]:
+    """Write this machine's entries (one per machine the records were made on) into the
+    atlas ``folder``; an entry of the same machine and versions is never overwritten
+    unless ``replace``."""
+    from bitdrift.atomic import write_bytes
+
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--atlas {folder}: not a folder")
+    entries = entries_from_records(paths)
+    existing = []
+    if folder.is_dir():
+        for path in sorted(folder.glob(f"*{SUFFIX}")):
+            try:
+                existing.append((path, read_entry(path)))
+            except AtlasError:
+                continue  # a damaged entry is refused where it is read, not here
+    written = []
+    for entry in entries:
+        target = folder / entry_file_name(entry)
+        old = [path for path, other in existing if same_machine_and_versions(entry, other)]
+        if target.exists() and target not in old:
+            old.append(target)
+        if old and not replace:
+            raise AtlasError(f"{old[0]}: the atlas already holds this machine and these "
+                             f"versions ({machine_name(entry['machine'])}); not overwritten "
+                             "(--replace replaces it)")
+        folder.mkdir(parents=True, exist_ok=True)
+        write_bytes(target, encode(entry))
+        for path in old:
+            if path != target:
+                path.unlink()
+        written.append((target, entry))
+    return written
+
+
+# -- reading --------------------------------------------------------------------------------
+def _check(entry, path: Path, expected_model: str | None) -> dict:
+    def wrong(what: str) -> AtlasError:
+        return AtlasError(f"{path}: not an atlas entry ({what})")
+
+    if not isinstance(entry, dict):
+        raise wrong("not a JSON object")
+    version = entry.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise wrong("no integer 'format_version'")
+    if version > FORMAT_VERSION:
+        raise AtlasError(f"{path}: atlas entry of format {version}, newer than this "
+                         f"bitdrift reads ({FORMAT_VERSION}); update bitdrift")
+    for key, kind in (("reference", dict), ("machine", dict), ("software", dict),
+                      ("devices", dict)):
+        if not isinstance(entry.get(key), kind):
+            raise wrong(f"'{key}' is missing or not an object")
+    model = entry["reference"].get("model_sha256")
+    if expected_model is not None and model != expected_model:
+        raise AtlasError(f"{path}: an entry of model digest {str(model)[:12]}..., not the "
+                         f"reference model's {expected_model[:12]}...; its bits are not "
+                         "comparable")
+    if not isinstance(entry["machine"].get("cpu"), dict):
+        raise wrong("'machine' has no 'cpu' object")
+    if not isinstance(entry["software"].get("versions", {}), dict):
+        raise wrong("'software/versions' is not an object")
+    samples = [str(s) for s in entry["reference"].get("samples", [])]
+    for name, part in entry["devices"].items():
+        if not isinstance(part, dict) or not isinstance(part.get("layers"), list) or \
+                not all(isinstance(part.get(key), dict)
+                        for key in ("digests", "outputs", "config", "versions")):
+            raise wrong(f"device {name!r} lacks layers, digests, outputs, config or versions")
+        for sample in samples:
+            digests = part["digests"].get(sample)
+            if not isinstance(digests, list) or len(digests) != len(part["layers"]) or \
+                    not all(isinstance(d, str) for d in digests):
+                raise wrong(f"device {name!r}: sample {sample}'s digests are not one per "
+                            "layer")
+            if sample not in part["outputs"]:
+                continue  # recorded as digests only: no remaining precision there
+            output = part["outputs"][sample]
+            if not isinstance(output, dict) or not isinstance(output.get("bits"), str) or \
+                    output.get("format") not in ("float16", "bfloat16", "float32", "float64"):
+                raise wrong(f"device {name!r}: sample {sample}'s output is not "
+                            "{format, shape, bits}")
+            try:
+                size = len(bytes.fromhex(output["bits"]))
+            except ValueError:
+                size = -1
+            width = 8 if output["format"] == "float64" else \
+                4 if output["format"] == "float32" else 2
+            shape = output.get("shape")
+            if not isinstance(shape, list) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape) \
+                    or size != width * int(np.prod(shape)):
+                raise wrong(f"device {name!r}: sample {sample}'s output bits are not hex of "
+                            "its shape and format")
+    return entry
+
+
+def read_entry(path: str | Path, expected_model: str | None = None) -> dict:
+    """One entry, checked; refused with one line (AtlasError) when it cannot be read."""
+    path = Path(path)
+    try:
+        text = gzip.decompress(path.read_bytes())
+    except (OSError, EOFError, zlib.error) as error:
+        raise AtlasError(f"{path}: not a readable atlas entry (damaged or truncated gzip: "
+                         f"{error})") from error
+    try:
+        entry = json.loads(text)
+    except ValueError as error:
+        raise AtlasError(f"{path}: not a readable atlas entry (not JSON: {error})") from error
+    return _check(entry, path, expected_model)
+
+
+@dataclass
+class Atlas:
+    """The entries of an atlas folder that could be read, and a line for each that could
+    not (the comparison goes on without it)."""
+
+    entries: dict[str, dict] = field(default_factory=dict)  # file name -> entry
+    refused: list[str] = field(default_factory=list)
+
+
+def read_atlas(folder: str | Path, expected_model: str | None = None) -> Atlas:
+    """Every entry of ``folder`` of the reference model; one line per entry refused: a
+    newer format, a damaged or truncated file, another model digest, a second entry of
+    one machine and versions (the later by name)."""
+    from bitdrift.inputs import reference_set
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"--atlas {folder}: no such folder")
+    if expected_model is None:
+        expected_model = reference_set.manifest()["model"]["model_sha256"]
+    atlas = Atlas()
+    for path in sorted(folder.glob(f"*{SUFFIX}")):
+        try:
+            entry = read_entry(path, expected_model)
+        except AtlasError as error:
+            atlas.refused.append(str(error))
+            continue
+        twin = next((name for name, other in atlas.entries.items()
+                     if same_machine_and_versions(entry, other)), None)
+        if twin is not None:
+            atlas.refused.append(f"{path}: a second entry of one machine and versions (also "
+                                 f"{folder / twin}); left out")
+            continue
+        atlas.entries[path.name] = entry
+    return atlas
+
+
+# -- comparing ------------------------------------------------------------------------------
+THIS_MACHINE = "this machine"
+
+
+def output_values(output: dict) -> tuple[np.ndarray, str]:
+    """An entry's final output as raw bits (unsigned integers) and its float format."""
+    from bitdrift.analysis.remaining_precision import INTEGER_VIEW
+
+    kind = np.dtype(INTEGER_VIEW[output["format"]]).newbyteorder("<")
+    return np.frombuffer(bytes.fromhex(output["bits"]), kind).astype(kind.newbyteorder("=")), \
+        output["format"]
+
+
+def _dropped(a: dict, b: dict) -> int | None:
+    """Low bits of the final outputs two devices disagree in, over the shared samples."""
+    from bitdrift.analysis.remaining_precision import bit_length
+
+    worst, shared = 0, a["outputs"].keys() & b["outputs"].keys()
+    if not shared:
+        return None
+    for sample in shared:
+        (x, fx), (y, fy) = output_values(a["outputs"][sample]), output_values(b["outputs"][sample])
+        if fx != fy or x.shape != y.shape:
+            return None
+        if x.size:
+            worst = max(worst, int(bit_length(np.bitwise_xor(x, y)).max()))
+    return worst
+
+
+def version_differences(a: dict, b: dict) -> dict[str, tuple]:
+    """Library versions (and OS) two devices' machines differ in: {name: (a's, b's)}."""
+    found = {}
+    for name in sorted(a["versions"].keys() | b["versions"].keys()):
+        if a["versions"].get(name) != b["versions"].get(name):
+            found[name] = (a["versions"].get(name), b["versions"].get(name))
+    return found
+
+
+@dataclass
+class Row:
+    device: str
+    machine: str  # entry file name, or THIS_MACHINE
+    name: str  # the machine in words
+    cls: int  # class of this device across machines, numbered by first appearance
+    same_as_this: bool | None  # None: this machine did not run the device
+    first_difference: str  # first layer (model order) whose digest differs from this one
+    difference: str  # hardware / software (versions named) / hardware and software
+    remaining_precision: float | None  # final outputs against this machine's, in bits
+
+
+# Config keys of a device that say where it runs, not what it computes: an emulated CPU is
+# the entry's machine, and scheduling is the cluster's
+NOT_SETTINGS = ("emulate", "external", "resources")
+
+
+def settings(part: dict) -> dict:
+    """A device's configuration as compared across machines."""
+    return {key: value for key, value in part["config"].items() if key not in NOT_SETTINGS}
+
+
+def _first_difference(a: dict, b: dict) -> str:
+    if a["layers"] != b["layers"]:
+        return "layers differ"
+    for position, layer in enumerate(a["layers"]):
+        for sample in sorted(a["digests"].keys() & b["digests"].keys(), key=int):
+            if a["digests"][sample][position] != b["digests"][sample][position]:
+                return layer
+    return ""
+
+
+def compare(this: list[dict] | None, atlas: Atlas) -> list[Row]:
+    """Per device (name and configuration), the class of every machine across the
+    machines: this machine's entries first, on the devices it ran (``this`` None: the
+    atlas's entries among themselves, on every device)."""
+    from bitdrift.analysis.remaining_precision import MANTISSA_BITS
+
+    machines = [(THIS_MACHINE, entry) for entry in this or []] + list(atlas.entries.items())
+    devices: dict[str, None] = {}
+    for _, entry in machines[:len(this)] if this else machines:
+        devices.update(dict.fromkeys(entry["devices"]))
+    rows = []
+    for device in devices:
+        runs = [(label, entry, entry["devices"][device]) for label, entry in machines
+                if device in entry["devices"]]
+        own = next((run for run in runs if run[0] == THIS_MACHINE), None)
+        classes: dict[str, int] = {}
+        for label, entry, part in runs:
+            # configured otherwise: another device under the same name, its own class
+            signature = json.dumps([settings(part), part["layers"], part["digests"]],
+                                   sort_keys=True)
+            cls = classes.setdefault(signature, len(classes) + 1)
+            if own is None:
+                same, first, difference, remaining = None, "", "", None
+            else:
+                _, own_entry, own_part = own
+                configured = settings(own_part) == settings(part)
+                same = configured and own_part["layers"] == part["layers"] and \
+                    _first_difference(own_part, part) == ""
+                first = "" if same else (
+                    _first_difference(own_part, part) if configured
+                    else "configured otherwise")
+                difference = _kind_of_difference(own_entry, own_part, entry, part)
+                dropped = _dropped(own_part, part)
+                form = next(iter(part["outputs"].values()))["format"]
+                remaining = None if dropped is None else \
+                    float(max(MANTISSA_BITS[form] - dropped, 0))
+            rows.append(Row(device, label, machine_name(entry["machine"]), cls, same, first,
+                            difference, remaining))
+    return rows
+
+
+def _kind_of_difference(a_entry: dict, a: dict, b_entry: dict, b: dict) -> str:
+    """What differs between two machines' runs of a device: the hardware, and the
+    software versions named."""
+    hardware = a_entry["machine"] != b_entry["machine"]
+    versions = version_differences(a, b)
+    if a_entry["software"].get("os") != b_entry["software"].get("os"):
+        versions["os"] = (a_entry["software"].get("os"), b_entry["software"].get("os"))
+    named = ", ".join(f"{name} {old} vs {new}" for name, (old, new) in versions.items())
+    if hardware and versions:
+        return f"other hardware and software ({named})"
+    if hardware:
+        return "other hardware"
+    if versions:
+        return f"software only, same hardware ({named})"
+    return "none"
+
+
+ROW_COLUMNS = ("device", "machine", "name", "class", "same_bits_as_this_machine",
+               "first_differing_layer", "difference", "remaining_precision")
+
+
+def rows_table(rows: list[Row]):
+    import pandas as pd
+
+    return pd.DataFrame([(r.device, r.machine, r.name, r.cls, r.same_as_this,
+                          r.first_difference, r.difference, r.remaining_precision)
+                         for r in rows], columns=list(ROW_COLUMNS))
+
+
+def summary_lines(rows: list[Row]) -> list[str]:
+    """Per device, in words: the machines that give this machine's bits, and where the
+    others part from it first."""
+    lines = []
+    entries = {}  # name -> entry files: a machine is named by its entry where names repeat
+    for row in rows:
+        if row.machine != THIS_MACHINE:
+            entries.setdefault(row.name, set()).add(row.machine)
+
+    def named(row: Row) -> str:
+        return row.name if len(entries[row.name]) == 1 else f"{row.name} [{row.machine}]"
+
+    for device in dict.fromkeys(row.device for row in rows):
+        own = [r for r in rows if r.device == device]
+        if not any(r.machine == THIS_MACHINE for r in own):
+            continue
+        others = [r for r in own if r.machine != THIS_MACHINE]
+        same = [r for r in others if r.same_as_this]
+        apart = [r for r in others if not r.same_as_this]
+        if not others:
+            lines.append(f"{device}: no other machine in the atlas ran it")
+            continue
+        text = f"{device}: same bits as " + (
+            ", ".join(named(r) + (f" ({r.difference})" if r.difference != "none" else "")
+                      for r in same) if same else "no other machine")
+        if apart:
+            text += "; apart from " + ", ".join(
+                f"{named(r)} "
+                + ("(configured otherwise)" if r.first_difference == "configured otherwise"
+                   else f"from layer {r.first_difference} on ({r.difference}; "
+                   f"{_bits(r.remaining_precision)})") for r in apart)
+        lines.append(text)
+    return lines
+
+
+def _bits(remaining: float | None) -> str:
+    return "final outputs not comparable" if remaining is None else \
+        f"{remaining:g} bits remain in the final output"
+
+
+def rows_from_table(table) -> list[Row]:
+    """The rows of an atlas table (``rows_table``), as written to CSV and read back."""
+    def optional(value):
+        return None if value is None or (isinstance(value, float) and np.isnan(value)) \
+            else value
+
+    def text(value) -> str:
+        return "" if optional(value) is None else str(value)
+
+    return [Row(str(row["device"]), str(row["machine"]), str(row["name"]), int(row["class"]),
+                None if optional(row["same_bits_as_this_machine"]) is None
+                else str(row["same_bits_as_this_machine"]).lower() == "true",
+                text(row["first_differing_layer"]), text(row["difference"]),
+                None if optional(row["remaining_precision"]) is None
+                else float(row["remaining_precision"]))
+            for _, row in table.iterrows()]
+
+
+REFUSED_COLUMNS = ("entry", "reason")
+
+
+def compare_records(paths: list[str | Path], atlas: Atlas, table=None, refused_table=None,
+                    figure=None) -> list[str]:
+    """This machine (its records of the reference model) among the atlas's machines: the
+    table, the refused entries, the figure where asked; the lines in words."""
+    import pandas as pd
+
+    from bitdrift.atomic import write_csv
+
+    this = entries_from_records(paths)
+    # no device ran the reference model here (every record a failure record): no rows
+    rows = compare(this, atlas) if this else []
+    found = rows_table(rows)
+    if table:
+        write_csv(found, table)
+    if refused_table:
+        write_csv(pd.DataFrame([(line.split(": ", 1)[0], line.split(": ", 1)[-1])
+                                  for line in atlas.refused], columns=list(REFUSED_COLUMNS)),
+                    refused_table)
+    if figure:
+        from bitdrift.report.figures import plot_atlas
+
+        plot_atlas(found, figure)
+    return summary_lines(rows) if rows else ["No device ran the reference model here."]
+
+
+@dataclass
+class Identified:
+    matched: bool
+    machines: dict[str, list[str]]  # "machine name [entry]" -> devices
+    remaining_precision: float
+
+
+def identify(path: str | Path, atlas: Atlas) -> Identified:
+    """The atlas's machines and devices whose every layer and sample gives the record's
+    bits; else those nearest by the remaining precision of the final output."""
+    from bitdrift.analysis.remaining_precision import MANTISSA_BITS
+
+    (entry,) = entries_from_records([path])
+    (part,) = entry["devices"].values()
+    exact, nearest, best = {}, {}, None
+    for name, other in atlas.entries.items():
+        label = f"{machine_name(other['machine'])} [{name}]"
+        for device, candidate in other["devices"].items():
+            if candidate["layers"] == part["layers"] and \
+                    candidate["digests"] == part["digests"]:
+                exact.setdefault(label, []).append(device)
+                continue
+            dropped = _dropped(part, candidate)
+            if dropped is None or not candidate["outputs"].keys() & part["outputs"].keys():
+                continue
+            if best is None or dropped < best:
+                best, nearest = dropped, {}
+            if dropped == best:
+                nearest.setdefault(label, []).append(device)
+    if exact:  # bitwise equal: the whole mantissa of the record's format remains
+        form = next(iter(part["outputs"].values()), {"format": part["precision"]})["format"]
+        return Identified(True, exact, float(MANTISSA_BITS.get(form, 0)))
+    if best is None:
+        raise AtlasError(f"{path}: no entry of the atlas holds a final output of its format "
+                         "and samples")
+    mantissa = MANTISSA_BITS[next(iter(part["outputs"].values()))["format"]]
+    return Identified(False, nearest, float(max(mantissa - best, 0)))
+

@@ -1,0 +1,118 @@
+"""ONNX Runtime on the model's ONNX export: graph optimisation level and intra-op threads
+as device keys; CPU or CUDA execution provider, never one for the other."""
+
+from __future__ import annotations
+
+import sys
+
+from bitdrift.backends.exported import common as exported
+
+# What every exported runtime shares (the rest of the backend interface).
+from bitdrift.backends.exported.common import (  # noqa: F401
+    configure_determinism,
+    configure_threads,
+    environment,
+    preimport,
+    strategy_scope,
+    trace_environment,
+)
+from bitdrift.errors import AcceleratorMissing
+
+NAME = "onnxruntime"
+PIN = "onnxruntime==1.32.0"
+TRAINS = False
+PREFORK = False
+PROVIDERS = {"cpu": "CPUExecutionProvider", "gpu": "CUDAExecutionProvider"}
+LEVELS = {"disable_all": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
+          "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
+def _ort():
+    return exported.require("onnxruntime", NAME, PIN)
+
+
+def import_keras():
+    return exported.import_keras(NAME)
+
+
+def check_accelerator(name: str, device: dict) -> dict:
+    ort = _ort()
+    provider = PROVIDERS.get(device["accelerator"])
+    if provider is None or provider not in ort.get_available_providers():
+        raise AcceleratorMissing(f"device {name!r} asks for a {device['accelerator'].upper()} "
+                                 f"but ONNX Runtime has no {provider or 'provider for it'} "
+                                 f"(it has {', '.join(ort.get_available_providers())}); "
+                                 "refusing to fall back to the CPU")
+    return {"accelerator": device["accelerator"], "provider": provider}
+
+
+# Nodes that only move or describe data: no arithmetic, left out of the kernels
+LAYOUT_OPS = {"Transpose", "Reshape", "Shape", "Gather", "Slice", "Concat", "Identity",
+              "ReorderInput", "ReorderOutput", "Squeeze", "Unsqueeze", "Flatten"}
+DOMAINS = {"": "", "ai.onnx": "", "com.microsoft": "ms:", "com.microsoft.nchwc": "nchwc:"}
+INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 9, 12, 13}  # ONNX TensorProto: (u)int8..64, bool
+
+
+def compile(path, device: dict, accelerator: dict, trace: bool = False):
+    ort = _ort()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(
+        ort.GraphOptimizationLevel, LEVELS[device.get("graph_optimization_level") or "all"])
+    if device.get("threads"):
+        options.intra_op_num_threads = device["threads"]
+    options.inter_op_num_threads = 1
+    if device.get("deterministic"):
+        options.use_deterministic_compute = True
+    optimized = None
+    if trace:  # the graph as ONNX Runtime will run it: fused, NCHWc and Gemm nodes
+        import os
+        import tempfile
+
+        handle, optimized = tempfile.mkstemp(suffix=".optimized.onnx")
+        os.close(handle)
+        options.optimized_model_filepath = optimized
+        options.log_severity_level = 3  # its warning that the file is machine-specific
+    session = ort.InferenceSession(str(path), options, providers=[accelerator["provider"]])
+    if session.get_providers()[0] != accelerator["provider"]:
+        raise AcceleratorMissing(f"ONNX Runtime runs on {session.get_providers()[0]}, not "
+                                 f"the {accelerator['provider']} asked for")
+    name = session.get_inputs()[0].name
+
+    def describe():
+        import os
+
+        import onnx
+
+        from bitdrift.analysis.kernels import GraphNode, KernelCall
+
+        try:
+            graph = onnx.load(optimized).graph
+        finally:
+            os.unlink(optimized)
+        nodes = []
+        for node in graph.node:
+            casts_integers = node.op_type == "Cast" and any(
+                attribute.name == "to" and attribute.i in INTEGER_TYPES
+                for attribute in node.attribute)
+            kind = f"{DOMAINS.get(node.domain, node.domain + ':')}{node.op_type}"
+            moves_data = node.op_type in LAYOUT_OPS or casts_integers
+            nodes.append(GraphNode(
+                call=None if moves_data else KernelCall(
+                    library="onnxruntime", primitive=kind, implementation=f"ort {kind}"),
+                inputs=tuple(node.input), outputs=tuple(node.output)))
+        return nodes, [output.name for output in session.get_outputs()]
+
+    def run(batch):  # a model of several inputs takes them by name (datasets.NamedInputs)
+        return session.run(None, dict(batch) if isinstance(batch, dict) else {name: batch})
+
+    return run, describe
+
+
+def versions() -> dict:
+    ort = sys.modules.get("onnxruntime")
+    return {"onnxruntime": ort.__version__} if ort is not None else {}
+
+
+def open_session(job: dict, name: str):
+    return exported.open_session(sys.modules[__name__], job, name,
+                                 order_probe=exported.onnx_order_probe)

@@ -1,0 +1,37 @@
+"""The record: one HDF5 file per (model, device), a public format (docs/record-format.md),
+in ``hdf5``; failure records (``failures``). ``bitdrift.record`` keeps the names it had
+before the record became a package.
+"""
+
+from bitdrift.record.hdf5 import (  # noqa: F401  (the public names, as before)
+    BFLOAT16_ATTR,
+    CHECKSUM,
+    COMPRESSION,
+    DEPLOYED,
+    DIGESTS,
+    FAILED,
+    FAILURE_ATTRS,
+    FORMAT_VERSION,
+    KERNELS,
+    LIBVER,
+    OBSERVER_ATTR,
+    OUTPUT,
+    READS_PER_HANDLE,
+    REPEAT_DIGEST,
+    REQUIRED_ATTRS,
+    SAMPLE_NAME,
+    DigestOnly,
+    FailedDevice,
+    LayerInfo,
+    Record,
+    RecordWriter,
+    Tensor,
+    TensorWriter,
+    checked_fingerprint,
+    group_by_model,
+    open_records,
+    output_digest,
+    read_failure,
+    write_failure,
+    write_record,
+)
