@@ -4,7 +4,7 @@
 
 For numpy, each Keras runtime (TensorFlow, torch, JAX) and each exported runtime (ONNX
 Runtime, OpenVINO, LiteRT with XNNPACK), in a fresh process: the seconds
-bitdrift.analysis.accumulation.reveal takes for the default model's three Dense shapes (320 -> 128,
+bitdrift.analysis.accumulation.reveal.reveal.reveal takes for the default model's three Dense shapes (320 -> 128,
 128 -> 128, 128 -> 10, bias included, batch 1, one thread), and the number of Dense calls
 it made. Printed as a Markdown table with the host's CPU named; docs/benchmarks.md quotes
 it. The first call of a runtime (its own warm-up; for LiteRT the converter process that
@@ -33,7 +33,7 @@ if backend in EXPORTED:
     device = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
               "op_resolver": "xnnpack", "graph_optimization_level": "all"}
     accelerator = runtime.check_accelerator("benchmark", device)
-    from bitdrift.analysis.accumulation import probe_spec
+    from bitdrift.analysis.accumulation.probes import probe_spec
     layers = {f"dense_{index}": probe_spec("Dense", {"use_bias": True}, (terms,),
                                            (terms, units))
               for index, (terms, units) in enumerate(shapes)}
@@ -42,7 +42,9 @@ if backend in EXPORTED:
 elif backend != "numpy":
     os.environ["KERAS_BACKEND"] = backend
     import keras
-from bitdrift.analysis.accumulation import OrderError, reveal, summary
+from bitdrift.analysis.accumulation.names import summary
+from bitdrift.analysis.accumulation.reveal import reveal
+from bitdrift.analysis.accumulation.trees import OrderError
 rows = []
 setup = 0.0
 for terms, units in shapes:

@@ -277,12 +277,8 @@ def load_config(path: str | Path) -> dict:
     return validate_config(config)
 
 
-def inference_seed(model: dict) -> int:
-    return model.get("inference_seed", model["train"]["seeds"][0])
-
-
 def replay_settings(config: dict) -> dict:
     """The replay's settings of a validated config (``analysis``), as
-    bitdrift.analysis.accumulation.replay_layers takes them."""
+    bitdrift.analysis.accumulation.replay.replay_layers takes them."""
     return {key: config["analysis"][key]
             for key in ("replay", "replay_positions", "replay_samples")}

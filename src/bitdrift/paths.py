@@ -35,10 +35,13 @@ def test_logits_file(model="{model}", seed="{seed}") -> str:
     return f"{trained_model_directory(model, seed)}/test_logits.h5"
 
 
+def inference_seed(model: dict) -> int:
+    """The training seed whose model the devices run."""
+    return model.get("inference_seed", model["train"]["seeds"][0])
+
+
 def model_file(config: dict, model: str) -> str:
     """The model the devices run: a bring-your-own file as is, else the inference seed's."""
-    from bitdrift.config import inference_seed
-
     spec = config["models"][model]
     if "file" in spec:
         return spec["file"]

@@ -3,8 +3,10 @@ hand, the revealed tree is the one built; a wider accumulator is refused."""
 
 import numpy as np
 import pytest
+from bitdrift.analysis.accumulation.reveal.reveal import build_tree, meeting_sizes
 
-from bitdrift.analysis.accumulation import OrderError, build_tree, describe, meeting_sizes
+from bitdrift.analysis.accumulation.names import describe
+from bitdrift.analysis.accumulation.trees import OrderError
 
 F32 = np.float32
 
@@ -70,7 +72,10 @@ def test_blocks_are_found():
 def test_a_deep_tree_is_kept_flat_and_replayed_without_recursion():
     """A sequential sum of 3000 terms (3000 deep): kept as flat lists, read back the same,
     and replayed (equal to numpy's own sequential float32 sum)."""
-    from bitdrift.analysis.accumulation import from_flat, replay, reveal, to_flat
+    from bitdrift.analysis.accumulation.replay.replay import replay
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal
+
+    from bitdrift.analysis.accumulation.trees import from_flat, to_flat
 
     n = 3000
     tree = reveal(dense_in_order(sequential), terms=n, units=64, bias=False)
@@ -105,7 +110,9 @@ def dense_in_order(order, bias_order="last"):
                                             (lanes(4), "4 interleaved lanes, bias last"),
                                             (blocks(8), "blocks of 8, bias last")])
 def test_the_recursive_search_finds_the_tree_the_all_pairs_search_finds(order, expected):
-    from bitdrift.analysis.accumulation import reveal, summary
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal
+
+    from bitdrift.analysis.accumulation.names import summary
 
     tree = reveal(dense_in_order(order), terms=32, units=5)
     assert summary(tree) == expected
@@ -120,7 +127,10 @@ def reveal_all_pairs(order, n):
 def test_an_accumulator_that_starts_from_the_bias_is_named_so():
     """XNNPACK's and ONNX Runtime's packed GEMMs load the bias into the accumulator, then
     add the products in order: the tree's first node adds the bias and product 0."""
-    from bitdrift.analysis.accumulation import Node, reveal, summary
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal
+
+    from bitdrift.analysis.accumulation.names import summary
+    from bitdrift.analysis.accumulation.trees import Node
 
     def bias_first(weights, shift):
         total = shift.astype(F32)
@@ -142,7 +152,7 @@ def test_an_accumulator_that_starts_from_the_bias_is_named_so():
 def narrow_dense(order, precision):
     """A Dense call whose weights come in a narrower format (float16, bfloat16) and whose
     products with a row of ones are summed in float32 in ``order``, bias last."""
-    from bitdrift.analysis.accumulation import input_dtype
+    from bitdrift.analysis.accumulation.probes import input_dtype
 
     def dense(weights, shift):
         assert weights.dtype == input_dtype(precision) and shift.dtype == weights.dtype
@@ -160,7 +170,9 @@ def test_narrow_inputs_summed_in_float32_reveal_the_tree_built(precision, order,
     """float16 and bfloat16 inputs with float32 accumulation (FPRev's tensor-core case):
     the probe's values are the format's own (float16: 2**15 and 2**-24), and the tree is
     the one the float32 search of the same order finds."""
-    from bitdrift.analysis.accumulation import reveal, summary
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal
+
+    from bitdrift.analysis.accumulation.names import summary
 
     tree = reveal(narrow_dense(order, precision), terms=48, units=7, precision=precision)
     assert summary(tree) == expected
@@ -175,7 +187,8 @@ def test_a_replay_in_the_revealed_order_is_bit_identical_and_fma_matters():
     the right setting and not with the wrong one."""
     from fractions import Fraction
 
-    from bitdrift.analysis.accumulation import replay, reveal
+    from bitdrift.analysis.accumulation.replay.replay import replay
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 24)).astype(F32)
@@ -228,7 +241,7 @@ def small_model(tmp_path_factory):
 def test_a_conv_as_the_gemm_of_its_patches_is_the_convolution(padding, strides):
     """conv_patches @ kernel equals a convolution written out as loops over the output
     pixels (float64, Keras' zero padding for 'same': the extra row and column at the end)."""
-    from bitdrift.analysis.accumulation import conv_patches
+    from bitdrift.analysis.accumulation.probes import conv_patches
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 7, 6, 3))
@@ -296,7 +309,7 @@ def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(
     the runtime at the layer's shapes (its products and bias as terms), and numpy replaying
     the layer in that order, from the recorded input and the device's weights, gives the
     record's bits. The truth is the runtime's own output, not the code under test."""
-    from bitdrift.analysis.accumulation import from_flat
+    from bitdrift.analysis.accumulation.trees import from_flat
     from bitdrift.record.hdf5 import Record
     from bitdrift.run.inference import infer
     from tests.utils import EXPORT_FILES
@@ -369,7 +382,9 @@ def test_numpy_matmul_on_a_forced_openblas_kernel_replays_bit_for_bit(core):
 
     code = """
 import json, numpy as np
-from bitdrift.analysis.accumulation import replay, reveal, to_flat
+from bitdrift.analysis.accumulation.replay import replay
+from bitdrift.analysis.accumulation.reveal import reveal
+from bitdrift.analysis.accumulation.trees import to_flat
 terms, units = 96, 16
 ones = np.ones((1, terms), np.float32)
 tree = reveal(lambda w, b: ones @ w, terms, units, bias=False)
@@ -397,16 +412,11 @@ def test_the_figure_draws_the_two_orders_of_a_pair_that_parts_at_a_dense_layer(
     import json
 
     import pandas as pd
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal
 
-    from bitdrift.analysis.accumulation import (
-        Node,
-        contrasting_pair,
-        from_flat,
-        restrict,
-        reveal,
-        summary,
-        to_flat,
-    )
+    from bitdrift.analysis.accumulation.names import summary
+    from bitdrift.analysis.accumulation.tables import contrasting_pair
+    from bitdrift.analysis.accumulation.trees import Node, from_flat, restrict, to_flat
     from bitdrift.record.hdf5 import open_records
     from bitdrift.report.figures import plot_orders
 
@@ -471,7 +481,7 @@ def test_the_figure_draws_the_two_orders_of_a_pair_that_parts_at_a_dense_layer(
 
 
 def test_the_rows_of_a_batch_are_named_in_runs():
-    from bitdrift.analysis.accumulation import by_rows
+    from bitdrift.analysis.accumulation.names import by_rows
 
     assert by_rows(["a", "a", "a", "b", "b", "a"]) == \
         "by batch row: rows 0-2: a; rows 3-4: b; row 5: a"
@@ -490,7 +500,7 @@ def test_one_rounding_of_a_sum_and_an_exact_product_is_the_nearest_float32():
     fractions): random values, and a sum whose float64 value lands exactly halfway between
     two float32 numbers while the exact one lies above it, where rounding the float64 sum
     (a second rounding) gives the even neighbour below, the wrong one."""
-    from bitdrift.analysis.accumulation import _round_sum
+    from bitdrift.analysis.accumulation.replay.replay import _round_sum
 
     a, b = F32(8 + 2.0**-20), F32(-(8 - 2.0**-20))  # product -(64 - 2**-40), exact
     partial = F32(2.0**30 + 128)  # odd: halfway below it is 2**30 + 64
@@ -531,7 +541,10 @@ def test_a_sum_that_starts_from_the_bias_is_replayed_with_the_first_product_fuse
     first one too: round(bias + x0 * w0). The replay with FMA gives that sum's bits
     (computed apart with fractions); rounding the first product before adding the bias, as
     a plain addition does, gives other bits for some of these values."""
-    from bitdrift.analysis.accumulation import replay, reveal, summary
+    from bitdrift.analysis.accumulation.replay.replay import replay
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal
+
+    from bitdrift.analysis.accumulation.names import summary
 
     def bias_first(weights, shift):
         total = shift.astype(F32)
@@ -591,7 +604,7 @@ def canonical(order, keep=None):
 
 
 def nested(tree):
-    from bitdrift.analysis.accumulation import Node
+    from bitdrift.analysis.accumulation.trees import Node
 
     return [nested(child) if isinstance(child, Node) else child for child in tree.children]
 
@@ -600,7 +613,7 @@ def conv_probe(orders, order_of_pixel, spec, batch=1):
     """A Conv2D probe (weights, bias) -> (batch, pixels, units) whose output pixel p sums
     its products with an input of ones (0 where the window meets the padding) and the
     bias in ``orders[order_of_pixel(p)]``."""
-    from bitdrift.analysis.accumulation import conv_grid
+    from bitdrift.analysis.accumulation.probes import conv_grid
 
     (height, width), live = conv_grid(spec)
 
@@ -614,7 +627,7 @@ def conv_probe(orders, order_of_pixel, spec, batch=1):
 
 
 def small_conv_spec(padding="same"):
-    from bitdrift.analysis.accumulation import probe_spec
+    from bitdrift.analysis.accumulation.probes import probe_spec
 
     config = {"filters": 2, "kernel_size": [3, 3], "strides": [1, 1], "padding": padding,
               "dilation_rate": [1, 1], "data_format": "channels_last", "groups": 1}
@@ -633,13 +646,11 @@ def test_a_conv_whose_order_alternates_by_column_is_revealed_pixel_by_pixel():
     products are 0). Every pixel is given a tree whose restriction to its terms is the
     order built for it, the two trees are the two orders, the name says the order varies
     by position, and the search stays within its bound."""
-    from bitdrift.analysis.accumulation import (
-        PLACE_SEARCHES,
-        conv_grid,
-        from_flat,
-        order_name,
-        reveal_places,
-    )
+    from bitdrift.analysis.accumulation.reveal.reveal import PLACE_SEARCHES, reveal_places
+
+    from bitdrift.analysis.accumulation.names import order_name
+    from bitdrift.analysis.accumulation.probes import conv_grid
+    from bitdrift.analysis.accumulation.trees import from_flat
 
     spec = small_conv_spec()
     (height, width), live = conv_grid(spec)
@@ -664,7 +675,11 @@ def test_a_conv_whose_order_alternates_by_column_is_revealed_pixel_by_pixel():
 
 
 def test_one_order_everywhere_is_one_tree_and_its_plain_name():
-    from bitdrift.analysis.accumulation import conv_grid, from_flat, order_name, reveal_places
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
+
+    from bitdrift.analysis.accumulation.names import order_name
+    from bitdrift.analysis.accumulation.probes import conv_grid
+    from bitdrift.analysis.accumulation.trees import from_flat
 
     spec = small_conv_spec()
     (height, width), live = conv_grid(spec)
@@ -680,7 +695,10 @@ def test_one_order_everywhere_is_one_tree_and_its_plain_name():
 def test_batch_rows_in_different_orders_are_named_by_row():
     """A Dense call whose second batch row sums in another order (MKL's row blocking):
     each row gets its own tree, and the name says which row sums how."""
-    from bitdrift.analysis.accumulation import from_flat, order_name, reveal_places
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
+
+    from bitdrift.analysis.accumulation.names import order_name
+    from bitdrift.analysis.accumulation.trees import from_flat
 
     def dense(weights, shift):
         rows = [*weights.astype(F32), shift.astype(F32)]
@@ -702,7 +720,10 @@ def test_a_conv_is_replayed_pixel_by_pixel_in_its_own_order():
     """The layer computed by hand with each pixel's own order (columns alternating, as
     above) from random inputs and weights: replaying every pixel in the tree found for it
     gives those bits; one tree for all pixels (the centre's) does not."""
-    from bitdrift.analysis.accumulation import conv_grid, conv_patches, replay_layers, reveal_places
+    from bitdrift.analysis.accumulation.replay.replay import replay_layers
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
+
+    from bitdrift.analysis.accumulation.probes import conv_grid, conv_patches
 
     spec = small_conv_spec()
     (height, width), live = conv_grid(spec)
@@ -745,7 +766,9 @@ def test_a_conv_is_replayed_pixel_by_pixel_in_its_own_order():
 def alternating_conv_layer(samples=3):
     """A Conv2D on a 5x6 grid whose columns alternate between two orders: its revealed
     entry, and its output computed by hand from random inputs in each pixel's order."""
-    from bitdrift.analysis.accumulation import conv_grid, conv_patches, reveal_places
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
+
+    from bitdrift.analysis.accumulation.probes import conv_grid, conv_patches
 
     spec = small_conv_spec()
     (height, width), live = conv_grid(spec)
@@ -774,7 +797,7 @@ def test_the_sampled_positions_hold_corners_edges_and_interior():
     """By hand: an axis of 20 at 8 indices with a border of 2 keeps 0, 1 and 18, 19 (the
     padding), the run 9, 10 at the centre, and 6 and 13 between; a grid of at most the
     positions asked is kept whole; the samples spread from the first to the last."""
-    from bitdrift.analysis.accumulation import sampled_axis, sampled_grid, sampled_samples
+    from bitdrift.analysis.accumulation.probes import sampled_axis, sampled_grid, sampled_samples
 
     assert sampled_axis(20, 8, 2) == [0, 1, 6, 9, 10, 13, 18, 19]
     assert sampled_axis(7, 8, 2) == list(range(7))
@@ -797,7 +820,9 @@ def test_a_sampled_replay_counts_the_sampled_values_and_names_them():
     at a position left out ((1, 1) of sample 0). The sampled replay (9 of 30 positions,
     samples 0 and 2) finds the first alone among its 2 x 9 x 2 values, and the record
     names what it replayed; the full replay finds both among all 3 x 30 x 2."""
-    from bitdrift.analysis.accumulation import checked_orders, replay_layers
+    from bitdrift.analysis.accumulation.replay.replay import replay_layers
+
+    from bitdrift.record.orders import checked_orders
 
     entry, checked, weights, out, images = alternating_conv_layer()
     for y, x in ((2, 3), (1, 1)):
@@ -825,7 +850,7 @@ def test_a_sampled_dense_replay_reads_the_rows_it_names():
     """A Dense layer of 5 samples summed by hand in float32, products first, bias last:
     the replay at 2 samples reads rows 0 and 4 alone (a wrong value in row 2 is not seen,
     one in row 4 is)."""
-    from bitdrift.analysis.accumulation import replay_layers
+    from bitdrift.analysis.accumulation.replay.replay import replay_layers
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((5, 4)).astype(F32)
@@ -856,7 +881,7 @@ def test_a_sampled_dense_replay_reads_the_rows_it_names():
 
 
 def test_the_replay_switch_skips_the_replay_alone():
-    from bitdrift.analysis.accumulation import replay_layers
+    from bitdrift.analysis.accumulation.replay.replay import replay_layers
 
     entry, checked, weights, out, images = alternating_conv_layer()
     on = replay_layers({"conv": entry}, checked, weights, {"conv": out}, "float32", images)
@@ -871,7 +896,8 @@ def test_the_replay_switch_skips_the_replay_alone():
 def test_height_counts_the_products_additions_whatever_the_bias_does():
     """``other (height H)`` is the products' sum's height, the bias left out: the same
     products' tree gives the same height with the bias added last or inside."""
-    from bitdrift.analysis.accumulation import Node, describe, restrict, summary
+    from bitdrift.analysis.accumulation.names import describe, summary
+    from bitdrift.analysis.accumulation.trees import Node, restrict
 
     def tree(order):
         def build(item):
@@ -903,7 +929,7 @@ WIDE_HEIGHT, WIDE_WIDTH = 12, 14
 
 
 def wide_conv_spec():
-    from bitdrift.analysis.accumulation import probe_spec
+    from bitdrift.analysis.accumulation.probes import probe_spec
 
     config = {"filters": 2, "kernel_size": [3, 3], "strides": [1, 1], "padding": "same",
               "dilation_rate": [1, 1], "data_format": "channels_last", "groups": 1}
@@ -935,7 +961,11 @@ def test_a_sampled_order_search_finds_each_sampled_pixels_order_with_fewer_calls
     there), marks the 152 others not searched ('-' in the map, none known), and makes
     fewer probe calls than the search of every pixel, which also has to search the tail
     loop it finds outside the sample (and finds every pixel's order right)."""
-    from bitdrift.analysis.accumulation import NOT_SEARCHED, conv_border, conv_grid, reveal_places
+    from bitdrift.analysis.accumulation.replay.replay import conv_border
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
+
+    from bitdrift.analysis.accumulation.probes import conv_grid
+    from bitdrift.record.orders import NOT_SEARCHED
 
     spec = wide_conv_spec()
     grid, live = conv_grid(spec)
@@ -970,7 +1000,11 @@ def test_a_grid_within_the_positions_is_searched_whole_as_before():
     """The default run's case: a grid of no more pixels than the positions asked is
     searched at every pixel, the entry (and its calls) the same as without a sample: no
     'sampled', no '-' in the map, the name without the sample's words."""
-    from bitdrift.analysis.accumulation import conv_grid, from_flat, order_name, reveal_places
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
+
+    from bitdrift.analysis.accumulation.names import order_name
+    from bitdrift.analysis.accumulation.probes import conv_grid
+    from bitdrift.analysis.accumulation.trees import from_flat
 
     spec = small_conv_spec()
     (height, width), live = conv_grid(spec)
@@ -991,7 +1025,10 @@ def test_a_grid_within_the_positions_is_searched_whole_as_before():
 
 
 def sampled_wide_entry():
-    from bitdrift.analysis.accumulation import conv_border, conv_grid, reveal_places
+    from bitdrift.analysis.accumulation.replay.replay import conv_border
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
+
+    from bitdrift.analysis.accumulation.probes import conv_grid
 
     spec = wide_conv_spec()
     grid, live = conv_grid(spec)
@@ -1007,7 +1044,9 @@ def test_a_sampled_search_is_named_and_recorded_for_its_positions_alone():
     at the border, 4 inside: counted here from the orders built) and says how many were
     searched; the findings' words say so; the record's check accepts it and refuses a map
     whose '-' are not the pixels outside the sample."""
-    from bitdrift.analysis.accumulation import checked_orders, from_flat, order_name
+    from bitdrift.analysis.accumulation.names import order_name
+    from bitdrift.analysis.accumulation.trees import from_flat
+    from bitdrift.record.orders import checked_orders
     from bitdrift.report.findings import order_phrase
 
     entry, live = sampled_wide_entry()
@@ -1047,13 +1086,12 @@ def test_a_sampled_search_is_named_and_recorded_for_its_positions_alone():
 def test_a_uniform_sampled_order_is_one_name_for_its_positions():
     """One order at every pixel, searched at 16 of 168: the plain name, said to hold at
     the positions searched."""
-    from bitdrift.analysis.accumulation import (
-        conv_border,
-        conv_grid,
-        from_flat,
-        order_name,
-        reveal_places,
-    )
+    from bitdrift.analysis.accumulation.replay.replay import conv_border
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
+
+    from bitdrift.analysis.accumulation.names import order_name
+    from bitdrift.analysis.accumulation.probes import conv_grid
+    from bitdrift.analysis.accumulation.trees import from_flat
 
     spec = wide_conv_spec()
     grid, live = conv_grid(spec)
@@ -1070,7 +1108,9 @@ def test_a_replay_beyond_the_sampled_search_counts_the_values_not_searched():
     """The sampled search's entry replayed at the same 16 positions meets no pixel left
     out; replayed at every position, the 152 pixels x 2 filters outside the sample are
     counted as not searched, and the 16 x 2 replayed are the record's bits."""
-    from bitdrift.analysis.accumulation import conv_patches, replay_layers
+    from bitdrift.analysis.accumulation.replay.replay import replay_layers
+
+    from bitdrift.analysis.accumulation.probes import conv_patches
 
     entry, live = sampled_wide_entry()
     spec = wide_conv_spec()

@@ -267,7 +267,8 @@ def test_an_order_that_varies_by_position_reads_as_words():
     no table label."""
     import numpy as np
 
-    from bitdrift.analysis.accumulation import from_flat, order_name
+    from bitdrift.analysis.accumulation.names import order_name
+    from bitdrift.analysis.accumulation.trees import from_flat
     from bitdrift.report.findings import order_phrase
 
     # 4 products and the bias (term 4), as to_flat keeps them

@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from bitdrift import formats
+from bitdrift.analysis.effective_precision import recheck_record
 from bitdrift.config import validate_config
 from bitdrift.errors import ConfigError, DatasetError, InferenceError, ModelFormatError
 from bitdrift.inputs.examples import onnx_cnn
@@ -273,7 +274,7 @@ def test_every_node_output_is_recorded_by_its_name_and_computes_the_model(onnx_r
 def test_the_effective_precision_recheck_reads_gemm_matmul_and_conv_nodes(onnx_records):
     folder, records = onnx_records
     with Record(records["ort_no_optimizations"]) as record:
-        found = record.recheck_effective_precision(folder / "cnn.onnx", folder / "inputs.npy")
+        found = recheck_record(record, folder / "cnn.onnx", folder / "inputs.npy")
         assert found is None  # the record had no check of its own to disagree with
         effective = record.effective_precision
         # the same Gemm recomputed here: relative error within float32's

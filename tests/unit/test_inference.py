@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
+from bitdrift.analysis.effective_precision import recheck_record
 from bitdrift.errors import AcceleratorMissing
 from bitdrift.inputs.models import model_digest
 from bitdrift.record.hdf5 import Record
@@ -198,7 +199,7 @@ def test_full_samples_and_layer_select_in_a_real_run(assets, tmp_path):
         assert effective["dense_3"] == {"unchecked": "its input activation_3 is not "
                                                      "recorded (analysis.layer_select)"}
         # the recomputation from the record reads sample 6 alone and agrees
-        assert record.recheck_effective_precision(model, dataset) is None
+        assert recheck_record(record, model, dataset) is None
         assert sorted(record.effective_precision) == ["conv2d"]
 
 
@@ -234,7 +235,7 @@ def test_a_record_without_full_samples_says_its_effective_precision_is_unchecked
         assert summary(record.effective_precision, unchecked_reason(record)) == \
             f"unchecked: {NO_FULL_SAMPLES}"
         # the workflow's table recomputes from the record: still nothing to check
-        assert record.recheck_effective_precision(model, dataset) is None
+        assert recheck_record(record, model, dataset) is None
         assert effective_precision_table([record]) == rows
     assert len(rows) == 1 and rows[0]["layer"] is None
     assert rows[0]["unchecked"] == NO_FULL_SAMPLES and "full_samples: 0" in NO_FULL_SAMPLES

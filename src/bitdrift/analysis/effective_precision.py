@@ -424,6 +424,25 @@ def recheck(record, model_path, dataset_path) -> dict:
     return {name: merge(parts) for name, parts in results.items()}
 
 
+def recheck_record(record, model_path, dataset_path) -> str | None:
+    """Replace the effective precision the inference wrote in ``record`` (as read) by its
+    recomputation from the record's activations and the model file (recheck): the tables
+    then report what the record shows, not what it claims. Returns a warning line when the
+    two disagree on which layers are reduced."""
+    claimed = record.effective_precision
+    found = recheck(record, model_path, dataset_path)
+    if not found and claimed is None:
+        return None  # nothing recorded to check (a record without layers)
+    record._effective = found
+    if claimed is not None and reduced_layers(claimed) == reduced_layers(found):
+        return None
+    said = "no check" if claimed is None else \
+        f"reduced {', '.join(reduced_layers(claimed)) or 'none'}"
+    return (f"{record.path}: effective precision recomputed from {model_path}: reduced "
+            f"{', '.join(reduced_layers(found)) or 'none'} (the record says "
+            f"{said}); the tables use the recomputation")
+
+
 def _as_float(tensor) -> np.ndarray:
     """A recorded tensor's values as floats (bfloat16 is stored as its raw bits)."""
     if tensor.bfloat16:

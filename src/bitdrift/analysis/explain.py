@@ -19,24 +19,15 @@ import numpy as np
 import pandas as pd
 
 from bitdrift.analysis.kernels import UNTRACED, divergence_kernels, record_signatures
-from bitdrift.backends import KNOBS
 from bitdrift.errors import RecordError
 from bitdrift.record.hdf5 import OUTPUT, Record
+from bitdrift.runtimes import FRAMEWORKS, KNOBS, USES
 
 MISSING = "missing"
 FLAG_PREFIX = "cpu.flags["
 EXPLAIN_COLUMNS = ["model", "sample", "layer", "n_eqc", "n_devices", "attributes", "determined",
                    "search", "unexplained_devices", "alternatives", "confounded", "weak",
                    "nondeterministic_devices"]
-# Version keys of a framework (fingerprint `versions`): on a record of another backend they
-# say only what the process happened to load, never what computed the result.
-FRAMEWORKS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax", "jaxlib": "jax",
-              "onnxruntime": "onnxruntime", "openvino": "openvino", "litert": "litert",
-              "executorch": "executorch", "torch_export": "torch_export",
-              "torch_inductor": "torch_inductor"}
-# The frameworks whose versions a runtime's own records name besides its own: the
-# runtimes of a .pt2 program run torch (its `torch*` keys)
-USES = {"torch_export": ("torch",), "torch_inductor": ("torch",), "executorch": ("torch",)}
 ALTERNATIVES_SHOWN = 10
 # Attributes that describe a device in the class tables (Table SUP-1/SUP-2 columns).
 DESCRIPTIVE = ("cpu.vendor", "cpu.brand", "cpu.count", "accelerator", "accelerator.gpu_name",
@@ -90,7 +81,7 @@ def device_attributes(record: Record) -> tuple[dict[str, str], list[str]]:
     for name, value in (fingerprint.get("environment") or config.get("env") or {}).items():
         attributes[f"env.{name}"] = _text(value)
     backend = attributes["backend"]
-    # A runtime's knobs (bitdrift.backends.KNOBS), by their device keys; unset is the
+    # A runtime's knobs (bitdrift.runtimes.KNOBS), by their device keys; unset is the
     # runtime's default, which a record of another runtime lacks (`missing`).
     for knob in KNOBS.get(backend, ()):
         attributes[knob] = _text(config.get(knob)) if config.get(knob) is not None \

@@ -37,10 +37,14 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bitdrift.errors import ConfigError, RecordError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FORMAT_VERSION = 1
 SUFFIX = ".json.gz"
@@ -603,9 +607,10 @@ REFUSED_COLUMNS = ("entry", "reason")
 
 
 def compare_records(paths: list[str | Path], atlas: Atlas, table=None, refused_table=None,
-                    figure=None) -> list[str]:
+                    ) -> tuple[list[str], pd.DataFrame]:
     """This machine (its records of the reference model) among the atlas's machines: the
-    table, the refused entries, the figure where asked; the lines in words."""
+    table, the refused entries; the lines in words and the table (bitdrift.report.figures
+    draws it: plot_atlas)."""
     import pandas as pd
 
     from bitdrift.atomic import write_csv
@@ -620,11 +625,8 @@ def compare_records(paths: list[str | Path], atlas: Atlas, table=None, refused_t
         write_csv(pd.DataFrame([(line.split(": ", 1)[0], line.split(": ", 1)[-1])
                                   for line in atlas.refused], columns=list(REFUSED_COLUMNS)),
                     refused_table)
-    if figure:
-        from bitdrift.report.figures import plot_atlas
-
-        plot_atlas(found, figure)
-    return summary_lines(rows) if rows else ["No device ran the reference model here."]
+    return (summary_lines(rows) if rows else ["No device ran the reference model here."],
+            found)
 
 
 @dataclass

@@ -187,8 +187,7 @@ def input_digest(datasets: str | Path | None, model: str, indices: list[int]) ->
     if datasets is None:
         return hashlib.sha256(f"{REPOSITORY}@{COMMIT}:{where} sha256 {published} samples "
                               f"{sorted(indices)}".encode()).hexdigest()
-    from bitdrift.inputs.datasets import file_digest
-    from bitdrift.run.provenance import input_sha256
+    from bitdrift.inputs.datasets import file_digest, input_sha256
 
     path = Path(datasets) / Path(where).relative_to("experiments/data/datasets")
     if not path.is_file():

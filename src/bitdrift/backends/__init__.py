@@ -42,22 +42,21 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from bitdrift.errors import ConfigError
+from bitdrift.runtimes import (  # noqa: F401  (the list, as backends.RUNTIMES)
+    EXPORTED_RUNTIMES,
+    KERAS_RUNTIMES,
+    KNOBS,
+    PROGRAM_RUNTIMES,
+    RUNTIMES,
+)
 
-# The one list of runtimes: each name is a module of this package; the config schema's
-# `backend` enum and explain's frameworks are checked against it (test_backends.py).
-KERAS_RUNTIMES = ("tensorflow", "torch", "jax")
-EXPORTED_RUNTIMES = ("onnxruntime", "openvino", "litert")
-# The runtimes of a torch.export program (.pt2) alone: torch eager, torch.compile's
-# Inductor, ExecuTorch (bitdrift.formats.pt2)
-PROGRAM_RUNTIMES = ("torch_export", "torch_inductor", "executorch")
-RUNTIMES = KERAS_RUNTIMES + EXPORTED_RUNTIMES + PROGRAM_RUNTIMES
-# The device keys that change a runtime's numerics (its knobs), as the schema names them;
-# `explain` takes each as an attribute.
-KNOBS = {"jax": ("xla_flags", "matmul_precision"),
-         "onnxruntime": ("graph_optimization_level",),
-         "openvino": ("execution_mode", "inference_precision_hint"),
-         "litert": ("op_resolver",),
-         "torch_inductor": ("inductor_options",)}
+# Each runtime's module, by family: Keras on its backends, the runtimes of an exported
+# file, and those of a torch.export program
+MODULES = {"tensorflow": "keras.tensorflow", "torch": "keras.torch", "jax": "keras.jax",
+           "onnxruntime": "exported.onnxruntime", "openvino": "exported.openvino",
+           "litert": "exported.litert", "torch_export": "torch_program.eager",
+           "torch_inductor": "torch_program.inductor",
+           "executorch": "torch_program.executorch"}
 
 
 @runtime_checkable
@@ -102,7 +101,7 @@ class Session:
     # compiled graph, when the job traces ({layer: [KernelCall as dict]}); None otherwise
     kernels: dict | None = None
     # The Dense and Conv2D layers whose summation order can be revealed ({layer:
-    # bitdrift.analysis.accumulation.probe_spec}) and how: order_probe(spec, batch) returns a function
+    # bitdrift.analysis.accumulation.probes.probe_spec}) and how: order_probe(spec, batch) returns a function
     # of (kernel as (terms, units), bias) giving the (batch, units) sums of a batch of ones
     # through such a layer alone, in the runtime's own format (bitdrift.analysis.accumulation)
     order_layers: dict = field(default_factory=dict)
@@ -127,4 +126,4 @@ def get(name: str):
     """The module of runtime ``name``; ConfigError for a name bitdrift has no module for."""
     if name not in RUNTIMES:
         raise ConfigError(f"unknown backend {name!r} (bitdrift has {', '.join(RUNTIMES)})")
-    return importlib.import_module(f"bitdrift.backends.{name}")
+    return importlib.import_module(f"bitdrift.backends.{MODULES[name]}")

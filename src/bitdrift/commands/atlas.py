@@ -115,8 +115,12 @@ def cmd_atlas_compare(args) -> int:
     from bitdrift.atlas.entries import compare_records
 
     atlas = _read_atlas(args.atlas)
-    lines = compare_records(args.files, atlas, table=args.out, refused_table=args.refused_out,
-                            figure=args.figure_out)
+    lines, table = compare_records(args.files, atlas, table=args.out,
+                                   refused_table=args.refused_out)
+    if args.figure_out:
+        from bitdrift.report.figures import plot_atlas
+
+        plot_atlas(table, args.figure_out)
     for line in lines:
         print(line)
     return 0

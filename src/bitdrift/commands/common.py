@@ -44,6 +44,7 @@ def open_checked(args):
     if not args.expect:
         return records
     # Only here: provenance reads models and datasets (~20 ms of imports).
+    from bitdrift.analysis.effective_precision import recheck_record
     from bitdrift.run.provenance import check_layout, check_provenance
 
     check_layout(records, [model for model, _, _ in args.expect])
@@ -55,7 +56,7 @@ def open_checked(args):
             # hand instead of reading what the inference wrote
             for record in records:
                 if record.model == model:
-                    warning = record.recheck_effective_precision(model_path, dataset_path)
+                    warning = recheck_record(record, model_path, dataset_path)
                     if warning:
                         print(f"bitdrift: warning: {warning}", file=sys.stderr)
     return records

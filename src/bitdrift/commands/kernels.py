@@ -51,8 +51,8 @@ def cmd_kernels(args) -> None:
                   f"{row['deployed_only']}; adjusted Rand index (kernel signature, "
                   f"class) {_rounded(row['adjusted_rand_index_mean'])}")
     if args.orders_out:
-        from bitdrift.analysis.accumulation import TABLE_COLUMNS as ORDER_COLUMNS
-        from bitdrift.analysis.accumulation import orders_table
+        from bitdrift.analysis.accumulation.tables import TABLE_COLUMNS as ORDER_COLUMNS
+        from bitdrift.analysis.accumulation.tables import orders_table
 
         orders = orders_table(records)
         write_csv(orders, args.orders_out, columns=ORDER_COLUMNS)
@@ -88,7 +88,7 @@ def cmd_plot_kernels(args) -> None:
 
 
 def cmd_plot_orders(args) -> None:
-    from bitdrift.analysis.accumulation import contrasting_pair
+    from bitdrift.analysis.accumulation.tables import contrasting_pair
     from bitdrift.analysis.divergence import DIVERGENCE_COLUMNS
     from bitdrift.atomic import read_table
     from bitdrift.report.figures import plot_orders

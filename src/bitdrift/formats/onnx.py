@@ -501,7 +501,7 @@ def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
     the MatMul, Gemm (as Dense) and Conv (as channels-first Conv2D) nodes whose output and
     input are recorded, named by their output as the session records it; the order of the
     Dense ones over a (batch, terms) input is revealed (bitdrift.analysis.accumulation)."""
-    from bitdrift.analysis.accumulation import probe_spec
+    from bitdrift.analysis.accumulation.probes import probe_spec
     from bitdrift.analysis.effective_precision import spec_from_config
     from bitdrift.record.hdf5 import _sanitize
 

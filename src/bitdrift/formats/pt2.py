@@ -371,14 +371,14 @@ def _padding(pads, strides, dilations, kernel_shape) -> str | None:
 def checked_layers(layers: list[dict], recorded: list[str], precision: str) -> tuple[dict,
                                                                                     dict, dict]:
     """({layer: (effective-precision spec, [kernel, bias] as the device had them)},
-    {layer: order probe spec (bitdrift.analysis.accumulation.probe_spec)}, {layer: why its order
+    {layer: order probe spec (bitdrift.analysis.accumulation.probes.probe_spec)}, {layer: why its order
     is not revealed}) of the recorded Linear and Conv2d calls among ``layers``
     (file_layers); the effective-precision check takes those fed by the program input or
     a recorded call. A Linear's order is probed over (batch, terms) inputs, a Conv2d's
     (groups 1) at its input's own shape, channels-last in the spec (its terms in Keras'
     order: position, then channel) and channels-first where the probe runs it
     (node_order_probe)."""
-    from bitdrift.analysis.accumulation import probe_spec
+    from bitdrift.analysis.accumulation.probes import probe_spec
     from bitdrift.analysis.effective_precision import spec_from_config
     from bitdrift.inputs.models import numpy_dtype
 
@@ -432,7 +432,7 @@ def node_order_probe(precision: str):
     input and output channels-first, the sums read back channels-last)."""
     import torch
 
-    from bitdrift.analysis.accumulation import probe_output
+    from bitdrift.analysis.accumulation.probes import probe_output
     from bitdrift.backends.torch_program.program import to_numpy, to_tensor, torch_dtype
 
     dtype = torch_dtype(precision)

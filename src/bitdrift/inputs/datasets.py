@@ -30,6 +30,18 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
                    "ship", "truck"]
 
 
+def input_sha256(images) -> str:
+    """Digest of the recorded samples' input images (as float32, NHWC); of a model's several
+    inputs (bitdrift.inputs.datasets.NamedInputs), of each array by name, in the order of names."""
+    if isinstance(images, dict):
+        digest = hashlib.sha256()
+        for name in sorted(images):
+            digest.update(name.encode() + b"\0")
+            digest.update(np.ascontiguousarray(images[name], dtype=np.float32).tobytes())
+        return digest.hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(images, dtype=np.float32).tobytes()).hexdigest()
+
+
 def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
     digest = hashlib.new(algorithm)
     with open(path, "rb") as handle:

@@ -583,7 +583,7 @@ class Record:
         """The order each Dense layer summed in, as revealed through the device's runtime,
         and its replay (bitdrift.analysis.accumulation); None for a record written without it."""
         if "_orders" not in self.__dict__:
-            from bitdrift.analysis.accumulation import checked_orders
+            from bitdrift.record.orders import checked_orders
 
             self._orders = checked_orders(
                 self.json_attr("accumulation_orders"), lambda what: self._fail(
@@ -613,26 +613,6 @@ class Record:
                                      f"{wrong}")
             self._effective = found
         return self._effective
-
-    def recheck_effective_precision(self, model_path, dataset_path) -> str | None:
-        """Replace the effective precision the inference wrote by its recomputation from
-        this record's activations and the model file (bitdrift.analysis.effective_precision.recheck):
-        the tables then report what the record shows, not what it claims. Returns a
-        warning line when the two disagree on which layers are reduced."""
-        from bitdrift.analysis.effective_precision import recheck, reduced_layers
-
-        claimed = self.effective_precision
-        found = recheck(self, model_path, dataset_path)
-        if not found and claimed is None:
-            return None  # nothing recorded to check (a record without layers)
-        self._effective = found
-        if claimed is not None and reduced_layers(claimed) == reduced_layers(self._effective):
-            return None
-        said = "no check" if claimed is None else \
-            f"reduced {', '.join(reduced_layers(claimed)) or 'none'}"
-        return (f"{self.path}: effective precision recomputed from {model_path}: reduced "
-                f"{', '.join(reduced_layers(self._effective)) or 'none'} (the record says "
-                f"{said}); the tables use the recomputation")
 
     # -- data -----------------------------------------------------------------------------
     def layers(self, sample: int) -> list[LayerInfo]:

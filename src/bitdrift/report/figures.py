@@ -681,7 +681,7 @@ ORDER_TERMS_SHOWN = 40
 def _tree_layout(tree, bias_term: int | None):
     """Leaf x positions (left to right as the tree adds them), and the segments of an
     elbow drawing: each node at height 1 + its highest child's."""
-    from bitdrift.analysis.accumulation import Node
+    from bitdrift.analysis.accumulation.trees import Node
 
     segments, leaves = [], []
 
@@ -745,7 +745,7 @@ def plot_orders(pairs, out: str | Path) -> None:
 
 def _draw_pair(axes, pair: dict) -> None:
     """One pair's two summation trees, on two axes."""
-    from bitdrift.analysis.accumulation import restrict
+    from bitdrift.analysis.accumulation.trees import restrict
 
     for ax, device, order, tree in zip(axes, pair["devices"], pair["orders"], pair["trees"],
                                        strict=True):

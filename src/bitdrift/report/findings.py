@@ -304,7 +304,7 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
     return lines or ["No two classes: nothing parts."]
 
 
-# How an order label of accumulation_orders.csv (bitdrift.analysis.accumulation.summary) reads in a
+# How an order label of accumulation_orders.csv (bitdrift.analysis.accumulation.names.summary) reads in a
 # sentence; a label not listed is quoted as it is.
 _SHAPES = [(r"^sequential, bias first$", "sequentially, starting from the bias"),
            (r"^sequential$", "sequentially, in index order"),
@@ -348,7 +348,7 @@ def order_phrase(order: str) -> str:
 
 
 def _place_phrase(part: str) -> str:
-    """One part of a ``varies by position`` label (bitdrift.analysis.accumulation.order_name) as
+    """One part of a ``varies by position`` label (bitdrift.analysis.accumulation.names.order_name) as
     words: ``other (height 8), bias last: 4 trees at 257/256/255/256 pixels`` -> ``4
     trees, each 8 additions deep, ... over 257/256/255/256 pixels``."""
     import re
@@ -424,7 +424,7 @@ def _replay_clause(part: pd.DataFrame) -> str:
 
 
 # The end of an order's name where the search looked at a sample of a Conv2D's positions
-# (bitdrift.analysis.accumulation.SAMPLED_NAME); a replay cell's verdict is what precedes its
+# (bitdrift.analysis.accumulation.names.SAMPLED_NAME); a replay cell's verdict is what precedes its
 # first "; " (the rest says what it sampled or left out). Layers that differ in these
 # alone sum alike and are said together.
 _SAMPLED_ORDER = r" \(order searched at \d+ of \d+ positions\)$"

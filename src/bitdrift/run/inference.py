@@ -32,6 +32,7 @@ from bitdrift.inputs.datasets import (
     check_samples,
     count_test_images,
     file_digest,
+    input_sha256,
     read_test_images,
     test_image_shape,
 )
@@ -39,7 +40,6 @@ from bitdrift.inputs.models import model_digest, model_input_shape
 from bitdrift.progress import progress
 from bitdrift.record.hdf5 import DEPLOYED, OUTPUT, RecordWriter, output_digest
 from bitdrift.run.fork_server import repeat_workers
-from bitdrift.run.provenance import input_sha256
 from bitdrift.run.workers import worker_main
 
 
@@ -234,16 +234,11 @@ def reveal_orders(session, device: dict, positions: int | None = None, *,
     (model on device) first."""
     import time
 
-    from bitdrift.analysis.accumulation import (
-        PROBE_VALUES,
-        REPLAY_POSITIONS,
-        OrderError,
-        conv_border,
-        conv_grid,
-        from_flat,
-        order_name,
-        reveal_places,
-    )
+    from bitdrift.analysis.accumulation.names import order_name
+    from bitdrift.analysis.accumulation.probes import PROBE_VALUES, conv_grid
+    from bitdrift.analysis.accumulation.replay.replay import REPLAY_POSITIONS, conv_border
+    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
+    from bitdrift.analysis.accumulation.trees import OrderError, from_flat
 
     orders, searched = {}, {}  # searched: {probe key: the layer searched with it}
     computes = session.accelerator.get("inference_precision") or device["precision"]
@@ -358,7 +353,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     a process of its own records which kernel ran in every layer (bitdrift.analysis.kernels), and
     for an exported runtime the deployed graph's kernels beside the instrumented graph's.
     ``replay``: the replay's settings (config analysis.replay, replay_positions,
-    replay_samples; bitdrift.analysis.accumulation.replay_layers), its defaults where None.
+    replay_samples; bitdrift.analysis.accumulation.replay.replay_layers), its defaults where None.
     ``full_samples`` (analysis.full_samples: None all, N the first N, or a list): the
     samples whose layers keep their values; the others' layers keep their digests only.
     ``layer_select`` (analysis.layer_select): the layers recorded, by name or Keras class
@@ -603,7 +598,7 @@ def record_attrs(writer: RecordWriter, meta: dict, weights: dict, classes, expec
         full, full_images, device["precision"]) if layers and full else None
     orders = meta.get("orders")
     if orders:
-        from bitdrift.analysis.accumulation import replay_layers
+        from bitdrift.analysis.accumulation.replay.replay import replay_layers
 
         # Every revealed order is named; without recorded layers there is nothing to
         # replay it against, and replay_layers says so per layer

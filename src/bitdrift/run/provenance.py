@@ -9,25 +9,9 @@ compared with the digests of the model and dataset files the workflow itself use
 
 from __future__ import annotations
 
-import hashlib
-
-import numpy as np
-
-from bitdrift.inputs.datasets import read_test_images
+from bitdrift.inputs.datasets import input_sha256, read_test_images
 from bitdrift.inputs.models import model_digest
 from bitdrift.record.hdf5 import Record, RecordError
-
-
-def input_sha256(images) -> str:
-    """Digest of the recorded samples' input images (as float32, NHWC); of a model's several
-    inputs (bitdrift.inputs.datasets.NamedInputs), of each array by name, in the order of names."""
-    if isinstance(images, dict):
-        digest = hashlib.sha256()
-        for name in sorted(images):
-            digest.update(name.encode() + b"\0")
-            digest.update(np.ascontiguousarray(images[name], dtype=np.float32).tobytes())
-        return digest.hexdigest()
-    return hashlib.sha256(np.ascontiguousarray(images, dtype=np.float32).tobytes()).hexdigest()
 
 
 def infer_command(model: str, device: str, model_path, dataset_path, out,

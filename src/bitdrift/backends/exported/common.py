@@ -113,7 +113,7 @@ def open_session(runtime, job: dict, name: str, order_probe=None):
     def final(batch):
         return compiled(batch)[-1]
 
-    from bitdrift.analysis.accumulation import probe_spec
+    from bitdrift.analysis.accumulation.probes import probe_spec
 
     names = [layer for layer, _ in reference.layers]
     order_layers = {}
@@ -271,7 +271,7 @@ def run_probe_model(runtime, model, device: dict, accelerator: dict, spec: dict,
 
     import onnx
 
-    from bitdrift.analysis.accumulation import probe_output
+    from bitdrift.analysis.accumulation.probes import probe_output
 
     handle, path = tempfile.mkstemp(suffix=".probe.onnx")
     os.close(handle)

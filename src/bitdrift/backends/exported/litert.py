@@ -241,7 +241,7 @@ def order_probe(runtime, device: dict, accelerator: dict, order_layers: dict):
     which XNNPACK packs at load), with template weights; each call writes the probe's
     kernel and bias over the template's bytes and loads the file with the device's
     resolver and threads."""
-    from bitdrift.analysis.accumulation import probe_output
+    from bitdrift.analysis.accumulation.probes import probe_output
 
     converted: dict = {}
 

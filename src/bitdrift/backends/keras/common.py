@@ -70,7 +70,7 @@ def members(backend: str):
 def open_session(runtime, job: dict, name: str):
     """The job's ``.keras`` model on a Keras backend: cast to the device's precision, built
     in the runtime's strategy scope, with a probe returning every recorded layer."""
-    from bitdrift.analysis.accumulation import probe_output, probe_spec
+    from bitdrift.analysis.accumulation.probes import probe_output, probe_spec
     from bitdrift.backends import Session
     from bitdrift.inputs.models import cast_model, layer_probe, register_layers
 

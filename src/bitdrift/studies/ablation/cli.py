@@ -18,7 +18,7 @@ def ablation_inputs(config: dict) -> dict:
     records on the ablation devices (and on the cross-framework devices) and its test
     logits; per base model its records on the precision-casting devices."""
     from bitdrift import paths
-    from bitdrift.config import inference_seed
+    from bitdrift.paths import inference_seed
     from bitdrift.studies.ablation.config import variant_models, variants_of
 
     section = config["ablation"]

@@ -1,0 +1,247 @@
+"""numpy replaying a layer in its revealed order from the record's inputs and weights:
+whether the device's bits follow from the order alone, per output position sampled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from bitdrift.analysis.accumulation.names import order_name
+from bitdrift.analysis.accumulation.probes import conv_patches, sampled_grid, sampled_samples
+from bitdrift.analysis.accumulation.trees import Node, OrderError, _post_order, _terms, from_flat
+from bitdrift.record.orders import NOT_SEARCHED, place_trees
+
+
+# -- replaying a layer in the revealed order -----------------------------------------------
+def replay(tree: Node, inputs: np.ndarray, kernel: np.ndarray, bias_values: np.ndarray | None,
+           fma: bool) -> np.ndarray:
+    """A float32 Dense layer recomputed by numpy in ``tree``'s order: ``inputs`` (rows, n),
+    ``kernel`` (n, units), the bias as term n when given. Without ``fma`` every product is
+    rounded to float32 and every addition is float32's. With ``fma`` every node where a
+    product meets an accumulator is one fused multiply-add, round(acc + a * b) with one
+    rounding (_round_sum): the accumulator is the partial sum below the node, or the
+    bias where the sum starts from it (XNNPACK), or, where two products meet, the first
+    (by index) rounded alone. A node adding more than two operands, or two partial sums,
+    adds them in index order, each addition rounded."""
+    x = inputs.astype(np.float32)
+    w = kernel.astype(np.float32)
+    n = w.shape[0]
+    exact = x.astype(np.float64)[:, :, None] * w.astype(np.float64)[None]  # exact products
+    rounded = exact.astype(np.float32)
+
+    def leaf(term):
+        if term == n:
+            return np.broadcast_to(bias_values.astype(np.float32), rounded.shape[::2]).copy()
+        return rounded[:, term, :]
+
+    def value(node, values):
+        """A node's value from its children's (computed before it: post-order)."""
+        def of(child):
+            return values.pop(id(child)) if isinstance(child, Node) else leaf(child)
+
+        children = sorted(node.children, key=lambda c: min(_terms(c)))
+        products = [k for k, c in enumerate(children) if not isinstance(c, Node) and c != n]
+        if fma and len(children) == 2 and products:
+            # the product fused onto the other operand: the accumulator, the bias, or
+            # (two products) the first one
+            fused = products[-1]
+            return _round_sum(of(children[1 - fused]).astype(np.float64),
+                              exact[:, children[fused], :])
+        total = of(children[0])
+        for child in children[1:]:
+            total = (total + of(child)).astype(np.float32)
+        return total
+
+    values: dict[int, np.ndarray] = {}
+    for node in _post_order(tree):
+        values[id(node)] = value(node, values)
+    return values[id(tree)]
+
+
+def _round_sum(partial: np.ndarray, product: np.ndarray) -> np.ndarray:
+    """float32(partial + product) rounded once. The float64 sum and its exact error
+    (TwoSum) give the exact value; rounding the float64 sum to float32 is right unless it
+    lands exactly halfway between two float32 numbers while the error is not 0: then the
+    exact value lies on the error's side of that tie."""
+    total = partial + product
+    virtual = total - partial
+    error = (partial - (total - virtual)) + (product - virtual)
+    nearest = total.astype(np.float32)
+    other = np.nextafter(nearest, np.where(total > nearest, np.inf, -np.inf).astype(np.float32))
+    middle = (nearest.astype(np.float64) + other.astype(np.float64)) / 2
+    tie = (error != 0) & (total == middle) & (total != nearest.astype(np.float64))
+    side = np.where(error > 0, np.maximum(nearest, other), np.minimum(nearest, other))
+    return np.where(tie, side, nearest).astype(np.float32)
+
+
+# -- the replay at sampled places ------------------------------------------------------------
+# The replay recomputes every product of a layer in numpy: a ResNet-50 at 224 took 7 min
+# per device and a 142 GB working array at 100 samples. It runs at a stated number of
+# output positions and samples (config analysis.replay_positions, replay_samples; these
+# are the schema's defaults), so its cost does not grow with the image or the samples.
+# A Conv2D's order can vary by position: the borders hold fewer terms, a vector loop can
+# start each pixel at another offset (period 4 on AVX-512); the sample keeps both.
+REPLAY_POSITIONS = 1024
+REPLAY_SAMPLES = 8
+REPLAY_CHUNK_BYTES = 64 * 2**20  # the exact products one replay call holds, at most
+
+
+def conv_border(spec: dict, kernel_shape) -> tuple[int, int]:
+    """Output pixels at each end of each axis whose window can reach the padding."""
+    strides = spec.get("strides", [1, 1])
+    dilation = spec.get("dilation_rate", [1, 1])
+    if spec.get("padding") != "same":
+        return 1, 1
+    return tuple(max(1, -(-((size - 1) * rate // 2) // stride)) for size, rate, stride
+                 in zip(kernel_shape[:2], dilation, strides, strict=True))
+
+
+def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
+                  precision: str, model_input: np.ndarray | None = None,
+                  replay: bool = True, replay_positions: int = REPLAY_POSITIONS,
+                  replay_samples: int = REPLAY_SAMPLES,
+                  report: Callable[[str, int, int, dict, float], None] | None = None) -> dict:
+    """Per Dense or Conv2D layer with a revealed order: the order's name (order_name), and
+    whether numpy replaying the layer in that order (a Conv2D as the GEMM of its input
+    patches, each pixel's sum in its own tree), from the recorded input activation
+    (``model_input`` for the first layer) and the weights the device used, gives the
+    recorded output bit for bit (with or without FMA); values whose place has no known
+    tree are left out and counted. ``outputs``: {layer: array (samples, ...)} of the
+    record (repeat 0); ``weights``: {"weights/LAYER/0": kernel, ".../1": bias} as the
+    device had them. The replay runs at ``replay_samples`` samples and a Conv2D's
+    ``replay_positions`` output pixels (sampled_samples, sampled_grid; all where there
+    are no more), which the entry's ``replayed`` names where some are left out;
+    ``replay=False`` names the orders and replays none. An entry's ``searched_at`` (its
+    order taken from that layer's search: bitdrift.run.inference.reveal_orders) is kept; each
+    layer is replayed from its own values. ``report(layer, number, count, entry,
+    seconds)``: called after each layer (the job's progress lines)."""
+    results = {}
+    for number, (layer, found) in enumerate(orders.items(), start=1):
+        started = time.perf_counter()
+        results[layer] = _replayed_layer(layer, found, checked, weights, outputs, precision,
+                                         model_input, replay, replay_positions,
+                                         replay_samples)
+        if "searched_at" in found:
+            results[layer]["searched_at"] = found["searched_at"]
+        if report is not None:
+            report(layer, number, len(orders), results[layer], time.perf_counter() - started)
+    return results
+
+
+def _replayed_layer(layer, found, checked, weights, outputs, precision, model_input, replay,
+                    replay_positions, replay_samples) -> dict:
+    """replay_layers' entry of one layer."""
+    if "trees" not in found:
+        return {"order": "not revealed", "replay": found.get("error", "")}
+    trees = [from_flat(tree, found["terms"]) for tree in found["trees"]]
+    entry = {"order": order_name(trees, found.get("places"), bool(found.get("bias"))),
+             "terms": found["terms"], "trees": found["trees"],
+             "bias": bool(found.get("bias"))}
+    if "places" in found:
+        entry["places"] = found["places"]
+    spec = checked.get(layer)
+    kernel = weights.get(f"weights/{layer}/0")
+    inbound = (outputs.get(spec["inbound"]) if spec["inbound"] else model_input) \
+        if spec else None
+    reason = ("not replayed: analysis.replay is false" if not replay else
+              f"not replayed: {precision}" if precision != "float32" else
+              "not replayed: its input is not recorded" if spec is None or kernel is None
+              or inbound is None or layer not in outputs else
+              f"not replayed: activation {spec['activation']} folded in"
+              if spec["activation"] not in ("linear", "relu") else "")
+    if reason:
+        entry["replay"] = reason
+        return entry
+    bias = weights.get(f"weights/{layer}/1") if found.get("bias") else None
+    output = outputs[layer]
+    if spec["class_name"] == "Conv2D" and spec.get("data_format") == "channels_first":
+        # an ONNX Conv's or a torch program's NCHW values, replayed channels-last as
+        # their probes were read
+        inbound, output = np.moveaxis(inbound, 1, -1), np.moveaxis(output, 1, -1)
+    entry.update(_replayed(found, trees, spec, kernel, bias, inbound,
+                           output, replay_positions, replay_samples))
+    return entry
+
+
+def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
+              samples: int) -> dict:
+    """replay_layers' verdict on one layer: ``replay`` and, where the replay sampled,
+    ``replayed`` {"rows": samples in run order, and a Conv2D's "y", "x": the grid's rows
+    and columns}."""
+    rows = sampled_samples(inbound.shape[0], samples)
+    units = kernel.shape[-1]
+    if spec["class_name"] == "Conv2D":  # the GEMM it runs: a row per output pixel
+        height, width = output.shape[1:3]
+        ys, xs = sampled_grid((height, width), positions, conv_border(spec, kernel.shape))
+        pixels = height * width
+        picked = (np.asarray(ys)[:, None] * width + np.asarray(xs)[None, :]).reshape(-1)
+        blocks = [([row], conv_patches(inbound[row:row + 1], spec, kernel.shape,
+                                       output.shape, ys, xs)) for row in rows]
+        recorded_of = lambda block: output[block][:, ys][:, :, xs].reshape(-1, units)  # noqa: E731
+        gemm = kernel.reshape(-1, units)
+    else:
+        pixels, picked, ys, xs = 1, np.zeros(1, dtype=int), [0], [0]
+        blocks = [(rows, inbound[rows].reshape(len(rows), -1))]
+        recorded_of = lambda block: output[block].reshape(len(block), -1)  # noqa: E731
+        gemm = kernel
+    which_all = _value_trees(found, len(trees), inbound.shape[0], pixels).reshape(-1, pixels)
+    chunk = max(1, REPLAY_CHUNK_BYTES // (gemm.shape[0] * units * 8))
+    verdicts, total, size, unsearched = {False: 0, True: 0}, 0, 0, 0
+    for block, x in blocks:  # one sample of a Conv2D at a time: its patches, not all
+        recorded = recorded_of(block)
+        which = which_all[block][:, picked].reshape(-1)
+        known = which >= 0
+        total += int(recorded[known].size)
+        size += int(recorded.size)
+        unsearched += int(recorded[which == NOT_SEARCHED].size)
+        for fma in (False, True):
+            values = np.empty_like(recorded)
+            for index, tree in enumerate(trees):
+                where = np.flatnonzero(which == index)
+                for start in range(0, len(where), chunk):
+                    part = where[start:start + chunk]
+                    values[part] = replay(tree, x[part], gemm, bias, fma)
+            if spec["activation"] == "relu":
+                values = np.maximum(values, np.float32(0))
+            verdicts[fma] += int(np.sum(values[known].view(np.uint32)
+                                        == recorded[known].view(np.uint32)))
+    unknown = size - total - unsearched
+    left = (f"; {unknown} of {size} values not replayed (order unknown there)"
+            if unknown else "") + (
+        f"; {unsearched} of {size} values not replayed (order not searched there)"
+        if unsearched else "")
+    conv = spec["class_name"] == "Conv2D"
+    sampled = len(rows) < inbound.shape[0] or len(ys) * len(xs) < pixels
+    if sampled:
+        left += (f"; replayed at {len(ys) * len(xs)} of {pixels} positions of "
+                 f"{len(rows)} of {inbound.shape[0]} samples (analysis.replay_positions, "
+                 "analysis.replay_samples)" if conv else f"; replayed at {len(rows)} of "
+                 f"{inbound.shape[0]} samples (analysis.replay_samples)")
+    if total and (verdicts[True] == total or verdicts[False] == total):
+        said = "bit-identical " + ("with FMA" if verdicts[True] == total
+                                   else "without FMA") + left
+    else:
+        best = max(verdicts, key=verdicts.get)
+        said = (f"differs: {verdicts[best]} of {total} values bit-identical "
+                f"at best ({'with' if best else 'without'} FMA)" + left)
+    found_entry = {"replay": said}
+    if sampled:
+        found_entry["replayed"] = {"rows": rows, "y": ys, "x": xs} if conv else {"rows": rows}
+    return found_entry
+
+
+def _value_trees(found: dict, trees: int, samples: int, pixels: int) -> np.ndarray:
+    """(samples * pixels,) the tree each output value summed in (UNKNOWN, NOT_SEARCHED
+    outside a sampled search); sample k ran in batch row k mod batch
+    (bitdrift.run.inference.batch_indices). Records without ``places`` keep one tree, or one
+    per batch row."""
+    places = found.get("places")
+    if places is None:
+        return np.repeat(np.arange(samples) % trees, pixels)
+    if int(np.prod(places["grid"])) != pixels:
+        raise OrderError(f"the order's grid {places['grid']} is not the layer's "
+                         f"{pixels} output pixels")
+    return place_trees(places, samples).reshape(-1)
