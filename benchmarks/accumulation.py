@@ -4,7 +4,7 @@
 
 For numpy, each Keras runtime (TensorFlow, torch, JAX) and each exported runtime (ONNX
 Runtime, OpenVINO, LiteRT with XNNPACK), in a fresh process: the seconds
-bitdrift.analysis.accumulation.reveal.reveal.reveal takes for the default model's three Dense shapes (320 -> 128,
+bitdrift.analysis.accumulation.reveal takes for the default model's three Dense shapes (320 -> 128,
 128 -> 128, 128 -> 10, bias included, batch 1, one thread), and the number of Dense calls
 it made. Printed as a Markdown table with the host's CPU named; docs/benchmarks.md quotes
 it. The first call of a runtime (its own warm-up; for LiteRT the converter process that

@@ -81,7 +81,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         small_model_assets(folder)
-        code = ("import sys; from bitdrift.backends.keras.export import export_model, write_reference; "
+        code = ("import sys; "
+                "from bitdrift.backends.keras.export import export_model, write_reference; "
                 "write_reference(sys.argv[1], sys.argv[2], sys.argv[3] + '/reference.npz'); "
                 "export_model(sys.argv[1], 'onnx', sys.argv[3] + '/model.onnx'); "
                 "export_model(sys.argv[1], 'tflite', sys.argv[3] + '/model.tflite')")

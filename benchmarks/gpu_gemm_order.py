@@ -12,10 +12,11 @@ The main run, per Dense layer, per precision (float16; float32 with TF32 off) an
 ``matmul``: torch.matmul of the input and the (n, units) kernel, no bias, Keras' torch
 Dense before its bias add), on ``--device`` at the layer's own shapes (batch = the samples):
 
-1. reveals the summation order with bitdrift.analysis.accumulation.reveal.reveal.reveal_places through the op
+1. reveals the summation order with bitdrift.analysis.accumulation.reveal.reveal_places through the
+op
    itself (FPRev's method: probes of +-M and ones, M swamping the ones);
 2. runs the op on the layer's real inputs (twice: the GPU's run-to-run repeatability);
-3. replays the revealed tree on the CPU with numpy (bitdrift.analysis.accumulation.replay.replay.replay, each
+3. replays the revealed tree on the CPU with numpy (bitdrift.analysis.accumulation.replay, each
    addition rounded to float32, with and without FMA) and, for float16, with mmasim's model
    of the GPU's matrix unit (every node of the tree that adds products is one fused
    dot-product-accumulate of mmasim.arithmetic.fdpa.t_fdpa with the architecture's
@@ -66,10 +67,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bitdrift.analysis.accumulation.replay.replay.replay import replay
-from bitdrift.analysis.accumulation.reveal.reveal.reveal import reveal_places
 
 from bitdrift.analysis.accumulation.names import order_name
+from bitdrift.analysis.accumulation.replay import replay
+from bitdrift.analysis.accumulation.reveal import reveal_places
 from bitdrift.analysis.accumulation.trees import OrderError, from_flat, to_flat
 from bitdrift.atomic import atomic_output
 

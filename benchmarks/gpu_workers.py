@@ -5,7 +5,8 @@
 ASSETS holds ``small.keras`` and ``digits.h5`` (made where TensorFlow is installed, with
 ``tests.utils.small_model_assets``) and ``train.h5`` (``prepare_dataset("digits", ...)``,
 128 training and 32 test images); OUT gets ``result.json`` and the jobs' log. It checks:
-the worker selection (bitdrift.run.workers.worker_processes, bitdrift.run.fork_server.repeat_workers)
+the worker selection (bitdrift.run.workers.worker_processes,
+bitdrift.run.fork_server.repeat_workers)
 gives a GPU device fresh processes, whose repeats agree bit for bit; a training run through
 the fork server's selection equals a fresh one (arm ``control``: op determinism on); the
 whole inference job writes a record that names the GPU, with and without its traced

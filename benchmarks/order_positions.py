@@ -6,7 +6,8 @@ sample (config analysis.replay_positions), run on demand.
 Two of ResNet-50's convolutions at 224x224 (conv2's 3x3, 64 -> 64 channels, 'same', 56x56
 output; conv1's 7x7, 3 -> 64, stride 2, 112x112 output), each probed as
 bitdrift's Keras runtimes probe it (bitdrift.backends.keras.common: the layer alone on an
-input of ones, Keras on torch, one thread), revealed by bitdrift.analysis.accumulation.reveal.reveal.reveal_places
+input of ones, Keras on torch, one thread), revealed by
+bitdrift.analysis.accumulation.reveal.reveal_places
 at every pixel and at the sample: seconds, probe calls, the peak of what Python allocated
 during the search (tracemalloc: the answers kept and compared; the runtime's own buffers
 are outside it), and the order's name. Printed as a Markdown table with the host's CPU;
@@ -32,11 +33,11 @@ def main() -> None:
     import keras
     import numpy as np
     import torch
-    from bitdrift.analysis.accumulation.replay.replay.replay import conv_border
-    from bitdrift.analysis.accumulation.reveal.reveal.reveal import reveal_places
 
     from bitdrift.analysis.accumulation.names import order_name
     from bitdrift.analysis.accumulation.probes import conv_grid, probe_output, probe_spec
+    from bitdrift.analysis.accumulation.replay import conv_border
+    from bitdrift.analysis.accumulation.reveal import reveal_places
     from bitdrift.analysis.accumulation.trees import from_flat
 
     torch.set_num_threads(1)

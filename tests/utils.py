@@ -113,7 +113,8 @@ EXPORT_FILES = {"onnxruntime": "model.onnx", "openvino": "model.onnx", "litert":
 
 
 def export_small_model(model: Path, dataset: Path, folder: Path) -> Path:
-    """``model``'s reference, ONNX and LiteRT exports in ``folder`` (as bitdrift.backends.keras.export
+    """``model``'s reference, ONNX and LiteRT exports in ``folder`` (as
+    bitdrift.backends.keras.export
     writes them, in a TensorFlow process of its own); returns the reference's path."""
     code = ("import sys; from bitdrift.backends.keras.export import export_model, write_reference; "
             "write_reference(sys.argv[1], sys.argv[2], sys.argv[3] + '/reference.npz'); "

@@ -56,7 +56,8 @@ def model_inputs_file(config: dict, model: str) -> str:
 
 
 def export_file(model="{model}", format="{format}") -> str:
-    """The model exported for the runtimes that read ``format`` (bitdrift.backends.exported.expected.FORMATS)."""
+    """The model exported for the runtimes that read ``format``
+    (bitdrift.backends.exported.expected.FORMATS)."""
     return f"{RESULTS}/exports/{model}/model.{format}"
 
 
@@ -71,7 +72,8 @@ def export_reference_file(model="{model}") -> str:
 
 
 def aarch64_userland_file() -> str:
-    """The manifest of the aarch64 userland emulated Arm devices run in (bitdrift.emulation.aarch64)."""
+    """The manifest of the aarch64 userland emulated Arm devices run in
+    (bitdrift.emulation.aarch64)."""
     return f"{RESULTS}/emulation/aarch64.json"
 
 

@@ -3,9 +3,9 @@ hand, the revealed tree is the one built; a wider accumulator is refused."""
 
 import numpy as np
 import pytest
-from bitdrift.analysis.accumulation.reveal.reveal import build_tree, meeting_sizes
 
 from bitdrift.analysis.accumulation.names import describe
+from bitdrift.analysis.accumulation.reveal import build_tree, meeting_sizes
 from bitdrift.analysis.accumulation.trees import OrderError
 
 F32 = np.float32
@@ -72,9 +72,8 @@ def test_blocks_are_found():
 def test_a_deep_tree_is_kept_flat_and_replayed_without_recursion():
     """A sequential sum of 3000 terms (3000 deep): kept as flat lists, read back the same,
     and replayed (equal to numpy's own sequential float32 sum)."""
-    from bitdrift.analysis.accumulation.replay.replay import replay
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal
-
+    from bitdrift.analysis.accumulation.replay import replay
+    from bitdrift.analysis.accumulation.reveal import reveal
     from bitdrift.analysis.accumulation.trees import from_flat, to_flat
 
     n = 3000
@@ -110,9 +109,8 @@ def dense_in_order(order, bias_order="last"):
                                             (lanes(4), "4 interleaved lanes, bias last"),
                                             (blocks(8), "blocks of 8, bias last")])
 def test_the_recursive_search_finds_the_tree_the_all_pairs_search_finds(order, expected):
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal
-
     from bitdrift.analysis.accumulation.names import summary
+    from bitdrift.analysis.accumulation.reveal import reveal
 
     tree = reveal(dense_in_order(order), terms=32, units=5)
     assert summary(tree) == expected
@@ -127,9 +125,8 @@ def reveal_all_pairs(order, n):
 def test_an_accumulator_that_starts_from_the_bias_is_named_so():
     """XNNPACK's and ONNX Runtime's packed GEMMs load the bias into the accumulator, then
     add the products in order: the tree's first node adds the bias and product 0."""
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal
-
     from bitdrift.analysis.accumulation.names import summary
+    from bitdrift.analysis.accumulation.reveal import reveal
     from bitdrift.analysis.accumulation.trees import Node
 
     def bias_first(weights, shift):
@@ -170,9 +167,8 @@ def test_narrow_inputs_summed_in_float32_reveal_the_tree_built(precision, order,
     """float16 and bfloat16 inputs with float32 accumulation (FPRev's tensor-core case):
     the probe's values are the format's own (float16: 2**15 and 2**-24), and the tree is
     the one the float32 search of the same order finds."""
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal
-
     from bitdrift.analysis.accumulation.names import summary
+    from bitdrift.analysis.accumulation.reveal import reveal
 
     tree = reveal(narrow_dense(order, precision), terms=48, units=7, precision=precision)
     assert summary(tree) == expected
@@ -187,8 +183,8 @@ def test_a_replay_in_the_revealed_order_is_bit_identical_and_fma_matters():
     the right setting and not with the wrong one."""
     from fractions import Fraction
 
-    from bitdrift.analysis.accumulation.replay.replay import replay
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal
+    from bitdrift.analysis.accumulation.replay import replay
+    from bitdrift.analysis.accumulation.reveal import reveal
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 24)).astype(F32)
@@ -412,9 +408,9 @@ def test_the_figure_draws_the_two_orders_of_a_pair_that_parts_at_a_dense_layer(
     import json
 
     import pandas as pd
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal
 
     from bitdrift.analysis.accumulation.names import summary
+    from bitdrift.analysis.accumulation.reveal import reveal
     from bitdrift.analysis.accumulation.tables import contrasting_pair
     from bitdrift.analysis.accumulation.trees import Node, from_flat, restrict, to_flat
     from bitdrift.record.hdf5 import open_records
@@ -500,7 +496,7 @@ def test_one_rounding_of_a_sum_and_an_exact_product_is_the_nearest_float32():
     fractions): random values, and a sum whose float64 value lands exactly halfway between
     two float32 numbers while the exact one lies above it, where rounding the float64 sum
     (a second rounding) gives the even neighbour below, the wrong one."""
-    from bitdrift.analysis.accumulation.replay.replay import _round_sum
+    from bitdrift.analysis.accumulation.replay import _round_sum
 
     a, b = F32(8 + 2.0**-20), F32(-(8 - 2.0**-20))  # product -(64 - 2**-40), exact
     partial = F32(2.0**30 + 128)  # odd: halfway below it is 2**30 + 64
@@ -541,10 +537,9 @@ def test_a_sum_that_starts_from_the_bias_is_replayed_with_the_first_product_fuse
     first one too: round(bias + x0 * w0). The replay with FMA gives that sum's bits
     (computed apart with fractions); rounding the first product before adding the bias, as
     a plain addition does, gives other bits for some of these values."""
-    from bitdrift.analysis.accumulation.replay.replay import replay
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal
-
     from bitdrift.analysis.accumulation.names import summary
+    from bitdrift.analysis.accumulation.replay import replay
+    from bitdrift.analysis.accumulation.reveal import reveal
 
     def bias_first(weights, shift):
         total = shift.astype(F32)
@@ -646,10 +641,9 @@ def test_a_conv_whose_order_alternates_by_column_is_revealed_pixel_by_pixel():
     products are 0). Every pixel is given a tree whose restriction to its terms is the
     order built for it, the two trees are the two orders, the name says the order varies
     by position, and the search stays within its bound."""
-    from bitdrift.analysis.accumulation.reveal.reveal import PLACE_SEARCHES, reveal_places
-
     from bitdrift.analysis.accumulation.names import order_name
     from bitdrift.analysis.accumulation.probes import conv_grid
+    from bitdrift.analysis.accumulation.reveal import PLACE_SEARCHES, reveal_places
     from bitdrift.analysis.accumulation.trees import from_flat
 
     spec = small_conv_spec()
@@ -675,10 +669,9 @@ def test_a_conv_whose_order_alternates_by_column_is_revealed_pixel_by_pixel():
 
 
 def test_one_order_everywhere_is_one_tree_and_its_plain_name():
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
-
     from bitdrift.analysis.accumulation.names import order_name
     from bitdrift.analysis.accumulation.probes import conv_grid
+    from bitdrift.analysis.accumulation.reveal import reveal_places
     from bitdrift.analysis.accumulation.trees import from_flat
 
     spec = small_conv_spec()
@@ -695,9 +688,8 @@ def test_one_order_everywhere_is_one_tree_and_its_plain_name():
 def test_batch_rows_in_different_orders_are_named_by_row():
     """A Dense call whose second batch row sums in another order (MKL's row blocking):
     each row gets its own tree, and the name says which row sums how."""
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
-
     from bitdrift.analysis.accumulation.names import order_name
+    from bitdrift.analysis.accumulation.reveal import reveal_places
     from bitdrift.analysis.accumulation.trees import from_flat
 
     def dense(weights, shift):
@@ -720,10 +712,9 @@ def test_a_conv_is_replayed_pixel_by_pixel_in_its_own_order():
     """The layer computed by hand with each pixel's own order (columns alternating, as
     above) from random inputs and weights: replaying every pixel in the tree found for it
     gives those bits; one tree for all pixels (the centre's) does not."""
-    from bitdrift.analysis.accumulation.replay.replay import replay_layers
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
-
     from bitdrift.analysis.accumulation.probes import conv_grid, conv_patches
+    from bitdrift.analysis.accumulation.replay import replay_layers
+    from bitdrift.analysis.accumulation.reveal import reveal_places
 
     spec = small_conv_spec()
     (height, width), live = conv_grid(spec)
@@ -766,9 +757,8 @@ def test_a_conv_is_replayed_pixel_by_pixel_in_its_own_order():
 def alternating_conv_layer(samples=3):
     """A Conv2D on a 5x6 grid whose columns alternate between two orders: its revealed
     entry, and its output computed by hand from random inputs in each pixel's order."""
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
-
     from bitdrift.analysis.accumulation.probes import conv_grid, conv_patches
+    from bitdrift.analysis.accumulation.reveal import reveal_places
 
     spec = small_conv_spec()
     (height, width), live = conv_grid(spec)
@@ -820,8 +810,7 @@ def test_a_sampled_replay_counts_the_sampled_values_and_names_them():
     at a position left out ((1, 1) of sample 0). The sampled replay (9 of 30 positions,
     samples 0 and 2) finds the first alone among its 2 x 9 x 2 values, and the record
     names what it replayed; the full replay finds both among all 3 x 30 x 2."""
-    from bitdrift.analysis.accumulation.replay.replay import replay_layers
-
+    from bitdrift.analysis.accumulation.replay import replay_layers
     from bitdrift.record.orders import checked_orders
 
     entry, checked, weights, out, images = alternating_conv_layer()
@@ -850,7 +839,7 @@ def test_a_sampled_dense_replay_reads_the_rows_it_names():
     """A Dense layer of 5 samples summed by hand in float32, products first, bias last:
     the replay at 2 samples reads rows 0 and 4 alone (a wrong value in row 2 is not seen,
     one in row 4 is)."""
-    from bitdrift.analysis.accumulation.replay.replay import replay_layers
+    from bitdrift.analysis.accumulation.replay import replay_layers
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((5, 4)).astype(F32)
@@ -881,7 +870,7 @@ def test_a_sampled_dense_replay_reads_the_rows_it_names():
 
 
 def test_the_replay_switch_skips_the_replay_alone():
-    from bitdrift.analysis.accumulation.replay.replay import replay_layers
+    from bitdrift.analysis.accumulation.replay import replay_layers
 
     entry, checked, weights, out, images = alternating_conv_layer()
     on = replay_layers({"conv": entry}, checked, weights, {"conv": out}, "float32", images)
@@ -961,10 +950,9 @@ def test_a_sampled_order_search_finds_each_sampled_pixels_order_with_fewer_calls
     there), marks the 152 others not searched ('-' in the map, none known), and makes
     fewer probe calls than the search of every pixel, which also has to search the tail
     loop it finds outside the sample (and finds every pixel's order right)."""
-    from bitdrift.analysis.accumulation.replay.replay import conv_border
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
-
     from bitdrift.analysis.accumulation.probes import conv_grid
+    from bitdrift.analysis.accumulation.replay import conv_border
+    from bitdrift.analysis.accumulation.reveal import reveal_places
     from bitdrift.record.orders import NOT_SEARCHED
 
     spec = wide_conv_spec()
@@ -1000,10 +988,9 @@ def test_a_grid_within_the_positions_is_searched_whole_as_before():
     """The default run's case: a grid of no more pixels than the positions asked is
     searched at every pixel, the entry (and its calls) the same as without a sample: no
     'sampled', no '-' in the map, the name without the sample's words."""
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
-
     from bitdrift.analysis.accumulation.names import order_name
     from bitdrift.analysis.accumulation.probes import conv_grid
+    from bitdrift.analysis.accumulation.reveal import reveal_places
     from bitdrift.analysis.accumulation.trees import from_flat
 
     spec = small_conv_spec()
@@ -1025,10 +1012,9 @@ def test_a_grid_within_the_positions_is_searched_whole_as_before():
 
 
 def sampled_wide_entry():
-    from bitdrift.analysis.accumulation.replay.replay import conv_border
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
-
     from bitdrift.analysis.accumulation.probes import conv_grid
+    from bitdrift.analysis.accumulation.replay import conv_border
+    from bitdrift.analysis.accumulation.reveal import reveal_places
 
     spec = wide_conv_spec()
     grid, live = conv_grid(spec)
@@ -1086,11 +1072,10 @@ def test_a_sampled_search_is_named_and_recorded_for_its_positions_alone():
 def test_a_uniform_sampled_order_is_one_name_for_its_positions():
     """One order at every pixel, searched at 16 of 168: the plain name, said to hold at
     the positions searched."""
-    from bitdrift.analysis.accumulation.replay.replay import conv_border
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
-
     from bitdrift.analysis.accumulation.names import order_name
     from bitdrift.analysis.accumulation.probes import conv_grid
+    from bitdrift.analysis.accumulation.replay import conv_border
+    from bitdrift.analysis.accumulation.reveal import reveal_places
     from bitdrift.analysis.accumulation.trees import from_flat
 
     spec = wide_conv_spec()
@@ -1108,9 +1093,8 @@ def test_a_replay_beyond_the_sampled_search_counts_the_values_not_searched():
     """The sampled search's entry replayed at the same 16 positions meets no pixel left
     out; replayed at every position, the 152 pixels x 2 filters outside the sample are
     counted as not searched, and the 16 x 2 replayed are the record's bits."""
-    from bitdrift.analysis.accumulation.replay.replay import replay_layers
-
     from bitdrift.analysis.accumulation.probes import conv_patches
+    from bitdrift.analysis.accumulation.replay import replay_layers
 
     entry, live = sampled_wide_entry()
     spec = wide_conv_spec()

@@ -58,7 +58,8 @@ def record(path, device, cpu, values, tensorflow="2.21.0", model=MODEL, accelera
 
 
 def digest(values):
-    """SHA-256 of format, shape and bytes (bitdrift.atlas.digest_index.output_digest), spelled here."""
+    """SHA-256 of format, shape and bytes (bitdrift.atlas.digest_index.output_digest), spelled
+    here."""
     found = hashlib.sha256(f"float32:{values.shape}:".encode())
     found.update(values.tobytes())
     return found.hexdigest()[:atlas_entries.DIGEST_HEX]

@@ -87,7 +87,8 @@ def test_an_emulated_haswell_equals_the_host_forced_to_avx2_bit_for_bit(small_mo
                                     "EPYC-Rome"])
 def test_the_instruction_sets_of_a_family_are_what_qemu_shows(family):
     """The table the config check reads against CPUID inside QEMU."""
-    code = "import json; from bitdrift.emulation.cpus import seen_cpu; print(json.dumps(seen_cpu()))"
+    code = ("import json; from bitdrift.emulation.cpus import seen_cpu; "
+            "print(json.dumps(seen_cpu()))")
     done = subprocess.run([*python_command({"emulate": family}), "-c", code],
                           capture_output=True, text=True, check=True)
     flags = set(json.loads(done.stdout.strip().splitlines()[-1])["flags"])

@@ -210,7 +210,8 @@ def onnx_graph_digest(path) -> str:
 
 
 def test_the_exports_are_what_they_were_without_the_collections(assets, tmp_path):
-    """export_model converts under frequent garbage collections (bitdrift.backends.keras.export: tf2onnx's
+    """export_model converts under frequent garbage collections (bitdrift.backends.keras.export:
+    tf2onnx's
     graph copies bounded in memory). The same calls in two fresh processes, one with the
     collections and one without (the conversion as it was): the LiteRT files are equal
     byte for byte, the ONNX files node for node (their Transpose names vary per process,

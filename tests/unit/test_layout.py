@@ -9,8 +9,9 @@ import pytest
 from bitdrift import errors
 from bitdrift.cli import build_parser, main
 
-CORE = ("record", "eqc", "precision", "inference", "devices", "models", "datasets",
-        "training", "paths", "provenance", "atomic", "errors")
+CORE = ("record.hdf5", "analysis.eqc", "analysis.remaining_precision", "run.inference",
+        "run.devices", "inputs.models", "inputs.datasets", "run.training", "paths",
+        "run.provenance", "atomic", "errors", "runtimes")
 
 
 @pytest.mark.parametrize("module", CORE)

@@ -149,7 +149,8 @@ print(json.dumps({{"grew": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss -
 
 def write_reference_in_tensorflow(tmp_path, batch_bytes: int, check_bytes: int):
     """A model of CONVS 32x32x64 Conv2D layers, its reference written by
-    bitdrift.backends.keras.export in a TensorFlow process; (how much its peak RSS grew while writing it,
+    bitdrift.backends.keras.export in a TensorFlow process; (how much its peak RSS grew while
+    writing it,
     the reference's path, the truth computed there by Keras apart from it)."""
     import json
     import os

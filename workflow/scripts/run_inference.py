@@ -3,7 +3,8 @@ import sys
 from bitdrift.jobs import workflow_job
 from bitdrift.record.failures import failure_recorder
 
-# A device that fails leaves a failure record, and the other devices go on (bitdrift.record.failures)
+# A device that fails leaves a failure record, and the other devices go on
+# (bitdrift.record.failures)
 on_failure = failure_recorder(
     snakemake.output[0],
     snakemake.wildcards.model,

@@ -95,7 +95,8 @@ def device_attributes(record: Record) -> tuple[dict[str, str], list[str]]:
     # decided by kernel.conv2d" is the answer a framework engineer can act on.
     for layer, name in (record_signatures(record) or {}).items():
         attributes[f"kernel.{layer}"] = name
-    # ... and the order its Dense and Conv2D layers summed in (bitdrift.analysis.accumulation): the why below
+    # ... and the order its Dense and Conv2D layers summed in (bitdrift.analysis.accumulation): the
+    # why below
     # the kernel's name
     for layer, entry in (record.accumulation_orders or {}).items():
         attributes[f"order.{layer}"] = _text(entry.get("order", ""))

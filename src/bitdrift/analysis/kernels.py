@@ -345,7 +345,8 @@ class GraphNode:
 def graph_layer_calls(nodes: list[GraphNode], outputs: list, recorded: dict[int, str]
                       ) -> dict[str, list[KernelCall]]:
     """Kernel calls per recorded layer from a compiled graph. ``outputs``: the graph's
-    output tensors in the exported model's order (one per Keras layer, bitdrift.backends.keras.export);
+    output tensors in the exported model's order (one per Keras layer,
+    bitdrift.backends.keras.export);
     ``recorded``: {position: layer} of the positions the record keeps (the mapped ones).
     A node belongs to the first layer whose output depends on it (the outputs are in model
     order), and also to every later layer whose output it writes itself (one delegate node

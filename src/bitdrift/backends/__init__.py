@@ -101,7 +101,8 @@ class Session:
     # compiled graph, when the job traces ({layer: [KernelCall as dict]}); None otherwise
     kernels: dict | None = None
     # The Dense and Conv2D layers whose summation order can be revealed ({layer:
-    # bitdrift.analysis.accumulation.probes.probe_spec}) and how: order_probe(spec, batch) returns a function
+    # bitdrift.analysis.accumulation.probes.probe_spec}) and how: order_probe(spec, batch) returns
+    # a function
     # of (kernel as (terms, units), bias) giving the (batch, units) sums of a batch of ones
     # through such a layer alone, in the runtime's own format (bitdrift.analysis.accumulation)
     order_layers: dict = field(default_factory=dict)

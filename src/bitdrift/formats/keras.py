@@ -1,6 +1,7 @@
 """Keras models: a ``.keras`` archive (a zip holding config.json) or a legacy ``.h5``
 (HDF5 with a model_config attribute). Keras' own runtimes open them (bitdrift.backends:
-tensorflow, torch, jax), and the exported runtimes run bitdrift.backends.keras.export's conversions."""
+tensorflow, torch, jax), and the exported runtimes run bitdrift.backends.keras.export's
+conversions."""
 
 from __future__ import annotations
 

@@ -371,7 +371,8 @@ def _padding(pads, strides, dilations, kernel_shape) -> str | None:
 def checked_layers(layers: list[dict], recorded: list[str], precision: str) -> tuple[dict,
                                                                                     dict, dict]:
     """({layer: (effective-precision spec, [kernel, bias] as the device had them)},
-    {layer: order probe spec (bitdrift.analysis.accumulation.probes.probe_spec)}, {layer: why its order
+    {layer: order probe spec (bitdrift.analysis.accumulation.probes.probe_spec)}, {layer: why its
+    order
     is not revealed}) of the recorded Linear and Conv2d calls among ``layers``
     (file_layers); the effective-precision check takes those fed by the program input or
     a recorded call. A Linear's order is probed over (batch, terms) inputs, a Conv2d's

@@ -10,7 +10,8 @@ Layout (documented in docs/record-format.md):
     /samples/<index>/output dataset (repeats, *output_shape): the instrumented run's
     /samples/<index>/deployed
                             optional: dataset (repeats, *output_shape), the final output
-                            of the model as deployed (the observer check, bitdrift.analysis.observer);
+                            of the model as deployed (the observer check,
+                            bitdrift.analysis.observer);
                             where present, it is the final output the analyses read
     /samples/<index>/layers/<layer>
                             dataset (repeats, *layer_shape), attr position (int), attr name

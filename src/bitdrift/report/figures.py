@@ -703,7 +703,8 @@ def _tree_layout(tree, bias_term: int | None):
 
 
 def plot_orders(pairs, out: str | Path) -> None:
-    """The summation trees of two devices at one Dense or Conv2D layer (bitdrift.analysis.accumulation),
+    """The summation trees of two devices at one Dense or Conv2D layer
+    (bitdrift.analysis.accumulation),
     drawn over the first products and the bias, side by side; one row per model where
     ``pairs`` is a list of (model, pair or None), one pair (or None) otherwise."""
     if not isinstance(pairs, list):

@@ -304,7 +304,8 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
     return lines or ["No two classes: nothing parts."]
 
 
-# How an order label of accumulation_orders.csv (bitdrift.analysis.accumulation.names.summary) reads in a
+# How an order label of accumulation_orders.csv (bitdrift.analysis.accumulation.names.summary)
+# reads in a
 # sentence; a label not listed is quoted as it is.
 _SHAPES = [(r"^sequential, bias first$", "sequentially, starting from the bias"),
            (r"^sequential$", "sequentially, in index order"),
@@ -348,7 +349,8 @@ def order_phrase(order: str) -> str:
 
 
 def _place_phrase(part: str) -> str:
-    """One part of a ``varies by position`` label (bitdrift.analysis.accumulation.names.order_name) as
+    """One part of a ``varies by position`` label (bitdrift.analysis.accumulation.names.order_name)
+    as
     words: ``other (height 8), bias last: 4 trees at 257/256/255/256 pixels`` -> ``4
     trees, each 8 additions deep, ... over 257/256/255/256 pixels``."""
     import re

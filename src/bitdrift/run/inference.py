@@ -131,7 +131,8 @@ def run_repeat(job: dict) -> None:
             "deployed_program": session.deployed_program}
     if session.kernels is not None:  # an exported runtime's description of its graph
         meta["runtime_kernels"] = session.kernels
-    if session.deployed_kernels is not None:  # and of its deployed graph (bitdrift.analysis.observer)
+    # and of its deployed graph (bitdrift.analysis.observer)
+    if session.deployed_kernels is not None:
         meta["deployed_kernels"] = session.deployed_kernels
     if job.get("orders") and (session.order_probe is not None or session.unrevealed):
         meta["orders"] = {layer: {"error": reason} for layer, reason in session.unrevealed.items()}
@@ -236,8 +237,8 @@ def reveal_orders(session, device: dict, positions: int | None = None, *,
 
     from bitdrift.analysis.accumulation.names import order_name
     from bitdrift.analysis.accumulation.probes import PROBE_VALUES, conv_grid
-    from bitdrift.analysis.accumulation.replay.replay import REPLAY_POSITIONS, conv_border
-    from bitdrift.analysis.accumulation.reveal.reveal import reveal_places
+    from bitdrift.analysis.accumulation.replay import REPLAY_POSITIONS, conv_border
+    from bitdrift.analysis.accumulation.reveal import reveal_places
     from bitdrift.analysis.accumulation.trees import OrderError, from_flat
 
     orders, searched = {}, {}  # searched: {probe key: the layer searched with it}
@@ -342,7 +343,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     """Run all repeats of one (model, device), each in a process of its own (fresh, or
     forked from a pre-imported parent: bitdrift.run.workers), and write the record.
 
-    ``reference`` (bitdrift.backends.keras.export's reference.npz of the model): the device's classes of
+    ``reference`` (bitdrift.backends.keras.export's reference.npz of the model): the device's
+    classes of
     the first test images are compared with TensorFlow's, and a float32/float64 device
     that agrees on fewer than 99 % fails. ``export``: the exported file an exported
     runtime runs, ``deployed_export`` the model converted with its final output alone:
@@ -598,7 +600,7 @@ def record_attrs(writer: RecordWriter, meta: dict, weights: dict, classes, expec
         full, full_images, device["precision"]) if layers and full else None
     orders = meta.get("orders")
     if orders:
-        from bitdrift.analysis.accumulation.replay.replay import replay_layers
+        from bitdrift.analysis.accumulation.replay import replay_layers
 
         # Every revealed order is named; without recorded layers there is nothing to
         # replay it against, and replay_layers says so per layer

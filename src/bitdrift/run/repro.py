@@ -37,7 +37,8 @@ from bitdrift.record.hdf5 import Record
 EXPECTED = "expected.json"
 # The runtimes a script is written for: a .pt2 program's node on torch eager as well
 SCRIPTED_RUNTIMES = KERAS_RUNTIMES + EXPORTED_RUNTIMES + ("torch_export",)
-# The layers an ONNX runtime's script rebuilds as tf2onnx exports them (bitdrift.backends.keras.export)
+# The layers an ONNX runtime's script rebuilds as tf2onnx exports them
+# (bitdrift.backends.keras.export)
 
 
 class NotReproducible(BitdriftError):
@@ -435,7 +436,8 @@ def write_script(path: Path, name: str, device: dict, record: Record, split: Spl
 
 # -- the one-layer LiteRT file ----------------------------------------------------------------
 def tflite_layer(split: Split, input_shape: tuple, weights: list, out: Path) -> None:
-    """The layer alone as a .tflite, converted as bitdrift.backends.keras.export converts the model."""
+    """The layer alone as a .tflite, converted as bitdrift.backends.keras.export converts the
+    model."""
     from bitdrift.backends.exported.litert import convert_layers
     from bitdrift.inputs.models import rewrite_dtypes
 

@@ -1,4 +1,5 @@
-"""What the exported runtimes share: a session on the file ``bitdrift.backends.keras.export`` wrote, its
+"""What the exported runtimes share: a session on the file ``bitdrift.backends.keras.export``
+wrote, its
 outputs mapped to the Keras layers by position and checked against the reference."""
 
 from __future__ import annotations
@@ -169,7 +170,8 @@ def open_session(runtime, job: dict, name: str, order_probe=None):
 
 
 def deployed_session(runtime, path, device: dict, accelerator: dict, name: str):
-    """(deployed(batch), what it runs): the deployed export (bitdrift.backends.keras.export: the model
+    """(deployed(batch), what it runs): the deployed export (bitdrift.backends.keras.export: the
+    model
     converted with its final output alone) compiled with the device's settings, so the
     runtime optimises the graph a user deploys, not the one with every layer exposed."""
     from pathlib import Path

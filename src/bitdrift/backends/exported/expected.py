@@ -1,7 +1,9 @@
 """The TensorFlow reference of an exported model and the checks an exported runtime makes
 against it: the formats and who reads them, the reference file (``reference.npz``, which
-bitdrift.backends.keras.export writes), the mapping of a runtime's outputs to the Keras layers, and the
-one-line errors of a damaged or wrong-format exported file. Below both bitdrift.backends.keras.export
+bitdrift.backends.keras.export writes), the mapping of a runtime's outputs to the Keras layers, and
+the
+one-line errors of a damaged or wrong-format exported file. Below both
+bitdrift.backends.keras.export
 (which writes the files) and bitdrift.backends (whose exported runtimes read them).
 """
 
@@ -35,7 +37,8 @@ class Reference:
     checked: dict  # {layer: (spec, weights)}
     check_indices: list[int]
     # per recorded layer, on the check images: its outputs, or of a large layer every
-    # check_strides[position]-th value of each image's (bitdrift.backends.keras.export.write_reference)
+    # check_strides[position]-th value of each image's
+    # (bitdrift.backends.keras.export.write_reference)
     check_outputs: list[np.ndarray]
     argmax_indices: list[int]
     argmax: np.ndarray

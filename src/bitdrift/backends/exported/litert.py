@@ -192,7 +192,8 @@ for spec in json.loads(sys.argv[1]):
 
 def convert_layers(specs: list[dict]) -> None:
     """Each layer alone as a .tflite (spec: shape without the batch, class_name, config,
-    weights as arrays, out), converted as bitdrift.backends.keras.export converts the model (Keras' LiteRT
+    weights as arrays, out), converted as bitdrift.backends.keras.export converts the model (Keras'
+    LiteRT
     export), all in one TensorFlow process of its own (its import is the cost)."""
     with tempfile.TemporaryDirectory(prefix="bitdrift-convert-") as folder:
         plan = []

@@ -1,5 +1,6 @@
 """ExecuTorch with its XNNPACK backend running a .pt2 program lowered by
-``torch_conversions.to_executorch`` (bitdrift.backends.torch_program.executorch_runner.ExecuTorchRunner)
+``torch_conversions.to_executorch``
+(bitdrift.backends.torch_program.executorch_runner.ExecuTorchRunner)
 in each repeat's process: the final output only (a delegated partition is one opaque
 call), float32; the converter and its versions in the fingerprint. A program the lowering
 refuses fails this device alone, its reason in the failure record."""
