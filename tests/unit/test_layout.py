@@ -126,3 +126,112 @@ def test_every_command_is_listed_under_exactly_one_group_in_the_help(capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args([command, "--help"])
         assert capsys.readouterr().out.startswith(f"usage: bitdrift {command} ")
+
+
+# -- the import graph: the layout is the architecture ----------------------------------------
+# The stages bottom to top (docs/layout.md draws them): a module may import its own stage and
+# those below it, never one above. The flat modules are stages of their own.
+STAGES = ("errors", "atomic", "jobs", "progress", "paths", "runtimes", "record", "inputs",
+          "formats", "analysis", "emulation", "backends", "run", "atlas", "report", "config",
+          "commands", "studies", "cli", "__main__")
+# The one import that runs up: the config's validation asks each study to check its own
+# section (through the registry bitdrift.studies), and the studies' checks use the config's
+# helpers.
+UPWARD = {("config", "studies")}
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """{module: {imported bitdrift module: line}} of every import in src/bitdrift, those
+    inside functions too (most imports are there, for start-up time), read from the source."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "src"
+    files = {}
+    for path in (root / "bitdrift").rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if package else parts)
+        files[name] = (path, package)
+
+    def module(name):  # the longest known module a dotted name starts with
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for name, (path, package) in files.items():
+        here = name if package else name.rpartition(".")[0]
+        found = {}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here.split(".")[:len(here.split(".")) - node.level + 1]
+                                    + ([node.module] if node.module else []))
+                targets = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                target = module(target)
+                if target.startswith("bitdrift") and target != name:
+                    found.setdefault(target, node.lineno)
+        graph[name] = found
+    return graph
+
+
+def stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "bitdrift"
+
+
+def test_no_module_imports_a_stage_above_its_own():
+    graph = import_graph()
+    assert len(graph) > 100 and all(stage(m) in (*STAGES, "bitdrift") for m in graph), \
+        sorted({stage(m) for m in graph} - set(STAGES))
+    upward = [f"{module}:{line} imports {target}"
+              for module, targets in graph.items() for target, line in targets.items()
+              if stage(target) != "bitdrift" and stage(module) != "bitdrift"
+              and STAGES.index(stage(target)) > STAGES.index(stage(module))
+              and (stage(module), stage(target)) not in UPWARD]
+    assert upward == [], "\n".join(upward)
+
+
+def test_no_import_circles_between_modules():
+    """Tarjan's strongly connected components of the module graph: each a single module."""
+    graph = import_graph()
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert circles == []
+
+
+def test_the_import_graph_is_read_whole():
+    """The graph the two tests above check is the code's: an import inside a function
+    counts, and a known circle drawn by hand is found."""
+    graph = import_graph()
+    # run.inference imports the backends inside its functions only (start-up time)
+    assert any(stage(target) == "backends" for target in graph["bitdrift.run.inference"])
+    assert "bitdrift.errors" in graph["bitdrift.atomic"]
