@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bitdrift import paths
+
 # CPU flags (py-cpuinfo's names) that decide which kernels oneDNN, OpenBLAS, MLAS, XNNPACK
 # and OpenVINO pick, in the order of their generations.
 INSTRUCTION_SETS = [("SSE4.1", ("sse4_1",)), ("AVX", ("avx",)), ("AVX2", ("avx2",)),
@@ -31,9 +33,9 @@ def instruction_sets(cpu: dict) -> list[tuple[str, tuple]]:
     """The sets that matter on ``cpu``'s architecture."""
     return ARM_INSTRUCTION_SETS if str(cpu.get("arch", "")).upper() in ("AARCH64", "ARM_8") \
         else INSTRUCTION_SETS
-TABLES = ("eqc", "eqc_layers", "explain", "divergence", "kernel_coverage",
-          "accumulation_orders", "effective_precision", "argmax_agreement", "observer_check",
-          "device_failures", "atlas", "atlas_refused")
+# The tables the findings may read: the core's (bitdrift.paths, the one list) and the
+# comparison with the atlas; each is read when a section needs it.
+TABLES = (*paths.CORE_TABLES, *paths.ATLAS_TABLES)
 STUDY_TABLES = ("probe_summary", "batching_summary")
 
 
@@ -650,12 +652,25 @@ def _read(path) -> pd.DataFrame:
     return pd.read_csv(path) if path and Path(path).is_file() else pd.DataFrame()
 
 
+class _Tables(dict):
+    """{name: table}, each read from its path on first use (an absent one: empty), so the
+    findings read only the tables their sections quote."""
+
+    def __init__(self, files: dict):
+        super().__init__()
+        self.files = files
+
+    def __missing__(self, name: str) -> pd.DataFrame:
+        self[name] = _read(self.files.get(name))
+        return self[name]
+
+
 def findings(tables: dict, fingerprints: dict) -> list[tuple[str, list[str]]]:
     """(heading, sentences) sections from the tables (``tables``: name -> CSV path) and the
     records' fingerprints ({device: fingerprint}: the first native one names the machine)."""
     fingerprint = next((found for found in fingerprints.values()
                         if not found.get("emulation")), None)
-    read = {name: _read(tables.get(name)) for name in (*TABLES, *STUDY_TABLES)}
+    read = _Tables(tables)
     precisions = dict(zip(read["eqc_layers"].get("device", []),
                           read["eqc_layers"].get("precision", []), strict=False)) \
         if not read["eqc_layers"].empty else {}
