@@ -11,7 +11,7 @@ ABLATION = config.get("ablation")
 def ablation_targets():
     if not ABLATION:
         return []
-    # Records and trained models as targets too (see core_targets).
+    # Records and trained models as targets too (see bitdrift.plan.Plan.core_targets).
     return (
         ablation_files()
         + [paths.table_file(name) for name in ABLATION_TABLES.values()]

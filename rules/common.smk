@@ -13,25 +13,18 @@ os.environ.update(BITDRIFT_SOURCE=workflow.basedir)
 
 from snakemake.exceptions import WorkflowError
 
-from bitdrift import formats, paths
-
+from bitdrift import paths
 from bitdrift.atlas import entries as atlas_entries
-
 from bitdrift.backends.keras import export
-
-from bitdrift.run import fork_server as forkserver
-
-from bitdrift.backends.exported import expected as reference
-
-from bitdrift.inputs import reference_set
-from bitdrift.config import ConfigError, replay_settings, validate_config
-from bitdrift.inputs.datasets import DatasetError, check_samples
+from bitdrift.config import replay_settings, validate_config
 from bitdrift.emulation.cpus import architecture
 from bitdrift.errors import BitdriftError
+from bitdrift.inputs import reference_set
 from bitdrift.inputs.examples import EXAMPLES
+from bitdrift.plan import Plan
+from bitdrift.plan import scheduling_resources as plan_resources
 from bitdrift.record.failures import end_of_run
-from bitdrift.run.provenance import infer_command
-from bitdrift.studies import study_models
+from bitdrift.run import fork_server as forkserver
 
 # A job run by a cluster's executor (SLURM's, any remote one: its process parses this file
 # in remote mode) trains in fresh processes: a fork server started by one job would live in
@@ -40,114 +33,28 @@ if workflow.remote_exec:
     os.environ[forkserver.FRESH] = "1"
 
 # ---- validation and constants: core -------------------------------------------------------
+# The plan (bitdrift.plan): which device runs which model, the targets, the checks before
+# any job and the resources; here only what needs Snakemake's own objects.
 try:
     validate_config(config)
-except ConfigError as error:
+    PLAN = Plan(config)
+    # An external device's missing record, samples beyond a prepared test set: said now
+    PLAN.check_external_records()
+    PLAN.check_samples()
+    # The models the studies add, and the atlas's reference model, join config["models"]
+    # after the config's own are taken (the core's tables stay the config's own models)
+    PLAN.add_study_models()
+    PLAN.add_atlas_model()
+except BitdriftError as error:
     raise WorkflowError(str(error)) from None
 
-MODELS = list(config["models"])
-DEVICES = list(config["devices"])
-SCHEDULED_DEVICES = [d for d in DEVICES if not config["devices"][d]["external"]]
-TRAINED_MODELS = [m for m in MODELS if "architecture" in config["models"][m]]
-# Each model's format (bitdrift.formats): a device runs the models its runtime can run
-MODEL_FORMATS = {
-    model: formats.planned_format(paths.model_file(config, model))
-    for model in MODELS
-    if "file" in config["models"][model]
-}
-
-
-def runs_on(model, device):
-    """Whether the device's runtime runs the model's format (a Keras model: every one)."""
-    return config["devices"][device]["backend"] in formats.runtimes(
-        MODEL_FORMATS.get(model, "keras")
-    )
-
-
-EXPORT_FORMATS = list(reference.FORMATS)
-
-# (model, model file, dataset file) per model: every record, external ones included, is
-# checked against the files the workflow itself uses (`bitdrift eqc --expect ...`).
-PROVENANCE = [
-    (
-        model,
-        paths.model_file(config, model),
-        paths.model_inputs_file(config, model),
-    )
-    for model in MODELS
-]
-PROVENANCE_FILES = [file for _, *files in PROVENANCE for file in files]
-EXPECT_ARGUMENTS = [arg for triple in PROVENANCE for arg in ("--expect", *triple)]
-
-
-def _check_external_records():
-    """An external device's record comes from elsewhere; if it has not arrived, say so
-    now (Snakemake would keep the existing analyses as current and report nothing)."""
-    missing = [
-        (device, model, paths.record_file(model, device))
-        for model, model_file, dataset_file in PROVENANCE
-        for device in DEVICES
-        if config["devices"][device]["external"]
-        and runs_on(model, device)
-        and not os.path.exists(paths.record_file(model, device))
-    ]
-    if missing:
-        raise WorkflowError(
-            "missing records of external devices (measured elsewhere, never scheduled):\n"
-            + "\n".join(
-                f"  device {device!r}, model {model!r}: {path}; make it with\n    "
-                + infer_command(
-                    model,
-                    device,
-                    paths.model_file(config, model),
-                    paths.model_inputs_file(config, model),
-                    path,
-                )
-                for device, model, path in missing
-            )
-        )
-
-
-_check_external_records()
-
-
-def _check_samples():
-    """Sample indices against every prepared dataset the devices read, before any job."""
-    for dataset in {
-        config["models"][model]["dataset"]
-        for model in MODELS
-        if "dataset" in config["models"][model]
-    }:
-        if os.path.exists(paths.dataset_file(dataset)):
-            try:
-                check_samples(paths.dataset_file(dataset), config["samples"])
-            except DatasetError as error:
-                raise WorkflowError(str(error)) from None
-
-
-_check_samples()
-
-# ---- the studies' models ------------------------------------------------------------------
-# Models a study adds (the ablation's variants, the batching study's own) join
-# config["models"] after the spine's MODELS are taken: the spine's train, export and
-# inference rules make them, and the spine's tables stay the config's own models.
-STUDY_MODELS = study_models(config)
-config["models"].update(STUDY_MODELS)
-ALL_MODELS = MODELS + list(STUDY_MODELS)
-# The atlas: the reference model (bitdrift.inputs.reference_set: committed, never trained) runs on
-# the devices of config key atlas.devices as one more model of the spine's inference rule,
-# and its records place this machine among the machines measured (bitdrift.atlas.entries).
-ATLAS_DEVICES = config["atlas"]["devices"]
-if ATLAS_DEVICES:
-    try:  # each file checked against the reference set's digests
-        config["models"][paths.ATLAS_MODEL] = {
-            "file": str(reference_set.model_file()),
-            "inputs": str(reference_set.inputs_file()),
-        }
-    except BitdriftError as error:
-        raise WorkflowError(f"config key atlas.devices: {error}") from None
-    ALL_MODELS.append(paths.ATLAS_MODEL)
-ATLAS_FOLDER = config["atlas"].get("folder") or str(atlas_entries.default_folder())
+# The plan's names the rules read
+DEVICES = PLAN.devices
+SCHEDULED_DEVICES = PLAN.scheduled_devices
+EXPORT_FORMATS = PLAN.export_formats()
+PROVENANCE_FILES = PLAN.provenance_files()
+EXPECT_ARGUMENTS = PLAN.expect_arguments()
+ATLAS_FOLDER = PLAN.atlas_folder()
 # What each study's rule file (rules/<study>.smk) adds to `all`, and the summaries of a
 # study the findings quote: {name: table path}, where the study has run.
 STUDY_TARGETS = []
@@ -160,76 +67,16 @@ def _choice(names):
 
 wildcard_constraints:
     dataset=_choice(config["datasets"]),
-    model=_choice(ALL_MODELS),
+    model=_choice(PLAN.all_models),
     seed=r"\d+",
 
 
 # ---- target functions ---------------------------------------------------------------------
-def training_targets():
-    return [
-        paths.trained_model_file(model, seed)
-        for model in TRAINED_MODELS
-        for seed in config["models"][model]["train"]["seeds"]
-    ]
-
-
-def core_targets():
-    # The records are targets themselves: Snakemake treats a deleted intermediate file
-    # whose downstream tables exist as up to date, so a record lost to an interrupted
-    # --forcerun would otherwise never be made again (and the tables never redone).
-    scheduled_records = [
-        paths.record_file(model, device)
-        for model in MODELS
-        for device in SCHEDULED_DEVICES
-        if runs_on(model, device)
-    ]
-    return (
-        scheduled_records
-        + [
-            paths.table_file("eqc"),
-            paths.table_file("eqc_layers"),
-            paths.table_file("precision"),
-            paths.figure_file("eqc"),
-            paths.figure_file("remaining_precision"),
-            paths.table_file("explain"),
-            paths.table_file("divergence"),
-            paths.table_file("effective_precision"),
-            paths.table_file("argmax_agreement"),
-            paths.table_file("observer_check"),
-            paths.table_file("kernels"),
-            paths.table_file("kernel_coverage"),
-            paths.table_file("accumulation_orders"),
-            paths.figure_file("kernels"),
-            paths.figure_file("accumulation_orders"),
-            paths.table_file("flag_groups"),
-            paths.table_file("device_classes"),
-            paths.table_file("eqc_table"),
-            paths.figure_file("eqc_table"),
-            paths.figure_file("divergence"),
-            paths.table_file("device_failures"),
-            paths.findings_file("md"),
-        ]
-        + (
-            # this machine among the machines measured: the reference model's records
-            [paths.atlas_record_file(device) for device in ATLAS_DEVICES]
-            + [paths.table_file("atlas"), paths.figure_file("atlas")]
-            if ATLAS_DEVICES
-            else []
-        )
-        + (
-            # CPU generations: a figure where some devices run on emulated CPUs
-            [paths.figure_file("cpu_generations")]
-            if any(config["devices"][d].get("emulate") for d in SCHEDULED_DEVICES)
-            else []
-        )
-    )
-
-
 def all_targets():
-    """The core's targets, then what each study registered in STUDY_TARGETS."""
+    """The core's targets (bitdrift.plan), then what each study registered in STUDY_TARGETS."""
     return (
-        training_targets()
-        + core_targets()
+        PLAN.training_targets()
+        + PLAN.core_targets()
         + [target for targets in STUDY_TARGETS for target in targets()]
     )
 
@@ -286,25 +133,13 @@ def canonical(entry):
 
 
 def record_files(wildcards=None):
-    """Every record, devices in config order (this order numbers the classes); a model
-    has records of the devices whose runtime runs its format."""
-    return [
-        paths.record_file(model, device)
-        for model in MODELS
-        for device in DEVICES
-        if runs_on(model, device)
-    ]
+    """Every record of the config's models, devices in config order (bitdrift.plan)."""
+    return PLAN.record_files()
 
 
 def scheduled_record_files():
-    """Every record a device job of this workflow may write (the studies' models too):
-    where the end of a run looks for failure records."""
-    return [
-        paths.record_file(model, device)
-        for model in ALL_MODELS
-        for device in SCHEDULED_DEVICES
-        if runs_on(model, device)
-    ]
+    """Every record a device job may write: where the end of a run looks for failures."""
+    return PLAN.scheduled_record_files()
 
 
 def answer_files():
@@ -337,10 +172,7 @@ def dataset_spec(wildcards):
 
 def dataset_samples(wildcards):
     """The sample indices the devices read from this dataset (none if no model uses it)."""
-    models = [
-        m for m in MODELS if config["models"][m].get("dataset") == wildcards.dataset
-    ]
-    return config["samples"] if models else []
+    return PLAN.dataset_samples(wildcards.dataset)
 
 
 def model_spec(wildcards):
@@ -364,7 +196,7 @@ def model_samples(wildcards):
 
 
 def atlas_record_files(wildcards=None):
-    return [paths.atlas_record_file(device) for device in ATLAS_DEVICES]
+    return PLAN.atlas_record_files()
 
 
 def atlas_entry_files(wildcards=None):
@@ -378,12 +210,7 @@ def atlas_entry_files(wildcards=None):
 
 def findings_atlas_tables(wildcards):
     """The comparison with the atlas, which the findings quote, where the run makes it."""
-    if not ATLAS_DEVICES:
-        return {}
-    return {
-        "atlas": paths.table_file("atlas"),
-        "atlas_refused": paths.table_file("atlas_refused"),
-    }
+    return PLAN.findings_atlas_tables()
 
 
 def inference_model_file(wildcards):
@@ -397,7 +224,7 @@ def inference_export_inputs(wildcards):
     # a model of another format than Keras runs as it is: no Keras export, no reference
     inputs = (
         export.inference_inputs(wildcards.model, device["backend"])
-        if MODEL_FORMATS.get(wildcards.model, "keras") == "keras"
+        if PLAN.model_format(wildcards.model) == "keras"
         else {}
     )
     if architecture(device.get("emulate") or "") == "aarch64":
@@ -405,80 +232,34 @@ def inference_export_inputs(wildcards):
     return inputs
 
 
-def aarch64_runtimes():
-    """The runtimes of the emulated Arm devices: what the aarch64 userland must hold."""
-    return sorted(
-        {
-            device["backend"]
-            for device in config["devices"].values()
-            if architecture(device.get("emulate") or "") == "aarch64"
-        }
-    )
-
-
 def device_threads(wildcards):
     return config["devices"][wildcards.device]["threads"] or 1
 
 
 # ---- resources ----------------------------------------------------------------------------
-# Resources whose values are names; every other resource is a number.
-TEXT_RESOURCES = {
-    "slurm_partition",
-    "slurm_account",
-    "constraint",
-    "gres",
-    "gpu_model",
-    "qos",
-}
-
-
-def _profile_default(key):
-    """The profile's plain default-resources value of `key`. Without a profile, or where
-    it sets none: an empty name or 0, which no local run constrains on (Snakemake refuses
-    a resource function that returns None)."""
+def _profile_value(key):
+    """The profile's plain default-resources value of `key` (bitdrift.plan): None
+    without a profile, where it sets none, or sets one Snakemake evaluates per job."""
     defaults = workflow.resource_settings.default_resources  # None without a profile
     default = defaults.get(key) if defaults is not None else None
     if default is None or default.is_evaluable():
-        return "" if key in TEXT_RESOURCES else 0
+        return None
     return default.value
 
 
 def scheduling_resources(entries, lookup):
-    """Rule resources taken from config entries: `entries` are every entry the rule can
-    run (to declare only the keys some entry sets, so the profile's defaults stay in
-    force otherwise), `lookup(wildcards)` the job's own resources. A key the job's entry
-    leaves unset falls back to the profile's default-resources."""
-    keys = sorted({key for entry in entries for key in entry})
-
-    def resource(key):
-        def value(wildcards):
-            own = lookup(wildcards)
-            return own[key] if key in own else _profile_default(key)
-
-        return value
-
-    return {key: resource(key) for key in keys}
+    """Rule resources from config entries (bitdrift.plan.scheduling_resources): a key the
+    job's own entry (`lookup(wildcards)`) leaves unset falls back to the profile's."""
+    return plan_resources(entries, lookup, _profile_value)
 
 
-def device_resources(device):
-    """A device's scheduling: its `resources`, plus one GPU for a GPU device that asks
-    for none (so `gpu` devices land on GPU nodes without extra config)."""
-    entry = config["devices"][device]
-    own = dict(entry.get("resources", {}))
-    if entry["accelerator"] == "gpu" and "gpu" not in own and "gres" not in own:
-        own["gpu"] = 1
-    return own
-
-
+device_resources = PLAN.device_resources
 INFERENCE_RESOURCES = scheduling_resources(
     [device_resources(device) for device in SCHEDULED_DEVICES],
     lambda wildcards: device_resources(wildcards.device),
 )
 TRAINING_RESOURCES = scheduling_resources(
-    [
-        config["models"][model]["train"].get("resources", {})
-        for model in TRAINED_MODELS + list(STUDY_MODELS)
-    ],
+    PLAN.training_resources_entries(),
     lambda wildcards: config["models"][wildcards.model]["train"].get("resources", {}),
 )
 ANALYSIS_RESOURCES = config["analysis"].get("resources", {})

@@ -26,7 +26,7 @@ rule install_aarch64:
     conda:
         "../envs/bitdrift.yaml"
     params:
-        runtimes=aarch64_runtimes(),
+        runtimes=PLAN.aarch64_runtimes(),
     script:
         "../workflow/scripts/install_aarch64.py"
 
@@ -97,8 +97,6 @@ rule example_model:
         "../envs/bitdrift.yaml"
     params:
         # the samples and whole batches of every device after them
-        samples=max(config["samples"])
-        + 1
-        + max(device["batch_size"] for device in config["devices"].values()),
+        samples=PLAN.example_samples(),
     script:
         "../workflow/scripts/write_example_model.py"

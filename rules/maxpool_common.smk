@@ -26,7 +26,7 @@ def maxpool_targets():
             paths.figure_file("bifurcation_volume"),
             paths.table_file("bifurcation_volume"),
         ]
-    # Intermediate tables as targets too (see core_targets: deleted ones are made again).
+    # Intermediate tables as targets too (see bitdrift.plan.Plan.core_targets: deleted ones are made again).
     return (
         targets
         + maxpool_variation_files()

@@ -15,7 +15,7 @@ def probe_targets():
     """The probe study's tables and figure (`snakemake probes`; not part of `all`)."""
     if not PROBES:
         return []
-    # Every intermediate file as a target too (see core_targets): a probe file lost to a
+    # Every intermediate file as a target too (see Plan.core_targets): a probe file lost to a
     # killed search would otherwise never be made again while the tables exist.
     inputs = probe_evaluation_inputs()
     return (

@@ -14,7 +14,7 @@ import sys
 from bitdrift.commands import MODULES
 from bitdrift.commands.common import refuse_overwriting
 from bitdrift.errors import EXIT_CODES, BitdriftError, ConfigError
-from bitdrift.studies import STUDIES
+from bitdrift.studies import STUDIES, findings_sections
 
 DESCRIPTION = ("Measure how neural-network results drift when only the tooling changes: run a "
                "model on many devices, record every layer, and find where the results part "
@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         before = set(sub.choices)
         importlib.import_module(f"bitdrift.studies.{study}.cli").add_commands(sub)
         study_commands[f"the {study} study"] = [n for n in sub.choices if n not in before]
+    # The core's `findings` writes the studies' own sections too: given here, where the
+    # studies are registered (the core never imports a study)
+    sub.choices["findings"].set_defaults(study_sections=findings_sections)
     _group_commands_in_help(parser, sub, {**HELP_GROUPS, **study_commands})
     return parser
 

@@ -120,3 +120,32 @@ def figure_file(name: str) -> str:
 def figure_png(name: str) -> str:
     """The same figure as PNG, written beside the PDF; the HTML report embeds it."""
     return f"{FIGURES}/{name}.png"
+
+
+# -- the core's analysis results ------------------------------------------------------------
+# What the core's analysis rules (rules/analysis.smk) make from the records, in the order a
+# run of `all` asks for them: ("table", NAME) is table_file(NAME), ("figure", NAME)
+# figure_file(NAME). The workflow's targets (bitdrift.plan) and the tables the findings read
+# (bitdrift.report.findings) are taken from here, so a new table is one line here.
+CORE_RESULTS = (
+    ("table", "eqc"), ("table", "eqc_layers"), ("table", "precision"), ("figure", "eqc"),
+    ("figure", "remaining_precision"), ("table", "explain"), ("table", "divergence"),
+    ("table", "effective_precision"), ("table", "argmax_agreement"),
+    ("table", "observer_check"), ("table", "kernels"), ("table", "kernel_coverage"),
+    ("table", "accumulation_orders"), ("figure", "kernels"),
+    ("figure", "accumulation_orders"), ("table", "flag_groups"), ("table", "device_classes"),
+    ("table", "eqc_table"), ("figure", "eqc_table"), ("figure", "divergence"),
+    ("table", "device_failures"),
+)
+CORE_TABLES = tuple(name for kind, name in CORE_RESULTS if kind == "table")
+# The figure of the classes by CPU generation, made where some device runs on an emulated CPU
+CPU_GENERATIONS_FIGURE = "cpu_generations"
+# The comparison with the atlas (rules/atlas.smk), made where config key atlas.devices
+# names devices: its table, the entries it could not read, and its figure
+ATLAS_TABLES = ("atlas", "atlas_refused")
+ATLAS_FIGURE = "atlas"
+
+
+def result_file(kind: str, name: str) -> str:
+    """A result of CORE_RESULTS by its kind ("table" or "figure") and name."""
+    return {"table": table_file, "figure": figure_file}[kind](name)

@@ -590,3 +590,56 @@ def test_the_eqc_figure_title_counts_classes_when_samples_are_many():
     assert title == (f"{varied.min()}–{varied.max()} classes per sample ({commonest} on "
                      f"{(varied == commonest).sum()} of {len(varied)})")
     assert title.count("/") == 0 and len(varied) > TITLE_COUNTS
+
+
+def _study_summaries(tmp_path) -> dict:
+    """A probe study's and a batching study's summaries, as their commands write them."""
+    probes = pd.DataFrame([{"measure": "held-out devices", "classes": 7},
+                           {"measure": "best probe", "classes": 5},
+                           {"measure": "best natural sample", "classes": 2}])
+    batching = pd.DataFrame([
+        {"device": "tf", "settings_differing": 2, "settings": 5, "origin_layers": "dense",
+         "first_divergent_token": 3},
+        {"device": "ort", "settings_differing": 0, "settings": 5, "origin_layers": None,
+         "first_divergent_token": None}])
+    files = {"probe_summary": tmp_path / "probe_summary.csv",
+             "batching_summary": tmp_path / "batching_summary.csv"}
+    probes.to_csv(files["probe_summary"], index=False)
+    batching.to_csv(files["batching_summary"], index=False)
+    return files
+
+
+def test_each_study_writes_its_own_section_after_the_cores(tmp_path):
+    from bitdrift.studies import findings_sections
+
+    tables = {**_tables(tmp_path), **_study_summaries(tmp_path)}
+    sections = findings(tables, {"a": FINGERPRINT}, findings_sections())
+    assert [title for title, _ in sections][-3:] == ["Devices that failed", "Forensic probes",
+                                                    "Batch invariance"]
+    assert dict(sections)["Forensic probes"] == [
+        "Forensic probes on 7 held-out devices: the best probe splits them into 5 classes, "
+        "the best natural test sample into 2."]
+    assert dict(sections)["Batch invariance"] == [
+        "Batching, tf: 2 of 5 batch settings change the studied outputs; differences start "
+        "at dense.",
+        "Batching, ort: 0 of 5 batch settings change the studied outputs.",
+        "Batching: greedy decoding diverged on 1 device(s)."]
+    # the core alone writes no study's section, and a study that has not run has none
+    assert "Forensic probes" not in dict(findings(tables, {"a": FINGERPRINT}))
+    assert "Forensic probes" not in dict(findings(_tables(tmp_path), {"a": FINGERPRINT},
+                                                  findings_sections()))
+
+
+def test_the_findings_command_writes_the_studies_sections(tmp_path):
+    """`bitdrift findings` gets the studies' sections from the command line, which
+    registers the studies (the core's command knows none)."""
+    from bitdrift.cli import main
+
+    _tables(tmp_path)
+    _study_summaries(tmp_path)
+    out = tmp_path / "findings.md"
+    assert main(["findings", str(tmp_path / "none.h5"), "--tables", str(tmp_path),
+                 "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.index("## Devices that failed") < text.index("## Forensic probes") \
+        < text.index("## Batch invariance")

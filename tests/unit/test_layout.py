@@ -11,7 +11,8 @@ from bitdrift.cli import build_parser, main
 
 CORE = ("record.hdf5", "analysis.eqc", "analysis.remaining_precision", "run.inference",
         "run.devices", "inputs.models", "inputs.datasets", "run.training", "paths",
-        "run.provenance", "atomic", "errors", "runtimes")
+        "run.provenance", "atomic", "errors", "runtimes", "report.findings",
+        "commands.tables", "plan")
 
 
 @pytest.mark.parametrize("module", CORE)

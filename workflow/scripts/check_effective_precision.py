@@ -1,13 +1,8 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.tables import write_effective_precision_table
 
-    sys.exit(
-        main(
-            ["effective-precision", *snakemake.input.records, "--out", snakemake.output[0]]
-            + snakemake.params.expect
-        )
+    write_effective_precision_table(
+        list(snakemake.input.records), snakemake.output[0], expect=snakemake.params.expect
     )

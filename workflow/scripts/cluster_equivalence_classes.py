@@ -1,14 +1,11 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.tables import write_eqc_tables
 
-    sys.exit(
-        main(
-            ["eqc", *snakemake.input.records, "--out", snakemake.output.final]
-            + ["--layers-out", snakemake.output.layers]
-            + snakemake.params.expect
-        )
+    write_eqc_tables(
+        list(snakemake.input.records),
+        snakemake.output.final,
+        layers_out=snakemake.output.layers,
+        expect=snakemake.params.expect,
     )

@@ -1,15 +1,12 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.atlas import compare_with_atlas
 
-    sys.exit(
-        main(
-            ["atlas", "compare", *snakemake.input.records]
-            + ["--atlas", snakemake.params.atlas, "--out", snakemake.output.table]
-            + ["--refused-out", snakemake.output.refused]
-            + ["--figure-out", snakemake.output.pdf]
-        )
+    compare_with_atlas(
+        list(snakemake.input.records),
+        atlas=snakemake.params.atlas,
+        out=snakemake.output.table,
+        refused_out=snakemake.output.refused,
+        figure_out=snakemake.output.pdf,
     )

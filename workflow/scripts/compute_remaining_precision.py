@@ -1,15 +1,13 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.tables import write_precision_table
 
-    sys.exit(
-        main(
-            ["precision", *snakemake.input.records, "--out", snakemake.output[0]]
-            + ["--precision", snakemake.params.precision, "--significant-bits"]
-            + ["--workers", str(snakemake.threads)]
-            + snakemake.params.expect
-        )
+    write_precision_table(
+        list(snakemake.input.records),
+        snakemake.output[0],
+        precision=snakemake.params.precision,
+        significant_bits=True,
+        workers=snakemake.threads,
+        expect=snakemake.params.expect,
     )

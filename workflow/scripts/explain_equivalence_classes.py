@@ -1,15 +1,12 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.tables import write_explain_tables
 
-    sys.exit(
-        main(
-            ["explain", *snakemake.input.records, "--out", snakemake.output.explain]
-            + ["--flags-out", snakemake.output.flags]
-            + ["--classes-out", snakemake.output.classes]
-            + snakemake.params.expect
-        )
+    write_explain_tables(
+        list(snakemake.input.records),
+        snakemake.output.explain,
+        flags_out=snakemake.output.flags,
+        classes_out=snakemake.output.classes,
+        expect=snakemake.params.expect,
     )

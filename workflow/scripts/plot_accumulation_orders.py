@@ -1,14 +1,11 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.kernels import plot_orders_figure
 
-    sys.exit(
-        main(
-            ["plot-orders", *snakemake.input.records]
-            + ["--divergence", snakemake.input.divergence, "--out", snakemake.output.pdf]
-            + snakemake.params.expect
-        )
+    plot_orders_figure(
+        list(snakemake.input.records),
+        snakemake.input.divergence,
+        snakemake.output.pdf,
+        expect=snakemake.params.expect,
     )

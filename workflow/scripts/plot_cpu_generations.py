@@ -1,13 +1,8 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.figures import plot_generations_figure
 
-    sys.exit(
-        main(
-            ["plot-generations", *snakemake.input.records]
-            + ["--eqc", snakemake.input.eqc, "--out", snakemake.output.pdf]
-        )
+    plot_generations_figure(
+        list(snakemake.input.records), snakemake.input.eqc, snakemake.output.pdf
     )

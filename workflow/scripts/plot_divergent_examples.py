@@ -1,11 +1,13 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.studies.variance.figures import plot_divergent_examples_figure
 
-    arm = ["--arm", snakemake.params.arm] if snakemake.params.arm else []
-    sys.exit(main(["plot-divergent-examples", snakemake.input.table, "--dataset-file",
-                   snakemake.input.dataset, "--plan", snakemake.params.plan, *arm,
-                   "--top-k", str(snakemake.params.top_k), "--out", snakemake.output.pdf]))
+    plot_divergent_examples_figure(
+        snakemake.input.table,
+        snakemake.input.dataset,
+        snakemake.params.plan,
+        snakemake.output.pdf,
+        arm=snakemake.params.arm or None,
+        top_k=snakemake.params.top_k,
+    )

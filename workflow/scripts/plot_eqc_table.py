@@ -1,14 +1,12 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.figures import plot_eqc_table_figure
 
-    sys.exit(
-        main(
-            ["plot-eqc-table", *snakemake.input.records, "--eqc", snakemake.input.eqc]
-            + ["--classes", snakemake.input.classes, "--out", snakemake.output.pdf]
-            + ["--table-out", snakemake.output.table]
-        )
+    plot_eqc_table_figure(
+        list(snakemake.input.records),
+        snakemake.input.eqc,
+        snakemake.input.classes,
+        snakemake.output.pdf,
+        table_out=snakemake.output.table,
     )

@@ -1,13 +1,11 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.figures import plot_eqc_figure
 
-    sys.exit(
-        main(
-            ["plot-eqc", *snakemake.input.records, "--eqc", snakemake.input.eqc]
-            + ["--out", snakemake.output[0], "--precision", snakemake.params.precision]
-        )
+    plot_eqc_figure(
+        list(snakemake.input.records),
+        snakemake.input.eqc,
+        snakemake.output[0],
+        precision=snakemake.params.precision,
     )

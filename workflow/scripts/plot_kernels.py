@@ -1,14 +1,12 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.kernels import plot_kernel_figure
 
-    sys.exit(
-        main(
-            ["plot-kernels", snakemake.input.table, "--eqc", snakemake.input.eqc]
-            + ["--divergence", snakemake.input.divergence]
-            + ["--coverage", snakemake.input.coverage, "--out", snakemake.output.pdf]
-        )
+    plot_kernel_figure(
+        snakemake.input.table,
+        snakemake.input.eqc,
+        snakemake.input.divergence,
+        snakemake.input.coverage,
+        snakemake.output.pdf,
     )

@@ -1,8 +1,6 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.figures import plot_precision_figure
 
-    sys.exit(main(["plot-precision", snakemake.input[0], "--out", snakemake.output[0]]))
+    plot_precision_figure(snakemake.input[0], snakemake.output[0])

@@ -1,8 +1,6 @@
-import sys
-
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.cli import main
+    from bitdrift.commands.tables import write_failures_table
 
-    sys.exit(main(["failures", *snakemake.input.records, "--out", snakemake.output.table]))
+    write_failures_table(list(snakemake.input.records), snakemake.output.table)

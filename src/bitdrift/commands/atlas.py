@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from bitdrift.commands.common import outputs_together
 from bitdrift.errors import ConfigError, RecordError
 
 
@@ -111,18 +112,25 @@ def cmd_atlas_add(args) -> int:
     return 0
 
 
-def cmd_atlas_compare(args) -> int:
+@outputs_together
+def compare_with_atlas(files, atlas=None, out=None, refused_out=None,
+                       figure_out=None) -> None:
+    """This machine's records of the reference model against the atlas's machines (the
+    folder ``atlas``, else the one shipped): the table, the entries refused, the figure."""
     from bitdrift.atlas.entries import compare_records
 
-    atlas = _read_atlas(args.atlas)
-    lines, table = compare_records(args.files, atlas, table=args.out,
-                                   refused_table=args.refused_out)
-    if args.figure_out:
+    lines, table = compare_records(files, _read_atlas(atlas), table=out,
+                                   refused_table=refused_out)
+    if figure_out:
         from bitdrift.report.figures import plot_atlas
 
-        plot_atlas(table, args.figure_out)
+        plot_atlas(table, figure_out)
     for line in lines:
         print(line)
+
+
+def cmd_atlas_compare(args) -> int:
+    compare_with_atlas(args.files, args.atlas, args.out, args.refused_out, args.figure_out)
     return 0
 
 

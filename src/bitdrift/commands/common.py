@@ -36,22 +36,35 @@ def default_workers() -> int:
     return max(1, min(cpus or 1, 4))
 
 
-def open_checked(args):
-    """Open the records; with --expect, check them against the workflow's files."""
+def expect_triples(expect) -> list[tuple[str, str, str]]:
+    """The (model, model file, inputs file) triples of ``expect``: triples already, or
+    the flat `--expect MODEL MODEL_FILE INPUTS_FILE ...` arguments the workflow's rules
+    pass (bitdrift.plan.Plan.expect_arguments)."""
+    expect = list(expect or [])
+    if expect and expect[0] == "--expect":
+        return [tuple(expect[at + 1:at + 4]) for at in range(0, len(expect), 4)]
+    return [tuple(triple) for triple in expect]
+
+
+def open_checked(files, expect=None, recheck: bool = False):
+    """Open the records; with ``expect`` (expect_triples), check them against the
+    workflow's files, and with ``recheck`` recompute each record's effective precision
+    with the model at hand."""
     from bitdrift.record.hdf5 import RecordError, open_records
 
-    records = open_records(args.files)
-    if not args.expect:
+    records = open_records(files)
+    expect = expect_triples(expect)
+    if not expect:
         return records
     # Only here: provenance reads models and datasets (~20 ms of imports).
     from bitdrift.analysis.effective_precision import recheck_record
     from bitdrift.run.provenance import check_layout, check_provenance
 
-    check_layout(records, [model for model, _, _ in args.expect])
-    for model, model_path, dataset_path in args.expect:
+    check_layout(records, [model for model, _, _ in expect])
+    for model, model_path, dataset_path in expect:
         if not check_provenance(records, model, model_path, dataset_path):
             raise RecordError(f"--expect {model}: no record of that model among the files")
-        if getattr(args, "recheck", False):
+        if recheck:
             # The tables that report effective precision recompute it with the model at
             # hand instead of reading what the inference wrote
             for record in records:
@@ -60,6 +73,21 @@ def open_checked(args):
                     if warning:
                         print(f"bitdrift: warning: {warning}", file=sys.stderr)
     return records
+
+
+def outputs_together(function):
+    """A command's library function whose outputs appear together or not at all (a full
+    disk at the last one), called from the command line or a workflow script alike."""
+    import functools
+
+    @functools.wraps(function)
+    def together(*args, **kwargs):
+        from bitdrift.atomic import output_group
+
+        with output_group():
+            return function(*args, **kwargs)
+
+    return together
 
 
 def refuse_overwriting(inputs: dict, outputs: dict, folders=()) -> None:

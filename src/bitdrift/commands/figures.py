@@ -4,67 +4,92 @@ from __future__ import annotations
 
 from bitdrift.commands.common import (
     PRECISIONS,
+    outputs_together,
 )
 
 
-def cmd_plot_eqc(args) -> None:
+@outputs_together
+def plot_eqc_figure(files, eqc, out, precision="float32") -> None:
     from bitdrift.analysis.eqc import EQC_COLUMNS
     from bitdrift.atomic import read_table
     from bitdrift.record.hdf5 import open_records
     from bitdrift.report.figures import plot_eqc
 
-    eqc = read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc")
-    plot_eqc(eqc, open_records(args.files), args.out, args.precision)
+    eqc = read_table(eqc, EQC_COLUMNS, "bitdrift eqc")
+    plot_eqc(eqc, open_records(files), out, precision)
 
 
-def cmd_plot_precision(args) -> None:
+def cmd_plot_eqc(args) -> None:
+    plot_eqc_figure(args.files, args.eqc, args.out, args.precision)
+
+
+@outputs_together
+def plot_precision_figure(table, out) -> None:
     from bitdrift.analysis.eqc import PRECISION_COLUMNS
     from bitdrift.atomic import read_table
     from bitdrift.report.figures import plot_remaining_precision
 
-    plot_remaining_precision(read_table(args.table, PRECISION_COLUMNS, "bitdrift precision"),
-                             args.out)
+    plot_remaining_precision(read_table(table, PRECISION_COLUMNS, "bitdrift precision"), out)
 
 
-def cmd_plot_eqc_table(args) -> None:
+def cmd_plot_precision(args) -> None:
+    plot_precision_figure(args.table, args.out)
+
+
+@outputs_together
+def plot_eqc_table_figure(files, eqc, classes, out, table_out=None) -> None:
     from bitdrift.analysis.eqc import EQC_COLUMNS
     from bitdrift.analysis.explain import class_table
     from bitdrift.atomic import read_table, write_csv
     from bitdrift.record.hdf5 import open_records
     from bitdrift.report.figures import plot_eqc_table
 
-    table = class_table(open_records(args.files),
-                        read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"),
-                        read_table(args.classes, ["model", "device", "device_class"],
+    table = class_table(open_records(files),
+                        read_table(eqc, EQC_COLUMNS, "bitdrift eqc"),
+                        read_table(classes, ["model", "device", "device_class"],
                                    "bitdrift explain --classes-out"))
-    if args.table_out:
-        write_csv(table, args.table_out)
-    plot_eqc_table(table, args.out)
+    if table_out:
+        write_csv(table, table_out)
+    plot_eqc_table(table, out)
 
 
-def cmd_plot_divergence(args) -> None:
+def cmd_plot_eqc_table(args) -> None:
+    plot_eqc_table_figure(args.files, args.eqc, args.classes, args.out, args.table_out)
+
+
+@outputs_together
+def plot_divergence_figure(eqc_layers, precision_table, out) -> None:
     from bitdrift.analysis.divergence import pairs_apart
     from bitdrift.analysis.eqc import EQC_LAYER_COLUMNS
     from bitdrift.atomic import read_table
     from bitdrift.report.figures import plot_divergence
 
-    layers = read_table(args.eqc_layers, EQC_LAYER_COLUMNS, "bitdrift eqc --layers-out")
-    kinds = read_table(args.precision_table, ["model", "layer", "layer_class"],
+    layers = read_table(eqc_layers, EQC_LAYER_COLUMNS, "bitdrift eqc --layers-out")
+    kinds = read_table(precision_table, ["model", "layer", "layer_class"],
                        "bitdrift precision")
-    plot_divergence(pairs_apart(layers), kinds, args.out)
+    plot_divergence(pairs_apart(layers), kinds, out)
 
 
-def cmd_plot_generations(args) -> None:
+def cmd_plot_divergence(args) -> None:
+    plot_divergence_figure(args.eqc_layers, args.precision_table, args.out)
+
+
+@outputs_together
+def plot_generations_figure(files, eqc, out) -> None:
     from bitdrift.analysis.eqc import EQC_COLUMNS
     from bitdrift.atomic import read_table
     from bitdrift.record.hdf5 import open_records
     from bitdrift.report.figures import plot_generations
 
     devices = {}
-    for record in open_records(args.files):
+    for record in open_records(files):
         emulated = record.json_attr("device_config", default={}).get("emulate")
         devices[record.device] = (record.attr("backend"), str(emulated or "host"))
-    plot_generations(read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"), devices, args.out)
+    plot_generations(read_table(eqc, EQC_COLUMNS, "bitdrift eqc"), devices, out)
+
+
+def cmd_plot_generations(args) -> None:
+    plot_generations_figure(args.files, args.eqc, args.out)
 
 
 def add_commands(sub) -> None:

@@ -10,32 +10,50 @@ from bitdrift.commands.common import (
     default_workers,
     expect_option,
     open_checked,
+    outputs_together,
 )
 
 
-def cmd_eqc(args) -> None:
+# Each table is a library function of plain arguments, which a workflow script calls with
+# its job's files; the command's handler (cmd_*) calls it with the command line's.
+@outputs_together
+def write_eqc_tables(files, out, layers_out=None, expect=None) -> None:
+    """eqc.csv, the classes of the final output (and with ``layers_out``, every layer's)."""
     from bitdrift.analysis.eqc import eqc_tables
     from bitdrift.atomic import write_csv
 
-    records = open_checked(args)
-    final, layers = eqc_tables(records, layers=args.layers_out is not None)
-    write_csv(final, args.out)
-    if args.layers_out:
-        write_csv(layers, args.layers_out)
+    records = open_checked(files, expect, recheck=True)
+    final, layers = eqc_tables(records, layers=layers_out is not None)
+    write_csv(final, out)
+    if layers_out:
+        write_csv(layers, layers_out)
     print(f"bitdrift: {final['eqc'].max() if len(final) else 0} classes at most over "
-          f"{final['device'].nunique()} devices -> {args.out}", file=sys.stderr)
+          f"{final['device'].nunique()} devices -> {out}", file=sys.stderr)
 
 
-def cmd_precision(args) -> None:
+def cmd_eqc(args) -> None:
+    write_eqc_tables(args.files, args.out, args.layers_out, args.expect)
+
+
+@outputs_together
+def write_precision_table(files, out, precision=None, significant_bits=False,
+                          workers=None, expect=None) -> None:
     from bitdrift.analysis.eqc import PRECISION_COLUMNS, PRECISION_EXTRA_COLUMNS, precision_rows
     from bitdrift.atomic import write_csv
 
-    rows = precision_rows(open_checked(args), precision=args.precision,
-                          significant=args.significant_bits, workers=args.workers)
-    write_csv(rows, args.out, columns=PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)
+    rows = precision_rows(open_checked(files, expect, recheck=True), precision=precision,
+                          significant=significant_bits,
+                          workers=workers if workers is not None else default_workers())
+    write_csv(rows, out, columns=PRECISION_COLUMNS + PRECISION_EXTRA_COLUMNS)
 
 
-def cmd_effective_precision(args) -> None:
+def cmd_precision(args) -> None:
+    write_precision_table(args.files, args.out, args.precision, args.significant_bits,
+                          args.workers, args.expect)
+
+
+@outputs_together
+def write_effective_precision_table(files, out, expect=None) -> None:
     from bitdrift.analysis.effective_precision import (
         TABLE_COLUMNS,
         effective_precision_table,
@@ -43,82 +61,125 @@ def cmd_effective_precision(args) -> None:
     )
     from bitdrift.atomic import write_csv
 
-    records = open_checked(args)
+    records = open_checked(files, expect, recheck=True)
     rows = effective_precision_table(records)
-    write_csv(rows, args.out, columns=TABLE_COLUMNS)
+    write_csv(rows, out, columns=TABLE_COLUMNS)
     reduced = [f"{record.device} ({record.model}): {summary(record.effective_precision)}"
                for record in records if summary(record.effective_precision).startswith("red")]
-    source = "recomputed from the records and the model files" if args.expect else \
+    source = "recomputed from the records and the model files" if expect else \
         "as the records say (give --expect MODEL MODEL_FILE DATASET_FILE to recompute)"
     print(f"bitdrift: {len(rows)} layer checks, {source}; computed below the declared "
-          f"precision: {'; '.join(reduced) or 'none'} -> {args.out}", file=sys.stderr)
+          f"precision: {'; '.join(reduced) or 'none'} -> {out}", file=sys.stderr)
 
 
-def cmd_divergence(args) -> None:
+def cmd_effective_precision(args) -> None:
+    write_effective_precision_table(args.files, args.out, args.expect)
+
+
+@outputs_together
+def write_divergence_table(files, out, expect=None) -> None:
     from bitdrift.analysis.divergence import divergence_table
     from bitdrift.atomic import write_csv
 
-    write_csv(divergence_table(open_checked(args)), args.out)
+    write_csv(divergence_table(open_checked(files, expect)), out)
 
 
-def cmd_explain(args) -> None:
+def cmd_divergence(args) -> None:
+    write_divergence_table(args.files, args.out, args.expect)
+
+
+@outputs_together
+def write_explain_tables(files, out, flags_out=None, classes_out=None, layers=False,
+                         time_budget=10.0, expect=None) -> None:
     from bitdrift.analysis.explain import explain_table
     from bitdrift.atomic import write_csv
 
-    explain, flags, classes = explain_table(open_checked(args), layers=args.layers,
-                                            time_budget=args.time_budget)
-    write_csv(explain, args.out)
-    if args.flags_out:
-        write_csv(flags, args.flags_out)
-    if args.classes_out:
-        write_csv(classes, args.classes_out)
+    explain, flags, classes = explain_table(open_checked(files, expect), layers=layers,
+                                            time_budget=time_budget)
+    write_csv(explain, out)
+    if flags_out:
+        write_csv(flags, flags_out)
+    if classes_out:
+        write_csv(classes, classes_out)
 
 
-def cmd_agreement(args) -> None:
+def cmd_explain(args) -> None:
+    write_explain_tables(args.files, args.out, args.flags_out, args.classes_out,
+                         args.layers, args.time_budget, args.expect)
+
+
+@outputs_together
+def write_agreement_table(files, out, expect=None) -> None:
     from bitdrift.atomic import write_csv
     from bitdrift.backends.keras.export import AGREEMENT_COLUMNS, agreement_table
 
-    rows = agreement_table(open_checked(args))
-    write_csv(rows, args.out, columns=AGREEMENT_COLUMNS)
+    rows = agreement_table(open_checked(files, expect))
+    write_csv(rows, out, columns=AGREEMENT_COLUMNS)
     shares = [row["share"] for row in rows if isinstance(row.get("share"), float)]
     print(f"bitdrift: {len(shares)} records' predicted labels checked against TensorFlow's"
           + (f"; the lowest share agreeing {min(shares):.2%}" if shares else "")
-          + f"; wrote {args.out}")
+          + f"; wrote {out}")
 
 
-def cmd_observer(args) -> None:
+def cmd_agreement(args) -> None:
+    write_agreement_table(args.files, args.out, args.expect)
+
+
+@outputs_together
+def write_observer_table(files, out, expect=None) -> None:
     from bitdrift.analysis.observer import OBSERVER_COLUMNS, changed_devices, observer_table
     from bitdrift.atomic import write_csv
 
-    rows = observer_table(open_checked(args))
-    write_csv(rows, args.out, columns=OBSERVER_COLUMNS)
+    rows = observer_table(open_checked(files, expect))
+    write_csv(rows, out, columns=OBSERVER_COLUMNS)
     checked = [row for row in rows if row["observer_equal"] != "unchecked"]
     changed = changed_devices(rows)
     print(f"bitdrift: the deployed model's final output equals the instrumented run's on "
           f"{len(checked) - len(changed)} of {len(checked)} checked records"
           + (f"; instrumentation changed it on {', '.join(r['device'] for r in changed)}"
-             if changed else "") + f"; wrote {args.out}", file=sys.stderr)
+             if changed else "") + f"; wrote {out}", file=sys.stderr)
 
 
-def cmd_failures(args) -> None:
+def cmd_observer(args) -> None:
+    write_observer_table(args.files, args.out, args.expect)
+
+
+@outputs_together
+def write_failures_table(files, out) -> None:
     from bitdrift.atomic import write_csv
     from bitdrift.record.failures import TABLE_COLUMNS, failure_rows
 
-    rows = failure_rows(args.files)
-    write_csv(rows, args.out, columns=TABLE_COLUMNS)
-    print(f"bitdrift: {len(rows)} failed device(s) among {len(args.files)} files -> "
-          f"{args.out}", file=sys.stderr)
+    rows = failure_rows(files)
+    write_csv(rows, out, columns=TABLE_COLUMNS)
+    print(f"bitdrift: {len(rows)} failed device(s) among {len(files)} files -> "
+          f"{out}", file=sys.stderr)
+
+
+def cmd_failures(args) -> None:
+    write_failures_table(args.files, args.out)
+
+
+@outputs_together
+def write_findings_of_run(files, tables, out, rst_out=None, figure=None,
+                          study_sections=()) -> None:
+    """findings.md (and the report's .rst) from the records and the run's tables in the
+    folder ``tables``; the studies' own sections (bitdrift.report.findings.StudySection,
+    which the caller gathers from the studies' registry: the core knows no study)."""
+    from pathlib import Path
+
+    from bitdrift.report.findings import TABLES, write_findings
+
+    names = (*TABLES, *(name for section in study_sections for name in section.tables))
+    found = {name: Path(tables) / f"{name}.csv" for name in names}
+    sections = write_findings(found, files, out, rst_out, figure, study_sections)
+    print(f"bitdrift: {sum(len(lines) for _, lines in sections)} findings in "
+          f"{len(sections)} sections -> {out}", file=sys.stderr)
 
 
 def cmd_findings(args) -> None:
-    from pathlib import Path
-
-    from bitdrift.report.findings import STUDY_TABLES, TABLES, write_findings
-
-    tables = {name: Path(args.tables) / f"{name}.csv" for name in (*TABLES, *STUDY_TABLES)}
-    sections = write_findings(tables, args.files, args.out, args.rst_out, args.figure)
-    print(f"bitdrift: {sum(len(lines) for _, lines in sections)} findings in "
-          f"{len(sections)} sections -> {args.out}", file=sys.stderr)
+    # the studies' sections: bitdrift.cli, which registers the studies, gives them
+    write_findings_of_run(args.files, args.tables, args.out, args.rst_out, args.figure,
+                          args.study_sections())
 
 
 def add_commands(sub) -> None:
@@ -203,4 +264,4 @@ def add_commands(sub) -> None:
                    "section)")
     p.add_argument("--figure", help="the EQC figure's PNG, shown after the classes (linked "
                    "in findings.md, inline in the report)")
-    p.set_defaults(func=cmd_findings)
+    p.set_defaults(func=cmd_findings, study_sections=list)

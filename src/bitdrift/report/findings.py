@@ -9,9 +9,13 @@ the machine.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
+
+from bitdrift import paths
 
 # CPU flags (py-cpuinfo's names) that decide which kernels oneDNN, OpenBLAS, MLAS, XNNPACK
 # and OpenVINO pick, in the order of their generations.
@@ -31,10 +35,24 @@ def instruction_sets(cpu: dict) -> list[tuple[str, tuple]]:
     """The sets that matter on ``cpu``'s architecture."""
     return ARM_INSTRUCTION_SETS if str(cpu.get("arch", "")).upper() in ("AARCH64", "ARM_8") \
         else INSTRUCTION_SETS
-TABLES = ("eqc", "eqc_layers", "explain", "divergence", "kernel_coverage",
-          "accumulation_orders", "effective_precision", "argmax_agreement", "observer_check",
-          "device_failures", "atlas", "atlas_refused")
-STUDY_TABLES = ("probe_summary", "batching_summary")
+# The tables the findings may read: the core's (bitdrift.paths, the one list) and the
+# comparison with the atlas; each is read when a section needs it.
+TABLES = (*paths.CORE_TABLES, *paths.ATLAS_TABLES)
+
+
+class StudySection(NamedTuple):
+    """A study's own section of the findings, which the study registers (its package's
+    ``findings.SECTION``, gathered by bitdrift.studies.findings_sections): the core knows
+    no study, and whoever writes the findings passes the sections in."""
+
+    title: str
+    # the tables it reads (results/tables/NAME.csv); the section is written where each
+    # is there and not empty (the study has run)
+    tables: tuple[str, ...]
+    # its sentences from those tables (DataFrames, in the order of ``tables``)
+    sentences: Callable[..., list[str]]
+    # its place among the studies' sections, which follow the core's
+    place: int
 
 
 def machine(fingerprint: dict) -> list[str]:
@@ -595,30 +613,6 @@ def failures(table: pd.DataFrame) -> list[str]:
             for row in table.to_dict("records")]
 
 
-def probes(summary: pd.DataFrame) -> list[str]:
-    by = {row["measure"]: row for row in summary.to_dict("records")}
-    held = by.get("held-out devices", {})
-    best, natural = by.get("best probe", {}), by.get("best natural sample", {})
-    return [f"Forensic probes on {held.get('classes')} held-out devices: the best probe "
-            f"splits them into {best.get('classes')} classes, the best natural test sample "
-            f"into {natural.get('classes')}."]
-
-
-def batching(summary: pd.DataFrame) -> list[str]:
-    lines = []
-    for row in summary.to_dict("records"):
-        origin = row.get("origin_layers")
-        origin = "" if pd.isna(origin) or origin == "" else f"; differences start at {origin}"
-        lines.append(f"Batching, {row['device']}: {row['settings_differing']} of "
-                     f"{row['settings']} batch settings change the studied outputs{origin}.")
-    tokens = summary["first_divergent_token"]
-    diverged = tokens[pd.to_numeric(tokens, errors="coerce").notna()]
-    lines.append("Batching: greedy decoding " + (
-        f"diverged on {len(diverged)} device(s)." if len(diverged)
-        else "gave the same tokens in every setting on every device."))
-    return lines
-
-
 ATLAS_HEADING = "This machine among the machines measured"
 
 
@@ -650,12 +644,27 @@ def _read(path) -> pd.DataFrame:
     return pd.read_csv(path) if path and Path(path).is_file() else pd.DataFrame()
 
 
-def findings(tables: dict, fingerprints: dict) -> list[tuple[str, list[str]]]:
+class _Tables(dict):
+    """{name: table}, each read from its path on first use (an absent one: empty), so the
+    findings read only the tables their sections quote."""
+
+    def __init__(self, files: dict):
+        super().__init__()
+        self.files = files
+
+    def __missing__(self, name: str) -> pd.DataFrame:
+        self[name] = _read(self.files.get(name))
+        return self[name]
+
+
+def findings(tables: dict, fingerprints: dict,
+             study_sections=()) -> list[tuple[str, list[str]]]:
     """(heading, sentences) sections from the tables (``tables``: name -> CSV path) and the
-    records' fingerprints ({device: fingerprint}: the first native one names the machine)."""
+    records' fingerprints ({device: fingerprint}: the first native one names the machine);
+    then the studies' sections (StudySection) whose tables are there."""
     fingerprint = next((found for found in fingerprints.values()
                         if not found.get("emulation")), None)
-    read = {name: _read(tables.get(name)) for name in (*TABLES, *STUDY_TABLES)}
+    read = _Tables(tables)
     precisions = dict(zip(read["eqc_layers"].get("device", []),
                           read["eqc_layers"].get("precision", []), strict=False)) \
         if not read["eqc_layers"].empty else {}
@@ -684,10 +693,10 @@ def findings(tables: dict, fingerprints: dict) -> list[tuple[str, list[str]]]:
     if not read["atlas"].empty or not read["atlas_refused"].empty:
         sections.append((ATLAS_HEADING, atlas(read["atlas"], read["atlas_refused"])))
     sections.append(("Devices that failed", failures(read["device_failures"])))
-    if not read["probe_summary"].empty:
-        sections.append(("Forensic probes", probes(read["probe_summary"])))
-    if not read["batching_summary"].empty:
-        sections.append(("Batch invariance", batching(read["batching_summary"])))
+    for study in sorted(study_sections, key=lambda section: section.place):
+        frames = [read[name] for name in study.tables]
+        if not any(frame.empty for frame in frames):
+            sections.append((study.title, study.sentences(*frames)))
     return sections
 
 
@@ -771,13 +780,14 @@ def fingerprints(records) -> dict:
     return found
 
 
-def write_findings(tables: dict, records, out_markdown, out_rst=None, figure=None) -> list:
-    """findings.md (and the report's .rst) from the tables and the first record; the EQC
-    figure's PNG (``figure``) follows the classes (linked in the Markdown, inline in the
-    report)."""
+def write_findings(tables: dict, records, out_markdown, out_rst=None, figure=None,
+                   study_sections=()) -> list:
+    """findings.md (and the report's .rst) from the tables and the first record, with the
+    studies' sections (StudySection); the EQC figure's PNG (``figure``) follows the
+    classes (linked in the Markdown, inline in the report)."""
     from bitdrift.atomic import atomic_output
 
-    sections = findings(tables, fingerprints(records))
+    sections = findings(tables, fingerprints(records), study_sections)
     for path, text in ((out_markdown, markdown(sections, figure, out_markdown)),
                        (out_rst, restructured_text(sections, figure) if out_rst else None)):
         if path:

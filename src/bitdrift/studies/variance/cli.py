@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from bitdrift.errors import ConfigError
 
 
@@ -32,41 +30,26 @@ def cmd_train_run(args) -> None:
 
 def cmd_training_stats(args) -> None:
     """Spread, churn, weight distance, sub-groups and determinism cost from run files."""
-    from bitdrift.atomic import write_tables
-    from bitdrift.studies.variance.paths import TRAINING_TABLES
-    from bitdrift.studies.variance.stats import training_tables
+    from bitdrift.studies.variance.stats import write_training_tables
 
-    tables = training_tables(args.files)
-    write_tables(tables, TRAINING_TABLES, args.out_dir)
-    print(f"bitdrift: {len(tables['runs'])} runs in {len(tables['summary'])} groups -> "
-          f"{args.out_dir}", file=sys.stderr)
+    write_training_tables(args.files, args.out_dir)
 
 
 def cmd_example_divergence(args) -> None:
     """Per-example divergence, its overlap between arms/devices/plans, its share per class
     and sub-group, and the runs' accuracy on the most divergent examples, from run files."""
-    from bitdrift.atomic import write_tables
-    from bitdrift.studies.variance.examples import example_tables
-    from bitdrift.studies.variance.paths import EXAMPLE_TABLES
+    from bitdrift.studies.variance.examples import write_example_tables
 
-    tables = example_tables(args.files, args.top_k)
-    write_tables(tables, EXAMPLE_TABLES, args.out_dir)
-    divergent = tables["examples"][tables["examples"]["divergence"] > 0]
-    print(f"bitdrift: {len(divergent)} divergent (group, example) pairs in "
-          f"{len(tables['subset'])} groups -> {args.out_dir}", file=sys.stderr)
+    write_example_tables(args.files, args.out_dir, args.top_k)
 
 
 def cmd_plot_divergent_examples(args) -> None:
     """The gallery of the most divergent test images of a plan, with the labels the runs
     predicted, and divergence against the majority's confidence."""
-    from bitdrift.atomic import read_table
-    from bitdrift.studies.variance.examples import EXAMPLE_COLUMNS, EXAMPLE_EXTRA_COLUMNS
-    from bitdrift.studies.variance.figures import plot_divergent_examples
+    from bitdrift.studies.variance.figures import plot_divergent_examples_figure
 
-    table = read_table(args.table, EXAMPLE_COLUMNS + EXAMPLE_EXTRA_COLUMNS,
-                       "bitdrift example-divergence")
-    plot_divergent_examples(table, args.dataset_file, args.out, args.plan, args.arm,
-                            args.top_k)
+    plot_divergent_examples_figure(args.table, args.dataset_file, args.plan, args.out,
+                                   args.arm, args.top_k)
 
 
 # Columns a table must have to be the one a figure reads.

@@ -24,10 +24,12 @@ conditioned on the selection.
 from __future__ import annotations
 
 import itertools
+import sys
 
 import numpy as np
 import pandas as pd
 
+from bitdrift.commands.common import outputs_together
 from bitdrift.errors import StudyError
 
 EXAMPLE_COLUMNS = ["plan", "arm", "scope", "example", "label", "divergence", "label_entropy",
@@ -348,3 +350,18 @@ def gallery(examples: pd.DataFrame, dataset_path, plan: str, arm: str | None = N
         raise StudyError(f"{dataset_path}: test labels at the gallery's examples differ from "
                          "those recorded in the run files: not the runs' test set")
     return rows, picked, images, title
+
+
+@outputs_together
+def write_example_tables(files, out_dir, top_k=16) -> None:
+    """Per-example divergence, its overlap between arms/devices/plans, its share per class
+    and sub-group, and the runs' accuracy on the most divergent examples, from run files."""
+    from bitdrift.atomic import write_tables
+    from bitdrift.studies.variance.examples import example_tables
+    from bitdrift.studies.variance.paths import EXAMPLE_TABLES
+
+    tables = example_tables(files, top_k)
+    write_tables(tables, EXAMPLE_TABLES, out_dir)
+    divergent = tables["examples"][tables["examples"]["divergence"] > 0]
+    print(f"bitdrift: {len(divergent)} divergent (group, example) pairs in "
+          f"{len(tables['subset'])} groups -> {out_dir}", file=sys.stderr)

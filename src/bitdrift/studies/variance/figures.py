@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from bitdrift.atomic import save_figure
+from bitdrift.commands.common import outputs_together
 from bitdrift.studies.variance.plans import ARM_LABELS
 
 
@@ -301,3 +302,17 @@ def plot_divergent_examples(examples: pd.DataFrame, dataset_path, out, plan: str
     ax.set_title(f"{divergent} of {len(group)} examples diverge", fontsize=8)
     ax.legend(fontsize=7)
     _save(fig, out)
+
+
+@outputs_together
+def plot_divergent_examples_figure(table, dataset_file, plan, out, arm=None,
+                                   top_k=16) -> None:
+    """The gallery of the most divergent test images of a plan, with the labels the runs
+    predicted, and divergence against the majority's confidence."""
+    from bitdrift.atomic import read_table
+    from bitdrift.studies.variance.examples import EXAMPLE_COLUMNS, EXAMPLE_EXTRA_COLUMNS
+    from bitdrift.studies.variance.figures import plot_divergent_examples
+
+    rows = read_table(table, EXAMPLE_COLUMNS + EXAMPLE_EXTRA_COLUMNS,
+                      "bitdrift example-divergence")
+    plot_divergent_examples(rows, dataset_file, out, plan, arm, top_k)

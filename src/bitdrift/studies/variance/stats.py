@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import h5py
 import numpy as np
 import pandas as pd
 
+from bitdrift.commands.common import outputs_together
 from bitdrift.errors import StudyError
 
 RUN_KEYS = ("logits", "labels", "weights", "step_seconds", "epoch_seconds")
@@ -429,3 +431,16 @@ def training_tables(paths) -> dict[str, pd.DataFrame]:
     return {"summary": summary, "runs": per_run, "subgroups": subgroups,
             "seed_ratio": seed_ratio(summary, per_run),
             "determinism_cost": determinism_cost(summary, runs)}
+
+
+@outputs_together
+def write_training_tables(files, out_dir) -> None:
+    """Spread, churn, weight distance, sub-groups and determinism cost from run files."""
+    from bitdrift.atomic import write_tables
+    from bitdrift.studies.variance.paths import TRAINING_TABLES
+    from bitdrift.studies.variance.stats import training_tables
+
+    tables = training_tables(files)
+    write_tables(tables, TRAINING_TABLES, out_dir)
+    print(f"bitdrift: {len(tables['runs'])} runs in {len(tables['summary'])} groups -> "
+          f"{out_dir}", file=sys.stderr)
