@@ -134,7 +134,7 @@ def test_every_command_is_listed_under_exactly_one_group_in_the_help(capsys):
 # those below it, never one above. The flat modules are stages of their own.
 STAGES = ("errors", "atomic", "jobs", "progress", "paths", "runtimes", "record", "inputs",
           "formats", "analysis", "emulation", "backends", "run", "atlas", "report", "config",
-          "commands", "studies", "cli", "__main__")
+          "commands", "studies", "plan", "cli", "__main__")
 # The one import that runs up: the config's validation asks each study to check its own
 # section (through the registry bitdrift.studies), and the studies' checks use the config's
 # helpers.
