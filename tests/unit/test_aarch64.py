@@ -270,7 +270,7 @@ def test_a_killed_job_leaves_no_worker_behind(userland, exported, tmp_path, emul
     job = subprocess.Popen([sys.executable, "-c", code])
 
     def workers():  # the job's worker processes now (not a `qemu --version` probe)
-        return [pid for pid in _children(job.pid) if _alive(pid) and b"bitdrift.run.inference"
+        return [pid for pid in _children(job.pid) if _alive(pid) and b"bitdrift.run.repeat"
                 in open(f"/proc/{pid}/cmdline", "rb").read()]
 
     deadline, found, running = time.monotonic() + 120, [], []

@@ -1146,7 +1146,7 @@ TWIN_DEVICE = {"accelerator": "cpu", "threads": 1, "batch_size": 2, "precision":
 SEARCH_EACH = """
 import json, sys
 from bitdrift import formats
-from bitdrift.run.inference import reveal_orders
+from bitdrift.run.orders import reveal_orders
 device = json.loads(sys.argv[2])
 session = formats.open_session({"device": device, "model_path": sys.argv[1], "layers": True},
                                "d")

@@ -523,7 +523,7 @@ class Record:
         return self._kernels
 
     def _checked_kernels(self, found):
-        """The kernels dataset's structure (bitdrift.run.inference.traced_repeat): valid JSON of
+        """The kernels dataset's structure (bitdrift.run.traced_repeat): valid JSON of
         another shape is refused here, naming what is wrong, not deep in the analysis."""
         def wrong(what: str) -> RecordError:
             return self._fail(f"dataset 'kernels' is not a kernel record ({what})")

@@ -27,7 +27,7 @@ from bitdrift.record.hdf5 import OUTPUT, Record
 
 PROBE_SOURCE = "probes"
 # A device whose batch size exceeds one pads its last batch with test images not run
-# (bitdrift.run.inference.batch_indices): files that run every row end with these many
+# (bitdrift.run.selection.batch_indices): files that run every row end with these many
 # copies of the first test images.
 PADDING_ROWS = 64
 
