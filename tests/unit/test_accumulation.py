@@ -414,7 +414,7 @@ def test_the_figure_draws_the_two_orders_of_a_pair_that_parts_at_a_dense_layer(
     from bitdrift.analysis.accumulation.tables import contrasting_pair
     from bitdrift.analysis.accumulation.trees import Node, from_flat, restrict, to_flat
     from bitdrift.record.hdf5 import open_records
-    from bitdrift.report.figures import plot_orders
+    from bitdrift.report.figures.orders import plot_orders
 
     def bias_last(order):  # the products in ``order``, then the bias (the last term)
         return lambda rows: (order(rows[:-1]) + rows[-1]).astype(F32)

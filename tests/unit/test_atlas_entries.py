@@ -15,7 +15,7 @@ from bitdrift.atlas.entries import THIS_MACHINE, AtlasError, add, compare, read_
 from bitdrift.cli import main
 from bitdrift.inputs import reference_set
 from bitdrift.record.hdf5 import write_record
-from bitdrift.report.figures import plot_atlas
+from bitdrift.report.figures.machines import plot_atlas
 
 MODEL = reference_set.manifest()["model"]["model_sha256"]
 SAMPLES = (0, 1)

@@ -609,7 +609,7 @@ REFUSED_COLUMNS = ("entry", "reason")
 def compare_records(paths: list[str | Path], atlas: Atlas, table=None, refused_table=None,
                     ) -> tuple[list[str], pd.DataFrame]:
     """This machine (its records of the reference model) among the atlas's machines: the
-    table, the refused entries; the lines in words and the table (bitdrift.report.figures
+    table, the refused entries; the lines in words and the table (bitdrift.report.figures.machines
     draws it: plot_atlas)."""
     import pandas as pd
 

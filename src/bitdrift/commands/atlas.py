@@ -118,7 +118,7 @@ def cmd_atlas_compare(args) -> int:
     lines, table = compare_records(args.files, atlas, table=args.out,
                                    refused_table=args.refused_out)
     if args.figure_out:
-        from bitdrift.report.figures import plot_atlas
+        from bitdrift.report.figures.machines import plot_atlas
 
         plot_atlas(table, args.figure_out)
     for line in lines:

@@ -11,7 +11,7 @@ def cmd_plot_eqc(args) -> None:
     from bitdrift.analysis.eqc import EQC_COLUMNS
     from bitdrift.atomic import read_table
     from bitdrift.record.hdf5 import open_records
-    from bitdrift.report.figures import plot_eqc
+    from bitdrift.report.figures.eqc import plot_eqc
 
     eqc = read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc")
     plot_eqc(eqc, open_records(args.files), args.out, args.precision)
@@ -20,7 +20,7 @@ def cmd_plot_eqc(args) -> None:
 def cmd_plot_precision(args) -> None:
     from bitdrift.analysis.eqc import PRECISION_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.report.figures import plot_remaining_precision
+    from bitdrift.report.figures.remaining_precision import plot_remaining_precision
 
     plot_remaining_precision(read_table(args.table, PRECISION_COLUMNS, "bitdrift precision"),
                              args.out)
@@ -31,7 +31,7 @@ def cmd_plot_eqc_table(args) -> None:
     from bitdrift.analysis.explain import class_table
     from bitdrift.atomic import read_table, write_csv
     from bitdrift.record.hdf5 import open_records
-    from bitdrift.report.figures import plot_eqc_table
+    from bitdrift.report.figures.eqc import plot_eqc_table
 
     table = class_table(open_records(args.files),
                         read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"),
@@ -46,7 +46,7 @@ def cmd_plot_divergence(args) -> None:
     from bitdrift.analysis.divergence import pairs_apart
     from bitdrift.analysis.eqc import EQC_LAYER_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.report.figures import plot_divergence
+    from bitdrift.report.figures.divergence import plot_divergence
 
     layers = read_table(args.eqc_layers, EQC_LAYER_COLUMNS, "bitdrift eqc --layers-out")
     kinds = read_table(args.precision_table, ["model", "layer", "layer_class"],
@@ -58,7 +58,7 @@ def cmd_plot_generations(args) -> None:
     from bitdrift.analysis.eqc import EQC_COLUMNS
     from bitdrift.atomic import read_table
     from bitdrift.record.hdf5 import open_records
-    from bitdrift.report.figures import plot_generations
+    from bitdrift.report.figures.machines import plot_generations
 
     devices = {}
     for record in open_records(args.files):

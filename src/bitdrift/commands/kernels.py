@@ -77,7 +77,7 @@ def cmd_plot_kernels(args) -> None:
     from bitdrift.analysis.explain import COVERAGE_COLUMNS
     from bitdrift.analysis.kernels import TABLE_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.report.figures import plot_kernels
+    from bitdrift.report.figures.kernels import plot_kernels
 
     plot_kernels(read_table(args.table, TABLE_COLUMNS, "bitdrift kernels"),
                  read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc"),
@@ -91,7 +91,7 @@ def cmd_plot_orders(args) -> None:
     from bitdrift.analysis.accumulation.tables import contrasting_pair
     from bitdrift.analysis.divergence import DIVERGENCE_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.report.figures import plot_orders
+    from bitdrift.report.figures.orders import plot_orders
 
     records = open_checked(args)
     divergence = read_table(args.divergence, DIVERGENCE_COLUMNS, "bitdrift divergence")
