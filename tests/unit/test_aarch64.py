@@ -181,7 +181,7 @@ SAMPLES = [0, 6]
 
 
 def _record(exported, tmp_path, name, device):
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
     from bitdrift.run.inference import infer
     from tests.utils import EXPORT_FILES
 

@@ -306,7 +306,7 @@ def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(
     the layer in that order, from the recorded input and the device's weights, gives the
     record's bits. The truth is the runtime's own output, not the code under test."""
     from bitdrift.analysis.accumulation.trees import from_flat
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
     from bitdrift.run.inference import infer
     from tests.utils import EXPORT_FILES
 
@@ -413,7 +413,7 @@ def test_the_figure_draws_the_two_orders_of_a_pair_that_parts_at_a_dense_layer(
     from bitdrift.analysis.accumulation.reveal import reveal
     from bitdrift.analysis.accumulation.tables import contrasting_pair
     from bitdrift.analysis.accumulation.trees import Node, from_flat, restrict, to_flat
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
     from bitdrift.report.figures.orders import plot_orders
 
     def bias_last(order):  # the products in ``order``, then the bias (the last term)
@@ -1163,7 +1163,7 @@ def twin_record(tmp_path_factory):
     import sys
 
     from bitdrift.inputs.datasets import prepare_dataset
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
     from bitdrift.run.inference import infer
 
     folder = tmp_path_factory.mktemp("twins")

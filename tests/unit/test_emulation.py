@@ -35,7 +35,7 @@ def small_model(tmp_path_factory):
 
 
 def _run(small_model, tmp_path, name, device):
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
     from bitdrift.run.inference import infer
 
     dataset, model = small_model

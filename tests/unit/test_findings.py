@@ -168,7 +168,7 @@ def test_the_dendrogram_caption_reads_the_axis_as_the_figure_draws_it(make_recor
     import numpy as np
 
     from bitdrift.analysis.eqc import eqc_tables
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
     from bitdrift.report.figures import eqc as figures
     from bitdrift.report.findings import FIGURE_CAPTION
 

@@ -12,7 +12,7 @@ import pytest
 from bitdrift.analysis.effective_precision import recheck_record
 from bitdrift.errors import AcceleratorMissing
 from bitdrift.inputs.models import model_digest
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 from bitdrift.run.inference import InferenceError, infer
 from bitdrift.run.repeat import RepeatJob
 from bitdrift.run.selection import batch_indices

@@ -11,15 +11,10 @@ import numpy as np
 import pytest
 
 from bitdrift.analysis.eqc import eqc_tables
-from bitdrift.record.hdf5 import (
-    DigestOnly,
-    Record,
-    RecordError,
-    RecordWriter,
-    open_records,
-    write_record,
-)
+from bitdrift.record.hdf5 import DigestOnly, RecordError
+from bitdrift.record.reader import Record, open_records
 from bitdrift.record.repeats import RepeatWriter, batch_key, merge_repeats
+from bitdrift.record.writer import RecordWriter, write_record
 from tests.utils import BASE_ATTRS, on_mounts
 
 ATTRS = {**BASE_ATTRS, "model": "m", "device": "d"}
@@ -255,7 +250,7 @@ def test_a_record_stopped_between_layers_leaves_nothing(tmp_path):
 WRITE_BIG = """
 import sys, numpy as np
 from bitdrift.errors import BitdriftError
-from bitdrift.record.hdf5 import write_record
+from bitdrift.record.writer import write_record
 from tests.utils import BASE_ATTRS
 layers = [(f"l{i}", np.random.default_rng(i).standard_normal((2, 65536)).astype(np.float32))
           for i in range(8)]

@@ -10,7 +10,7 @@ from bitdrift.errors import ConfigError, RecordError
 
 def cmd_identify(args) -> int:
     from bitdrift.analysis.explain import identify
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
 
     if sum(bool(found) for found in (args.against, args.index,
                                      args.atlas is not None)) != 1:
@@ -52,7 +52,7 @@ def cmd_identify(args) -> int:
 
 def cmd_identify_indexed(args) -> int:
     from bitdrift.atlas.digest_index import Index
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
 
     found = Index.read(args.index).identify(Record(args.record))
     if found.matched:
@@ -128,7 +128,7 @@ def cmd_atlas_compare(args) -> int:
 
 def cmd_index(args) -> int:
     from bitdrift.atlas.digest_index import Index
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
 
     index = Index.build(open_records(args.files), args.layer)
     index.write(args.out)

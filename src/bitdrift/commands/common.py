@@ -38,7 +38,8 @@ def default_workers() -> int:
 
 def open_checked(args):
     """Open the records; with --expect, check them against the workflow's files."""
-    from bitdrift.record.hdf5 import RecordError, open_records
+    from bitdrift.record.hdf5 import RecordError
+    from bitdrift.record.reader import open_records
 
     records = open_records(args.files)
     if not args.expect:

@@ -10,7 +10,7 @@ from bitdrift.commands.common import (
 def cmd_plot_eqc(args) -> None:
     from bitdrift.analysis.eqc import EQC_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
     from bitdrift.report.figures.eqc import plot_eqc
 
     eqc = read_table(args.eqc, EQC_COLUMNS, "bitdrift eqc")
@@ -30,7 +30,7 @@ def cmd_plot_eqc_table(args) -> None:
     from bitdrift.analysis.eqc import EQC_COLUMNS
     from bitdrift.analysis.explain import class_table
     from bitdrift.atomic import read_table, write_csv
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
     from bitdrift.report.figures.eqc import plot_eqc_table
 
     table = class_table(open_records(args.files),
@@ -57,7 +57,7 @@ def cmd_plot_divergence(args) -> None:
 def cmd_plot_generations(args) -> None:
     from bitdrift.analysis.eqc import EQC_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
     from bitdrift.report.figures.machines import plot_generations
 
     devices = {}

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.record.hdf5 import DEPLOYED, OUTPUT, RecordWriter, output_digest
+from bitdrift.record.hdf5 import DEPLOYED, OUTPUT, output_digest
+from bitdrift.record.writer import RecordWriter
 
 
 def batch_key(position: int | str, batch: int) -> str:

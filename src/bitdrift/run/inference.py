@@ -27,8 +27,9 @@ from bitdrift.errors import InferenceError
 from bitdrift.inputs.datasets import check_samples, test_image_shape
 from bitdrift.inputs.models import model_digest, model_input_shape
 from bitdrift.progress import progress
-from bitdrift.record.hdf5 import DEPLOYED, RecordWriter
+from bitdrift.record.hdf5 import DEPLOYED
 from bitdrift.record.repeats import batch_key, merge_repeats
+from bitdrift.record.writer import RecordWriter
 from bitdrift.run.fork_server import repeat_workers
 from bitdrift.run.record_attrs import record_attrs
 from bitdrift.run.repeat import WORKER, RepeatJob

@@ -13,8 +13,9 @@ from bitdrift.analysis.effective_precision import describe_reduced
 from bitdrift.errors import InferenceError
 from bitdrift.inputs.datasets import file_digest, input_sha256, read_test_images
 from bitdrift.inputs.models import model_digest
-from bitdrift.record.hdf5 import DEPLOYED, OUTPUT, RecordWriter
+from bitdrift.record.hdf5 import DEPLOYED, OUTPUT
 from bitdrift.record.repeats import FirstRepeats
+from bitdrift.record.writer import RecordWriter
 
 
 def record_attrs(writer: RecordWriter, meta: dict, weights: dict, classes, expected,

@@ -32,7 +32,7 @@ from bitdrift.backends.exported.common import (
     onnx_layer,
 )
 from bitdrift.errors import BitdriftError, ConfigError, InferenceError, RecordError
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 
 EXPECTED = "expected.json"
 # The runtimes a script is written for: a .pt2 program's node on torch eager as well

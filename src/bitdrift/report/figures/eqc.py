@@ -16,7 +16,8 @@ import pandas as pd
 from bitdrift.analysis.eqc import class_count_frequency, summarize_repeats
 from bitdrift.analysis.remaining_precision import MANTISSA_BITS, pairwise_dropped_bits
 from bitdrift.atomic import save_figure
-from bitdrift.record.hdf5 import OUTPUT, Record, group_by_model
+from bitdrift.record.hdf5 import OUTPUT
+from bitdrift.record.reader import Record, group_by_model
 
 
 def dendrogram_distances(records: list[Record]) -> tuple[list[str], np.ndarray, int]:
