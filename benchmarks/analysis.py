@@ -24,7 +24,8 @@ import h5py
 import numpy as np
 
 from bitdrift.analysis.eqc import eqc_tables, precision_table
-from bitdrift.record.hdf5 import open_records, write_record
+from bitdrift.record.reader import open_records
+from bitdrift.record.writer import write_record
 
 
 def make_records(folder: Path, devices: int, layers: int, elements: int) -> list[Path]:

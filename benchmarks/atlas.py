@@ -2,7 +2,7 @@
 
     python benchmarks/atlas.py [--records 10000] [--classes 300]
 
-Writes synthetic inference records (real HDF5 records, bitdrift.record.hdf5.write_record: one
+Writes synthetic inference records (real HDF5 records, bitdrift.record.writer.write_record: one
 model, 3 samples, 2 repeats, a 10-logit output; devices in ``--classes`` bit-identical
 classes, each class perturbed from a common output in its low mantissa bits), builds the
 atlas index (bitdrift.atlas.digest_index) and times: the index build from the records, its write and
@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from bitdrift.atlas.digest_index import Index
-from bitdrift.record.hdf5 import Record, open_records, write_record
+from bitdrift.record.reader import Record, open_records
+from bitdrift.record.writer import write_record
 
 ATTRS = {"backend": "tensorflow", "precision": "float32", "model_sha256": "m" * 64,
          "input_sha256": "i" * 64, "fingerprint": {"hostname": "benchmark"}, "model": "m"}

@@ -33,7 +33,7 @@ def contents(path: Path) -> dict:
             if key in handle.attrs:
                 items[f"@{key}"] = np.array(str(handle.attrs[key]))
     if "inference" in path.parts:
-        from bitdrift.record.hdf5 import Record
+        from bitdrift.record.reader import Record
 
         with Record(path) as record:
             kernels = record.kernels

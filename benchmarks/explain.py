@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from bitdrift.analysis.explain import explain_table
-from bitdrift.record.hdf5 import open_records, write_record
+from bitdrift.record.reader import open_records
+from bitdrift.record.writer import write_record
 
 
 def make_records(folder: Path, records: int, flags: int) -> list[Path]:

@@ -146,7 +146,7 @@ def _text(output) -> str:
 def inference_job(assets: Path, out: Path) -> dict:
     """The default torch device on the GPU, its inference job with the traced repeat."""
     from bitdrift.config import load_config
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
     from bitdrift.run.inference import infer
 
     device = load_config(Path(__file__).parents[1] / "config.yaml")["devices"][

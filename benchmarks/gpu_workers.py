@@ -56,7 +56,7 @@ def arrays(path):
         return json.loads(str(data["meta"])), {k: data[k] for k in data.files if k != "meta"}
 
 
-WORKER = "bitdrift.run.inference:run_repeat"
+WORKER = "bitdrift.run.repeat:run_repeat"
 outs = {}
 for name, make in (("fresh1", None), ("fresh2", None),
                    ("worker_processes", worker_processes),

@@ -3,7 +3,7 @@
     python benchmarks/kernels.py --runs 3
 
 Per runtime (TensorFlow, torch), one inference repeat of the real worker
-(`python -m bitdrift.run.inference JOB`: a fresh process, three samples, every layer) is timed
+(`python -m bitdrift.run.repeat JOB`: a fresh process, three samples, every layer) is timed
 as the workflow runs it, once measured and once traced (the libraries' verbose logs on,
 markers around every layer, stdout captured to a file), each `--runs` times; the median
 wall times, the traced repeat's extra seconds and the log's size are printed as a Markdown
@@ -40,7 +40,7 @@ def repeat(job: dict, device: dict, trace: bool, folder: Path) -> tuple[float, i
     log = folder / "stdout.txt"
     with open(log, "w") as stdout:
         begun = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "bitdrift.run.inference", json.dumps(job)],
+        subprocess.run([sys.executable, "-m", "bitdrift.run.repeat", json.dumps(job)],
                        env=device_environment(device), stdout=stdout,
                        stderr=subprocess.DEVNULL, check=True)
         return time.perf_counter() - begun, log.stat().st_size

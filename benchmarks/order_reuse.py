@@ -6,7 +6,7 @@ analysis.kernels), every layer searched against one search per probe, run on dem
 Keras' ResNet-50 (untrained, ``--size`` x ``--size`` inputs: the same 54 Conv2D and Dense
 layers as at 224, of the same distinct probe specs, on smaller grids) opened as a device
 opens it (bitdrift.formats.open_session, one thread, the device's environment), its orders
-revealed by bitdrift.run.inference.reveal_orders with ``reuse=False`` (every layer searched)
+revealed by bitdrift.run.orders.reveal_orders with ``reuse=False`` (every layer searched)
 and with ``reuse=True`` (a layer whose probe is an earlier layer's takes its search): the
 seconds of each, the searches, and whether the two give every layer the same order.
 Printed as a Markdown table with the host's CPU.
@@ -43,7 +43,7 @@ def main() -> None:
     import cpuinfo
 
     from bitdrift import formats
-    from bitdrift.run.inference import reveal_orders
+    from bitdrift.run.orders import reveal_orders
 
     with tempfile.TemporaryDirectory() as folder:
         model = Path(folder) / "resnet50.keras"

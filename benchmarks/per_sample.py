@@ -8,7 +8,7 @@ holding config.yaml, logs/run_inference/MODEL/DEVICE.log and Snakemake's benchma
 results/benchmarks/run_inference/MODEL/DEVICE.tsv. Per job:
 
 - its wall (the benchmark file's ``s``) at the run's n samples;
-- from the job's log, each pass over the batches (bitdrift.run.inference.batch_seconds_line:
+- from the job's log, each pass over the batches (bitdrift.run.repeat.batch_seconds_line:
   the instrumented run and the model as deployed, in each measured repeat and in the
   traced repeat): the seconds per batch after the first (the first compiles and warms);
 - a pass that ran every batch grows with the samples; the traced repeat's passes do not

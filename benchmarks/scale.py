@@ -86,7 +86,7 @@ def point_config(devices: list[str], samples: int, kernels: bool, image_size: in
     expanded = load_config(REPO / "config.yaml")["devices"]
     entries = {name: default["devices"].get(name) or _unexpanded(expanded[name])
                for name in devices}
-    # each device fills its last batch from the test set (bitdrift.run.inference.batch_indices)
+    # each device fills its last batch from the test set (bitdrift.run.selection.batch_indices)
     limit_test = max(16, *(-(-samples // expanded[name]["batch_size"])
                            * expanded[name]["batch_size"] for name in devices))
     return {

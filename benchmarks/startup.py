@@ -154,7 +154,7 @@ def main() -> None:
 
 def device_job(folder: Path, model: Path, dataset: Path, backend: str,
                before: bool) -> tuple[str, float]:
-    """Three repeats of the real inference worker (bitdrift.run.inference.run_repeat) as
+    """Three repeats of the real inference worker (bitdrift.run.repeat.run_repeat) as
     ``infer`` runs them: fresh processes before, children of a pre-imported parent after
     (bitdrift.run.workers; the runtime's PREFORK)."""
     from contextlib import nullcontext
@@ -164,7 +164,7 @@ def device_job(folder: Path, model: Path, dataset: Path, backend: str,
 
     device = {"backend": backend, "accelerator": "cpu", "precision": "float32",
               "batch_size": 1, "threads": 1, "repeats": 2}
-    worker = "bitdrift.run.inference:run_repeat"
+    worker = "bitdrift.run.repeat:run_repeat"
     started = time.perf_counter()
     with open(os.devnull, "w") as log:
         context = nullcontext(FreshProcesses(worker, device, backend, log)) if before \

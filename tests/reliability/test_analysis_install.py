@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from bitdrift.record.hdf5 import write_record
+from bitdrift.record.writer import write_record
 from tests.utils import BASE_ATTRS, ROOT
 
 pytestmark = pytest.mark.workflow

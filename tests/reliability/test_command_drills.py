@@ -18,7 +18,7 @@ from bitdrift.analysis.eqc import eqc_tables, precision_table
 from bitdrift.atomic import WORK_MARK, work_folder
 from bitdrift.cli import main
 from bitdrift.config import ConfigError, validate_config
-from bitdrift.record.hdf5 import open_records
+from bitdrift.record.reader import open_records
 
 A = np.array([1.0, 2.0, 3.0], np.float32)
 B = np.array([1.0, 2.0, 3.0000002], np.float32)
@@ -558,7 +558,7 @@ def parting(trained, tmp_path):
     """Two hand-made records of the `trained` model that part at its first Dense layer fed
     by a recorded layer (their model digest is the model file's), for `repro`."""
     from bitdrift.inputs.models import keras_file_layers, model_digest
-    from bitdrift.record.hdf5 import write_record
+    from bitdrift.record.writer import write_record
     from tests.utils import BASE_ATTRS
 
     _, _, _, model = trained
@@ -684,7 +684,7 @@ WRONG_ORDERS = {
 def ordered(tmp_path):
     """Records of two devices that part at a Dense layer, summed in other revealed orders,
     with kernels; their divergence table; and a writer of a third whose orders are given."""
-    from bitdrift.record.hdf5 import write_record
+    from bitdrift.record.writer import write_record
     from tests.utils import BASE_ATTRS
 
     def write(device, value, orders):

@@ -181,7 +181,7 @@ SAMPLES = [0, 6]
 
 
 def _record(exported, tmp_path, name, device):
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
     from bitdrift.run.inference import infer
     from tests.utils import EXPORT_FILES
 
@@ -270,7 +270,7 @@ def test_a_killed_job_leaves_no_worker_behind(userland, exported, tmp_path, emul
     job = subprocess.Popen([sys.executable, "-c", code])
 
     def workers():  # the job's worker processes now (not a `qemu --version` probe)
-        return [pid for pid in _children(job.pid) if _alive(pid) and b"bitdrift.run.inference"
+        return [pid for pid in _children(job.pid) if _alive(pid) and b"bitdrift.run.repeat"
                 in open(f"/proc/{pid}/cmdline", "rb").read()]
 
     deadline, found, running = time.monotonic() + 120, [], []

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from bitdrift.config import ConfigError, validate_config
-from bitdrift.record.hdf5 import open_records, write_record
+from bitdrift.record.reader import open_records
+from bitdrift.record.writer import write_record
 from bitdrift.studies.ablation.config import variant_models, variants_of
 from bitdrift.studies.ablation.tables import (
     ablation_layers,

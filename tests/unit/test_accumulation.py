@@ -306,7 +306,7 @@ def test_a_real_device_sums_each_dense_layer_in_the_revealed_order(
     the layer in that order, from the recorded input and the device's weights, gives the
     record's bits. The truth is the runtime's own output, not the code under test."""
     from bitdrift.analysis.accumulation.trees import from_flat
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
     from bitdrift.run.inference import infer
     from tests.utils import EXPORT_FILES
 
@@ -413,8 +413,8 @@ def test_the_figure_draws_the_two_orders_of_a_pair_that_parts_at_a_dense_layer(
     from bitdrift.analysis.accumulation.reveal import reveal
     from bitdrift.analysis.accumulation.tables import contrasting_pair
     from bitdrift.analysis.accumulation.trees import Node, from_flat, restrict, to_flat
-    from bitdrift.record.hdf5 import open_records
-    from bitdrift.report.figures import plot_orders
+    from bitdrift.record.reader import open_records
+    from bitdrift.report.figures.orders import plot_orders
 
     def bias_last(order):  # the products in ``order``, then the bias (the last term)
         return lambda rows: (order(rows[:-1]) + rows[-1]).astype(F32)
@@ -1146,7 +1146,7 @@ TWIN_DEVICE = {"accelerator": "cpu", "threads": 1, "batch_size": 2, "precision":
 SEARCH_EACH = """
 import json, sys
 from bitdrift import formats
-from bitdrift.run.inference import reveal_orders
+from bitdrift.run.orders import reveal_orders
 device = json.loads(sys.argv[2])
 session = formats.open_session({"device": device, "model_path": sys.argv[1], "layers": True},
                                "d")
@@ -1163,7 +1163,7 @@ def twin_record(tmp_path_factory):
     import sys
 
     from bitdrift.inputs.datasets import prepare_dataset
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
     from bitdrift.run.inference import infer
 
     folder = tmp_path_factory.mktemp("twins")

@@ -8,7 +8,8 @@ import pytest
 
 from bitdrift.atlas.digest_index import Index
 from bitdrift.errors import RecordError
-from bitdrift.record.hdf5 import Record, open_records, write_record
+from bitdrift.record.reader import Record, open_records
+from bitdrift.record.writer import write_record
 from tests.utils import BASE_ATTRS
 
 SAMPLES = (0, 1, 2)

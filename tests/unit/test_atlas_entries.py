@@ -14,8 +14,8 @@ from bitdrift.atlas import entries as atlas_entries
 from bitdrift.atlas.entries import THIS_MACHINE, AtlasError, add, compare, read_atlas, read_entry
 from bitdrift.cli import main
 from bitdrift.inputs import reference_set
-from bitdrift.record.hdf5 import write_record
-from bitdrift.report.figures import plot_atlas
+from bitdrift.record.writer import write_record
+from bitdrift.report.figures.machines import plot_atlas
 
 MODEL = reference_set.manifest()["model"]["model_sha256"]
 SAMPLES = (0, 1)
@@ -259,7 +259,7 @@ def test_gpu_machines_driver_is_software_and_the_findings_section(tmp_path):
 
 def test_no_device_ran_the_reference_model(tmp_path):
     """Every record a failure record: the comparison, its table and figure still written."""
-    from bitdrift.record.hdf5 import write_failure
+    from bitdrift.record.writer import write_failure
 
     failed = tmp_path / "d1.h5"
     write_failure(failed, {"model": "atlas_reference", "device": "d1",

@@ -48,7 +48,8 @@ def test_the_schema_names_exactly_the_runtimes():
     assert tuple(device["backend"]["enum"]) == backends.RUNTIMES
 
 
-@pytest.mark.parametrize("module", ["devices.py", "inference.py"])
+@pytest.mark.parametrize("module", ["run/devices.py", "run/inference.py", "run/repeat.py",
+                                    "run/traced_repeat.py", "run/record_attrs.py"])
 def test_no_branch_on_a_backends_name(module):
     """`if backend == "tensorflow": ... else:` made the else mean torch by accident."""
     tree = ast.parse((SOURCE / module).read_text())

@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-from bitdrift.record.hdf5 import write_record
+from bitdrift.record.writer import write_record
 from tests.utils import BASE_ATTRS, ROOT
 
 SPEC = importlib.util.spec_from_file_location("benchmark_compression",

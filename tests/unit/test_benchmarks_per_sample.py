@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bitdrift.run.inference import batch_seconds_line
+from bitdrift.run.repeat import batch_seconds_line
 from tests.utils import ROOT
 
 SPEC = importlib.util.spec_from_file_location("benchmark_per_sample",
@@ -16,7 +16,7 @@ SPEC.loader.exec_module(per_sample)
 
 
 def _log(traced_full: bool) -> str:
-    """A job's log as bitdrift.run.inference writes it: two measured repeats of 3 batches of 2
+    """A job's log as bitdrift.run.repeat writes it: two measured repeats of 3 batches of 2
     (instrumented and deployed passes) and a traced repeat of 1 batch or of all 3."""
     traced_batches = 1 if traced_full else 3
     which = " on the batches of samples [1] alone (analysis.traced_samples: full)" \

@@ -31,7 +31,7 @@ def test_the_real_size_preset_is_resnet50_at_224_on_the_default_devices():
     assert model["architecture"] == "resnet50" and dataset["image_size"] == 224
     # the digits' test set is the last 20 % of 1797 images: 360, cut to limit_test
     assert dataset["limit_test"] >= len(preset["samples"])
-    # every device's last batch is filled up from the test set (bitdrift.run.inference.
+    # every device's last batch is filled up from the test set (bitdrift.run.selection.
     # batch_indices): tf_batch8 needs 104 images for 100 samples
     for name, device in preset["devices"].items():
         batches = -(-len(preset["samples"]) // device["batch_size"])

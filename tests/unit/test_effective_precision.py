@@ -12,7 +12,8 @@ from bitdrift.analysis.effective_precision import (
     round_significand,
     summary,
 )
-from bitdrift.record.hdf5 import Record, write_record
+from bitdrift.record.reader import Record
+from bitdrift.record.writer import write_record
 from tests.utils import BASE_ATTRS
 
 DENSE = {"class_name": "Dense", "inbound": "flatten", "activation": "linear", "use_bias": True}

@@ -35,7 +35,7 @@ def small_model(tmp_path_factory):
 
 
 def _run(small_model, tmp_path, name, device):
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
     from bitdrift.run.inference import infer
 
     dataset, model = small_model
@@ -435,7 +435,7 @@ def test_tensorflows_onednn_is_faithful_under_a_model_of_the_hosts_vendor():
 def test_the_generations_grid_is_read_from_the_class_table():
     import pandas as pd
 
-    from bitdrift.report.figures import generations_grid
+    from bitdrift.report.figures.machines import generations_grid
 
     eqc = pd.DataFrame({"device": ["t_h", "t_n", "o_h", "t_h", "t_n", "o_h"],
                         "sample": [0, 0, 0, 1, 1, 1], "eqc": [1, 2, 1, 1, 1, 2]})

@@ -9,7 +9,8 @@ from bitdrift.analysis.eqc import (
     eqc_tables,
     precision_table,
 )
-from bitdrift.record.hdf5 import RecordError, open_records
+from bitdrift.record.hdf5 import RecordError
+from bitdrift.record.reader import open_records
 
 A = np.array([1.0, 2.0, 3.0], np.float32)
 B = np.array([1.0, 2.0, 3.0000002], np.float32)  # last bit of one element

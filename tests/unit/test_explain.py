@@ -24,7 +24,7 @@ from bitdrift.analysis.explain import (
 )
 from bitdrift.cli import main
 from bitdrift.errors import RecordError
-from bitdrift.record.hdf5 import open_records
+from bitdrift.record.reader import open_records
 
 
 def test_flag_groups_common_and_identical_presence():

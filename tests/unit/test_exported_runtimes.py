@@ -12,7 +12,7 @@ import pytest
 from bitdrift.backends.exported.expected import Reference, mapped_positions, read_reference
 from bitdrift.errors import AcceleratorMissing, InferenceError
 from bitdrift.inputs.datasets import prepare_dataset, read_test_images
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 from bitdrift.run.inference import infer
 
 CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",

@@ -9,7 +9,9 @@ import pytest
 
 from bitdrift.errors import RecordError
 from bitdrift.record.failures import end_of_run, failure_rows
-from bitdrift.record.hdf5 import FailedDevice, Record, open_records, read_failure, write_record
+from bitdrift.record.hdf5 import FailedDevice
+from bitdrift.record.reader import Record, open_records, read_failure
+from bitdrift.record.writer import write_record
 from tests.utils import BASE_ATTRS
 
 ATTRS = {"model": "m", "device": "ov_gpu", "backend": "openvino", "log": "logs/x.log"}
@@ -22,7 +24,7 @@ def _record(path, device):
 
 
 def test_a_failure_record_is_named_and_left_out(tmp_path, capsys):
-    from bitdrift.record.hdf5 import write_failure
+    from bitdrift.record.writer import write_failure
 
     good = _record(tmp_path / "good.h5", "tf")
     failed = tmp_path / "failed.h5"
@@ -45,7 +47,7 @@ def test_a_failure_record_is_named_and_left_out(tmp_path, capsys):
 
 
 def test_the_end_of_a_run_names_each_failure_and_clears_it_for_a_retry(tmp_path, capsys):
-    from bitdrift.record.hdf5 import write_failure
+    from bitdrift.record.writer import write_failure
 
     good = _record(tmp_path / "good.h5", "tf")
     failed = tmp_path / "failed.h5"
@@ -97,7 +99,7 @@ def test_a_device_job_records_its_failure_but_never_an_interruption(tmp_path, ki
 def test_when_no_device_ran_the_findings_say_so_and_no_earlier_answer_stays(tmp_path, capsys):
     """Every analysed device failed: findings.md is written anew with each reason, the
     earlier run's report and findings.rst are removed, and the terminal says why."""
-    from bitdrift.record.hdf5 import write_failure
+    from bitdrift.record.writer import write_failure
 
     findings, rst, report = (tmp_path / name for name in ("findings.md", "findings.rst",
                                                           "report.html"))
@@ -125,7 +127,7 @@ def test_when_no_device_ran_the_findings_say_so_and_no_earlier_answer_stays(tmp_
 def test_one_device_that_ran_keeps_the_findings_to_the_analysis(tmp_path, capsys):
     """A device ran, or nothing failed: the findings and report are the analysis's to
     write, and end_of_run leaves them as they are."""
-    from bitdrift.record.hdf5 import write_failure
+    from bitdrift.record.writer import write_failure
 
     findings, report = tmp_path / "findings.md", tmp_path / "report.html"
     for old in (findings, report):
@@ -144,7 +146,7 @@ def test_findings_that_cannot_be_written_still_leave_the_failures_cleared(tmp_pa
     """No device ran and findings.md cannot be written (a file stands where its folder
     goes): one line says so, and the failure records are removed all the same, so the next
     run retries the devices."""
-    from bitdrift.record.hdf5 import write_failure
+    from bitdrift.record.writer import write_failure
 
     failed = tmp_path / "failed.h5"
     write_failure(failed, ATTRS, "exit 139")

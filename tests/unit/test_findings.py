@@ -168,8 +168,8 @@ def test_the_dendrogram_caption_reads_the_axis_as_the_figure_draws_it(make_recor
     import numpy as np
 
     from bitdrift.analysis.eqc import eqc_tables
-    from bitdrift.record.hdf5 import open_records
-    from bitdrift.report import figures
+    from bitdrift.record.reader import open_records
+    from bitdrift.report.figures import eqc as figures
     from bitdrift.report.findings import FIGURE_CAPTION
 
     near = np.array([1.0, 2.0, 3.0], np.float32)
@@ -578,7 +578,7 @@ def test_the_eqc_figure_title_counts_classes_when_samples_are_many():
     """A few samples: each one's class count, as the grid's columns; many (ResNet-50's 100):
     the range and the commonest count with its number of samples, counted here from the
     series itself; never a count per sample past TITLE_COUNTS."""
-    from bitdrift.report.figures import TITLE_COUNTS, _class_counts_title
+    from bitdrift.report.figures.eqc import TITLE_COUNTS, _class_counts_title
 
     few = pd.Series([3, 2, 2])
     assert _class_counts_title(few) == "3/2/2 classes"

@@ -18,7 +18,7 @@ from bitdrift.analysis.effective_precision import recheck_record
 from bitdrift.config import validate_config
 from bitdrift.errors import ConfigError, DatasetError, InferenceError, ModelFormatError
 from bitdrift.inputs.examples import onnx_cnn
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 
 KERAS_AND_LITERT = """
 import sys, keras, tensorflow as tf

@@ -12,8 +12,10 @@ import pytest
 from bitdrift.analysis.effective_precision import recheck_record
 from bitdrift.errors import AcceleratorMissing
 from bitdrift.inputs.models import model_digest
-from bitdrift.record.hdf5 import Record
-from bitdrift.run.inference import InferenceError, batch_indices, infer
+from bitdrift.record.reader import Record
+from bitdrift.run.inference import InferenceError, infer
+from bitdrift.run.repeat import RepeatJob
+from bitdrift.run.selection import batch_indices
 from tests.utils import small_model_assets
 
 CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
@@ -30,6 +32,33 @@ def test_batch_padding_is_fixed_filler():
     assert batch_indices([3, 0], 4, 10) == [3, 0, 1, 2]
     with pytest.raises(InferenceError):
         batch_indices([0], 8, 4)
+
+
+def test_a_repeat_job_travels_as_the_dict_the_runtimes_read():
+    """The parent's job of a measured repeat and of the traced one (bitdrift.run.repeat):
+    each read back as it was sent; the traced one without the measured repeats' keys (it
+    runs the model as deployed whatever ``observe``); a key that is no job's, or a required
+    one left out, refused in one line naming it."""
+    common = {"device": {**CPU, "backend": "torch"}, "device_name": "torch_cpu",
+              "model_path": "small.keras", "dataset_path": "digits.h5", "samples": [6, 0],
+              "full_samples": [6], "layers": True, "model_format": "keras",
+              "reference": None, "export": None, "deployed_export": None}
+    measured = RepeatJob(**common, model_name="small", out="repeat0.npz", orders=True,
+                         observe=False, error_file="repeat0.error")
+    sent = json.loads(json.dumps(measured.as_dict()))
+    assert RepeatJob.from_dict(sent) == measured
+    assert sent["observe"] is False and sent["error_file"] == "repeat0.error"
+    assert "trace" not in sent and "batches" not in sent
+    traced = RepeatJob(**common, out="traced.npz", fingerprint=False, trace=True, batches=[0])
+    sent = traced.as_dict()
+    assert sent["trace"] is True and sent["batches"] == [0]
+    assert not {"model_name", "orders", "observe", "error_file"} & set(sent)
+    assert RepeatJob.from_dict(sent).observe is True
+    with pytest.raises(InferenceError, match="unknown key.* bogus"):
+        RepeatJob.from_dict({**measured.as_dict(), "bogus": 1})
+    with pytest.raises(InferenceError, match="missing key.* out"):
+        RepeatJob.from_dict({key: value for key, value in measured.as_dict().items()
+                             if key != "out"})
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])
@@ -277,7 +306,7 @@ def test_a_traced_repeat_of_the_full_samples_batches_alone(assets, tmp_path):
     alone. Its kernels are those a traced repeat of every batch names, with half the calls
     (one batch of two), its outputs are checked on sample 1's rows, and the record names
     the samples traced."""
-    from bitdrift.run.inference import traced_batch_numbers
+    from bitdrift.run.selection import traced_batch_numbers
 
     # by hand: rows 0..4 in batches of 2; no full sample traces the first batch
     assert traced_batch_numbers([6, 0, 1], [1], 2, "full") == [1]

@@ -218,7 +218,7 @@ def isa_tokens(name: str) -> set[str]:
 
 
 def _traced(model, dataset, tmp_path, backend, env, kernels=True, tag=""):
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
     from bitdrift.run.inference import infer
 
     device = {"accelerator": "cpu", "threads": 2, "batch_size": 1, "precision": "float32",
@@ -288,7 +288,9 @@ def _records(tmp_path):
 
     import numpy as np
 
-    from bitdrift.record.hdf5 import DEPLOYED, open_records, write_record
+    from bitdrift.record.hdf5 import DEPLOYED
+    from bitdrift.record.reader import open_records
+    from bitdrift.record.writer import write_record
     from tests.utils import BASE_ATTRS
 
     conv = np.arange(8, dtype=np.float32).reshape(1, 1, 8)
@@ -407,7 +409,7 @@ def test_a_kernels_table_names_the_records_without_kernels(tmp_path):
 
     import numpy as np
 
-    from bitdrift.record.hdf5 import write_record
+    from bitdrift.record.writer import write_record
     from tests.utils import BASE_ATTRS
 
     _records(tmp_path)
@@ -496,7 +498,7 @@ def test_a_jax_traced_repeat_names_what_xla_compiled_for_each_layer(tmp_path):
     """A real JAX inference with kernel provenance: every Dense and Conv layer has XLA
     calls for its sum (a dot or a convolution), every ReLU an elementwise loop, the
     Flatten none; the traced repeat computed the measured bits; the dump is gone."""
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
     from bitdrift.run.inference import infer
     from tests.utils import small_model_assets
 

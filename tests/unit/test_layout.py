@@ -9,7 +9,9 @@ import pytest
 from bitdrift import errors
 from bitdrift.cli import build_parser, main
 
-CORE = ("record.hdf5", "analysis.eqc", "analysis.remaining_precision", "run.inference",
+CORE = ("record.hdf5", "record.reader", "record.writer", "record.repeats",
+        "analysis.eqc", "analysis.remaining_precision",
+        "run.inference", "run.repeat",
         "run.devices", "inputs.models", "inputs.datasets", "run.training", "paths",
         "run.provenance", "atomic", "errors", "runtimes", "report.findings",
         "commands.tables", "plan")

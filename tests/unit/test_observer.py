@@ -14,7 +14,9 @@ from bitdrift import backends
 from bitdrift.analysis.eqc import eqc_tables
 from bitdrift.analysis.observer import changed_devices, observer_check, observer_table, record_check
 from bitdrift.backends.exported.common import deployed_session
-from bitdrift.record.hdf5 import DEPLOYED, OUTPUT, Record, write_record
+from bitdrift.record.hdf5 import DEPLOYED, OUTPUT
+from bitdrift.record.reader import Record
+from bitdrift.record.writer import write_record
 from bitdrift.report.findings import observer
 from tests.utils import BASE_ATTRS
 

@@ -163,7 +163,7 @@ def test_significant_bits_of_agreeing_devices_are_the_full_mantissa(float_format
 
 def test_precision_table_reports_significant_bits_against_the_float64_device(make_record):
     from bitdrift.analysis.eqc import precision_table
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
 
     base = np.linspace(0.5, 2.0, 8)
     reference = make_record("d64", {0: base[None, None, :]}, precision="float64")

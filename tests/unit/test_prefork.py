@@ -24,7 +24,7 @@ from tests.utils import ROOT, small_model_assets
 DEFAULT_DEVICES = load_config(ROOT / "config.yaml")["devices"]
 FORKED = {name: device for name, device in DEFAULT_DEVICES.items()
           if backends.get(device["backend"]).PREFORK}
-WORKER = "bitdrift.run.inference:run_repeat"
+WORKER = "bitdrift.run.repeat:run_repeat"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import yaml
 from bitdrift.config import ConfigError, load_config
 from bitdrift.errors import InferenceError, StudyError
 from bitdrift.inputs.datasets import load_source
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 from bitdrift.run.inference import check_before_repeats
 from bitdrift.studies.probes.cli import search_arguments
 from bitdrift.studies.probes.evaluation import (

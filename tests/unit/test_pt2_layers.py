@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from bitdrift.formats import pt2
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 from bitdrift.run.inference import infer
 
 # oneDNN and MKL capped below AVX (no FMA instructions) on every x86 CPU, so the replay

@@ -14,7 +14,7 @@ import pytest
 
 from bitdrift.atlas.published import MODEL_FILES
 from bitdrift.cli import main
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 
 DATA = Path(__file__).parents[1] / "data" / "unanticipated" / "equivalence_classes"
 MODEL = "cifar10_medium"

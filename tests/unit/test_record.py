@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from bitdrift.atomic import atomic_output
-from bitdrift.record.hdf5 import Record, RecordError, write_record
+from bitdrift.record.hdf5 import RecordError
+from bitdrift.record.reader import Record
+from bitdrift.record.writer import write_record
 from tests.utils import BASE_ATTRS
 
 
@@ -106,10 +108,10 @@ def test_layer_labels_are_those_of_layers_without_reading_attributes(tmp_path):
 def test_renewed_handle_reads_the_same_values(tmp_path, monkeypatch):
     # A record renews its HDF5 handle after READS_PER_HANDLE reads (memory bound); the
     # values read across renewals must be the stored ones, every time.
-    import bitdrift.record.hdf5
+    import bitdrift.record.reader
 
     stored = _record_with_layers(tmp_path / "r.h5", 5)
-    monkeypatch.setattr(bitdrift.record.hdf5, "READS_PER_HANDLE", 2)
+    monkeypatch.setattr(bitdrift.record.reader, "READS_PER_HANDLE", 2)
     with Record(tmp_path / "r.h5") as record:
         for _ in range(3):
             for info in record.layers(0):

@@ -11,15 +11,10 @@ import numpy as np
 import pytest
 
 from bitdrift.analysis.eqc import eqc_tables
-from bitdrift.record.hdf5 import (
-    DigestOnly,
-    Record,
-    RecordError,
-    RecordWriter,
-    open_records,
-    write_record,
-)
-from bitdrift.run.inference import RepeatWriter, batch_key, merge_repeats
+from bitdrift.record.hdf5 import DigestOnly, RecordError
+from bitdrift.record.reader import Record, open_records
+from bitdrift.record.repeats import RepeatWriter, batch_key, merge_repeats
+from bitdrift.record.writer import RecordWriter, write_record
 from tests.utils import BASE_ATTRS, on_mounts
 
 ATTRS = {**BASE_ATTRS, "model": "m", "device": "d"}
@@ -188,7 +183,7 @@ def test_writing_a_record_holds_one_layer_in_memory(tmp_path):
 
 
 def test_merging_repeats_holds_one_batch_of_one_layer(tmp_path):
-    """The parent's merge of the repeats' files (bitdrift.run.inference.merge_repeats): 3
+    """The parent's merge of the repeats' files (bitdrift.record.repeats.merge_repeats): 3
     repeats x 4 samples x 12 layers of 512 KiB per sample, read back equal to the
     repeats' values; Python's peak allocation stays near one batch of one layer. Sample 2
     is outside full_samples: its repeats' files hold its layers' digests only."""
@@ -255,7 +250,7 @@ def test_a_record_stopped_between_layers_leaves_nothing(tmp_path):
 WRITE_BIG = """
 import sys, numpy as np
 from bitdrift.errors import BitdriftError
-from bitdrift.record.hdf5 import write_record
+from bitdrift.record.writer import write_record
 from tests.utils import BASE_ATTRS
 layers = [(f"l{i}", np.random.default_rng(i).standard_normal((2, 65536)).astype(np.float32))
           for i in range(8)]

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from bitdrift import formats
 from bitdrift.config import validate_config
 from bitdrift.errors import ConfigError, DatasetError, ModelFormatError
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 
 WEIGHTS = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
 SAMPLES = [0, 1, 3]  # batches of 2: the last one filled with sample 2

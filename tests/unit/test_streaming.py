@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from bitdrift.record.hdf5 import open_records
+from bitdrift.record.reader import open_records
 
 DEVICES, SAMPLES, LAYERS, REPEATS, ELEMENTS = 4, 2, 12, 2, 32768
 # The layer where device d first differs from device 0 (None: never): its own bit flip

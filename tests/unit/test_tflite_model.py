@@ -13,7 +13,7 @@ import pytest
 from bitdrift import formats
 from bitdrift.config import validate_config
 from bitdrift.errors import ModelFormatError
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 
 KERAS_TO_TFLITE = """
 import sys, keras, numpy as np, tensorflow as tf

@@ -14,7 +14,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from bitdrift.inputs.examples import onnx_cnn
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 from tests.utils import snakemake
 
 pytestmark = pytest.mark.workflow

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 from tests.utils import ROOT, snakemake
 
 pytestmark = pytest.mark.workflow

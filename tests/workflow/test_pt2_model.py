@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from bitdrift.inputs.examples import torch_cnn
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 from tests.utils import snakemake
 
 pytestmark = pytest.mark.workflow

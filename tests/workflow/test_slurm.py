@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 from tests.cluster.slurm import ClusterUnavailable, SlurmCluster
 from tests.utils import ROOT, snakemake, write_inputs
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 from tests.unit.test_pt2_runtimes import Determinant
 from tests.unit.test_tflite_model import KERAS_TO_TFLITE
 from tests.utils import snakemake

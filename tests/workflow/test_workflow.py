@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from bitdrift.analysis.eqc import EQC_COLUMNS, EQC_EXTRA_COLUMNS, PRECISION_COLUMNS
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 from tests.utils import open_every_category, snakemake
 
 pytestmark = pytest.mark.workflow

@@ -19,7 +19,7 @@ import pandas as pd
 from bitdrift.analysis.eqc import analyse, summarize_repeats
 from bitdrift.analysis.kernels import divergence_kernels
 from bitdrift.analysis.remaining_precision import MANTISSA_BITS, dropped_bits
-from bitdrift.record.hdf5 import Record, group_by_model
+from bitdrift.record.reader import Record, group_by_model
 
 DIVERGENCE_COLUMNS = ["model", "sample", "class_a", "class_b", "device_a", "device_b",
                       "first_layer", "first_position", "layer_class",

@@ -27,7 +27,8 @@ from bitdrift.analysis.remaining_precision import (
     as_float64,
     significant_bits,
 )
-from bitdrift.record.hdf5 import DigestOnly, Record, RecordError, group_by_model
+from bitdrift.record.hdf5 import DigestOnly, RecordError
+from bitdrift.record.reader import Record, group_by_model
 
 EQC_COLUMNS = ["model", "sample", "device", "eqc", "deterministic", "distinct_outputs",
                "majority_count"]

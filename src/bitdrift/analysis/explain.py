@@ -20,7 +20,8 @@ import pandas as pd
 
 from bitdrift.analysis.kernels import UNTRACED, divergence_kernels, record_signatures
 from bitdrift.errors import RecordError
-from bitdrift.record.hdf5 import OUTPUT, Record
+from bitdrift.record.hdf5 import OUTPUT
+from bitdrift.record.reader import Record
 from bitdrift.runtimes import FRAMEWORKS, KNOBS, USES
 
 MISSING = "missing"
@@ -292,7 +293,7 @@ def explain_table(records: list[Record], layers: bool = False,
     """``explain.csv`` rows per (model, sample[, layer]); the flag groups; and each
     device's class under the attributes used anywhere (``device_classes.csv``)."""
     from bitdrift.analysis.eqc import analyse
-    from bitdrift.record.hdf5 import group_by_model
+    from bitdrift.record.reader import group_by_model
 
     rows, used, tables = [], [], {}
     flag_tables = []
@@ -542,7 +543,7 @@ def coverage(records, divergence, eqc) -> list[dict]:
     from sklearn.metrics import adjusted_rand_score
 
     from bitdrift.analysis.divergence import class_pairs
-    from bitdrift.record.hdf5 import group_by_model
+    from bitdrift.record.reader import group_by_model
 
     table = divergence if "kernels_differ" in divergence.columns \
         else divergence_kernels(records, divergence)

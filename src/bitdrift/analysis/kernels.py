@@ -1,6 +1,6 @@
 """Kernel provenance: which kernel ran in every layer, from the libraries' own logs.
 
-A device's traced repeat (see bitdrift.run.inference) runs once more in a fresh process with
+A device's traced repeat (see bitdrift.run.traced_repeat) runs once more in a fresh process with
 the libraries' logging on and a marker line printed (through C's ``printf``, the stream the
 libraries write to, so the order holds however stdout is buffered) before and after each
 Keras layer's call. Its stdout, captured at the file-descriptor level, is parsed here:

@@ -19,7 +19,8 @@ deployed: a finding (findings.md, the report's ``observer_check`` table).
 from __future__ import annotations
 
 from bitdrift.analysis.eqc import summarize_repeats
-from bitdrift.record.hdf5 import DEPLOYED, OUTPUT, Record
+from bitdrift.record.hdf5 import DEPLOYED, OUTPUT
+from bitdrift.record.reader import Record
 
 OBSERVER_COLUMNS = ["model", "device", "backend", "deployed_program", "samples",
                     "equal_samples", "observer_equal", "differing_samples", "deployed_kernels"]

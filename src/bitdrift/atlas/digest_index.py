@@ -22,7 +22,8 @@ import h5py
 import numpy as np
 
 from bitdrift.errors import RecordError
-from bitdrift.record.hdf5 import OUTPUT, Record, output_digest
+from bitdrift.record.hdf5 import OUTPUT, output_digest
+from bitdrift.record.reader import Record
 
 INDEX_FORMAT = 1
 

@@ -171,7 +171,7 @@ def entries_from_records(paths: list[str | Path]) -> list[dict]:
     """This machine's entries from its records of the reference model: one per machine
     the records were made on (the host, each emulated CPU)."""
     from bitdrift.inputs import reference_set
-    from bitdrift.record.hdf5 import open_records, read_failure
+    from bitdrift.record.reader import open_records, read_failure
 
     expected = reference_set.manifest()["model"]["model_sha256"]
     if all(read_failure(path) is not None for path in paths):
@@ -609,7 +609,7 @@ REFUSED_COLUMNS = ("entry", "reason")
 def compare_records(paths: list[str | Path], atlas: Atlas, table=None, refused_table=None,
                     ) -> tuple[list[str], pd.DataFrame]:
     """This machine (its records of the reference model) among the atlas's machines: the
-    table, the refused entries; the lines in words and the table (bitdrift.report.figures
+    table, the refused entries; the lines in words and the table (bitdrift.report.figures.machines
     draws it: plot_atlas)."""
     import pandas as pd
 

@@ -204,7 +204,7 @@ def import_published(folder: str | Path, out: str | Path,
     """Write one record per (platform, model) of ``folder`` (laid out as their
     experiments/results/equivalence_classes) at ``out/MODEL/DEVICE.h5``; returns them.
     Every file is read and checked before any record is written."""
-    from bitdrift.record.hdf5 import write_record
+    from bitdrift.record.writer import write_record
 
     folder = Path(folder)
     if not folder.is_dir():

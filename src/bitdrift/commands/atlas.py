@@ -11,7 +11,7 @@ from bitdrift.errors import ConfigError, RecordError
 
 def cmd_identify(args) -> int:
     from bitdrift.analysis.explain import identify
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
 
     if sum(bool(found) for found in (args.against, args.index,
                                      args.atlas is not None)) != 1:
@@ -53,7 +53,7 @@ def cmd_identify(args) -> int:
 
 def cmd_identify_indexed(args) -> int:
     from bitdrift.atlas.digest_index import Index
-    from bitdrift.record.hdf5 import Record
+    from bitdrift.record.reader import Record
 
     found = Index.read(args.index).identify(Record(args.record))
     if found.matched:
@@ -122,7 +122,7 @@ def compare_with_atlas(files, atlas=None, out=None, refused_out=None,
     lines, table = compare_records(files, _read_atlas(atlas), table=out,
                                    refused_table=refused_out)
     if figure_out:
-        from bitdrift.report.figures import plot_atlas
+        from bitdrift.report.figures.machines import plot_atlas
 
         plot_atlas(table, figure_out)
     for line in lines:
@@ -136,7 +136,7 @@ def cmd_atlas_compare(args) -> int:
 
 def cmd_index(args) -> int:
     from bitdrift.atlas.digest_index import Index
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
 
     index = Index.build(open_records(args.files), args.layer)
     index.write(args.out)

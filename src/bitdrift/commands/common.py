@@ -50,7 +50,8 @@ def open_checked(files, expect=None, recheck: bool = False):
     """Open the records; with ``expect`` (expect_triples), check them against the
     workflow's files, and with ``recheck`` recompute each record's effective precision
     with the model at hand."""
-    from bitdrift.record.hdf5 import RecordError, open_records
+    from bitdrift.record.hdf5 import RecordError
+    from bitdrift.record.reader import open_records
 
     records = open_records(files)
     expect = expect_triples(expect)

@@ -12,8 +12,8 @@ from bitdrift.commands.common import (
 def plot_eqc_figure(files, eqc, out, precision="float32") -> None:
     from bitdrift.analysis.eqc import EQC_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.record.hdf5 import open_records
-    from bitdrift.report.figures import plot_eqc
+    from bitdrift.record.reader import open_records
+    from bitdrift.report.figures.eqc import plot_eqc
 
     eqc = read_table(eqc, EQC_COLUMNS, "bitdrift eqc")
     plot_eqc(eqc, open_records(files), out, precision)
@@ -27,7 +27,7 @@ def cmd_plot_eqc(args) -> None:
 def plot_precision_figure(table, out) -> None:
     from bitdrift.analysis.eqc import PRECISION_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.report.figures import plot_remaining_precision
+    from bitdrift.report.figures.remaining_precision import plot_remaining_precision
 
     plot_remaining_precision(read_table(table, PRECISION_COLUMNS, "bitdrift precision"), out)
 
@@ -41,8 +41,8 @@ def plot_eqc_table_figure(files, eqc, classes, out, table_out=None) -> None:
     from bitdrift.analysis.eqc import EQC_COLUMNS
     from bitdrift.analysis.explain import class_table
     from bitdrift.atomic import read_table, write_csv
-    from bitdrift.record.hdf5 import open_records
-    from bitdrift.report.figures import plot_eqc_table
+    from bitdrift.record.reader import open_records
+    from bitdrift.report.figures.eqc import plot_eqc_table
 
     table = class_table(open_records(files),
                         read_table(eqc, EQC_COLUMNS, "bitdrift eqc"),
@@ -62,7 +62,7 @@ def plot_divergence_figure(eqc_layers, precision_table, out) -> None:
     from bitdrift.analysis.divergence import pairs_apart
     from bitdrift.analysis.eqc import EQC_LAYER_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.report.figures import plot_divergence
+    from bitdrift.report.figures.divergence import plot_divergence
 
     layers = read_table(eqc_layers, EQC_LAYER_COLUMNS, "bitdrift eqc --layers-out")
     kinds = read_table(precision_table, ["model", "layer", "layer_class"],
@@ -78,8 +78,8 @@ def cmd_plot_divergence(args) -> None:
 def plot_generations_figure(files, eqc, out) -> None:
     from bitdrift.analysis.eqc import EQC_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.record.hdf5 import open_records
-    from bitdrift.report.figures import plot_generations
+    from bitdrift.record.reader import open_records
+    from bitdrift.report.figures.machines import plot_generations
 
     devices = {}
     for record in open_records(files):

@@ -88,7 +88,7 @@ def plot_kernel_figure(table, eqc, divergence, coverage, out) -> None:
     from bitdrift.analysis.explain import COVERAGE_COLUMNS
     from bitdrift.analysis.kernels import TABLE_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.report.figures import plot_kernels
+    from bitdrift.report.figures.kernels import plot_kernels
 
     plot_kernels(read_table(table, TABLE_COLUMNS, "bitdrift kernels"),
                  read_table(eqc, EQC_COLUMNS, "bitdrift eqc"),
@@ -107,7 +107,7 @@ def plot_orders_figure(files, divergence, out, expect=None) -> None:
     from bitdrift.analysis.accumulation.tables import contrasting_pair
     from bitdrift.analysis.divergence import DIVERGENCE_COLUMNS
     from bitdrift.atomic import read_table
-    from bitdrift.report.figures import plot_orders
+    from bitdrift.report.figures.orders import plot_orders
 
     records = open_checked(files, expect)
     divergence = read_table(divergence, DIVERGENCE_COLUMNS, "bitdrift divergence")

@@ -1,5 +1,5 @@
 """A device that fails costs nothing else: its job writes a failure record instead of a
-record (bitdrift.record.hdf5.write_failure), every other device runs, and the tables, figures
+record (bitdrift.record.writer.write_failure), every other device runs, and the tables, figures
 and report are built from the devices that ran. The analysis leaves failure records out
 and names them (``device_failures.csv``, findings, report); at the end of the run the
 workflow names each failed device with its one-line reason, removes its failure record so
@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from bitdrift.errors import BitdriftError
-from bitdrift.record.hdf5 import read_failure, write_failure
+from bitdrift.record.reader import read_failure
+from bitdrift.record.writer import write_failure
 
 TABLE_COLUMNS = ["model", "device", "backend", "reason", "log"]
 

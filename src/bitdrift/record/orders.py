@@ -36,7 +36,7 @@ def place_trees(places: dict, rows: int) -> np.ndarray:
 # -- the record's attribute ------------------------------------------------------------------
 def checked_orders(found, wrong: Callable[[str], Exception]) -> dict | None:
     """The ``accumulation_orders`` attribute of a record, its structure checked where it
-    is read (bitdrift.record.hdf5.Record.accumulation_orders): ``{layer: {"order": text,
+    is read (bitdrift.record.reader.Record.accumulation_orders): ``{layer: {"order": text,
     "replay": text, "terms": n, "trees": [[[child, ...], ...]], "bias": bool}}`` (and
     ``replayed`` {rows, y, x} where the replay sampled: _replayed), each tree
     as to_flat keeps it (a child a term 0..n-1 or n + an earlier node). A record from

@@ -761,7 +761,8 @@ def fingerprints(records) -> dict:
     """{device: fingerprint} of the records that ran (failure records have none)."""
     import h5py
 
-    from bitdrift.record.hdf5 import FAILED, checked_fingerprint
+    from bitdrift.record.hdf5 import FAILED
+    from bitdrift.record.reader import checked_fingerprint
 
     found = {}
     for path in records:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from bitdrift.inputs.datasets import input_sha256, read_test_images
 from bitdrift.inputs.models import model_digest
-from bitdrift.record.hdf5 import Record, RecordError
+from bitdrift.record.hdf5 import RecordError
+from bitdrift.record.reader import Record
 
 
 def infer_command(model: str, device: str, model_path, dataset_path, out,

@@ -5,7 +5,7 @@ that single layer on the device's runtime with the device's settings and prints 
 SHA-256 of its output. The scripts need numpy and the runtime only, not bitdrift.
 
 The device ran the layer on whole batches (the recorded samples, then filler test images:
-bitdrift.run.inference.batch_indices). The filler's activations are not recorded, so their
+bitdrift.run.selection.batch_indices). The filler's activations are not recorded, so their
 rows are zeros here: each row of a Dense or convolution layer is computed on its own, and
 the batches keep the device's size, which is what a kernel's choice and order depend on.
 The samples are in the order the device ran them (a kernel may sum each row of a batch in
@@ -32,7 +32,7 @@ from bitdrift.backends.exported.common import (
     onnx_layer,
 )
 from bitdrift.errors import BitdriftError, ConfigError, InferenceError, RecordError
-from bitdrift.record.hdf5 import Record
+from bitdrift.record.reader import Record
 
 EXPECTED = "expected.json"
 # The runtimes a script is written for: a .pt2 program's node on torch eager as well

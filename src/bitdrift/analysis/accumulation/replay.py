@@ -115,7 +115,7 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
     ``replay_positions`` output pixels (sampled_samples, sampled_grid; all where there
     are no more), which the entry's ``replayed`` names where some are left out;
     ``replay=False`` names the orders and replays none. An entry's ``searched_at`` (its
-    order taken from that layer's search: bitdrift.run.inference.reveal_orders) is kept; each
+    order taken from that layer's search: bitdrift.run.orders.reveal_orders) is kept; each
     layer is replayed from its own values. ``report(layer, number, count, entry,
     seconds)``: called after each layer (the job's progress lines)."""
     results = {}
@@ -236,7 +236,7 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
 def _value_trees(found: dict, trees: int, samples: int, pixels: int) -> np.ndarray:
     """(samples * pixels,) the tree each output value summed in (UNKNOWN, NOT_SEARCHED
     outside a sampled search); sample k ran in batch row k mod batch
-    (bitdrift.run.inference.batch_indices). Records without ``places`` keep one tree, or one
+    (bitdrift.run.selection.batch_indices). Records without ``places`` keep one tree, or one
     per batch row."""
     places = found.get("places")
     if places is None:

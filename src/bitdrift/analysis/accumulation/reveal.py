@@ -245,7 +245,7 @@ class Places:
     sampled: tuple[list[int], list[int]] | None = None
 
     def entry(self, count: int, bias: bool) -> dict:
-        """The record's form (bitdrift.run.inference): ``trees`` flat (to_flat, numbered from
+        """The record's form (bitdrift.run.orders): ``trees`` flat (to_flat, numbered from
         ``count``: a tree found at a pixel by the padding holds fewer terms) and
         ``places``: the grid, the places searched as [row, y, x], and ``maps``, one per
         batch row or one for all rows where they agree: the grid's rows as strings, a

@@ -57,7 +57,7 @@ def ablation_tables(config: dict) -> dict:
     section, from the workflow's files."""
     import pandas as pd
 
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
     from bitdrift.studies.ablation import tables
 
     config = in_config_order(config)
@@ -85,7 +85,7 @@ def ablation_tables(config: dict) -> dict:
 
 
 def _variant_layers(variants, files: dict, precision: str):
-    from bitdrift.record.hdf5 import open_records
+    from bitdrift.record.reader import open_records
     from bitdrift.studies.ablation import tables
 
     records = {model: open_records(paths) for model, paths in files.items()}

@@ -6,7 +6,7 @@ import pandas as pd
 
 from bitdrift.atomic import save_figure
 from bitdrift.record.hdf5 import OUTPUT
-from bitdrift.report.figures import mark_layer_kinds
+from bitdrift.report.figures.layer_marks import mark_layer_kinds
 
 
 def _pyplot():

@@ -21,7 +21,8 @@ import numpy as np
 
 from bitdrift.errors import StudyError
 from bitdrift.inputs.datasets import read_dataset
-from bitdrift.record.hdf5 import OUTPUT, Record
+from bitdrift.record.hdf5 import OUTPUT
+from bitdrift.record.reader import Record
 from bitdrift.studies.probes.search import PADDING_ROWS, greedy_order, partition, write_images
 
 IDENTIFY_INPUTS = (1, 2, 3)

@@ -23,11 +23,12 @@ from bitdrift.atomic import atomic_output
 from bitdrift.errors import StudyError
 from bitdrift.inputs.datasets import file_digest, read_dataset
 from bitdrift.inputs.models import model_digest
-from bitdrift.record.hdf5 import OUTPUT, Record
+from bitdrift.record.hdf5 import OUTPUT
+from bitdrift.record.reader import Record
 
 PROBE_SOURCE = "probes"
 # A device whose batch size exceeds one pads its last batch with test images not run
-# (bitdrift.run.inference.batch_indices): files that run every row end with these many
+# (bitdrift.run.selection.batch_indices): files that run every row end with these many
 # copies of the first test images.
 PADDING_ROWS = 64
 
