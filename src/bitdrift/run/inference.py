@@ -59,12 +59,12 @@ def batch_indices(samples: list[int], batch_size: int, n_test: int) -> list[int]
 
 def run_repeat(job: dict) -> None:
     """One repeat inside its own process: load, cast, run, save outputs to job['out']."""
-    from bitdrift import formats
+    from bitdrift import backends
     from bitdrift.inputs.models import numpy_dtype
     from bitdrift.run.devices import fingerprint
 
     device, name = job["device"], job["device_name"]
-    session = formats.open_session(job, name)
+    session = backends.open_session(job, name)
     first = job.get("fingerprint", True)
     indices = batch_indices(job["samples"], device["batch_size"],
                             count_test_images(job["dataset_path"]))
