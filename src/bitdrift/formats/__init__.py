@@ -16,7 +16,10 @@ Every loader module has:
   leaves free), read without running it;
 - ``file_layers(path)``: its layers as bitdrift.inputs.models.keras_file_layers gives a Keras
   model's (the analyses that recompute a layer from its weights), or None where the
-  format has no such reading yet.
+  format has no such reading yet;
+- ``INPUTS_CHECKED_BEFORE_SESSION`` (True unless the loader says otherwise: Keras, whose
+  runtimes cast a dataset): whether a session is opened only after the model's inputs
+  are checked against what the runtime feeds and the device's batch size.
 
 The runtimes that run each format, and those that feed a model of several inputs each by
 its name, are data of the runtimes (bitdrift.runtimes: FORMAT_RUNTIMES, SEVERAL_INPUTS).
