@@ -5,7 +5,7 @@ analysis.kernels), every layer searched against one search per probe, run on dem
 
 Keras' ResNet-50 (untrained, ``--size`` x ``--size`` inputs: the same 54 Conv2D and Dense
 layers as at 224, of the same distinct probe specs, on smaller grids) opened as a device
-opens it (bitdrift.formats.open_session, one thread, the device's environment), its orders
+opens it (bitdrift.backends.open_session, one thread, the device's environment), its orders
 revealed by bitdrift.run.orders.reveal_orders with ``reuse=False`` (every layer searched)
 and with ``reuse=True`` (a layer whose probe is an earlier layer's takes its search): the
 seconds of each, the searches, and whether the two give every layer the same order.
@@ -42,7 +42,7 @@ def main() -> None:
     os.environ.update(device_environment(device))
     import cpuinfo
 
-    from bitdrift import formats
+    from bitdrift import backends
     from bitdrift.run.orders import reveal_orders
 
     with tempfile.TemporaryDirectory() as folder:
@@ -52,8 +52,8 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", SAVE, str(model), str(args.size)], check=True)
         import keras
 
-        session = formats.open_session({"device": device, "model_path": str(model),
-                                        "layers": True}, "bench")
+        session = backends.open_session({"device": device, "model_path": str(model),
+                                         "layers": True}, "bench")
         cpu = cpuinfo.get_cpu_info()
         print(f"CPU: {cpu.get('brand_raw')} ({cpu.get('count')} CPUs), Keras "
               f"{keras.__version__} on {args.backend}, one thread, batch {args.batch}, "

@@ -236,7 +236,7 @@ def check_model_file(name: str, model: dict, samples: list[int], devices: dict) 
         format = formats.detect(model["file"])
     except ModelFormatError as error:
         raise ConfigError(f"config key models.{name}.file: {error}") from error
-    runtimes = formats.get(format).RUNTIMES
+    runtimes = formats.runtimes(format)
     if not any(device["backend"] in runtimes for device in devices.values()):
         raise ConfigError(f"config key models.{name}.file: {model['file']} is "
                           f"{formats.get(format).WHAT}, and no device runs it (runtimes that "

@@ -9,7 +9,7 @@ runtime's numerics (its knobs), and the frameworks each one's records name. Thei
 KERAS_RUNTIMES = ("tensorflow", "torch", "jax")
 EXPORTED_RUNTIMES = ("onnxruntime", "openvino", "litert")
 # The runtimes of a torch.export program (.pt2) alone: torch eager, torch.compile's
-# Inductor, ExecuTorch (bitdrift.formats.pt2)
+# Inductor, ExecuTorch (bitdrift.backends.torch_program)
 PROGRAM_RUNTIMES = ("torch_export", "torch_inductor", "executorch")
 RUNTIMES = KERAS_RUNTIMES + EXPORTED_RUNTIMES + PROGRAM_RUNTIMES
 # The device keys that change a runtime's numerics (its knobs), as the schema names them;
@@ -28,3 +28,51 @@ FRAMEWORKS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax", "jaxli
 # The frameworks whose versions a runtime's own records name besides its own: the
 # runtimes of a .pt2 program run torch (its `torch*` keys)
 USES = {"torch_export": ("torch",), "torch_inductor": ("torch",), "executorch": ("torch",)}
+
+# The format x runtime matrix, by format (bitdrift.formats names each): the runtimes that
+# run a model file of the format, in the order a refusal lists them. Each runtime module
+# opens what it runs here by its SESSIONS (bitdrift.backends; test_backends.py checks both
+# against each other). A Keras model runs on Keras' own runtimes and, exported, on the
+# exported ones; an ONNX model on torch_export converted by onnx2torch, and on litert
+# converted twice (onnx2torch, then litert-torch); a .pt2 program natively on its own
+# runtimes and converted on the exported ones.
+FORMAT_RUNTIMES = {
+    "keras": ("tensorflow", "torch", "jax", "onnxruntime", "openvino", "litert"),
+    "onnx": ("onnxruntime", "openvino", "torch_export", "litert"),
+    "pt2": ("torch_export", "torch_inductor", "executorch", "onnxruntime", "openvino",
+            "litert"),
+    "tflite": ("litert",),
+}
+# The runtimes that feed each input of a model of several by its name (a .npz of one array
+# per input), by format; the others refuse such a model (a Keras model's inputs come from a
+# dataset)
+SEVERAL_INPUTS = {"onnx": ("onnxruntime", "openvino", "torch_export"),
+                  "pt2": ("torch_export",)}
+
+# The least x86 instruction set each runtime's wheels need (measured under QEMU 7.2:
+# without AVX TensorFlow dies of an illegal instruction and jaxlib refuses to start; below
+# SSE4.2, on Conroe, numpy 2 itself (x86-64-v2) and so every runtime dies the same way;
+# bitdrift.emulation.cpus)
+X86_BASELINE = "sse4_2"
+X86_NEEDS = {"tensorflow": "avx", "jax": "avx", "torch": X86_BASELINE,
+             "onnxruntime": X86_BASELINE, "openvino": X86_BASELINE, "litert": X86_BASELINE,
+             "torch_export": X86_BASELINE, "torch_inductor": X86_BASELINE,
+             "executorch": X86_BASELINE}
+# Runtimes with an aarch64 CPU wheel on PyPI that the emulated Arm CPU's userland can hold,
+# and the wheels each needs (bitdrift.emulation.aarch64). torch's aarch64 wheel on PyPI
+# (2.13.0) is its CUDA build.
+AARCH64_WHEELS = {"litert": ("ai-edge-litert",), "onnxruntime": ("onnxruntime", "onnx"),
+                  "openvino": ("openvino",), "tensorflow": ("tensorflow", "keras"),
+                  "jax": ("jax", "jaxlib", "keras")}
+# What the userland holds unless more is asked for (TensorFlow's aarch64 wheels take 1.6
+# GB, JAX's 0.6 GB)
+AARCH64_DEFAULT = ("litert", "onnxruntime")
+# The host's distribution that pins an aarch64 wheel of another name (the x86 host runs
+# TensorFlow's CPU-only build, tensorflow-cpu; on aarch64 `tensorflow` is the CPU build)
+HOST_DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu")}
+
+# On the CPU, what a framework runs when no logging library is called: TensorFlow's Eigen
+# kernels, torch's own ATen kernels (its float16/bfloat16 convolutions and matmuls on CPUs
+# without native support); neither logs. On a GPU, a silent layer stays unknown
+# (bitdrift.analysis.kernels).
+SILENT_CPU_KERNELS = {"tensorflow": "eigen", "torch": "aten"}

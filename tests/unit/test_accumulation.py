@@ -1145,11 +1145,11 @@ TWIN_DEVICE = {"accelerator": "cpu", "threads": 1, "batch_size": 2, "precision":
 # every layer searched on its own, in a fresh process of the device's environment
 SEARCH_EACH = """
 import json, sys
-from bitdrift import formats
+from bitdrift import backends
 from bitdrift.run.orders import reveal_orders
 device = json.loads(sys.argv[2])
-session = formats.open_session({"device": device, "model_path": sys.argv[1], "layers": True},
-                               "d")
+session = backends.open_session({"device": device, "model_path": sys.argv[1], "layers": True},
+                                "d")
 print(json.dumps(reveal_orders(session, device, reuse=False)))
 """
 

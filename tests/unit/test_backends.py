@@ -48,16 +48,63 @@ def test_the_schema_names_exactly_the_runtimes():
     assert tuple(device["backend"]["enum"]) == backends.RUNTIMES
 
 
-@pytest.mark.parametrize("module", ["run/devices.py", "run/inference.py", "run/repeat.py",
-                                    "run/traced_repeat.py", "run/record_attrs.py"])
+# Every module outside bitdrift.backends (and the runtimes' data): none branches on a
+# runtime's name
+OUTSIDE_BACKENDS = sorted(str(path.relative_to(SOURCE)) for path in SOURCE.rglob("*.py")
+                          if path.relative_to(SOURCE).parts[0] not in ("backends", "runtimes.py"))
+
+
+@pytest.mark.parametrize("module", OUTSIDE_BACKENDS)
 def test_no_branch_on_a_backends_name(module):
-    """`if backend == "tensorflow": ... else:` made the else mean torch by accident."""
+    """`if backend == "tensorflow": ... else:` made the else mean torch by accident; a
+    runtime's own module answers what others ask of it."""
     tree = ast.parse((SOURCE / module).read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
             constants = [c.value for c in [node.left, *node.comparators]
                          if isinstance(c, ast.Constant)]
             assert not set(constants) & set(backends.RUNTIMES), ast.unparse(node)
+
+
+def test_the_formats_import_no_runtime_and_no_analysis():
+    """A format says what its file is; running it is the runtimes' (bitdrift.backends),
+    which import the formats, never the other way round."""
+    for path in (SOURCE / "formats").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):  # `from bitdrift import backends` too
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            wrong = [name for name in names if name.split(".")[:2] in (
+                ["bitdrift", "backends"], ["bitdrift", "analysis"], ["bitdrift", "run"])]
+            assert not wrong, f"{path.name} imports {wrong}"
+
+
+@pytest.mark.parametrize("name", backends.RUNTIMES)
+def test_each_runtime_opens_exactly_the_formats_it_is_listed_for(name):
+    """A runtime module's SESSIONS and the format x runtime matrix
+    (bitdrift.runtimes.FORMAT_RUNTIMES) name the same pairs, each session callable."""
+    from bitdrift.runtimes import FORMAT_RUNTIMES, SEVERAL_INPUTS
+
+    module = backends.get(name)
+    listed = {format for format, runtimes in FORMAT_RUNTIMES.items() if name in runtimes}
+    assert set(module.SESSIONS) == listed
+    assert all(callable(open_session) for open_session in module.SESSIONS.values())
+    assert all(set(several) <= set(FORMAT_RUNTIMES[format])
+               for format, several in SEVERAL_INPUTS.items())
+
+
+def test_a_runtime_that_cannot_run_the_format_is_refused_naming_both():
+    from bitdrift.errors import InferenceError
+
+    device = {"backend": "tensorflow", "accelerator": "cpu", "batch_size": 2}
+    with pytest.raises(InferenceError, match=r"^device 'd': backend 'tensorflow' cannot run "
+                       r"m\.tflite \(a LiteRT \.tflite flatbuffer; runtimes that can: "
+                       r"litert\)$"):
+        backends.open_session({"device": device, "model_path": "m.tflite",
+                               "model_format": "tflite"}, "d")
 
 
 def test_a_devices_runtime_settings_win_over_inherited_ones():

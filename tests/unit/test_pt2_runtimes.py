@@ -1,4 +1,4 @@
-"""The runtimes of a .pt2 program as devices (bitdrift.formats.pt2): the device keys each
+"""The runtimes of a .pt2 program as devices (bitdrift.backends.torch_program): the device keys each
 takes, and the sessions of the converted and lowered runtimes that
 tests/workflow/test_pt2_model.py leaves out (OpenVINO's own conversion, ExecuTorch), each
 checked against the program's module run by torch here."""
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bitdrift import formats
+from bitdrift import backends
 from bitdrift.backends.torch_program import eager as torch_export
 from bitdrift.config import validate_config
 from bitdrift.errors import ConfigError
@@ -24,8 +24,8 @@ def program(tmp_path_factory):
 def session(path, backend, **keys):
     device = {"backend": backend, "accelerator": "cpu", "threads": 1, "precision": "float32",
               "batch_size": 2, **keys}
-    return formats.open_session({"device": device, "model_path": str(path), "layers": True,
-                                 "model_format": "pt2"}, "d")
+    return backends.open_session({"device": device, "model_path": str(path), "layers": True,
+                                  "model_format": "pt2"}, "d")
 
 
 def config_with(device: dict) -> dict:
@@ -94,9 +94,9 @@ def test_litert_runs_the_litert_torch_conversion_under_the_module_paths(program)
     np.save(path.parent / "inputs.npy", inputs)
     device = {"backend": "litert", "accelerator": "cpu", "threads": 1,
               "precision": "float32", "batch_size": 2}
-    opened = formats.open_session({"device": device, "model_path": str(path), "layers": True,
-                                   "model_format": "pt2",
-                                   "dataset_path": str(path.parent / "inputs.npy")}, "d")
+    opened = backends.open_session({"device": device, "model_path": str(path), "layers": True,
+                                    "model_format": "pt2",
+                                    "dataset_path": str(path.parent / "inputs.npy")}, "d")
     names = [name for name, _ in opened.layers]
     assert names == ["features.2", "features.5", "pool", "classifier"]
     assert sorted(opened.unmapped) == ["features.0", "features.1", "features.3",
@@ -141,12 +141,12 @@ def test_a_failed_litert_conversion_is_one_line_naming_the_op(tmp_path):
            "dataset_path": str(tmp_path / "inputs.npy")}
     device = {"accelerator": "cpu", "threads": 1, "precision": "float32", "batch_size": 2}
     with pytest.raises(ConversionError) as error:
-        formats.open_session({**job, "device": {**device, "backend": "litert"}}, "d")
+        backends.open_session({**job, "device": {**device, "backend": "litert"}}, "d")
     assert str(error.value) == (
         "litert_torch.convert (litert-torch 0.10.0, ai-edge-litert 2.3.0, torch "
         f"{torch.__version__}) cannot convert the program: Lowering not found: "
         "aten._linalg_det.default")
     # the program itself runs, on the runtime that needs no conversion
-    (value,) = formats.open_session({**job, "device": {**device, "backend": "torch_export"}},
-                                    "d").run(np.ones((2, 4), np.float32))[-1:]
+    (value,) = backends.open_session({**job, "device": {**device, "backend": "torch_export"}},
+                                     "d").run(np.ones((2, 4), np.float32))[-1:]
     assert value.shape == (2,)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from bitdrift import formats
+from bitdrift import backends, formats
 from bitdrift.config import validate_config
 from bitdrift.errors import ConfigError, DatasetError, ModelFormatError
 from bitdrift.record.reader import Record
@@ -185,8 +185,8 @@ def test_a_runtime_that_feeds_one_input_refuses_it_at_its_session_too(files):
               "precision": "float32", "batch_size": 2}
     with pytest.raises(InferenceError, match="^device 'd': backend 'torch_inductor' feeds "
                                              "models of one input; .*masked.pt2 takes 2"):
-        formats.open_session({"device": device, "model_path": str(folder / "masked.pt2"),
-                              "layers": True, "model_format": "pt2"}, "d")
+        backends.open_session({"device": device, "model_path": str(folder / "masked.pt2"),
+                               "layers": True, "model_format": "pt2"}, "d")
 
 
 def test_a_single_array_npz_still_feeds_a_model_of_one_input_whatever_its_name(tmp_path):

@@ -262,7 +262,7 @@ def test_process_environment_caps_onednn_mkl_and_aten_in_a_fresh_process(cnn):
     assert environment == {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE",
                            "ATEN_CPU_CAPABILITY": "avx2"}
     code = ("import sys, json, numpy as np\n"
-            "from bitdrift.backends import torch_program as tp\n"
+            "from bitdrift.backends.torch_program import program as tp\n"
             "tp.EagerRunner(tp.load_program(sys.argv[1]))([np.ones((2, 3, 8, 8), 'f4')])\n"
             "print('SETTINGS', json.dumps(tp.settings()))\n")
     done = subprocess.run(

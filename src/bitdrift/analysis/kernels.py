@@ -47,6 +47,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from bitdrift.runtimes import SILENT_CPU_KERNELS
+
 MARKER = "bitdrift-layer"  # marker lines: "bitdrift-layer,begin,<layer>" and ",end,"
 # The markers' name for a traced job's run of the model as deployed (bitdrift.analysis.observer):
 # no Keras layer name has parentheses
@@ -382,17 +384,11 @@ def signature(calls: list[dict] | list[KernelCall]) -> str:
     return "+".join(sorted(names))
 
 
-# On the CPU, what a framework runs when no logging library is called: TensorFlow's Eigen
-# kernels, torch's own ATen kernels (its float16/bfloat16 convolutions and matmuls on CPUs
-# without native support); neither logs. On a GPU, a silent layer stays unknown.
-SILENT_CPU_KERNELS = {"tensorflow": "eigen", "torch": "aten"}
-
-
 def layer_kernels(trace: Trace, layers: list[tuple[str, str]], backend: str,
                   accelerator: str = "cpu") -> dict:
     """{layer: {"signature", "calls"}} for the recorded layers. A compute layer (Conv,
     Dense) that logged nothing ran the framework's own kernels on a CPU
-    (SILENT_CPU_KERNELS), else it is ``unknown``; a layer that computes no sum
+    (bitdrift.runtimes.SILENT_CPU_KERNELS), else it is ``unknown``; a layer that computes no sum
     (activations, pooling, reshapes) and logged nothing has the signature ``none``."""
     silent = SILENT_CPU_KERNELS.get(backend, "unknown") if accelerator == "cpu" else "unknown"
     result = {}

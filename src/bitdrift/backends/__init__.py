@@ -21,15 +21,32 @@ Every module has:
 
 and ``open_session(job, name) -> Session``: the model loaded (cast, placed on the
 accelerator) and callable on a batch, returning the recorded layers' outputs, with the
-model as deployed beside it (final output only: the observer check, bitdrift.analysis.observer). The
-Keras backends (``tensorflow``, ``torch``, ``jax``) share theirs (``keras_common``); the exported
-runtimes (``onnxruntime``, ``openvino``, ``litert``) run the file ``bitdrift.backends.keras.export``
-wrote from the same ``.keras`` model (``exported``), and cannot train. A torch.export
-program (``.pt2``) runs on ``torch_export`` (eager, per module), ``torch_inductor``
-(torch.compile) and ``executorch``, and converted on onnxruntime, openvino and litert
-(bitdrift.formats.pt2); an ONNX model on ``torch_export`` too, converted by onnx2torch
-(bitdrift.formats.onnx.torch_session); a user's own .tflite on litert
-(bitdrift.formats.tflite).
+model as deployed beside it (final output only: the observer check, bitdrift.analysis.observer):
+a Keras model on a Keras runtime or an exported one, a .pt2 program on its own runtimes.
+
+Each module also answers what the rest of bitdrift asks of a runtime, so that nothing
+outside this package branches on its name:
+
+- ``SESSIONS``: {format: open(job, name) -> Session}, the session of a model file of each
+  format the runtime runs (bitdrift.runtimes.FORMAT_RUNTIMES lists the same pairs), each
+  written as Polygraphy's ``SessionFromOnnx(ModifyOutputs(OnnxFromPath(p)))``: loader
+  steps (a conversion of another format, every layer's output marked) composed with the
+  runtime's runner, a conversion named in the record's fingerprint. :func:`open_session`
+  picks it for a job;
+- ``script_code(device, layer)``, ``script_refusal(device, layer)`` and ``SCRIPT_LAYER``:
+  what bitdrift.run.repro writes for a device (the code running one layer alone, why it
+  cannot, and the file of the layer it reads: ``onnx``, ``tflite`` or None for the
+  weights as .npy); ``script_code`` is None for a runtime with no such script.
+
+The Keras backends (``tensorflow``, ``torch``, ``jax``) share theirs (``keras.common``);
+the exported runtimes (``onnxruntime``, ``openvino``, ``litert``) run the file
+``bitdrift.backends.keras.export`` wrote from the same ``.keras`` model
+(``exported.common``), and cannot train; a user's own ONNX file as it is
+(``exported.onnx_file``), a user's own .tflite on litert (``exported.tflite_file``). A
+torch.export program (``.pt2``) runs on ``torch_export`` (eager, per module),
+``torch_inductor`` (torch.compile) and ``executorch``, and converted on onnxruntime,
+openvino and litert (``torch_program.converted``); an ONNX model on ``torch_export`` too,
+converted by onnx2torch, and on litert converted twice.
 """
 
 from __future__ import annotations
@@ -67,6 +84,9 @@ class Backend(Protocol):
     NAME: str
     TRAINS: bool
     PREFORK: bool
+    SESSIONS: dict
+    SCRIPT_LAYER: str | None
+    script_code: Callable | None
 
     def environment(self, device: dict) -> dict: ...
     def preimport(self) -> None: ...
@@ -78,6 +98,7 @@ class Backend(Protocol):
     def versions(self) -> dict: ...
     def open_session(self, job: dict, name: str): ...
     def trace_environment(self, device: dict) -> dict | None: ...
+    def script_refusal(self, device: dict, layer) -> str | None: ...
 
 
 @dataclass
@@ -128,3 +149,35 @@ def get(name: str):
     if name not in RUNTIMES:
         raise ConfigError(f"unknown backend {name!r} (bitdrift has {', '.join(RUNTIMES)})")
     return importlib.import_module(f"bitdrift.backends.{MODULES[name]}")
+
+
+def open_session(job: dict, name: str):
+    """The Session of the job's device on the job's model (Session): the device's runtime
+    opens a model of the job's format (``model_format``, Keras unless given) by its
+    SESSIONS; a runtime that does not run that format is refused in one line naming both,
+    and a model of another format than Keras is checked first against what the runtime
+    feeds (several inputs) and the device's batch size."""
+    from bitdrift import formats
+    from bitdrift.errors import InferenceError, ModelFormatError
+
+    backend = job["device"]["backend"]
+    loader = formats.get(job.get("model_format") or "keras")
+    runtimes = formats.runtimes(loader.NAME)
+    if backend not in runtimes:
+        raise InferenceError(f"device {name!r}: backend {backend!r} cannot run "
+                             f"{job['model_path']} ({loader.WHAT}; runtimes that can: "
+                             f"{', '.join(runtimes) or 'none yet'})")
+    runtime = get(backend)
+    if not getattr(loader, "INPUTS_CHECKED_BEFORE_SESSION", True):
+        return runtime.SESSIONS[loader.NAME](job, name)
+    batch, inputs = job["device"]["batch_size"], loader.signature(job["model_path"])
+    try:
+        formats.check_runtime_inputs(loader.NAME, backend, inputs, job["model_path"])
+    except ModelFormatError as error:
+        raise InferenceError(f"device {name!r}: {error}") from error
+    fixed = [wanted for wanted in inputs if wanted.shape and wanted.shape[0] not in (None, batch)]
+    if fixed:
+        raise InferenceError(f"device {name!r}: batch_size {batch}, but model "
+                             f"{job['model_path']} takes batches of exactly "
+                             f"{fixed[0].shape[0]} (input {fixed[0].describe()})")
+    return runtime.SESSIONS[loader.NAME](job, name)

@@ -21,17 +21,13 @@ from pathlib import Path
 
 from bitdrift.errors import InstallError, json_kind
 
-# Runtimes with an aarch64 CPU wheel on PyPI that the site can hold, and the wheels each
-# needs. torch's aarch64 wheel on PyPI (2.13.0) is its CUDA build.
-RUNTIMES = {"litert": ("ai-edge-litert",), "onnxruntime": ("onnxruntime", "onnx"),
-            "openvino": ("openvino",), "tensorflow": ("tensorflow", "keras"),
-            "jax": ("jax", "jaxlib", "keras")}
-# What the userland holds unless more is asked for (TensorFlow's aarch64 wheels take 1.6
-# GB, JAX's 0.6 GB)
-DEFAULT_RUNTIMES = ("litert", "onnxruntime")
-# The host's distribution that pins an aarch64 wheel of another name (the x86 host runs
-# TensorFlow's CPU-only build, tensorflow-cpu; on aarch64 `tensorflow` is the CPU build)
-HOST_DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu")}
+# The runtimes the site can hold and the wheels each needs, what it holds unless more is
+# asked for, and the host's distribution of a wheel of another name: data of the runtimes
+# (bitdrift.runtimes), under the names this module has always given them
+from bitdrift.runtimes import AARCH64_DEFAULT as DEFAULT_RUNTIMES
+from bitdrift.runtimes import AARCH64_WHEELS as RUNTIMES
+from bitdrift.runtimes import HOST_DISTRIBUTIONS
+
 # What a worker of those runtimes imports besides the runtime (bitdrift's own worker path)
 WORKER_PACKAGES = ("numpy", "h5py", "py-cpuinfo", "jsonschema", "pyyaml", "tqdm")
 # Debian's arm64 packages of the interpreter and of what the wheels link (libstdc++,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bitdrift.emulation.qemu import ARM_QEMU, QEMU, qemu_path, qemu_version
 from bitdrift.errors import ConfigError, InferenceError, InstallError
+from bitdrift.runtimes import AARCH64_WHEELS, X86_NEEDS
 
 INSTALL = ("install Debian's qemu-user (`apt-get install qemu-user`; ./quickstart does), or "
            "run `bitdrift install-qemu` (a static build into this environment: no root)")
@@ -42,14 +43,6 @@ FAMILIES = {
 # no TSX), as `qemu-x86_64 -cpu help` lists them.
 MODEL = re.compile(r"(?P<family>[A-Za-z0-9_]+(?:-[A-Z][a-z]+)?)(?:-(?:IBRS|IBPB|noTSX|noTSX-IBRS|"
                    r"v[0-9]+))?")
-# The least instruction set each runtime's wheels need (measured under QEMU 7.2: without
-# AVX TensorFlow dies of an illegal instruction and jaxlib refuses to start; below SSE4.2,
-# on Conroe, numpy 2 itself (x86-64-v2) and so every runtime dies the same way).
-BASELINE = "sse4_2"
-RUNTIME_NEEDS = {"tensorflow": "avx", "jax": "avx", "torch": BASELINE,
-                 "onnxruntime": BASELINE, "openvino": BASELINE, "litert": BASELINE,
-                 "torch_export": BASELINE, "torch_inductor": BASELINE,
-                 "executorch": BASELINE}
 # gcc's -march of each x86 family. Inductor (torch_inductor) compiles its C++ kernels with
 # -march=native, and gcc runs natively beside QEMU, so an emulated device would get the
 # host's instructions (measured: SIGILL on a Zen 4 host emulating Haswell-v4); on the
@@ -60,7 +53,7 @@ GCC_MARCH = {
     "SandyBridge": "sandybridge", "IvyBridge": "ivybridge", "Haswell": "haswell",
     "Broadwell": "broadwell", "Skylake-Client": "skylake", "EPYC": "znver1",
     "Dhyana": "znver1", "EPYC-Rome": "znver2", "EPYC-Milan": "znver3",
-}  # the families without SSE4.2 run no torch (RUNTIME_NEEDS)
+}  # the families without SSE4.2 run no torch (bitdrift.runtimes.X86_NEEDS)
 # Instruction sets above which QEMU's TCG cannot go: a model needing them is refused.
 BEYOND_TCG = ("avx512", "amx", "fma4", "xop")
 # QEMU's x86 models that have them (`qemu-x86_64 -cpu help`, 7.2 to 10), named in the
@@ -143,11 +136,9 @@ def check_device(name: str, device: dict) -> None:
                           "cpu, or remove emulate)")
     why = unavailable(device.get("backend"), model)
     if why and architecture(model) == "aarch64":
-        from bitdrift.emulation.aarch64 import RUNTIMES
-
         raise ConfigError(f"config key {key}: backend {device.get('backend')!r} does not "
                           f"run on the emulated Arm CPU {model}; its aarch64 userland "
-                          f"holds {', '.join(RUNTIMES)} (use one of them, or an x86 "
+                          f"holds {', '.join(AARCH64_WHEELS)} (use one of them, or an x86 "
                           "model)")
     if why:
         raise ConfigError(f"config key {key}: backend {device['backend']!r} {why}, which "
@@ -160,10 +151,8 @@ def unavailable(backend: str | None, model: str) -> str | None:
     an instruction set its x86 wheel is built for that the CPU lacks, or a runtime the Arm
     userland does not hold."""
     if architecture(model) == "aarch64":
-        from bitdrift.emulation.aarch64 import RUNTIMES
-
-        return None if backend in RUNTIMES else "not in the Arm userland"
-    needed = RUNTIME_NEEDS.get(backend)
+        return None if backend in AARCH64_WHEELS else "not in the Arm userland"
+    needed = X86_NEEDS.get(backend)
     if needed and needed not in instruction_sets(model):
         return f"needs {needed.upper().replace('_', '.')}"
     return None

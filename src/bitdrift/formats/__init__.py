@@ -1,6 +1,9 @@
 """Model formats, each a loader module of this package, told apart by the file's content
-(an extension is only a name): the one list is FORMATS, as bitdrift.backends.RUNTIMES is
-the one list of runtimes. Adding a format is adding its module and one entry here.
+(an extension is only a name): the one list is FORMATS, as bitdrift.runtimes.RUNTIMES is
+the one list of runtimes. Adding a format is adding its module and one entry here, and
+its runtimes in bitdrift.runtimes.FORMAT_RUNTIMES. A format says what the file is; how a
+runtime runs it (a conversion, then the runtime's runner) is the runtime's
+(bitdrift.backends.open_session), so nothing here imports a runtime or an analysis.
 
 Every loader module has:
 
@@ -14,12 +17,12 @@ Every loader module has:
 - ``file_layers(path)``: its layers as bitdrift.inputs.models.keras_file_layers gives a Keras
   model's (the analyses that recompute a layer from its weights), or None where the
   format has no such reading yet;
-- ``RUNTIMES``: the runtimes (bitdrift.backends) that run the file, and
-  ``open_session(runtime, job, name)``: a bitdrift.backends.Session on the file for one
-  of those runtimes; None where each runtime module's own ``open_session(job, name)``
-  opens the file (Keras; a torch runner of a .pt2 program may do either).
-- ``SEVERAL_INPUTS`` (where a model of the format may take several inputs): the runtimes
-  among RUNTIMES that feed each input by its name (the others refuse such a model).
+- ``INPUTS_CHECKED_BEFORE_SESSION`` (True unless the loader says otherwise: Keras, whose
+  runtimes cast a dataset): whether a session is opened only after the model's inputs
+  are checked against what the runtime feeds and the device's batch size.
+
+The runtimes that run each format, and those that feed a model of several inputs each by
+its name, are data of the runtimes (bitdrift.runtimes: FORMAT_RUNTIMES, SEVERAL_INPUTS).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bitdrift.errors import ModelFormatError
+from bitdrift.runtimes import FORMAT_RUNTIMES, SEVERAL_INPUTS
 
 # The one list of model formats, in the order they are tried: each name is a module here
 FORMATS = ("keras", "onnx", "pt2", "tflite")
@@ -84,7 +88,8 @@ def signature(path, format: str | None = None) -> list[Input]:
 
 
 def runtimes(format: str) -> tuple:
-    return get(format).RUNTIMES
+    """The runtimes that run a model of ``format`` (bitdrift.runtimes.FORMAT_RUNTIMES)."""
+    return FORMAT_RUNTIMES[get(format).NAME]
 
 
 # The extension a model file made later is planned by (its job then checks its content)
@@ -166,41 +171,13 @@ def _check_array(inputs_path, inputs, wanted: Input, mismatch: str) -> None:
 
 
 def check_runtime_inputs(format: str, backend: str, inputs: list[Input], model_path) -> None:
-    """A model of several inputs runs on the runtimes that feed each by its name (the
-    loader's SEVERAL_INPUTS); another refuses it in one line naming them."""
-    several = getattr(get(format), "SEVERAL_INPUTS", ())  # Keras: inputs come from a dataset
+    """A model of several inputs runs on the runtimes that feed each by its name
+    (bitdrift.runtimes.SEVERAL_INPUTS); another refuses it in one line naming them."""
+    several = SEVERAL_INPUTS.get(get(format).NAME, ())  # Keras: inputs come from a dataset
     if len(inputs) > 1 and backend not in several:
         raise ModelFormatError(f"backend {backend!r} feeds models of one input; {model_path} "
                                f"takes {len(inputs)} ({', '.join(i.name for i in inputs)}): "
                                f"runtimes that feed several: {', '.join(several) or 'none yet'}")
-
-
-def open_session(job: dict, name: str):
-    """The Session of the job's device on the job's model (bitdrift.backends.Session): a
-    Keras model through its runtime module as ever, a model of another format through
-    its loader, on a runtime that runs that format (one line naming both otherwise)."""
-    from bitdrift import backends
-    from bitdrift.errors import InferenceError
-
-    backend = job["device"]["backend"]
-    loader = get(job.get("model_format") or "keras")
-    if backend not in loader.RUNTIMES:
-        raise InferenceError(f"device {name!r}: backend {backend!r} cannot run "
-                             f"{job['model_path']} ({loader.WHAT}; runtimes that can: "
-                             f"{', '.join(loader.RUNTIMES) or 'none yet'})")
-    if loader.open_session is None:  # the runtime module opens the file itself
-        return backends.get(backend).open_session(job, name)
-    batch, inputs = job["device"]["batch_size"], loader.signature(job["model_path"])
-    try:
-        check_runtime_inputs(loader.NAME, backend, inputs, job["model_path"])
-    except ModelFormatError as error:
-        raise InferenceError(f"device {name!r}: {error}") from error
-    fixed = [wanted for wanted in inputs if wanted.shape and wanted.shape[0] not in (None, batch)]
-    if fixed:
-        raise InferenceError(f"device {name!r}: batch_size {batch}, but model "
-                             f"{job['model_path']} takes batches of exactly "
-                             f"{fixed[0].shape[0]} (input {fixed[0].describe()})")
-    return loader.open_session(backends.get(backend), job, name)
 
 
 def file_layers(path) -> list[dict] | None:

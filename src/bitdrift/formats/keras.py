@@ -1,5 +1,5 @@
 """Keras models: a ``.keras`` archive (a zip holding config.json) or a legacy ``.h5``
-(HDF5 with a model_config attribute). Keras' own runtimes open them (bitdrift.backends:
+(HDF5 with a model_config attribute). Keras' own runtimes open them (bitdrift.backends.keras:
 tensorflow, torch, jax), and the exported runtimes run bitdrift.backends.keras.export's
 conversions."""
 
@@ -13,9 +13,11 @@ from bitdrift.formats import Input
 
 NAME = "keras"
 WHAT = "a Keras .keras archive or .h5 file"
-RUNTIMES = ("tensorflow", "torch", "jax", "onnxruntime", "openvino", "litert")
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-open_session = None  # each runtime module opens a Keras model itself
+# A Keras model reads a dataset each runtime casts to the device's precision: its session
+# opens without the signature checks a model of another format has first
+# (bitdrift.backends.open_session)
+INPUTS_CHECKED_BEFORE_SESSION = False
 
 
 def recognise(path, head: bytes) -> bool:

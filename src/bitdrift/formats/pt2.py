@@ -1,29 +1,25 @@
 """PyTorch ``torch.export`` programs (``torch.export.save``: a zip holding
-``<name>/archive_format`` and ``<name>/models/*.json``), run natively by torch eager
-(``torch_export``), torch.compile (``torch_inductor``) and ExecuTorch (``executorch``, a
-lowering each repeat makes), and through a conversion by ONNX Runtime, OpenVINO and
-LiteRT (:func:`open_session`: ``torch.onnx.export(dynamo=True)``,
-``openvino.convert_model``, ``litert_torch.convert``).
-A conversion is named in the record's fingerprint (converter, versions, options); a
-failed one fails only the devices that need it, its reason in the failure record."""
+``<name>/archive_format`` and ``<name>/models/*.json``): the file recognised and checked,
+the program loaded (:func:`load_program`), its module calls (:func:`module_outputs`) and
+its Linear and Conv2d calls read as layers (:func:`file_layers`). Its runtimes
+(bitdrift.runtimes.FORMAT_RUNTIMES) run it natively (torch eager, torch.compile,
+ExecuTorch: bitdrift.backends.torch_program) or converted (ONNX Runtime, OpenVINO,
+LiteRT: bitdrift.backends.torch_program.converted)."""
 
 from __future__ import annotations
 
+import logging
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bitdrift.errors import ModelFormatError
+from bitdrift.errors import BitdriftError, ModelFormatError
 from bitdrift.formats import Input
 
 NAME = "pt2"
 WHAT = "a PyTorch torch.export .pt2 archive"
-RUNTIMES = ("torch_export", "torch_inductor", "executorch", "onnxruntime", "openvino",
-            "litert")
-# a program of several inputs: each fed by its name (a .npz of one array per input)
-SEVERAL_INPUTS = ("torch_export",)
-NATIVE = ("torch_export", "torch_inductor", "executorch")  # each opens the file itself
 # The ATen calls read as layers (file_layers): nn.Linear and nn.Conv2d export as these
 LINEAR, CONV2D = "aten.linear.default", "aten.conv2d.default"
 
@@ -77,160 +73,108 @@ def signature(path) -> list[Input]:
     return inputs
 
 
-def open_session(runtime, job: dict, name: str):
-    """A Session of ``runtime`` on the job's program: a torch runtime's own
-    (``open_session(job, name)``); ONNX Runtime and OpenVINO on the program converted in
-    this process (:func:`converted_session`)."""
-    if runtime.NAME in NATIVE:
-        return runtime.open_session(job, name)
-    return converted_session(runtime, job, name)
+# -- the program, as torch.export.load reads it --------------------------------------------
+class ProgramError(BitdriftError, ValueError):
+    """A ``.pt2`` file that is not a torch.export program, or inputs it cannot take."""
+
+    exit_code = 3
 
 
-def converted_session(runtime, job: dict, name: str):
-    """The program converted for ``runtime`` (ONNX for onnxruntime, OpenVINO's own
-    conversion for openvino), compiled with the device's settings. The layers recorded
-    are the module calls the conversion keeps under their module paths (the eager run's
-    names, torch_conversions.onnx_module_outputs / openvino_module_outputs), the final
-    output last; the others (fused away, or without a value of their own) are listed as
-    unmapped, never guessed. The converted file without the added outputs is the model
-    as deployed (the observer check)."""
-    import shutil
-    import tempfile
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines() or [type(error).__name__])[0][:300]
 
-    from bitdrift.backends.torch_program.eager import load, program_layers
 
-    device = job["device"]
-    accelerator = runtime.check_accelerator(name, device)
-    accelerator["model_format"] = NAME
-    program = load(job)
-    layers, _ = program_layers(program)
-    # the converted files live until compiled (a worker ends by os._exit: no atexit)
-    folder = tempfile.mkdtemp(prefix="bitdrift-pt2-")
+def load_program(path: str | Path):
+    """The ``torch.export.ExportedProgram`` in ``path``; ProgramError in one line for a
+    file that is missing, damaged or not written by ``torch.export.save``."""
+    import torch
+
+    path = Path(path)
+    what = "not a readable torch.export program (a .pt2 written by torch.export.save)"
+    if not path.is_file():
+        raise ProgramError(f"{path}: no such file")
+    if not zipfile.is_zipfile(path):
+        raise ProgramError(f"{path}: {what}: not a zip archive")
+    with zipfile.ZipFile(path) as archive:
+        if not any(name.endswith("/archive_format") for name in archive.namelist()):
+            raise ProgramError(f"{path}: {what}: a zip archive without a torch.export "
+                               "archive_format entry")
+    # torch.export.load logs the reader's traceback before raising: the one line here says it
+    quiet = logging.getLogger("torch.export")
+    level, quiet.level = quiet.level, logging.CRITICAL
     try:
-        return _converted(runtime, job, name, program, layers, accelerator, folder)
+        return torch.export.load(str(path))
+    except Exception as error:  # zipfile, pickle, KeyError, RuntimeError from the reader
+        cause = error
+        while cause.__cause__ or cause.__context__:  # torch's own message points at its log
+            cause = cause.__cause__ or cause.__context__
+        raise ProgramError(f"{path}: {what}: {_first_line(cause)}") from error
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        quiet.setLevel(level)
 
 
-def _converted(runtime, job, name, program, layers, accelerator, folder):
-    import os
+@dataclass(frozen=True)
+class ModuleOutput:
+    """A recorded module call: its name (the module path, ``@n`` for a later call,
+    ``:i`` for one of several tensors), the module's class and the graph node whose value
+    it is."""
 
-    from bitdrift.backends import Session
-    from bitdrift.backends.torch_program import conversions
-    from bitdrift.errors import BitdriftError, InferenceError
-    from bitdrift.formats.onnx import compile_model
-
-    device = job["device"]
-    if runtime.NAME == "litert":
-        return _litert_session(runtime, job, name, program, layers, accelerator, folder)
-    if runtime.NAME == "onnxruntime":
-        import onnx
-
-        conversion = conversions.to_onnx(program, os.path.join(folder, "model.onnx"))
-        mapping = conversions.onnx_module_outputs(conversion.model,
-                                                  [layer for layer, _ in layers[:-1]])
-        instrumented = conversions.with_outputs(conversion.model, list(mapping.values()))
-        path = os.path.join(folder, "instrumented.onnx")
-        onnx.save(instrumented, path)
-        names = [output.name for output in instrumented.graph.output]
-        positions = {layer: names.index(value) for layer, value in mapping.items()}
-        deployed_path = str(conversion.path)
-    elif runtime.NAME == "openvino":
-        import openvino
-
-        conversion = conversions.to_openvino(program)
-        deployed_path = os.path.join(folder, "deployed.xml")
-        openvino.save_model(conversion.model, deployed_path, compress_to_fp16=False)
-        conversion.layers = {layer: value for layer, value in conversion.layers.items()
-                             if layer in {name for name, _ in layers[:-1]}}
-        positions = conversions.openvino_with_outputs(conversion)
-        path = os.path.join(folder, "instrumented.xml")
-        openvino.save_model(conversion.model, path, compress_to_fp16=False)
-    else:
-        raise InferenceError(f"device {name!r}: {runtime.NAME} has no conversion of a .pt2 "
-                             "program")
-    accelerator.update(conversion.fingerprint())
-    try:
-        compiled, _ = compile_model(runtime, path, device, accelerator, False, name,
-                                    shown=job["model_path"])
-        deployed_run, _ = compile_model(runtime, deployed_path, device, dict(accelerator),
-                                        False, name, shown=job["model_path"])
-    except BitdriftError:
-        raise
-    except Exception as error:
-        raise InferenceError(f"device {name!r}: {runtime.NAME} cannot run the converted "
-                             f"{job['model_path']}: {error}") from error
-    final_layer = layers[-1]
-    recorded = [(layer, kind) for layer, kind in layers[:-1] if layer in positions]
-    unmapped = [layer for layer, _ in layers[:-1] if layer not in positions]
-    checked, unrevealed = {}, {}
-    if job["layers"]:  # the converted runtimes run float32 (docs/pytorch-models.md)
-        checked, probed, unrevealed = checked_layers(
-            program_file_layers(program), [layer for layer, _ in recorded + [final_layer]],
-            "float32")
-        unrevealed.update({layer: f"the program converted by {conversion.converter}: its "
-                                  "node alone is not probed" for layer in probed})
-    accelerator["per_layer"] = (f"the module calls {conversion.converter} keeps under their "
-                                "module paths; the others are unmapped")
-
-    def final(batch):
-        return deployed_run(batch)[0]
-
-    def run(batch):
-        outputs = compiled(batch)
-        if not job["layers"]:
-            return [outputs[0]]
-        return [outputs[positions[layer]] for layer, _ in recorded] + [outputs[0]]
-
-    def instrumented_final(batch):
-        return compiled(batch)[0]
-
-    return Session(layers=recorded + [final_layer] if job["layers"] else [], run=run,
-                   final=instrumented_final, accelerator=accelerator, checked=checked,
-                   unrevealed=unrevealed,
-                   unmapped=unmapped if job["layers"] else [], deployed=final,
-                   deployed_program=f"{Path(job['model_path']).name} converted by "
-                                    f"{conversion.converter}, on {runtime.NAME}")
+    name: str
+    module_type: str
+    node: str
 
 
+def module_outputs(graph) -> tuple[list[ModuleOutput], dict[str, str]]:
+    """The module calls in an exported graph whose outputs are recorded, in the graph's
+    (topological) order, and the aliases: {container call: the call recorded for the same
+    tensor}. ``graph`` is a torch.fx Graph with ``nn_module_stack`` metadata."""
+    members: dict[str, list] = {}
+    about: dict[str, tuple[str, str, int]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue  # placeholders, the output, export's own _guards_fn call
+        for depth, (key, (path, module_type)) in enumerate(
+                (node.meta.get("nn_module_stack") or {}).items()):
+            if not path:
+                continue  # the root module: its output is the program's output
+            members.setdefault(key, []).append(node)
+            call = key.rsplit("@", 1)[1] if "@" in key else ""
+            about[key] = (f"{path}@{call}" if call.isdigit() else path, module_type, depth)
+    position = {node: index for index, node in enumerate(graph.nodes)}
+    by_node: dict = {}
+    for key, nodes in members.items():
+        inside = set(nodes)
+        handed_on = [node for node in nodes if _is_tensor(node)
+                     and any(user not in inside for user in node.users)]
+        name, module_type, depth = about[key]
+        for index, node in enumerate(handed_on):
+            label = name if len(handed_on) == 1 else f"{name}:{index}"
+            by_node.setdefault(node, []).append((depth, label, module_type))
+    recorded, aliases = [], {}
+    for node in sorted(by_node, key=position.__getitem__):
+        calls = sorted(by_node[node], reverse=True)  # the innermost module names the tensor
+        recorded.append(ModuleOutput(calls[0][1], calls[0][2], node.name))
+        aliases.update({label: calls[0][1] for _, label, _ in calls[1:]})
+    return recorded, aliases
 
-def _litert_session(runtime, job, name, program, layers, accelerator, folder):
-    """LiteRT on the program converted by litert-torch at the device's batch size
-    (bitdrift.formats.tflite.file_session on the .tflite): the module calls whose tensor
-    the conversion keeps recorded under their module paths
-    (torch_conversions.litert_module_tensors, checked against the eager run's values on
-    the first batch), the others unmapped; the final output last."""
-    import os
 
-    from bitdrift.backends.torch_program import conversions
-    from bitdrift.backends.torch_program.program import EagerRunner
-    from bitdrift.formats import tflite
-    from bitdrift.inputs.datasets import first_batch
+def _is_tensor(node) -> bool:
+    import torch
 
-    batch = job["device"]["batch_size"]
-    first = first_batch(job["dataset_path"], batch)
-    path = os.path.join(folder, "model.tflite")
-    conversion = conversions.to_litert(program, path, first)
-    accelerator.update(conversion.fingerprint())
-    accelerator["model_format"] = NAME
-    modules = {layer: layer for layer, _ in layers[:-1]}  # named by their module paths
+    return isinstance(node.meta.get("val"), torch.Tensor)
 
-    def eager():
-        values = EagerRunner(program, source=job["model_path"])([first]).layers
-        return {layer: values[layer] for layer in modules if layer in values}
 
-    by_module = conversions.litert_rename(layers, modules, eager)
+def to_numpy(tensor) -> np.ndarray:
+    """A tensor's values as numpy, bit for bit (bfloat16 as ml_dtypes' bfloat16)."""
+    import torch
 
-    def rename(tensors, values):
-        return by_module(tensors, values) if job["layers"] else ({}, [])
+    tensor = tensor.detach().cpu().clone()  # never a view of a tensor a later node changes
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes  # numpy has no bfloat16
 
-    accelerator["per_layer"] = (f"the module calls whose tensor {conversion.converter} "
-                                "keeps, named by their module stack and equal to the eager "
-                                "module's output on the first batch; the others are "
-                                "unmapped")
-    return tflite.file_session(runtime, job, name, path, rename=rename, program=(
-        f"{Path(job['model_path']).name} converted by {conversion.converter}, on "
-        f"{runtime.NAME}"), accelerator=accelerator)
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
 
 
 # -- the program's layers, as the analyses take them ------------------------------------------
@@ -246,15 +190,11 @@ def file_layers(path) -> list[dict]:
     outside any module: not recorded). ``op_type`` is the module class (Linear, Conv2d),
     ``node`` the graph node, ``input_shape`` its input's shape per sample (None where
     dynamic)."""
-    from bitdrift.backends.torch_program.program import load_program
-
     return program_file_layers(load_program(path))
 
 
 def program_file_layers(program) -> list[dict]:
     """file_layers of a loaded ExportedProgram."""
-    from bitdrift.backends.torch_program.program import module_outputs
-
     module = program.module()
     recorded, _ = module_outputs(module.graph)
     names = {call.node: call.name for call in recorded}
@@ -331,8 +271,6 @@ def _value(module, node) -> np.ndarray | None:
         return None
     from functools import reduce
 
-    from bitdrift.backends.torch_program.program import to_numpy
-
     return to_numpy(reduce(getattr, node.target.split("."), module))
 
 
@@ -365,105 +303,3 @@ def _padding(pads, strides, dilations, kernel_shape) -> str | None:
                                  for pad, total in zip(pads, wanted, strict=True)):
         return "same"
     return None
-
-
-# -- what the torch_export device checks and probes ---------------------------------------------
-def checked_layers(layers: list[dict], recorded: list[str], precision: str) -> tuple[dict,
-                                                                                    dict, dict]:
-    """({layer: (effective-precision spec, [kernel, bias] as the device had them)},
-    {layer: order probe spec (bitdrift.analysis.accumulation.probes.probe_spec)}, {layer: why its
-    order
-    is not revealed}) of the recorded Linear and Conv2d calls among ``layers``
-    (file_layers); the effective-precision check takes those fed by the program input or
-    a recorded call. A Linear's order is probed over (batch, terms) inputs, a Conv2d's
-    (groups 1) at its input's own shape, channels-last in the spec (its terms in Keras'
-    order: position, then channel) and channels-first where the probe runs it
-    (node_order_probe)."""
-    from bitdrift.analysis.accumulation.probes import probe_spec
-    from bitdrift.analysis.effective_precision import spec_from_config
-    from bitdrift.inputs.models import numpy_dtype
-
-    inputs = {layer["name"] for layer in layers if layer["class_name"] == "InputLayer"}
-    checked, orders, unrevealed = {}, {}, {}
-    for layer in layers:
-        name = layer["name"]
-        if name not in recorded:
-            continue
-        if layer["class_name"] in (LINEAR, CONV2D) and len(inputs) > 1 and \
-                set(layer["inbound"]) & inputs:  # file_layers reads it by its op alone
-            unrevealed[name] = "fed by one of the program's several inputs: not probed"
-            continue
-        if layer["class_name"] == CONV2D:  # file_layers could not name its padding
-            unrevealed[name] = ("a Conv2d whose padding is neither none nor the same on "
-                                "both sides at stride 1: not read")
-            continue
-        if layer["class_name"] not in ("Dense", "Conv2D"):
-            continue
-        source = layer["inbound"][0] if layer["inbound"] else None
-        spec = spec_from_config(layer["class_name"], layer["config"],
-                                None if source in inputs else source)
-        if spec is not None and (source in inputs or source in recorded):
-            checked[name] = (spec, [np.asarray(value).astype(numpy_dtype(precision))
-                                    for value in layer["weights"]])
-        kernel, shape = layer["weights"][0], layer["input_shape"]
-        found, why = None, None
-        if not shape or None in shape:
-            why = "its input has a dynamic size besides the batch"
-        elif layer["class_name"] == "Dense":
-            found = probe_spec("Dense", layer["config"], kernel.shape[:1], kernel.shape) \
-                if len(shape) == 1 else None
-            why = "a Linear over more than (batch, features): not probed"
-        else:
-            channels, height, width = shape
-            found = probe_spec("Conv2D", {**layer["config"], "data_format": "channels_last"},
-                               (height, width, channels), kernel.shape)
-            why = "a grouped Conv2d: not probed"
-        if found is not None:
-            orders[name] = found
-        else:
-            unrevealed[name] = why
-    return checked, orders, unrevealed
-
-
-def node_order_probe(precision: str):
-    """order_probe (bitdrift.backends.Session) of a program's Linear or Conv2d call: its
-    ATen op alone (aten.linear, aten.conv2d, as the eager program calls it), in this
-    process (the device's threads and environment) and the device's precision, on a
-    batch of ones, the probe's weights in torch's layout (a Conv2d's kernel OIHW, its
-    input and output channels-first, the sums read back channels-last)."""
-    import torch
-
-    from bitdrift.analysis.accumulation.probes import probe_output
-    from bitdrift.backends.torch_program.program import to_numpy, to_tensor, torch_dtype
-
-    dtype = torch_dtype(precision)
-
-    def make(spec: dict, batch: int):
-        conv = spec["class_name"] == "Conv2D"
-        if conv:
-            height, width, channels = spec["input_shape"]
-            ones = torch.ones((batch, channels, height, width), dtype=dtype)
-            config = spec["config"]
-            pads = [0, 0] if config["padding"] == "valid" else [
-                (size - 1) * dilation // 2 for size, dilation in zip(
-                    spec["kernel_shape"][:2], config["dilation_rate"], strict=True)]
-        else:
-            ones = torch.ones((batch, spec["terms"]), dtype=dtype)
-
-        def call(kernel, bias):
-            kernel = np.asarray(kernel).reshape(spec["kernel_shape"])
-            weight = to_tensor(np.ascontiguousarray(
-                kernel.transpose(3, 2, 0, 1) if conv else kernel.T))
-            shift = to_tensor(np.asarray(bias)) if spec["use_bias"] else None
-            with torch.no_grad():
-                if conv:
-                    out = torch.ops.aten.conv2d.default(
-                        ones, weight, shift, config["strides"], pads, config["dilation_rate"],
-                        1).permute(0, 2, 3, 1)
-                else:
-                    out = torch.ops.aten.linear.default(ones, weight, shift)
-            return probe_output(spec, to_numpy(out.contiguous()))
-
-        return call
-
-    return make

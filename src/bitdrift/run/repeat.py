@@ -101,14 +101,14 @@ class RepeatJob:
 def run_repeat(sent: dict) -> None:
     """One repeat inside its own process: load, cast, run, save outputs to the job's
     ``out`` (``sent``: the job as the worker got it, RepeatJob.as_dict)."""
-    from bitdrift import formats
+    from bitdrift import backends
     from bitdrift.inputs.models import numpy_dtype
     from bitdrift.run.devices import fingerprint
 
     job = RepeatJob.from_dict(sent)
     device, name = job.device, job.device_name
     # the runtimes read the job as it came (bitdrift.backends: open_session(job, name))
-    session = formats.open_session(sent, name)
+    session = backends.open_session(sent, name)
     first = job.fingerprint
     indices = batch_indices(job.samples, device["batch_size"],
                             count_test_images(job.dataset_path))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pprint
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,21 +23,29 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.backends import EXPORTED_RUNTIMES, KERAS_RUNTIMES
-from bitdrift.backends.exported.common import (
-    ONNX_ACTIVATIONS,
-    ONNX_LAYERS,
-    ONNX_RUNTIMES,
-    onnx_layer,
-)
+from bitdrift import backends
+from bitdrift.backends.exported.common import onnx_layer
+from bitdrift.backends.keras.common import minimal_config
 from bitdrift.errors import BitdriftError, ConfigError, InferenceError, RecordError
 from bitdrift.record.reader import Record
 
 EXPECTED = "expected.json"
-# The runtimes a script is written for: a .pt2 program's node on torch eager as well
-SCRIPTED_RUNTIMES = KERAS_RUNTIMES + EXPORTED_RUNTIMES + ("torch_export",)
-# The layers an ONNX runtime's script rebuilds as tf2onnx exports them
-# (bitdrift.backends.keras.export)
+
+
+def scripted_runtime(backend: str):
+    """The runtime module (bitdrift.backends) that writes a script for ``backend``'s
+    devices (its ``script_code``), or None: a name bitdrift has no runtime of, or a runtime
+    with no script."""
+    if backend not in backends.RUNTIMES:
+        return None
+    runtime = backends.get(backend)
+    return runtime if runtime.script_code is not None else None
+
+
+def scripted_runtimes() -> tuple:
+    """The runtimes a script is written for: Keras', the exported ones, and a .pt2
+    program's node on torch eager."""
+    return tuple(name for name in backends.RUNTIMES if scripted_runtime(name) is not None)
 
 
 class NotReproducible(BitdriftError):
@@ -222,90 +229,11 @@ x = np.load(HERE / "input.npy").view(ml_dtypes.bfloat16)
 weights = [np.load(HERE / f"weight_{{index}}.npy").view(ml_dtypes.bfloat16)
            for index in range({weights})]
 '''
-# The ONNX runtimes read the weights from layer.onnx
-LOAD_ONNX = '''
+# A runtime whose script reads the layer from a file of its own (layer.onnx,
+# layer.tflite: the runtime's SCRIPT_LAYER) has the weights in it
+LOAD_LAYER_FILE = '''
 x = np.load(HERE / "input.npy")
 '''
-
-KERAS = '''{affinity}import keras
-{threads}{float64}
-config = {config}
-layer = keras.layers.{class_name}.from_config(config)
-layer.build((None,) + x.shape[1:])
-layer.set_weights(weights)
-out = np.concatenate([keras.ops.convert_to_numpy(layer(x[start:start + BATCH]))
-                      for start in range(0, len(x), BATCH)])
-'''
-
-THREADS = {
-    "tensorflow": "import tensorflow as tf\n\ntf.config.threading.set_intra_op_parallelism_"
-                  "threads({n})\ntf.config.threading.set_inter_op_parallelism_threads({n})\n",
-    "torch": "import torch\n\ntorch.set_num_threads({n})\n",
-}
-# XLA sizes its thread pool by the CPUs the process may use (bitdrift.backends.keras.jax)
-JAX_AFFINITY = "os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:{n}])\n"
-# Keras computes float64 in float32 on torch and JAX unless told (bitdrift.inputs.models)
-FLOAT64 = ('from keras.src.backend.common import dtypes\n\n'
-           'dtypes.BIT64_TO_BIT32_DTYPE["float64"] = "float64"\n')
-
-ONNXRUNTIME = '''import onnxruntime as ort
-
-options = ort.SessionOptions()
-options.graph_optimization_level = ort.GraphOptimizationLevel.{level}
-{threads}options.inter_op_num_threads = 1
-options.use_deterministic_compute = {deterministic}
-session = ort.InferenceSession(str(HERE / "layer.onnx"), options,
-                               providers=[{provider!r}])
-out = np.concatenate([session.run(None, {{"x": x[start:start + BATCH]}})[0]
-                      for start in range(0, len(x), BATCH)])
-'''
-
-LITERT = '''from ai_edge_litert import interpreter
-
-loaded = interpreter.Interpreter(
-    model_path=str(HERE / "layer.tflite"), num_threads={threads},
-    experimental_op_resolver_type=interpreter.OpResolverType.{resolver})
-runner = loaded.get_signature_runner()
-(name,) = runner.get_input_details()
-out = np.concatenate([next(iter(runner(**{{name: np.ascontiguousarray(x[start:start + BATCH])}})
-                                .values())) for start in range(0, len(x), BATCH)])
-'''
-
-OPENVINO = '''import openvino as ov
-
-core = ov.Core()
-compiled = core.compile_model(core.read_model(str(HERE / "layer.onnx")), {plugin!r},
-                              {settings!r})
-out = np.concatenate([compiled(x[start:start + BATCH])[compiled.outputs[0]]
-                      for start in range(0, len(x), BATCH)])
-'''
-
-# A .pt2 program's Linear or Conv2d call alone: its ATen op, as the eager program calls it
-# (bitdrift.backends.torch_program.eager), the weights back in torch's layout (formats.pt2 gives
-# a Linear's kernel transposed, a Conv2d's HWIO)
-TORCH_EXPORT = '''import torch
-
-{threads}
-
-
-def tensor(array):
-    if array.dtype.name == "bfloat16":  # numpy has no bfloat16: its raw bits
-        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(array))
-
-
-def array(value):
-    return value.view(torch.int16).numpy() if value.dtype == torch.bfloat16 else value.numpy()
-
-
-kernel = {kernel}
-bias = tensor(weights[1]) if len(weights) > 1 else None
-with torch.no_grad():
-    out = np.concatenate([array(torch.ops.aten.{op}.default(
-        tensor(x[start:start + BATCH]), kernel, bias{arguments}))
-        for start in range(0, len(x), BATCH)])
-'''
-TORCH_OPS = {"Dense": "linear", "Conv2D": "conv2d"}
 
 # Whole batches of the device's size, as it ran: the filler rows are zero (each row is
 # computed on its own; the batch's size is what picks the kernel)
@@ -316,70 +244,13 @@ FOOTER = '''print(hashlib.sha256(np.ascontiguousarray(out[:SAMPLES]).tobytes()).
 '''
 
 
-def minimal_config(config: dict) -> dict:
-    """What the layer computes: its config without initialisers, regularisers,
-    constraints and Keras' bookkeeping, the dtype policy as its name."""
-    kept = {key: value for key, value in config.items()
-            if not key.endswith(("_initializer", "_regularizer", "_constraint"))
-            and key not in ("trainable", "shared_object_id")}
-    dtype = kept.get("dtype")
-    if isinstance(dtype, dict):
-        kept["dtype"] = dtype.get("config", {}).get("name", "float32")
-    return kept
-
-
 def _runtime_code(device: dict, split: Split) -> str:
-    backend = device["backend"]
-    threads = device.get("threads")
-    if backend in KERAS_RUNTIMES:
-        from bitdrift.inputs.models import rewrite_dtypes
-
-        config = rewrite_dtypes(minimal_config(split.config), device["precision"])
-        return KERAS.format(
-            affinity=JAX_AFFINITY.format(n=threads) if backend == "jax" and threads else "",
-            threads=THREADS[backend].format(n=threads) if backend in THREADS and threads
-            else "", float64=FLOAT64 if device["precision"] == "float64" else "",
-            class_name=split.class_name,
-            config=pprint.pformat(config, width=88 - 9, sort_dicts=False).replace(
-                "\n", "\n" + " " * 9))
-    if backend == "onnxruntime":
-        from bitdrift.backends.exported.onnxruntime import LEVELS, PROVIDERS
-
-        return ONNXRUNTIME.format(
-            level=LEVELS[device.get("graph_optimization_level") or "all"],
-            threads=f"options.intra_op_num_threads = {threads}\n" if threads else "",
-            deterministic=bool(device.get("deterministic")),
-            provider=PROVIDERS[device["accelerator"]])
-    if backend == "openvino":
-        from bitdrift.backends.exported.openvino import PLUGINS, compile_settings
-
-        return OPENVINO.format(plugin=PLUGINS[device["accelerator"]],
-                               settings=compile_settings(device))
-    if backend == "litert":
-        from bitdrift.backends.exported.litert import RESOLVERS
-
-        return LITERT.format(threads=threads or None,
-                             resolver=RESOLVERS[device.get("op_resolver") or "xnnpack"])
-    if backend == "torch_export":
-        return _torch_export_code(split, threads)
-    raise NotReproducible(f"backend {backend!r}: no repro script (bitdrift writes them for "
-                          f"{', '.join(SCRIPTED_RUNTIMES)})")
-
-
-def _torch_export_code(split: Split, threads: int | None) -> str:
-    config = split.config
-    if split.class_name == "Dense":
-        kernel, arguments = "tensor(weights[0].T)", ""
-    else:
-        kernel = "tensor(weights[0].transpose(3, 2, 0, 1))"
-        pads = [0, 0] if config["padding"] == "valid" else [
-            (size - 1) * rate // 2 for size, rate in zip(split.weights[0].shape[:2],
-                                                         config["dilation_rate"], strict=True)]
-        arguments = (f", {list(config['strides'])}, {pads}, {list(config['dilation_rate'])}, "
-                     f"{int(config['groups'])}")
-    return TORCH_EXPORT.format(threads=f"torch.set_num_threads({threads})" if threads else "",
-                               kernel=kernel, op=TORCH_OPS[split.class_name],
-                               arguments=arguments)
+    """The device's runtime running the split's layer alone (the runtime's script_code)."""
+    runtime = scripted_runtime(device["backend"])
+    if runtime is None:
+        raise NotReproducible(f"backend {device['backend']!r}: no repro script (bitdrift "
+                              f"writes them for {', '.join(scripted_runtimes())})")
+    return runtime.script_code(device, split)
 
 
 def refusal(device: dict, split: Split) -> str | None:
@@ -392,22 +263,15 @@ def refusal(device: dict, split: Split) -> str | None:
         return (f"emulated Arm CPU {device['emulate']}: no repro script (it would run only "
                 "in this machine's aarch64 userland)")
     backend = device["backend"]
-    if backend not in SCRIPTED_RUNTIMES:
+    runtime = scripted_runtime(backend)
+    if runtime is None:
         return f"backend {backend!r}: no repro script"
-    if backend == "litert" and device["precision"] != "float32":
-        return "litert: the export is float32"
-    if split.format == "pt2" and backend != "torch_export":
+    why = runtime.script_refusal(device, split)
+    if why:
+        return why
+    if split.format == "pt2" and backend not in backends.PROGRAM_RUNTIMES:
         return (f"{backend}: runs the .pt2 program converted; a repro script runs the "
                 "program's node on torch_export only")
-    if backend == "torch_export" and split.class_name not in TORCH_OPS:
-        return (f"torch_export: the script runs a program's Linear and Conv2d calls; "
-                f"{split.layer!r} is {split.class_name}")
-    if backend in ONNX_RUNTIMES and split.format == "keras":
-        activation = split.config.get("activation", "linear")
-        if split.class_name not in ONNX_LAYERS or activation not in ONNX_ACTIVATIONS:
-            return (f"{backend}: the script rebuilds Dense and Conv2D layers (activation "
-                    f"{', '.join(ONNX_ACTIVATIONS)}) as ONNX; {split.layer!r} is a "
-                    f"{split.class_name} ({activation})")
     return None
 
 
@@ -428,7 +292,7 @@ def write_script(path: Path, name: str, device: dict, record: Record, split: Spl
         command=shown, record=record.path.name, expected=expected,
         env=script_environment(device), batch=int(device["batch_size"]),
         samples=len(record.samples))
-    load = LOAD_ONNX if device["backend"] in EXPORTED_RUNTIMES else \
+    load = LOAD_LAYER_FILE if backends.get(device["backend"]).SCRIPT_LAYER else \
         (LOAD_BFLOAT16 if device["precision"] == "bfloat16" else LOAD).format(
             weights=len(split.weights))
     path.write_text(header + load + PAD + _runtime_code(device, split) + FOOTER)
@@ -487,7 +351,6 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
             np.save(staging / "input.npy", x)
             for index, value in enumerate(weights):
                 np.save(staging / f"weight_{index}.npy", value)
-            wrote_onnx = False
             for record in (record_a, record_b):
                 device = device_config(record)
                 name = record.device
@@ -496,22 +359,22 @@ def write_repro(path_a, path_b, model_path, out, dataset_path=None) -> dict:
                 if why:
                     summary["devices"][name] = {"refused": why, "expected": expected}
                     continue
-                if device["backend"] in ONNX_RUNTIMES and not wrote_onnx:
+                layer_file = backends.get(device["backend"]).SCRIPT_LAYER
+                if layer_file == "onnx" and not (staging / "layer.onnx").exists():
                     import onnx
 
                     try:
                         if split.format == "onnx":  # the node itself, as the file has it
-                            from bitdrift.formats.onnx import node_model
+                            from bitdrift.backends.exported.onnx_file import node_model
 
-                            layer_file = node_model(model_path, split.layer, x.shape[1:])
+                            layer_onnx = node_model(model_path, split.layer, x.shape[1:])
                         else:
-                            layer_file = onnx_layer(split.class_name, split.config,
+                            layer_onnx = onnx_layer(split.class_name, split.config,
                                                     split.weights, x.shape[1:], split.layer)
                     except InferenceError as error:
                         raise NotReproducible(str(error)) from error
-                    onnx.save(layer_file, staging / "layer.onnx")
-                    wrote_onnx = True
-                if device["backend"] == "litert" and not (staging / "layer.tflite").exists():
+                    onnx.save(layer_onnx, staging / "layer.onnx")
+                if layer_file == "tflite" and not (staging / "layer.tflite").exists():
                     tflite_layer(split, x.shape[1:], weights, staging / "layer.tflite")
                 # not NAME.py: a device called torch would shadow the torch module
                 script = f"run_{name}.py"

@@ -1,11 +1,13 @@
 """What the exported runtimes share: a session on the file ``bitdrift.backends.keras.export``
-wrote, its
-outputs mapped to the Keras layers by position and checked against the reference."""
+wrote, its outputs mapped to the Keras layers by position and checked against the
+reference; a user's model file compiled, an op the runtime lacks named in one line
+(compile_model); one layer alone as ONNX (the order probe, a repro script's layer)."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+from pathlib import Path
 
 import numpy as np
 
@@ -174,8 +176,6 @@ def deployed_session(runtime, path, device: dict, accelerator: dict, name: str):
     model
     converted with its final output alone) compiled with the device's settings, so the
     runtime optimises the graph a user deploys, not the one with every layer exposed."""
-    from pathlib import Path
-
     from bitdrift.backends.exported.expected import check_export_file, unreadable_export
 
     check_export_file(path, runtime.NAME)
@@ -194,6 +194,33 @@ def deployed_session(runtime, path, device: dict, accelerator: dict, name: str):
         return outputs[0]
 
     return deployed, f"{Path(path).name} on {runtime.NAME}, final output only"
+
+
+# -- a model file of the user's compiled by an exported runtime -------------------------------
+# The words of a runtime's message that say an op is missing (cannot_run shows that line)
+OP_WORDS = ("no conversion rule found for operations", "not implemented", "no kernel",
+            "could not find an implementation", "unsupported op",
+            "didn't find op for builtin opcode", "unresolved custom op")
+
+
+def compile_model(runtime, path, device, accelerator, trace, name, shown=None):
+    """runtime.compile, an op the runtime lacks named in one line (only this device
+    fails: bitdrift.record.failures); ``shown`` the file the user gave (of an instrumented copy)."""
+    try:
+        return runtime.compile(path, device, accelerator, trace)
+    except Exception as error:
+        raise cannot_run(runtime, shown or path, name, error) from error
+
+
+def cannot_run(runtime, path, name, error: BaseException) -> InferenceError:
+    """One line saying why ``runtime`` cannot run the model at ``path``: the line of the
+    runtime's message that names the op where it has one (OpenVINO's report of
+    unconverted ops comes after its source location), else its first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if any(word in line.lower() for word in OP_WORDS)]
+    reason = (named or lines or [type(error).__name__])[-1 if named else 0]
+    return InferenceError(f"device {name!r}: {runtime.NAME} cannot run {Path(path).name} "
+                          f"({reason.lstrip('- ')[:300]})")
 
 
 # -- one layer alone as ONNX, as tf2onnx writes it --------------------------------------------
@@ -259,11 +286,6 @@ def onnx_layer(class_name: str, config: dict, weights: list, input_shape: tuple,
                              ir_version=helper.find_min_ir_version_for(opsets))
 
 
-# The runtimes that run the ONNX export: a Dense layer for revealing their summation order
-# is an ONNX graph of its own, built as tf2onnx writes a Dense layer (MatMul, then Add)
-ONNX_RUNTIMES = ("onnxruntime", "openvino")
-
-
 def run_probe_model(runtime, model, device: dict, accelerator: dict, spec: dict,
                     ones: np.ndarray) -> np.ndarray:
     """A probe's ONNX model (one layer or node alone) compiled with the device's settings
@@ -305,3 +327,17 @@ def onnx_order_probe(runtime, device: dict, accelerator: dict, order_layers=None
         return call
 
     return make
+
+
+def onnx_script_refusal(backend: str, layer) -> str | None:
+    """Why an ONNX runtime has no repro script for a Keras ``layer`` (bitdrift.run.repro):
+    its script rebuilds Dense and Conv2D layers of a few activations as ONNX
+    (onnx_layer); a node of a user's ONNX model runs as the file has it."""
+    if layer.format != "keras":
+        return None
+    activation = layer.config.get("activation", "linear")
+    if layer.class_name not in ONNX_LAYERS or activation not in ONNX_ACTIVATIONS:
+        return (f"{backend}: the script rebuilds Dense and Conv2D layers (activation "
+                f"{', '.join(ONNX_ACTIVATIONS)}) as ONNX; {layer.layer!r} is a "
+                f"{layer.class_name} ({activation})")
+    return None

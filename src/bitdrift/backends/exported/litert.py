@@ -1,5 +1,6 @@
 """LiteRT (TensorFlow Lite) on the model's ``.tflite`` export, a user's own ``.tflite``
-or a .pt2 program converted by litert-torch (bitdrift.formats.tflite, .pt2): the op
+(bitdrift.backends.exported.tflite_file) or a .pt2 program or ONNX model converted by
+litert-torch (bitdrift.backends.torch_program.converted): the op
 resolver (XNNPACK, the built-in kernels without it, or the reference kernels) and
 threads as device keys.
 CPU only: a GPU delegate is not a device bitdrift can check here."""
@@ -66,10 +67,10 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False,
     """(run, describe) of the .tflite at ``path`` with the device's resolver and threads:
     ``run(batch)`` gives the signature's outputs in order (Keras' output_0, output_1, ...
     by number; another file's in its graph's output order). With ``tensors`` (indices of
-    the file's tensors: a user's own .tflite, bitdrift.formats.tflite), the interpreter
-    keeps every tensor (LiteRT's ``experimental_preserve_all_tensors``) and each run
-    gives those tensors' values instead, None for one a delegate computes inside itself
-    without writing it (never another tensor's value)."""
+    the file's tensors: a user's own .tflite, bitdrift.backends.exported.tflite_file), the
+    interpreter keeps every tensor (LiteRT's ``experimental_preserve_all_tensors``) and
+    each run gives those tensors' values instead, None for one a delegate computes inside
+    itself without writing it (never another tensor's value)."""
     import warnings
 
     interpreter = _interpreter()
@@ -301,4 +302,57 @@ def order_probe(runtime, device: dict, accelerator: dict, order_layers: dict):
 
 
 def open_session(job: dict, name: str):
+    """A Keras model: the .tflite bitdrift.backends.keras.export wrote from it."""
     return exported.open_session(sys.modules[__name__], job, name, order_probe=order_probe)
+
+
+def open_tflite(job: dict, name: str):
+    """A user's own .tflite, every tensor kept (tflite_file)."""
+    from bitdrift.backends.exported import tflite_file
+
+    return tflite_file.open_session(sys.modules[__name__], job, name)
+
+
+def open_onnx(job: dict, name: str):
+    """A user's ONNX model converted by onnx2torch, then litert-torch
+    (converted.onnx_on_litert)."""
+    from bitdrift.backends.torch_program import converted
+
+    return converted.onnx_on_litert(sys.modules[__name__], job, name)
+
+
+def open_pt2(job: dict, name: str):
+    """A .pt2 program converted by litert-torch (converted.program_on_litert)."""
+    from bitdrift.backends.torch_program import converted
+
+    return converted.program_on_litert(sys.modules[__name__], job, name)
+
+
+# The session of a model file of each format this runtime runs (bitdrift.runtimes)
+SESSIONS = {"keras": open_session, "onnx": open_onnx, "pt2": open_pt2, "tflite": open_tflite}
+
+# -- a repro script's code (bitdrift.run.repro) ---------------------------------------------
+SCRIPT_LAYER = "tflite"  # the layer alone as layer.tflite, converted as the export is
+# After the script's header (x, BATCH, HERE): layer.tflite with the device's resolver
+SCRIPT = '''from ai_edge_litert import interpreter
+
+loaded = interpreter.Interpreter(
+    model_path=str(HERE / "layer.tflite"), num_threads={threads},
+    experimental_op_resolver_type=interpreter.OpResolverType.{resolver})
+runner = loaded.get_signature_runner()
+(name,) = runner.get_input_details()
+out = np.concatenate([next(iter(runner(**{{name: np.ascontiguousarray(x[start:start + BATCH])}})
+                                .values())) for start in range(0, len(x), BATCH)])
+'''
+
+
+def script_code(device: dict, layer) -> str:
+    return SCRIPT.format(threads=device.get("threads") or None,
+                         resolver=RESOLVERS[device.get("op_resolver") or "xnnpack"])
+
+
+def script_refusal(device: dict, layer) -> str | None:
+    """The export, and so the script's layer, is float32."""
+    if device["precision"] != "float32":
+        return "litert: the export is float32"
+    return None

@@ -114,5 +114,52 @@ def versions() -> dict:
 
 
 def open_session(job: dict, name: str):
+    """A Keras model: the ONNX file bitdrift.backends.keras.export wrote from it."""
     return exported.open_session(sys.modules[__name__], job, name,
                                  order_probe=exported.onnx_order_probe)
+
+
+def open_onnx(job: dict, name: str):
+    """A user's ONNX model, every node's output marked (onnx_file.instrumented)."""
+    from bitdrift.backends.exported import onnx_file
+
+    return onnx_file.open_session(sys.modules[__name__], job, name)
+
+
+def open_pt2(job: dict, name: str):
+    """A .pt2 program exported to ONNX by torch.onnx.export (converted.as_onnx)."""
+    from bitdrift.backends.torch_program import converted
+
+    return converted.program_session(sys.modules[__name__], job, name, converted.as_onnx)
+
+
+# The session of a model file of each format this runtime runs (bitdrift.runtimes)
+SESSIONS = {"keras": open_session, "onnx": open_onnx, "pt2": open_pt2}
+
+# -- a repro script's code (bitdrift.run.repro) ---------------------------------------------
+SCRIPT_LAYER = "onnx"  # the layer alone as layer.onnx, its weights inside
+# After the script's header (x, BATCH, HERE): layer.onnx run with the device's settings
+SCRIPT = '''import onnxruntime as ort
+
+options = ort.SessionOptions()
+options.graph_optimization_level = ort.GraphOptimizationLevel.{level}
+{threads}options.inter_op_num_threads = 1
+options.use_deterministic_compute = {deterministic}
+session = ort.InferenceSession(str(HERE / "layer.onnx"), options,
+                               providers=[{provider!r}])
+out = np.concatenate([session.run(None, {{"x": x[start:start + BATCH]}})[0]
+                      for start in range(0, len(x), BATCH)])
+'''
+
+
+def script_code(device: dict, layer) -> str:
+    threads = device.get("threads")
+    return SCRIPT.format(
+        level=LEVELS[device.get("graph_optimization_level") or "all"],
+        threads=f"options.intra_op_num_threads = {threads}\n" if threads else "",
+        deterministic=bool(device.get("deterministic")),
+        provider=PROVIDERS[device["accelerator"]])
+
+
+def script_refusal(device: dict, layer) -> str | None:
+    return exported.onnx_script_refusal(NAME, layer)

@@ -117,5 +117,46 @@ def versions() -> dict:
 
 
 def open_session(job: dict, name: str):
+    """A Keras model: the ONNX file bitdrift.backends.keras.export wrote from it."""
     return exported.open_session(sys.modules[__name__], job, name,
                                  order_probe=exported.onnx_order_probe)
+
+
+def open_onnx(job: dict, name: str):
+    """A user's ONNX model, every node's output marked (onnx_file.instrumented)."""
+    from bitdrift.backends.exported import onnx_file
+
+    return onnx_file.open_session(sys.modules[__name__], job, name)
+
+
+def open_pt2(job: dict, name: str):
+    """A .pt2 program converted by OpenVINO's own conversion (converted.as_openvino)."""
+    from bitdrift.backends.torch_program import converted
+
+    return converted.program_session(sys.modules[__name__], job, name,
+                                     converted.as_openvino)
+
+
+# The session of a model file of each format this runtime runs (bitdrift.runtimes)
+SESSIONS = {"keras": open_session, "onnx": open_onnx, "pt2": open_pt2}
+
+# -- a repro script's code (bitdrift.run.repro) ---------------------------------------------
+SCRIPT_LAYER = "onnx"  # the layer alone as layer.onnx, its weights inside
+# After the script's header (x, BATCH, HERE): layer.onnx compiled with the device's settings
+SCRIPT = '''import openvino as ov
+
+core = ov.Core()
+compiled = core.compile_model(core.read_model(str(HERE / "layer.onnx")), {plugin!r},
+                              {settings!r})
+out = np.concatenate([compiled(x[start:start + BATCH])[compiled.outputs[0]]
+                      for start in range(0, len(x), BATCH)])
+'''
+
+
+def script_code(device: dict, layer) -> str:
+    return SCRIPT.format(plugin=PLUGINS[device["accelerator"]],
+                         settings=compile_settings(device))
+
+
+def script_refusal(device: dict, layer) -> str | None:
+    return exported.onnx_script_refusal(NAME, layer)

@@ -248,3 +248,58 @@ def checked_layers(keras, model, recorded: list[str]) -> dict:
         if spec is not None and layer.name in recorded:
             checked[layer.name] = (spec, layer.get_weights())
     return checked
+
+
+# -- a repro script's code (bitdrift.run.repro) ---------------------------------------------
+# The Keras layer alone, after the script's header (which defines x, weights and BATCH):
+# built from its config, its weights set, run on whole batches into ``out``. ``before`` and
+# ``after`` are the runtime's thread settings (SCRIPT_THREADS) around ``import keras``.
+SCRIPT = '''{before}import keras
+{after}{float64}
+config = {config}
+layer = keras.layers.{class_name}.from_config(config)
+layer.build((None,) + x.shape[1:])
+layer.set_weights(weights)
+out = np.concatenate([keras.ops.convert_to_numpy(layer(x[start:start + BATCH]))
+                      for start in range(0, len(x), BATCH)])
+'''
+# Keras computes float64 in float32 on torch and JAX unless told (bitdrift.inputs.models)
+FLOAT64 = ('from keras.src.backend.common import dtypes\n\n'
+           'dtypes.BIT64_TO_BIT32_DTYPE["float64"] = "float64"\n')
+SCRIPT_LAYER = None  # a Keras script reads the weights as .npy
+
+
+def minimal_config(config: dict) -> dict:
+    """What the layer computes: its config without initialisers, regularisers,
+    constraints and Keras' bookkeeping, the dtype policy as its name."""
+    kept = {key: value for key, value in config.items()
+            if not key.endswith(("_initializer", "_regularizer", "_constraint"))
+            and key not in ("trainable", "shared_object_id")}
+    dtype = kept.get("dtype")
+    if isinstance(dtype, dict):
+        kept["dtype"] = dtype.get("config", {}).get("name", "float32")
+    return kept
+
+
+def script_code(runtime, device: dict, layer) -> str:
+    """The code of ``runtime``'s repro script for a Keras ``layer`` (class_name, config)
+    with the device's threads (the runtime's SCRIPT_THREADS: code before and after
+    ``import keras``, of ``n`` threads) and precision."""
+    import pprint
+
+    from bitdrift.inputs.models import rewrite_dtypes
+
+    threads = device.get("threads")
+    before, after = (code.format(n=threads) if threads else "" for code in runtime.SCRIPT_THREADS)
+    config = rewrite_dtypes(minimal_config(layer.config), device["precision"])
+    return SCRIPT.format(
+        before=before, after=after,
+        float64=FLOAT64 if device["precision"] == "float64" else "",
+        class_name=layer.class_name,
+        config=pprint.pformat(config, width=88 - 9, sort_dicts=False).replace(
+            "\n", "\n" + " " * 9))
+
+
+def script_refusal(device: dict, layer) -> str | None:
+    """Nothing refuses a Keras layer's script on a Keras runtime."""
+    return None

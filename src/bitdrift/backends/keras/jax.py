@@ -155,3 +155,17 @@ def trace_layers(job: dict):
         return kernels
 
     return attach
+
+
+# The session of a model file of each format this runtime runs (bitdrift.runtimes)
+SESSIONS = {"keras": open_session}
+# A repro script's thread settings (bitdrift.backends.keras.common.script_code): XLA sizes
+# its thread pool by the CPUs the process may use, so the script restricts them before
+# ``import keras``
+SCRIPT_THREADS = ("os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:{n}])\n", "")
+SCRIPT_LAYER = keras_common.SCRIPT_LAYER
+script_refusal = keras_common.script_refusal
+
+
+def script_code(device: dict, layer) -> str:
+    return keras_common.script_code(sys.modules[__name__], device, layer)

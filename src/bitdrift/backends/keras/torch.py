@@ -111,3 +111,16 @@ def trace_environment(device: dict) -> dict:
     from bitdrift.backends.gpu import kernel_log_environment
 
     return kernel_log_environment(device, {"ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"})
+
+
+# The session of a model file of each format this runtime runs (bitdrift.runtimes)
+SESSIONS = {"keras": open_session}
+# A repro script's thread settings (bitdrift.backends.keras.common.script_code): code
+# before and after ``import keras``
+SCRIPT_THREADS = ("", "import torch\n\ntorch.set_num_threads({n})\n")
+SCRIPT_LAYER = keras_common.SCRIPT_LAYER
+script_refusal = keras_common.script_refusal
+
+
+def script_code(device: dict, layer) -> str:
+    return keras_common.script_code(sys.modules[__name__], device, layer)

@@ -365,7 +365,7 @@ def to_litert(program, out: str | Path, sample) -> Conversion:
 
 
 def litert_rename(layers: list, names: dict, eager):
-    """tflite.file_session's ``rename`` for a torch module converted by litert-torch:
+    """tflite_file.file_session's ``rename`` for a torch module converted by litert-torch:
     ``layers`` [(layer, class)] as the record names them, the final output last;
     ``names`` {module path: layer} of the modules that may name a tensor of the .tflite;
     ``eager()`` their eager values on the first batch ({module path: array}). A module's

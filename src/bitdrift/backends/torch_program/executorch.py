@@ -71,3 +71,14 @@ def open_session(job: dict, name: str):
 
     return session_from_runner(call, name, accelerator, note=NO_LAYERS,
                                unrevealed=compiled_unrevealed(program, "ExecuTorch (XNNPACK)"))
+
+
+# The session of a model file of each format this runtime runs (bitdrift.runtimes)
+SESSIONS = {"pt2": open_session}
+# No repro script (bitdrift.run.repro): the compiled program's node alone is not what ran
+script_code = None
+SCRIPT_LAYER = None
+
+
+def script_refusal(device: dict, layer) -> str | None:
+    return None

@@ -28,15 +28,20 @@ process must have set before it imports torch.
 
 from __future__ import annotations
 
-import logging
 import os
-import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from bitdrift.errors import BitdriftError
+# Reading a .pt2 file (its program, its module calls, its tensors as numpy) is the format's
+# (bitdrift.formats.pt2); the runners here take them from there, under these names
+from bitdrift.formats.pt2 import (  # noqa: F401
+    ProgramError,
+    _first_line,
+    load_program,
+    module_outputs,
+    to_numpy,
+)
 
 PRECISIONS = ("float16", "bfloat16", "float32", "float64")
 # The values each library accepts (oneDNN's, MKL's and ATen's documentation); anything
@@ -47,46 +52,6 @@ ONEDNN_ISAS = ("ALL", "AVX512_CORE_AMX_FP16", "AVX512_CORE_AMX", "AVX512_CORE_FP
 MKL_CBWR_BRANCHES = ("AUTO", "COMPATIBLE", "SSE2", "SSE3", "SSSE3", "SSE4_1", "SSE4_2", "AVX",
                      "AVX2", "AVX512_MIC", "AVX512", "AVX512_MIC_E1", "AVX512_E1")
 ATEN_CAPABILITIES = ("default", "avx2", "avx512")
-
-
-class ProgramError(BitdriftError, ValueError):
-    """A ``.pt2`` file that is not a torch.export program, or inputs it cannot take."""
-
-    exit_code = 3
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines() or [type(error).__name__])[0][:300]
-
-
-def load_program(path: str | Path):
-    """The ``torch.export.ExportedProgram`` in ``path``; ProgramError in one line for a
-    file that is missing, damaged or not written by ``torch.export.save``."""
-    import torch
-
-    path = Path(path)
-    what = "not a readable torch.export program (a .pt2 written by torch.export.save)"
-    if not path.is_file():
-        raise ProgramError(f"{path}: no such file")
-    if not zipfile.is_zipfile(path):
-        raise ProgramError(f"{path}: {what}: not a zip archive")
-    with zipfile.ZipFile(path) as archive:
-        if not any(name.endswith("/archive_format") for name in archive.namelist()):
-            raise ProgramError(f"{path}: {what}: a zip archive without a torch.export "
-                               "archive_format entry")
-    # torch.export.load logs the reader's traceback before raising: the one line here says it
-    quiet = logging.getLogger("torch.export")
-    level, quiet.level = quiet.level, logging.CRITICAL
-    try:
-        return torch.export.load(str(path))
-    except Exception as error:  # zipfile, pickle, KeyError, RuntimeError from the reader
-        cause = error
-        while cause.__cause__ or cause.__context__:  # torch's own message points at its log
-            cause = cause.__cause__ or cause.__context__
-        raise ProgramError(f"{path}: {what}: {_first_line(cause)}") from error
-    finally:
-        quiet.setLevel(level)
 
 
 @dataclass(frozen=True)
@@ -165,51 +130,6 @@ def check_inputs(signature: list[InputSpec], arrays: list[np.ndarray], source: s
                                    f"dimension {axis} takes {least} to {most or 'any'}")
 
 
-@dataclass(frozen=True)
-class ModuleOutput:
-    """A recorded module call: its name (the module path, ``@n`` for a later call,
-    ``:i`` for one of several tensors), the module's class and the graph node whose value
-    it is."""
-
-    name: str
-    module_type: str
-    node: str
-
-
-def module_outputs(graph) -> tuple[list[ModuleOutput], dict[str, str]]:
-    """The module calls in an exported graph whose outputs are recorded, in the graph's
-    (topological) order, and the aliases: {container call: the call recorded for the same
-    tensor}. ``graph`` is a torch.fx Graph with ``nn_module_stack`` metadata."""
-    members: dict[str, list] = {}
-    about: dict[str, tuple[str, str, int]] = {}
-    for node in graph.nodes:
-        if node.op != "call_function":
-            continue  # placeholders, the output, export's own _guards_fn call
-        for depth, (key, (path, module_type)) in enumerate(
-                (node.meta.get("nn_module_stack") or {}).items()):
-            if not path:
-                continue  # the root module: its output is the program's output
-            members.setdefault(key, []).append(node)
-            call = key.rsplit("@", 1)[1] if "@" in key else ""
-            about[key] = (f"{path}@{call}" if call.isdigit() else path, module_type, depth)
-    position = {node: index for index, node in enumerate(graph.nodes)}
-    by_node: dict = {}
-    for key, nodes in members.items():
-        inside = set(nodes)
-        handed_on = [node for node in nodes if _is_tensor(node)
-                     and any(user not in inside for user in node.users)]
-        name, module_type, depth = about[key]
-        for index, node in enumerate(handed_on):
-            label = name if len(handed_on) == 1 else f"{name}:{index}"
-            by_node.setdefault(node, []).append((depth, label, module_type))
-    recorded, aliases = [], {}
-    for node in sorted(by_node, key=position.__getitem__):
-        calls = sorted(by_node[node], reverse=True)  # the innermost module names the tensor
-        recorded.append(ModuleOutput(calls[0][1], calls[0][2], node.name))
-        aliases.update({label: calls[0][1] for _, label, _ in calls[1:]})
-    return recorded, aliases
-
-
 def node_layers(graph) -> dict[str, str]:
     """{node name: the recorded module call it runs in} (the innermost module of its
     stack, as module_outputs names it; a container's node under the call recorded for
@@ -231,12 +151,6 @@ def node_layers(graph) -> dict[str, str]:
     return found
 
 
-def _is_tensor(node) -> bool:
-    import torch
-
-    return isinstance(node.meta.get("val"), torch.Tensor)
-
-
 def torch_dtype(precision: str):
     import torch
 
@@ -244,18 +158,6 @@ def torch_dtype(precision: str):
         raise ProgramError(f"precision {precision!r}: torch programs run in "
                            f"{', '.join(PRECISIONS)}")
     return getattr(torch, precision)
-
-
-def to_numpy(tensor) -> np.ndarray:
-    """A tensor's values as numpy, bit for bit (bfloat16 as ml_dtypes' bfloat16)."""
-    import torch
-
-    tensor = tensor.detach().cpu().clone()  # never a view of a tensor a later node changes
-    if tensor.dtype == torch.bfloat16:
-        import ml_dtypes  # numpy has no bfloat16
-
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
 
 
 def to_tensor(array: np.ndarray, precision: str | None = None):

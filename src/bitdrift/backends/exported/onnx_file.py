@@ -1,0 +1,268 @@
+"""A user's ONNX model run as it is by an ONNX runtime (ONNX Runtime, OpenVINO), as
+Polygraphy runs one: ``SessionFromOnnx(ModifyOutputs(OnnxFromPath(p)))``.
+
+The loader step (:func:`instrumented`) makes every float tensor a node outputs a graph
+output of a copy of the model (as Polygraphy's ``mark all`` does), in the graph's
+topological order, the final outputs last; the runtime's runner (its ``compile``) runs
+that copy. The per-layer record names each value by the model's own names. A runtime that
+returns no value for one of them has fused it away: that layer is recorded as absent for
+the device (``unmapped``), never given another value. The file itself, compiled alone, is
+the model as deployed (the observer check). The same model converted for torch eager or
+LiteRT is bitdrift.backends.torch_program's (eager.open_onnx, converted.onnx_on_litert).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bitdrift.backends.exported.common import compile_model, run_probe_model
+from bitdrift.errors import InferenceError
+from bitdrift.formats.onnx import NAME, SUMMING_OPS, file_layers, load_model, value_shapes
+
+
+def instrumented(path):
+    """(the model with every node's float output as a graph output, [(output name, op
+    type)] in topological order with the final outputs last, the values left out because
+    ONNX's shape inference, which gives each value's type, cannot type them)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = load_model(path)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception as error:  # an op shape inference does not know
+        raise InferenceError(f"{path}: ONNX shape inference fails ({error})") from error
+    types = {value.name: value.type.tensor_type.elem_type
+             for value in [*inferred.graph.value_info, *inferred.graph.output,
+                           *inferred.graph.input]}
+    floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
+              TensorProto.BFLOAT16}
+    finals = [output.name for output in model.graph.output]
+    layers, added, untyped = [], [], []
+    for node in model.graph.node:
+        for output in node.output:
+            if output and output not in finals and output not in types:
+                untyped.append(output)
+            if not output or output in finals or types.get(output) not in floats:
+                continue
+            layers.append((output, node.op_type))
+            added.append(helper.make_tensor_value_info(output, types[output], None))
+    producer = {output: node.op_type for node in model.graph.node for output in node.output}
+    layers += [(name, producer.get(name, "Identity")) for name in finals]
+    model.graph.output.extend(added)
+    # the final outputs last, in their own order
+    outputs = list(model.graph.output)
+    ordered = [o for o in outputs if o.name not in finals] + \
+        [o for o in outputs if o.name in finals]
+    del model.graph.output[:]
+    model.graph.output.extend(ordered)
+    return model, layers, untyped
+
+
+def open_session(runtime, job: dict, name: str):
+    """A Session of ``runtime`` (onnxruntime, openvino) on the user's ONNX file: the
+    instrumented copy when layers are recorded, the file itself as deployed (the observer
+    check), both compiled with the device's settings."""
+    import os
+    import tempfile
+
+    import onnx
+
+    from bitdrift.backends import Session
+    from bitdrift.backends.exported.expected import unreadable_export
+    from bitdrift.errors import BitdriftError
+
+    device, path = job["device"], job["model_path"]
+    accelerator = runtime.check_accelerator(name, device)
+    accelerator["model_format"] = NAME
+    trace = bool(job.get("trace"))
+    model, layers, untyped = instrumented(path)
+    handle, instrumented_path = tempfile.mkstemp(suffix=".instrumented.onnx")
+    os.close(handle)
+    try:
+        onnx.save(model, instrumented_path)
+        compiled, describe = compile_model(runtime, instrumented_path, device, accelerator,
+                                           trace, name, shown=path)
+        deployed_run, _ = compile_model(runtime, path, device, dict(accelerator), False,
+                                        name) if not trace else (None, None)
+        nodes_outputs = describe() if trace else None
+    except BitdriftError:
+        raise
+    except Exception as error:
+        raise unreadable_export(path, runtime.NAME, error) from error
+    finally:
+        os.unlink(instrumented_path)
+    recorded = list(layers)  # one per graph output of the instrumented model, in order
+
+    def run(batch):
+        outputs = compiled(batch)
+        if len(outputs) != len(recorded):  # never map values to names by a guess
+            raise InferenceError(f"device {name!r}: {runtime.NAME} returns {len(outputs)} "
+                                 f"outputs of the instrumented {Path(path).name}, which asks "
+                                 f"for {len(recorded)}")
+        return list(outputs) if job["layers"] else [outputs[-1]]
+
+    def final(batch):
+        return compiled(batch)[-1]
+
+    kernels = None
+    if trace:
+        from dataclasses import asdict
+
+        from bitdrift.analysis.kernels import graph_layer_calls
+
+        nodes, outputs = nodes_outputs
+        found = graph_layer_calls(nodes, outputs, {position: layer for position, (layer, _)
+                                                   in enumerate(recorded)})
+        kernels = {layer: [asdict(call) for call in calls] for layer, calls in found.items()}
+
+    def deployed(batch):
+        outputs = deployed_run(batch)
+        return outputs[-1]
+
+    checked, order_layers = checked_layers(path, [output for output, _ in recorded])
+    summing = {output: op for output, op in recorded if op in SUMMING_OPS}
+    unrevealed = {output: f"an ONNX {op} node bitdrift does not probe (it probes MatMul and "
+                          "Gemm nodes over rows, and ungrouped 2-D Conv nodes of valid or "
+                          "same padding and a known input shape, with constant weights "
+                          "and a recorded input)"
+                  for output, op in summing.items() if output not in order_layers}
+    return Session(layers=recorded if job["layers"] else [], run=run, final=final,
+                   unrevealed=unrevealed, unmapped=untyped if job["layers"] else [],
+                   checked=checked if job["layers"] else {}, order_layers=order_layers,
+                   order_probe=node_order_probe(runtime, path, device, accelerator)
+                   if order_layers else None,
+                   accelerator=accelerator, kernels=kernels,
+                   deployed=deployed if deployed_run is not None else None,
+                   deployed_program=f"{Path(path).name} on {runtime.NAME}, as given")
+
+
+def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
+    """({output: (effective-precision spec, [kernel, bias])}, {output: order probe spec}):
+    the MatMul, Gemm (as Dense) and Conv (as channels-first Conv2D) nodes whose output and
+    input are recorded, named by their output as the session records it; the order of the
+    Dense ones over a (batch, terms) input is revealed (bitdrift.analysis.accumulation)."""
+    from bitdrift.analysis.accumulation.probes import probe_spec
+    from bitdrift.analysis.effective_precision import spec_from_config
+    from bitdrift.record.hdf5 import _sanitize
+
+    raw = {_sanitize(name): name for name in recorded}
+    layers = file_layers(path)
+    inputs = {layer["name"] for layer in layers if layer["class_name"] == "InputLayer"}
+    shapes = {_sanitize(name): shape for name, shape in value_shapes(path).items()}
+    checked, orders = {}, {}
+    for layer in layers:
+        if layer["class_name"] not in ("Dense", "Conv2D") or layer["name"] not in raw:
+            continue
+        source = layer["inbound"][0]
+        inbound = None if source in inputs else raw.get(source)
+        if inbound is None and source not in inputs:
+            continue  # its input is not recorded
+        spec = spec_from_config(layer["class_name"], layer["config"], inbound)
+        if spec is None:
+            continue
+        name = raw[layer["name"]]
+        checked[name] = (spec, [np.asarray(value, np.float64) for value in layer["weights"]])
+        kernel = layer["weights"][0]
+        shape = shapes.get(source)
+        if layer["class_name"] == "Dense" and (source not in inputs or len(shape or []) == 2):
+            found = probe_spec("Dense", layer["config"], kernel.shape[:1], kernel.shape)
+            if found is not None:
+                orders[name] = {**found, "op_type": layer["op_type"], "node": layer["name"]}
+        elif layer["class_name"] == "Conv2D" and shape and len(shape) == 4 and \
+                None not in shape[1:]:
+            # the sum described as Keras' channels-last Conv2D's (its terms in Keras' kernel
+            # order, its output grid); the probe feeds the node channels-first and reads
+            # its output back channels-last (channels_first; probe_output)
+            channels, height, width = shape[1:]
+            found = probe_spec("Conv2D", {**layer["config"], "data_format": "channels_last"},
+                               (height, width, channels), kernel.shape)
+            if found is not None:
+                orders[name] = {**found, "op_type": "Conv", "node": layer["name"],
+                                "channels_first": True}
+    return checked, orders
+
+
+def node_model(path, layer: str, input_shape: tuple):
+    """The node whose output the record names ``layer`` alone, as an ONNX model of the
+    same opset: its input ``x`` (a batch of ``input_shape``), its constant operands as
+    initializers, its attributes as in the file, its output ``y`` (bitdrift.run.repro)."""
+    from onnx import helper
+
+    from bitdrift.record.hdf5 import _sanitize
+
+    model = load_model(path)
+    graph = model.graph
+    node = next((node for node in graph.node if node.output and
+                 _sanitize(node.output[0]) == layer), None)
+    if node is None:
+        raise InferenceError(f"{path}: no node outputs {layer!r}")
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    constants.update({item.output[0]: item.attribute[0].t for item in graph.node
+                      if item.op_type == "Constant" and item.attribute})
+    types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
+    inputs = [name for name in node.input if name and name not in constants]
+    if len(inputs) != 1:
+        raise InferenceError(f"{path}: node {node.name or layer!r} has {len(inputs)} "
+                             "inputs; a repro runs one-input nodes")
+    alone = helper.make_node(node.op_type, ["x" if name == inputs[0] else name
+                                            for name in node.input],
+                             ["y"] + [f"unused_{index}" for index in range(1, len(node.output))],
+                             domain=node.domain)
+    alone.attribute.extend(node.attribute)
+    used = [constants[name] for name in node.input if name in constants]
+    elem_type = types.get(inputs[0], 1)  # float unless the model input says otherwise
+    graph_alone = helper.make_graph(
+        [alone], f"{layer}_alone",
+        [helper.make_tensor_value_info("x", elem_type, [None, *input_shape])],
+        [helper.make_tensor_value_info("y", elem_type, None)],
+        [tensor for tensor in used])
+    alone_model = helper.make_model(graph_alone, opset_imports=list(model.opset_import))
+    alone_model.ir_version = model.ir_version
+    return alone_model
+
+
+def node_order_probe(runtime, path, device: dict, accelerator: dict):
+    """order_probe (bitdrift.backends.Session) of an ONNX model's MatMul, Gemm or Conv
+    node: the node alone, cut from the file with its own attributes (node_model), its
+    weights replaced by the probe's, compiled with the device's settings, on a batch of
+    ones (a Conv's channels-first, at its input's shape in the model)."""
+    import onnx
+    from onnx import numpy_helper
+
+    def make(spec: dict, batch: int):
+        conv = spec["op_type"] == "Conv"
+        if conv:
+            height, width, channels = spec["input_shape"]
+            shape = (channels, height, width)
+        else:
+            shape = (spec["terms"],)
+        ones = np.ones((batch, *shape), dtype=np.float32)
+        alone = node_model(path, spec["node"], shape)
+        node = alone.graph.node[0]
+        transposed = spec["op_type"] == "Gemm" and any(
+            attribute.name == "transB" and attribute.i for attribute in node.attribute)
+        constants = [name for name in node.input[1:] if name]
+
+        def call(kernel, bias):
+            if conv:  # the probe's (kh, kw, cin, units) as ONNX's (units, cin, kh, kw)
+                kernel = np.asarray(kernel, np.float32).reshape(spec["kernel_shape"])
+                values = [kernel.transpose(3, 2, 0, 1)]
+            else:
+                kernel = np.asarray(kernel, np.float32).reshape(spec["terms"], spec["units"])
+                values = [kernel.T if transposed else kernel]
+            if spec["use_bias"]:
+                values.append(np.asarray(bias, np.float32))
+            probe = onnx.ModelProto()
+            probe.CopyFrom(alone)
+            del probe.graph.initializer[:]
+            probe.graph.initializer.extend(numpy_helper.from_array(
+                np.ascontiguousarray(value), name) for name, value in zip(
+                    constants, values, strict=True))
+            return run_probe_model(runtime, probe, device, accelerator, spec, ones)
+
+        return call
+
+    return make
