@@ -238,3 +238,25 @@ def test_the_import_graph_is_read_whole():
     # run.inference imports the backends inside its functions only (start-up time)
     assert any(stage(target) == "backends" for target in graph["bitdrift.run.inference"])
     assert "bitdrift.errors" in graph["bitdrift.atomic"]
+
+
+def test_docs_layout_names_every_stage_and_module():
+    """docs/layout.md draws the stages in the order the import test holds them to, and names
+    every package and module of the core, so it cannot fall behind the tree."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    docs = (root / "docs" / "layout.md").read_text()
+    drawn = re.search(r"```\n(.*?)```", docs[docs.index("## The library"):], re.S).group(1)
+    level = {word.rstrip("/"): height  # the bottom line is level 0
+             for height, line in enumerate(drawn.splitlines()[::-1])
+             for word in line.split("   ")[0].split()}
+    assert set(STAGES) - {"__main__"} <= set(level)
+    assert all(level[lower] <= level[upper] for lower, upper in zip(STAGES, STAGES[1:-1]))
+    package = root / "src" / "bitdrift"
+    missing = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
+                     if path.parts[len(package.parts)] != "studies"
+                     and path.stem not in ("__init__", "__main__")
+                     and f"`{path.stem}`" not in docs and f"`{path.stem}/`" not in docs)
+    assert missing == []
