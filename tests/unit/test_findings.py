@@ -75,6 +75,47 @@ def test_the_machine_is_named_with_the_instruction_sets_it_has_and_lacks():
                         "AVX-512, AVX512_BF16; not present: AVX512_VNNI, AVX512_FP16, AMX.")
 
 
+def test_the_fingerprints_are_those_of_the_records_that_ran(make_record, tmp_path):
+    """findings.fingerprints reads each record's root attributes through the record
+    package: the first record of a device gives its fingerprint; failure records, files
+    that are missing or not HDF5, a record without a fingerprint, one whose fingerprint is
+    not JSON and an empty one are left out; a fingerprint of the wrong shape is refused,
+    naming its file."""
+    import re
+
+    import h5py
+    import numpy as np
+    import pytest
+
+    from bitdrift.errors import RecordError
+    from bitdrift.record.writer import write_failure
+    from bitdrift.report.findings.document import fingerprints
+
+    output = {0: np.ones((1, 3), np.float32)}
+    native = make_record("a", output, fingerprint=FINGERPRINT)
+    again = make_record("a", output, model="other", fingerprint=HASWELL)  # a's second
+    emulated = make_record("haswell", output, fingerprint=HASWELL)
+    failed = tmp_path / "failed.h5"
+    write_failure(failed, {"model": "net", "device": "ov_gpu"}, "asks for a GPU")
+    not_hdf5 = tmp_path / "not_hdf5.h5"
+    not_hdf5.write_text("a log, not a record")
+    unfingerprinted, not_json, empty = (make_record(device, output, model=device)
+                                        for device in ("bare", "garbled", "empty"))
+    with h5py.File(unfingerprinted, "r+") as handle:
+        del handle.attrs["fingerprint"]
+    with h5py.File(not_json, "r+") as handle:
+        handle.attrs["fingerprint"] = "{not json"
+    with h5py.File(empty, "r+") as handle:
+        handle.attrs["fingerprint"] = "null"
+    found = fingerprints([failed, tmp_path / "missing.h5", not_hdf5, native, again,
+                          emulated, unfingerprinted, not_json, empty])
+    assert found == {"a": FINGERPRINT, "haswell": HASWELL}
+    wrong = make_record("wrong", output, fingerprint={"cpu": {"flags": "avx2 fma"}})
+    with pytest.raises(RecordError, match=f"^{re.escape(str(wrong))}: root attribute "
+                       "'fingerprint': 'cpu.flags' is a string, not a list$"):
+        fingerprints([native, wrong])
+
+
 def test_no_failure_and_the_report_text_is_valid_rest(tmp_path):
     from docutils.core import publish_parts
     from docutils.utils import Reporter

@@ -1,11 +1,10 @@
 """The findings as a document: the tables read when a section needs them, the records'
-fingerprints, the sections in their order (the core's, then the studies'), and the text as
-Markdown (findings.md, the EQC figure linked) and reStructuredText (the report's first
-section, the figure inline)."""
+fingerprints read through the record package, the sections in their order (the core's,
+then the studies'), and the text as Markdown (findings.md, the EQC figure linked) and
+reStructuredText (the report's first section, the figure inline)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -163,26 +162,17 @@ def restructured_text(sections, figure=None) -> str:
 
 
 def fingerprints(records) -> dict:
-    """{device: fingerprint} of the records that ran (failure records have none)."""
-    import h5py
-
-    from bitdrift.record.hdf5 import FAILED
-    from bitdrift.record.reader import checked_fingerprint
+    """{device: fingerprint} of the records that ran, the first record of a device kept;
+    records without one (failure records, unreadable files) and empty fingerprints are
+    left out, and a fingerprint of the wrong shape is refused (RecordError)."""
+    from bitdrift.record.reader import read_fingerprint
 
     found = {}
     for path in records:
-        try:
-            with h5py.File(path, "r") as handle:
-                if FAILED in handle.attrs or "fingerprint" not in handle.attrs:
-                    continue
-                value, device = handle.attrs["fingerprint"], handle.attrs["device"]
-                value = json.loads(value.decode() if isinstance(value, bytes) else value)
-                device = device.decode() if isinstance(device, bytes) else str(device)
-        except (OSError, ValueError, KeyError):
-            continue
-        value = checked_fingerprint(value, path)  # read as an object below: refused else
-        if value:
-            found.setdefault(device, value)
+        read = read_fingerprint(path)
+        if read and read[1]:
+            device, fingerprint = read
+            found.setdefault(device, fingerprint)
     return found
 
 
