@@ -205,7 +205,7 @@ def test_a_runtime_runs_on_an_emulated_arm_cpu(userland, exported, tmp_path, bac
     (the Arm wheel maps the same layers); the fingerprint is the Arm CPU the process saw,
     QEMU's version and the host; the Dense layers' summation order is revealed on the Arm
     CPU (LiteRT's layers converted by the host's python)."""
-    from bitdrift.report.findings import emulated
+    from bitdrift.report.findings.machine import emulated
 
     # OpenVINO's default precision follows the CPU (bfloat16 on a host with native bf16,
     # float16 on Arm): float32 asked for on both sides

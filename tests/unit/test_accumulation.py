@@ -1033,7 +1033,7 @@ def test_a_sampled_search_is_named_and_recorded_for_its_positions_alone():
     from bitdrift.analysis.accumulation.names import order_name
     from bitdrift.analysis.accumulation.trees import from_flat
     from bitdrift.record.orders import checked_orders
-    from bitdrift.report.findings import order_phrase
+    from bitdrift.report.findings.orders import order_phrase
 
     entry, live = sampled_wide_entry()
     places = entry["places"]

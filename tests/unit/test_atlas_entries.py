@@ -226,7 +226,8 @@ def gpu(name, driver):
 
 
 def test_gpu_machines_driver_is_software_and_the_findings_section(tmp_path):
-    from bitdrift.report.findings import ATLAS_HEADING, findings
+    from bitdrift.report.findings import findings
+    from bitdrift.report.findings.atlas import ATLAS_HEADING
 
     atlas = tmp_path / "atlas"
     h100 = gpu("NVIDIA H100 80GB HBM3", "570.1")

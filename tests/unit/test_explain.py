@@ -190,7 +190,7 @@ def test_each_class_pair_is_counted_once(make_record, tmp_path):
     device against a, so a-c meets classes A and B a second time. By hand: 3 distinct
     class pairs per sample, 6 in all; the findings count those, not the table's rows."""
     from bitdrift.analysis.divergence import class_pairs
-    from bitdrift.report.findings import divergence as divergence_lines
+    from bitdrift.report.findings.divergence import divergence as divergence_lines
 
     base = np.array([0.5, 0.25], np.float32)
     apart = np.array([0.5, 0.75], np.float32)

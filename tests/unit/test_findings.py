@@ -2,7 +2,9 @@
 
 import pandas as pd
 
-from bitdrift.report.findings import findings, machine, markdown, restructured_text
+from bitdrift.report.findings import findings
+from bitdrift.report.findings.document import markdown, restructured_text
+from bitdrift.report.findings.machine import machine
 
 # Four float32 devices over two samples: a and b agree on both, c apart on both, d joins c
 # on sample 1 only; one bfloat16 device.
@@ -73,6 +75,47 @@ def test_the_machine_is_named_with_the_instruction_sets_it_has_and_lacks():
                         "AVX-512, AVX512_BF16; not present: AVX512_VNNI, AVX512_FP16, AMX.")
 
 
+def test_the_fingerprints_are_those_of_the_records_that_ran(make_record, tmp_path):
+    """findings.fingerprints reads each record's root attributes through the record
+    package: the first record of a device gives its fingerprint; failure records, files
+    that are missing or not HDF5, a record without a fingerprint, one whose fingerprint is
+    not JSON and an empty one are left out; a fingerprint of the wrong shape is refused,
+    naming its file."""
+    import re
+
+    import h5py
+    import numpy as np
+    import pytest
+
+    from bitdrift.errors import RecordError
+    from bitdrift.record.writer import write_failure
+    from bitdrift.report.findings.document import fingerprints
+
+    output = {0: np.ones((1, 3), np.float32)}
+    native = make_record("a", output, fingerprint=FINGERPRINT)
+    again = make_record("a", output, model="other", fingerprint=HASWELL)  # a's second
+    emulated = make_record("haswell", output, fingerprint=HASWELL)
+    failed = tmp_path / "failed.h5"
+    write_failure(failed, {"model": "net", "device": "ov_gpu"}, "asks for a GPU")
+    not_hdf5 = tmp_path / "not_hdf5.h5"
+    not_hdf5.write_text("a log, not a record")
+    unfingerprinted, not_json, empty = (make_record(device, output, model=device)
+                                        for device in ("bare", "garbled", "empty"))
+    with h5py.File(unfingerprinted, "r+") as handle:
+        del handle.attrs["fingerprint"]
+    with h5py.File(not_json, "r+") as handle:
+        handle.attrs["fingerprint"] = "{not json"
+    with h5py.File(empty, "r+") as handle:
+        handle.attrs["fingerprint"] = "null"
+    found = fingerprints([failed, tmp_path / "missing.h5", not_hdf5, native, again,
+                          emulated, unfingerprinted, not_json, empty])
+    assert found == {"a": FINGERPRINT, "haswell": HASWELL}
+    wrong = make_record("wrong", output, fingerprint={"cpu": {"flags": "avx2 fma"}})
+    with pytest.raises(RecordError, match=f"^{re.escape(str(wrong))}: root attribute "
+                       "'fingerprint': 'cpu.flags' is a string, not a list$"):
+        fingerprints([native, wrong])
+
+
 def test_no_failure_and_the_report_text_is_valid_rest(tmp_path):
     from docutils.core import publish_parts
     from docutils.utils import Reporter
@@ -87,7 +130,7 @@ def test_no_failure_and_the_report_text_is_valid_rest(tmp_path):
 def test_the_replay_count_leaves_out_what_was_not_revealed_or_replayed():
     """Five Dense layers by hand: two reproduced, one that differs, one whose order was not
     revealed, one not replayed (float64): "2 of the 3", and each is said of its device."""
-    from bitdrift.report.findings import orders
+    from bitdrift.report.findings.orders import orders
 
     table = pd.DataFrame({
         "model": ["m"] * 5, "device": ["a", "b", "c", "d", "e"], "layer": ["dense"] * 5,
@@ -115,7 +158,7 @@ def test_each_order_sentence_names_model_layer_and_devices():
     in a sentence."""
     import re
 
-    from bitdrift.report.findings import orders
+    from bitdrift.report.findings.orders import orders
 
     rows = [("conv2d", 28, "t", "sequential, bias last", "bit-identical without FMA"),
             ("conv2d", 28, "u", "4 interleaved lanes, bias last", "bit-identical with FMA"),
@@ -144,7 +187,7 @@ def test_a_tie_at_the_fewest_agreeing_labels_is_named_as_a_tie():
     """Predicted labels against TensorFlow's: two devices tied at the fewest (358 of 359),
     one agreeing on all; and a table where every device agrees on all says so, with no
     "lowest" device picked from a tie of everyone."""
-    from bitdrift.report.findings import agreement
+    from bitdrift.report.findings.classes import agreement
 
     table = pd.DataFrame({"model": ["m"] * 4, "device": ["tf", "a", "b", "c"],
                           "images": [None, 359, 359, 359],
@@ -170,7 +213,7 @@ def test_the_dendrogram_caption_reads_the_axis_as_the_figure_draws_it(make_recor
     from bitdrift.analysis.eqc import eqc_tables
     from bitdrift.record.reader import open_records
     from bitdrift.report.figures import eqc as figures
-    from bitdrift.report.findings import FIGURE_CAPTION
+    from bitdrift.report.findings.document import FIGURE_CAPTION
 
     near = np.array([1.0, 2.0, 3.0], np.float32)
     apart = near.copy()
@@ -231,7 +274,7 @@ def test_the_eqc_figure_follows_the_classes_inline_in_the_report(tmp_path):
 def test_kernel_pairs_tied_with_the_third_commonest_are_all_named():
     """Kernel pairs at the first divergent layer counted 3, 2, 1 and 1 by hand: the two
     tied third are both named, not one picked by the sort."""
-    from bitdrift.report.findings import divergence
+    from bitdrift.report.findings.divergence import divergence
 
     counts = {("k1", "k2"): 3, ("k1", "k3"): 2, ("k2", "k3"): 1, ("k3", "k4"): 1}
     rows = [(a, b) for (a, b), count in counts.items() for _ in range(count)]
@@ -247,7 +290,7 @@ def test_kernel_pairs_tied_with_the_third_commonest_are_all_named():
 def test_an_explanation_says_when_it_is_weak_confounded_or_not_unique():
     """An explain row by hand: weak, its kernel attribute splitting the devices as two
     others do, two alternative sets; the sentence says each, in words."""
-    from bitdrift.report.findings import explanations
+    from bitdrift.report.findings.classes import explanations
 
     table = pd.DataFrame([{"model": "m", "sample": 0, "layer": "output", "attributes":
                            "threads;kernel.dense_1", "determined": True, "search": "exact",
@@ -269,7 +312,7 @@ def test_an_order_that_varies_by_position_reads_as_words():
 
     from bitdrift.analysis.accumulation.names import order_name
     from bitdrift.analysis.accumulation.trees import from_flat
-    from bitdrift.report.findings import order_phrase
+    from bitdrift.report.findings.orders import order_phrase
 
     # 4 products and the bias (term 4), as to_flat keeps them
     sequential = from_flat([[0, 1], [5, 2], [6, 3], [7, 4]], 5)
@@ -323,7 +366,8 @@ def test_classes_on_100_samples_are_counted_not_listed():
     """The same number of classes on every sample is said once, with the number of
     samples; counts that vary: the range, the commonest with its number of samples, the
     rarer ones' samples (a few, and how many more); no line grows with the samples."""
-    from bitdrift.report.findings import SHOWN, classes
+    from bitdrift.report.findings.classes import classes
+    from bitdrift.report.findings.text import SHOWN
 
     precisions = dict.fromkeys(BIG_DEVICES, "float32")
     eqc = _big_eqc(dict.fromkeys(BIG_SAMPLES, 3))
@@ -366,7 +410,7 @@ def test_an_explanation_on_100_samples_groups_its_attributes_by_prefix():
     attributes counted per prefix with a few examples, the numbers left out exact."""
     import re
 
-    from bitdrift.report.findings import explanations
+    from bitdrift.report.findings.classes import explanations
 
     kernels = [f"kernel.{layer}" for layer in BIG_LAYERS * 3][:150]
     kernels = [f"{name}_{index}" for index, name in enumerate(kernels)]
@@ -402,7 +446,8 @@ def test_an_explanation_on_100_samples_groups_its_attributes_by_prefix():
 def test_many_sets_of_attributes_keep_those_of_the_most_samples():
     """12 explanations of 1 to 12 samples each: the 5 explaining the most samples are
     said, the other 7 counted with their samples."""
-    from bitdrift.report.findings import SHOWN, explanations
+    from bitdrift.report.findings.classes import explanations
+    from bitdrift.report.findings.text import SHOWN
 
     sizes = list(range(1, 13))
     rows, sample = [], 0
@@ -471,7 +516,7 @@ def test_the_orders_of_50_layers_and_30_devices_are_said_once_per_shape():
     up to the table's rows."""
     import re
 
-    from bitdrift.report.findings import ORDER_SENTENCES, orders
+    from bitdrift.report.findings.orders import ORDER_SENTENCES, orders
 
     table, sentences = _big_orders()
     lines = orders(table)
@@ -514,7 +559,9 @@ def test_long_lists_elsewhere_are_cut_and_counted():
     format at 54 layers: each list shows a few and counts the rest exactly."""
     from collections import Counter
 
-    from bitdrift.report.findings import SHOWN, divergence, reduced_precision
+    from bitdrift.report.findings.classes import reduced_precision
+    from bitdrift.report.findings.divergence import divergence
+    from bitdrift.report.findings.text import SHOWN
 
     layers = [f"conv{index}" for index in range(40)]
     rows = [{"model": "m", "sample": sample, "class_a": 1, "class_b": 2,

@@ -246,7 +246,7 @@ def test_a_record_without_full_samples_says_its_effective_precision_is_unchecked
         summary,
         unchecked_reason,
     )
-    from bitdrift.report.findings import reduced_precision
+    from bitdrift.report.findings.classes import reduced_precision
 
     dataset, model = assets
     out = tmp_path / "rec.h5"

@@ -17,7 +17,7 @@ from bitdrift.backends.exported.common import deployed_session
 from bitdrift.record.hdf5 import DEPLOYED, OUTPUT
 from bitdrift.record.reader import Record
 from bitdrift.record.writer import write_record
-from bitdrift.report.findings import observer
+from bitdrift.report.findings.checks import observer
 from tests.utils import BASE_ATTRS
 
 # A Dense layer whose sum cancels: the first term 2**24, the last -2**24, the others 0, and

@@ -1,6 +1,7 @@
 """Reading inference records (the format: bitdrift.record.hdf5): Record, one record
 validated on open and read a tensor at a time; open_records and group_by_model, the
-records an analysis compares; read_failure, a failure record's reason.
+records an analysis compares; read_failure, a failure record's reason; read_fingerprint, a
+record's device and fingerprint alone.
 """
 
 from __future__ import annotations
@@ -49,6 +50,23 @@ def read_failure(path: str | Path) -> dict | None:
             return {**found, "reason": _text(handle.attrs[FAILED]), "path": str(path)}
     except OSError:
         return None
+
+
+def read_fingerprint(path: str | Path) -> tuple[str, dict] | None:
+    """(device, fingerprint) of a record that ran, from its root attributes alone (a
+    Record would validate the samples too, which naming the machine does not need); the
+    fingerprint checked as checked_fingerprint does, RecordError naming ``path`` when a
+    part is of the wrong type. None for a failure record, a record without a fingerprint
+    or a device, a fingerprint that is not JSON, and a missing or unreadable file."""
+    try:
+        with h5py.File(path, "r") as handle:
+            if FAILED in handle.attrs or "fingerprint" not in handle.attrs:
+                return None
+            found, device = handle.attrs["fingerprint"], _text(handle.attrs["device"])
+            found = json.loads(found.decode() if isinstance(found, bytes) else found)
+    except (OSError, ValueError, KeyError):
+        return None
+    return device, checked_fingerprint(found, path)
 
 
 @dataclass

@@ -1,0 +1,204 @@
+"""The equivalence classes per model and precision, what explains them (explain.csv), the
+devices computing below their declared format, and how often each runtime's predicted
+label is TensorFlow's."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bitdrift.report.findings.text import (
+    LISTED,
+    SHOWN,
+    and_list,
+    first_listed,
+    largest_kept,
+    sample_names,
+    samples_phrase,
+)
+
+
+def _class_counts(per_sample: pd.Series, devices: int) -> str:
+    """How many classes the devices form on each sample (``per_sample``: sample -> count),
+    as a sentence's middle: each count in full up to LISTED samples; more: the range, each
+    count with its number of samples, the samples of the rarer counts."""
+    if len(per_sample) <= LISTED:
+        counts = "/".join(str(per_sample[sample]) for sample in sorted(per_sample.index))
+        return (f"{counts} classes among {devices} devices on test samples "
+                f"{sample_names(per_sample.index)} (final output)")
+    where = "each sample's classes, device by device, in results/tables/eqc.csv"
+    if per_sample.nunique() == 1:
+        return (f"{per_sample.iloc[0]} classes among {devices} devices on each of the "
+                f"{len(per_sample)} test samples (final output; {where})")
+    from bitdrift.analysis.eqc import class_count_frequency
+
+    (common, times), *rarer = class_count_frequency(per_sample).items()
+    parts = [f"{common} on {times} of them"] + [
+        f"{count} on {samples} ({sample_names(per_sample.index[per_sample == count])})"
+        for count, samples in rarer[:SHOWN]]
+    if len(rarer) > SHOWN:
+        left = rarer[SHOWN:]
+        parts.append(f"… and {len(left)} more counts on {sum(n for _, n in left)} samples")
+    return (f"{per_sample.min()} to {per_sample.max()} classes among {devices} devices over "
+            f"the {len(per_sample)} test samples (final output): {', '.join(parts)}; {where}")
+
+
+def classes(eqc: pd.DataFrame, precisions: dict) -> list[str]:
+    """Classes per model and precision, and the devices that agree bit for bit on every
+    sample."""
+    lines = []
+    for model, rows in eqc.groupby("model", sort=False):
+        rows = rows.assign(precision=rows["device"].map(precisions).fillna("unknown"))
+        for precision, part in rows.groupby("precision", sort=False):
+            devices = list(dict.fromkeys(part["device"]))
+            per_sample = part.groupby("sample")["eqc"].nunique().sort_index()
+            lines.append(f"{model}, {precision}: {_class_counts(per_sample, len(devices))}.")
+            # the same class on every sample: bit for bit identical outputs throughout
+            signature = part.pivot_table(index="device", columns="sample", values="eqc",
+                                         aggfunc="first")
+            groups = {}
+            for device in devices:
+                groups.setdefault(tuple(signature.loc[device]), []).append(device)
+            together = [members for members in groups.values() if len(members) > 1]
+            alone = [members[0] for members in groups.values() if len(members) == 1]
+            if together:
+                lines.append(f"{model}, {precision}: bit for bit identical on every sample: "
+                             + "; ".join("{" + ", ".join(g) + "}" for g in together)
+                             + (f". In a class of their own: {', '.join(alone)}."
+                                if alone else "."))
+            elif len(devices) > 1:
+                lines.append(f"{model}, {precision}: no two devices agree bit for bit on every "
+                             "sample.")
+            nondeterministic = part.loc[~part["deterministic"].astype(bool), "device"].unique()
+            if len(nondeterministic):
+                lines.append(f"{model}, {precision}: not deterministic across repeats: "
+                             f"{', '.join(nondeterministic)}.")
+    return lines
+
+
+# How a group of attributes reads when there are many (bitdrift.analysis.explain names them
+# ``kernel.<layer>``, ``order.<layer>``, ``versions.<module>``, ``env.<name>``)
+_PER_LAYER = ("kernel", "order")
+
+
+def _attributes(names) -> list[str]:
+    """Attribute names as a sentence's items, quoted: each one up to LISTED names; more:
+    those of one prefix together, counted, with a few examples (``kernel.*`` at 176 layers
+    (``kernel.avg_pool``, … and 173 more)); names without a prefix one by one."""
+    names = [str(name) for name in names]
+    if len(names) <= LISTED:
+        return [f"`{name}`" for name in names]
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.split(".", 1)[0] if "." in name else "", []).append(name)
+    items = []
+    for prefix, members in groups.items():
+        examples = first_listed((f"`{name}`" for name in members), listed=4, shown=3)
+        if not prefix or len(members) == 1:
+            items += [f"`{name}`" for name in members]
+        elif prefix in _PER_LAYER:
+            items.append(f"`{prefix}.*` at {len(members)} layers ({examples})")
+        else:
+            items.append(f"{len(members)} `{prefix}.*` attributes ({examples})")
+    return items
+
+
+def explanations(explain: pd.DataFrame) -> list[str]:
+    """What explain names as determining the final output's classes: one sentence per set
+    of attributes, with the samples it explains; over LISTED sets, those explaining the
+    most samples, and how many more (explain.csv holds every sample's)."""
+    lines = []
+    final = explain[explain["layer"].astype(str) == "output"] if "layer" in explain else explain
+    found = list(final.groupby(["model", "attributes"], sort=False))
+    shown = largest_kept([rows["sample"].nunique() for _, rows in found])
+    for (model, attributes), rows in (found[index] for index in shown):
+        determined = rows["determined"].astype(bool).all()
+        named = ", ".join(_attributes(name for name in str(attributes).split(";") if name)) \
+            or "nothing (one class)"
+        first = rows.iloc[0]
+        caveats = [f"{first['search']} search"]
+        if str(first.get("weak", "")).lower() == "true":
+            caveats.append("weak: one of these attributes has a value only one device holds")
+        # "name=other+other;...": attributes that split the devices as the chosen one does
+        for group in str(first.get("confounded") or "").split(";"):
+            if "=" in group:
+                name, others = group.split("=", 1)
+                others = others.split("+")
+                caveats.append(f"`{name}` splits the devices as "
+                               + and_list(_attributes(others))
+                               + (" does" if len(others) == 1 else " do"))
+        alternatives = [item for item in str(first.get("alternatives") or "").split("|")
+                        if item and item != "nan"]
+        if alternatives:
+            caveats.append(f"explain.csv lists {len(alternatives)} other sets of as many "
+                           "attributes that do as well")
+        lines.append(f"{model}, {samples_phrase(rows)}: the classes are "
+                     f"{'determined' if determined else 'not fully determined'} by {named} "
+                     f"({'; '.join(caveats)}).")
+    if len(shown) < len(found):
+        left = [rows for index, (_, rows) in enumerate(found) if index not in shown]
+        samples = pd.concat(left)[["model", "sample"]].drop_duplicates()
+        lines.append(f"… and {len(left)} more sets of attributes, on {len(samples)} "
+                     "(model, sample) pairs; every sample's in results/tables/explain.csv.")
+    return lines
+
+
+def reduced_precision(effective: pd.DataFrame) -> list[str]:
+    """Devices that compute below their declared format, with the format their errors
+    are consistent with (the recomputed effective-precision check). Records whose layers
+    keep digests only (analysis.full_samples: 0) are named on a line of their own."""
+    from bitdrift.analysis.effective_precision import NO_FULL_SAMPLES
+
+    digests_only = effective[effective["unchecked"] == NO_FULL_SAMPLES] \
+        if "unchecked" in effective else effective.iloc[:0]
+    note = [f"Unchecked on {', '.join(digests_only['device'].astype(str).unique())}: "
+            f"{NO_FULL_SAMPLES}."] if len(digests_only) else []
+    effective = effective.drop(digests_only.index)
+    if effective.empty or "reduced" not in effective:
+        return ["No effective-precision check in the records.", *note]
+    reduced = effective[effective["reduced"].astype(str).str.lower() == "true"]
+    if reduced.empty:
+        checked = effective["device"].nunique()
+        return [f"None: every checked Dense/Conv layer of the {checked} devices is within its "
+                "declared format's error bound.", *note]
+    lines = []
+    for (model, device), rows in reduced.groupby(["model", "device"], sort=False):
+        formats = sorted(set(rows["format"].astype(str)), key=list(rows["format"]).index)
+        lines.append(f"{device} ({model}) declares {rows['precision'].iloc[0]} but computes "
+                     f"{' and '.join(f + '-like' for f in formats)}: "
+                     f"{rows['effective_bits'].min():.1f} effective bits at worst, in "
+                     f"{len(rows)} of {len(effective[effective['device'] == device])} "
+                     f"checked layers ({first_listed(rows['layer'].astype(str))}).")
+    return lines + note
+
+
+def agreement(table: pd.DataFrame) -> list[str]:
+    """Per model, on how many test images each runtime's predicted label (the argmax of
+    its output) equals TensorFlow's float32 one; the fewest named with every device tied
+    at it."""
+    shares = pd.to_numeric(table["share"], errors="coerce")
+    checked = table[shares.notna()].assign(share=shares[shares.notna()])
+    lines = [f"{model}: not checked on any device (the argmax check compares a Keras "
+             "model's labels with TensorFlow's; TensorFlow's own devices are the reference, "
+             "and a model file of another format has none)."
+             for model in dict.fromkeys(table["model"]) if model not in set(checked["model"])]
+    for model, rows in checked.groupby("model", sort=False):
+        images = pd.to_numeric(rows["images"], errors="coerce").astype(int)
+        agreeing = pd.to_numeric(rows["agreeing"], errors="coerce") if "agreeing" in rows \
+            else rows["share"] * images
+        rows = rows.assign(images=images, agreeing=agreeing.round().astype(int))
+        devices, most = rows["device"].nunique(), int(rows["images"].max())
+        every = rows["agreeing"] == rows["images"]
+        if every.all():
+            lines.append(f"{model}: all {devices} checked devices predict TensorFlow's "
+                         f"(float32) label on each of the {most} test images.")
+            continue
+        low = rows.loc[(rows["agreeing"] / rows["images"]).idxmin()]
+        share = low["agreeing"] / low["images"]
+        lowest = list(dict.fromkeys(rows.loc[rows["agreeing"] / rows["images"] == share,
+                                             "device"]))
+        lines.append(f"{model}: of {devices} checked devices, {int(every.sum())} predict "
+                     f"TensorFlow's (float32) label on each of the {most} test images; the "
+                     f"fewest agreeing labels are {low['agreeing']} of {low['images']} "
+                     f"({share:.1%}), by {and_list(lowest)}"
+                     + (f" ({len(lowest)} tied)." if len(lowest) > 1 else "."))
+    return lines

@@ -1,0 +1,52 @@
+"""Where devices part: the first divergent layer of each pair of classes, the kernels
+recorded there, and how many first divergences the kernels explain."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bitdrift.report.findings.text import LISTED, SHOWN
+
+
+def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
+    """Where pairs of classes part first, and which kernels differ there."""
+    from bitdrift.analysis.divergence import class_pairs
+
+    lines = []
+    parted = class_pairs(table)  # each class pair once (not once per device of a class)
+    for model, rows in parted.groupby("model", sort=False):
+        counts = rows["first_layer"].value_counts()
+        at = [f"{count} at `{layer}`" for layer, count in counts.items()]
+        if len(at) > LISTED:  # the commonest layers; the rest counted
+            rest = counts.iloc[SHOWN:]
+            at = at[:SHOWN] + [f"… and {rest.sum()} at {len(rest)} more layers "
+                               "(results/tables/divergence.csv)"]
+        lines.append(f"{model}: of {len(rows)} (class pair, sample) first divergences, "
+                     + ", ".join(at) + ".")
+        if "kernels_differ" in rows:
+            differ = rows[rows["kernels_differ"].astype(str) == "yes"]
+            pairs = differ.apply(lambda row: " vs ".join(sorted(
+                [str(row["kernels_a"]), str(row["kernels_b"])])), axis=1).value_counts()
+            if len(pairs):  # the three commonest, and any tied with the third
+                third = pairs.iloc[min(2, len(pairs) - 1)]
+                tied = pairs[pairs >= third]
+                said = [f"`{pair}` ({count})" for pair, count in tied.iloc[:LISTED].items()]
+                if len(tied) > LISTED:  # those left out all count as many as the third
+                    said = said[:SHOWN] + [f"… and {len(tied) - SHOWN} more pairs at "
+                                           f"{third} each"]
+                lines.append(f"{model}: kernels at the first divergent layer, most often: "
+                             + "; ".join(said) + ".")
+    for row in coverage.to_dict("records"):
+        untraced = pd.to_numeric(pd.Series([row["untraced"]]), errors="coerce").fillna(0)[0]
+        deployed_only = int(pd.to_numeric(pd.Series([row.get("deployed_only", 0)]),
+                                          errors="coerce").fillna(0)[0])
+        lines.append(f"{row['model']}: of {row['first_divergences']} first divergences the "
+                     f"recorded kernels differ at {row['kernels_differ']}, the same kernels "
+                     f"with other settings (threads, batch) at "
+                     f"{row['same_kernels_other_settings']}, {row['unexplained']} unexplained"
+                     + (f", {row['untraced']} involve a runtime that names no kernels "
+                        "(untraced)" if untraced else "")
+                     + (f", {deployed_only} part only at the deployed model's final output, "
+                        "every recorded layer agreeing (the observer check below)"
+                        if deployed_only else "") + ".")
+    return lines or ["No two classes: nothing parts."]
