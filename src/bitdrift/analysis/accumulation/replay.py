@@ -127,8 +127,9 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
     (``model_input`` for the first layer) and the weights the device used, gives the
     recorded output bit for bit (with or without FMA; with FMA where two products meet,
     each tried fused, the entry's ``fused_product`` saying which one gives the record's
-    bits: replay_verdict); values whose place has no known tree are left out and counted. ``outputs``: {layer: array (samples, ...)} of the
-    record (repeat 0); ``weights``: {"weights/LAYER/0": kernel, ".../1": bias} as the
+    bits: replay_verdict); values whose place has no known tree are left out and
+    counted. ``outputs``: {layer: array (samples, ...)} of the record (repeat 0);
+    ``weights``: {"weights/LAYER/0": kernel, ".../1": bias} as the
     device had them. The replay runs at ``replay_samples`` samples and a Conv2D's
     ``replay_positions`` output pixels (sampled_samples, sampled_grid; all where there
     are no more), which the entry's ``replayed`` names where some are left out;
