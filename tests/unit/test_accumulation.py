@@ -569,6 +569,188 @@ def test_a_sum_that_starts_from_the_bias_is_replayed_with_the_first_product_fuse
     assert not np.array_equal(replay(tree, x, w, b, fma=False), truth)
 
 
+# -- where two products meet: which one the FMA fuses ---------------------------------------
+# a = 1 + 2^-12, c = 1 + 2^-11: a * a = 1 + 2^-11 + 2^-24 lies halfway between c and its
+# float32 neighbour above, and rounds (to even) to c. So a * a - c is 2^-24 exactly when
+# a * a is fused, 0 when it is rounded first: the two choices give other bits.
+HALF_ULP_A, HALF_ULP_C = F32(1 + 2.0 ** -12), F32(1 + 2.0 ** -11)
+
+
+FUSED_TERMS = 16
+
+
+def two_products_meet_dense():
+    """A Dense layer of FUSED_TERMS inputs and 2 units, its bias zero, whose first two
+    products meet: row 0, unit 0 sums a * a and -1 * c (the lower-index product inexact),
+    row 1, unit 1 sums -1 * c and a * a (the higher-index one inexact), the other inputs
+    of these rows 0; 30 random rows below. Returns x, kernel, bias."""
+    rng = np.random.default_rng(63)
+    x = rng.standard_normal((32, FUSED_TERMS)).astype(F32)
+    kernel = rng.standard_normal((FUSED_TERMS, 2)).astype(F32)
+    x[:2] = 0
+    x[0, :2], x[1, :2] = [HALF_ULP_A, -1], [-1, HALF_ULP_A]
+    kernel[:2, 0], kernel[:2, 1] = [HALF_ULP_A, HALF_ULP_C], [HALF_ULP_C, HALF_ULP_A]
+    return x, kernel, np.zeros(2, dtype=F32)
+
+
+def sequential_fma_sum(x, kernel, bias, fused_product):
+    """A kernel's sequential sum with FMA, computed exactly with fractions: the product
+    of ``fused_product``'s index among the first two fused onto the other, rounded alone;
+    each later product fused onto the running sum; the bias added last (one rounding of
+    two float32 numbers)."""
+    from bitdrift.record.orders import HIGHER_FUSED
+
+    out = np.zeros((x.shape[0], kernel.shape[1]), dtype=F32)
+    for row in range(x.shape[0]):
+        for unit in range(kernel.shape[1]):
+            products = [fraction(x[row, k]) * fraction(kernel[k, unit])
+                        for k in range(x.shape[1])]
+            rounded, fused = products[:2] if fused_product == HIGHER_FUSED \
+                else products[1::-1]
+            total = nearest_float32(fraction(nearest_float32(rounded)) + fused)
+            for product in products[2:]:
+                total = nearest_float32(fraction(total) + product)
+            out[row, unit] = nearest_float32(fraction(total) + fraction(bias[unit]))
+    return out
+
+
+# ((0 + 1) + 2) + ... + 15, then the bias (term 16): nodes in post-order, node k being
+# term 17 + k
+SEQUENTIAL_WITH_BIAS = [[0, 1], *([FUSED_TERMS + k, k + 1] for k in range(1, FUSED_TERMS - 1)),
+                        [2 * FUSED_TERMS - 1, FUSED_TERMS]]
+
+
+def test_where_two_products_meet_the_replay_fuses_the_one_it_is_told():
+    """The hand-made values: fusing the higher-index product gives 0 at (0, 0) and 2^-24 at
+    (1, 1), fusing the lower-index one the other way round, as exact arithmetic
+    (fractions) says; every value of each replay is the exact sum of its choice."""
+    from bitdrift.analysis.accumulation.replay import replay
+    from bitdrift.analysis.accumulation.trees import from_flat
+    from bitdrift.record.orders import HIGHER_FUSED, LOWER_FUSED
+
+    x, kernel, bias = two_products_meet_dense()
+    tree = from_flat(SEQUENTIAL_WITH_BIAS, FUSED_TERMS + 1)
+    assert tree.terms == tuple(range(FUSED_TERMS + 1))
+    tiny = F32(2.0 ** -24)
+    higher = replay(tree, x, kernel, bias, fma=True, fused_product=HIGHER_FUSED)
+    lower = replay(tree, x, kernel, bias, fma=True, fused_product=LOWER_FUSED)
+    assert (higher[0, 0], higher[1, 1]) == (0, tiny)
+    assert (lower[0, 0], lower[1, 1]) == (tiny, 0)
+    for product, values in ((HIGHER_FUSED, higher), (LOWER_FUSED, lower)):
+        assert np.array_equal(values.view(np.uint32),
+                              sequential_fma_sum(x, kernel, bias, product).view(np.uint32))
+    # the default is the replay's rule before it tried both: the higher index fused
+    assert np.array_equal(replay(tree, x, kernel, bias, fma=True), higher)
+
+
+@pytest.mark.parametrize("kernel_fuses", ["higher index", "lower index"])
+def test_the_replay_finds_and_records_the_product_the_kernel_fuses(kernel_fuses):
+    """A kernel's output computed exactly (fractions) with each choice: replay_layers
+    calls it bit-identical with FMA and records the choice made, the other one not
+    reproducing it (it would be ``either``); one value off, it differs, naming the choice
+    that came closest."""
+    from bitdrift.analysis.accumulation.replay import replay_layers
+    from bitdrift.record.orders import HIGHER_FUSED, LOWER_FUSED
+
+    x, kernel, bias = two_products_meet_dense()
+    other = LOWER_FUSED if kernel_fuses == HIGHER_FUSED else HIGHER_FUSED
+    out = sequential_fma_sum(x, kernel, bias, kernel_fuses)
+    assert not np.array_equal(out, sequential_fma_sum(x, kernel, bias, other))
+    # without FMA (rounded products, numpy's float32 additions) the sums part at more
+    # than one value: no arithmetic but the kernel's comes within one value of it
+    rounded = [(x[:, k:k + 1] * kernel[k]).astype(F32) for k in range(FUSED_TERMS)]
+    assert np.sum(sequential([*rounded, bias]) != out) > 1
+    entry = {"trees": [SEQUENTIAL_WITH_BIAS], "terms": FUSED_TERMS + 1, "bias": True}
+    checked = {"dense": {"class_name": "Dense", "inbound": "input", "activation": "linear"}}
+    weights = {"weights/dense/0": kernel, "weights/dense/1": bias}
+
+    def verdict(outputs):
+        return replay_layers({"dense": entry}, checked, weights,
+                             {"input": x, "dense": outputs}, "float32",
+                             replay_samples=len(x))["dense"]
+
+    found = verdict(out)
+    assert found["replay"] == "bit-identical with FMA"
+    assert found["fused_product"] == kernel_fuses
+    wrong = out.copy()
+    wrong[5, 1] = np.nextafter(wrong[5, 1], F32(np.inf))
+    found = verdict(wrong)
+    assert found["replay"] == ("differs: 63 of 64 values bit-identical at best (with FMA, "
+                               f"the product of {kernel_fuses} fused where two meet)")
+    assert "fused_product" not in found
+
+
+def test_values_that_cannot_tell_the_fused_product_are_said_either():
+    """Small integers: every product is exact, so both choices (and no FMA at all) give
+    the same bits: the replay says so (``either``) rather than pick one; a sum that
+    starts from the bias has no node where two products meet, and no fused product."""
+    from bitdrift.analysis.accumulation.names import summary
+    from bitdrift.analysis.accumulation.replay import replay_layers
+    from bitdrift.analysis.accumulation.reveal import reveal
+    from bitdrift.analysis.accumulation.trees import to_flat
+    from bitdrift.record.orders import EITHER_FUSED
+
+    rng = np.random.default_rng(5)
+    x = rng.integers(-8, 8, (6, FUSED_TERMS)).astype(F32)
+    kernel = rng.integers(-8, 8, (FUSED_TERMS, 3)).astype(F32)
+    bias = rng.integers(-8, 8, 3).astype(F32)
+    out = (x.astype(np.float64) @ kernel + bias).astype(F32)  # exact: small integers
+    checked = {"dense": {"class_name": "Dense", "inbound": "input", "activation": "linear"}}
+    weights = {"weights/dense/0": kernel, "weights/dense/1": bias}
+
+    def verdict(trees):
+        return replay_layers({"dense": {"trees": trees, "terms": FUSED_TERMS + 1,
+                                        "bias": True}}, checked,
+                             weights, {"input": x, "dense": out}, "float32",
+                             replay_samples=len(x))["dense"]
+
+    found = verdict([SEQUENTIAL_WITH_BIAS])
+    assert found["replay"] == "bit-identical with FMA"
+    assert found["fused_product"] == EITHER_FUSED
+
+    def bias_first(weights, shift):
+        total = shift.astype(F32)
+        for row in weights.astype(F32):
+            total = (total + row).astype(F32)
+        return np.stack([total] * 2)
+
+    starts_from_bias = reveal(bias_first, terms=FUSED_TERMS, units=3)
+    assert summary(starts_from_bias) == "sequential, bias first"
+    found = verdict([to_flat(starts_from_bias)])
+    assert found["replay"] == "bit-identical with FMA" and "fused_product" not in found
+
+
+def test_the_fused_product_is_read_checked_and_tabled(make_record):
+    """A record's ``fused_product`` reads back into accumulation_orders.csv's last column
+    (a record written before it: empty); another value is one line naming the layer."""
+    import json
+
+    import pandas as pd
+
+    from bitdrift.analysis.accumulation.tables import TABLE_COLUMNS, orders_table
+    from bitdrift.errors import RecordError
+    from bitdrift.record.orders import checked_orders
+    from bitdrift.record.reader import open_records
+
+    assert TABLE_COLUMNS == ["model", "device", "backend", "layer", "terms", "order",
+                             "replay", "fused_product"]  # the old columns' order kept
+    entry = {"trees": [SEQUENTIAL_WITH_BIAS], "terms": FUSED_TERMS + 1, "bias": True,
+             "order": "sequential, bias last", "replay": "bit-identical with FMA"}
+    paths = [make_record(device, {0: np.ones((1, 3), dtype=F32)},
+                         accumulation_orders=json.dumps({"dense": {**entry, **extra}}))
+             for device, extra in (("old", {}), ("new", {"fused_product": "lower index"}))]
+    table = pd.DataFrame(orders_table(open_records(paths)), columns=TABLE_COLUMNS)
+    assert dict(zip(table["device"], table["fused_product"], strict=True)) == \
+        {"old": "", "new": "lower index"}
+    with pytest.raises(ValueError, match=r"^layer 'dense': 'fused_product' is not one of "
+                       r"'higher index', 'lower index', 'either'$"):
+        checked_orders({"dense": {**entry, "fused_product": "first"}}, ValueError)
+    bad = make_record("bad", {0: np.ones((1, 3), dtype=F32)}, accumulation_orders=json.dumps(
+        {"dense": {**entry, "fused_product": 1}}))
+    with pytest.raises(RecordError, match=r"net_bad\.h5.*'fused_product' is not one of"):
+        open_records([bad])[0].accumulation_orders  # noqa: B018
+
+
 # -- orders that vary by place: batch rows, output pixels -----------------------------------
 def evaluate(order, rows):
     """A nested list of term indices summed as it nests, children in the listed order,

@@ -145,10 +145,34 @@ def test_the_replay_count_leaves_out_what_was_not_revealed_or_replayed():
     assert lines[1] == (
         "m, layer `dense` (sums of 11 terms): a, b, c and e sum sequentially, in index order, "
         "the bias added last; numpy's replay in that order gives the bits of a with FMA and "
-        "the bits of b without FMA; matches only 3 of 10 values at best (with FMA) for c; was "
-        "not run for e computing in float64 (the replay is float32 only).")
+        "the bits of b without FMA; reproduces only 3 of 10 values at best (with FMA) for c "
+        "(the kernel rounds some node otherwise than any arithmetic the replay tried, or sums "
+        "in another tree than the one revealed); was not run for e computing in float64 (the "
+        "replay is float32 only).")
     assert lines[2] == ("m, layer `dense` (sums of 11 terms): the order of d was not "
                         "revealed (the runtime computes in bfloat16).")
+
+
+def test_the_fused_product_is_said_with_the_devices_that_fuse_it():
+    """accumulation_orders.csv's fused_product: devices that fuse other products where two
+    meet are said apart, each with its product; ``either`` says the values do not tell; a
+    table written before the column reads as before."""
+    from bitdrift.report.findings.orders import orders
+
+    table = pd.DataFrame({
+        "model": ["m"] * 4, "device": ["a", "b", "c", "d"], "layer": ["dense"] * 4,
+        "terms": [11] * 4, "order": ["sequential, bias last"] * 4,
+        "replay": ["bit-identical with FMA"] * 3 + ["bit-identical without FMA"],
+        "fused_product": ["lower index", "higher index", "either", None]})
+    (line,) = orders(table)[1:]
+    assert line == (
+        "m, layer `dense` (sums of 11 terms): a, b, c and d sum sequentially, in index order, "
+        "the bias added last; numpy's replay in that order gives the bits of a with FMA (the "
+        "product of lower index fused where two meet) and the bits of b with FMA (the product "
+        "of higher index fused where two meet) and the bits of c with FMA (either product "
+        "fused where two meet: the values do not tell which) and the bits of d without FMA.")
+    assert orders(table.drop(columns="fused_product"))[1].endswith(
+        "gives the bits of a, b and c with FMA and the bits of d without FMA.")
 
 
 def test_each_order_sentence_names_model_layer_and_devices():
@@ -541,7 +565,7 @@ def test_the_orders_of_50_layers_and_30_devices_are_said_once_per_shape():
         f"order gives their bits with FMA (at {everywhere_but_7 - 1} of them the search or the " \
         "replay covered part of the output" in sequential  # not at the Dense predictions
     assert _left_out(sequential) == everywhere_but_7 - 5
-    (differs,) = [line for line in said if "matches only 3 of 10 values" in line]
+    (differs,) = [line for line in said if "reproduces only 3 of 10 values" in line]
     assert differs.startswith(f"resnet50, layer `{BIG_LAYERS[7]}` (sums of {65 + 64 * 7} "
                               "terms)")
     more, pairs = map(int, re.fullmatch(

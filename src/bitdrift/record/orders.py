@@ -13,6 +13,13 @@ from bitdrift.errors import json_kind
 UNKNOWN, NOT_SEARCHED = -1, -2  # a place's tree index where none is known
 
 
+# Where two products meet at a node of a sum, a kernel with FMA rounds one alone and fuses
+# the other onto it, and the tree cannot say which: an entry's ``fused_product`` (the one
+# of the higher term index fused, the lower's, or ``either`` where the replay's values do
+# not tell them apart).
+HIGHER_FUSED, LOWER_FUSED, EITHER_FUSED = "higher index", "lower index", "either"
+FUSED_PRODUCTS = (HIGHER_FUSED, LOWER_FUSED, EITHER_FUSED)
+
 TREE_SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz"
 MAP_SYMBOLS = {UNKNOWN: ".", NOT_SEARCHED: "-"}
 
@@ -38,7 +45,8 @@ def checked_orders(found, wrong: Callable[[str], Exception]) -> dict | None:
     """The ``accumulation_orders`` attribute of a record, its structure checked where it
     is read (bitdrift.record.reader.Record.accumulation_orders): ``{layer: {"order": text,
     "replay": text, "terms": n, "trees": [[[child, ...], ...]], "bias": bool}}`` (and
-    ``replayed`` {rows, y, x} where the replay sampled: _replayed), each tree
+    ``replayed`` {rows, y, x} where the replay sampled: _replayed; ``fused_product``, one
+    of FUSED_PRODUCTS, where it replayed with FMA and two products meet), each tree
     as to_flat keeps it (a child a term 0..n-1 or n + an earlier node). A record from
     another tool may hold anything: ``wrong(what)`` is raised naming what is wrong."""
     if found is None:
@@ -53,6 +61,9 @@ def checked_orders(found, wrong: Callable[[str], Exception]) -> dict | None:
                                 ("searched_at", str, "a layer's name")):
             if key in entry and not isinstance(entry[key], kind):
                 raise wrong(f"layer {layer!r}: {key!r} is not {name}")
+        if entry.get("fused_product", HIGHER_FUSED) not in FUSED_PRODUCTS:
+            raise wrong(f"layer {layer!r}: 'fused_product' is not one of "
+                        + ", ".join(repr(word) for word in FUSED_PRODUCTS))
         replayed = entry.get("replayed", {})
         if not isinstance(replayed, dict) or not all(
                 isinstance(replayed.get(key, []), list) and all(

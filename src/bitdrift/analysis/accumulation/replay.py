@@ -12,20 +12,29 @@ import numpy as np
 from bitdrift.analysis.accumulation.names import order_name
 from bitdrift.analysis.accumulation.probes import conv_patches, sampled_grid, sampled_samples
 from bitdrift.analysis.accumulation.trees import Node, OrderError, _post_order, _terms, from_flat
-from bitdrift.record.orders import NOT_SEARCHED, place_trees
+from bitdrift.record.orders import (
+    EITHER_FUSED,
+    HIGHER_FUSED,
+    LOWER_FUSED,
+    NOT_SEARCHED,
+    place_trees,
+)
 
 
 # -- replaying a layer in the revealed order -----------------------------------------------
 def replay(tree: Node, inputs: np.ndarray, kernel: np.ndarray, bias_values: np.ndarray | None,
-           fma: bool) -> np.ndarray:
+           fma: bool, fused_product: str = HIGHER_FUSED) -> np.ndarray:
     """A float32 Dense layer recomputed by numpy in ``tree``'s order: ``inputs`` (rows, n),
     ``kernel`` (n, units), the bias as term n when given. Without ``fma`` every product is
     rounded to float32 and every addition is float32's. With ``fma`` every node where a
     product meets an accumulator is one fused multiply-add, round(acc + a * b) with one
     rounding (_round_sum): the accumulator is the partial sum below the node, or the
-    bias where the sum starts from it (XNNPACK), or, where two products meet, the first
-    (by index) rounded alone. A node adding more than two operands, or two partial sums,
-    adds them in index order, each addition rounded."""
+    bias where the sum starts from it (XNNPACK), or, where two products meet, one of them
+    rounded alone: ``fused_product`` says which is fused onto it, HIGHER_FUSED (the
+    product of the higher term index; the lower one rounded) or LOWER_FUSED. The tree
+    cannot tell them apart, and kernels differ (issue 63: MKL's sgemm on an Intel Xeon with
+    AVX-512 fuses the lower one). A node adding more than two operands, or two partial
+    sums, adds them in index order, each addition rounded."""
     x = inputs.astype(np.float32)
     w = kernel.astype(np.float32)
     n = w.shape[0]
@@ -46,8 +55,8 @@ def replay(tree: Node, inputs: np.ndarray, kernel: np.ndarray, bias_values: np.n
         products = [k for k, c in enumerate(children) if not isinstance(c, Node) and c != n]
         if fma and len(children) == 2 and products:
             # the product fused onto the other operand: the accumulator, the bias, or
-            # (two products) the first one
-            fused = products[-1]
+            # (two products) the one rounded alone
+            fused = products[0] if fused_product == LOWER_FUSED else products[-1]
             return _round_sum(of(children[1 - fused]).astype(np.float64),
                               exact[:, children[fused], :])
         total = of(children[0])
@@ -59,6 +68,14 @@ def replay(tree: Node, inputs: np.ndarray, kernel: np.ndarray, bias_values: np.n
     for node in _post_order(tree):
         values[id(node)] = value(node, values)
     return values[id(tree)]
+
+
+def products_meet(tree: Node, terms: int) -> bool:
+    """Whether some node of ``tree`` adds two products alone (neither of them the bias,
+    term ``terms``): where an FMA replay must choose which product to fuse."""
+    return any(len(node.children) == 2 and not any(
+        isinstance(child, Node) or child == terms for child in node.children)
+        for node in _post_order(tree))
 
 
 def _round_sum(partial: np.ndarray, product: np.ndarray) -> np.ndarray:
@@ -108,9 +125,11 @@ def replay_layers(orders: dict, checked: dict, weights: dict, outputs: dict,
     whether numpy replaying the layer in that order (a Conv2D as the GEMM of its input
     patches, each pixel's sum in its own tree), from the recorded input activation
     (``model_input`` for the first layer) and the weights the device used, gives the
-    recorded output bit for bit (with or without FMA); values whose place has no known
-    tree are left out and counted. ``outputs``: {layer: array (samples, ...)} of the
-    record (repeat 0); ``weights``: {"weights/LAYER/0": kernel, ".../1": bias} as the
+    recorded output bit for bit (with or without FMA; with FMA where two products meet,
+    each tried fused, the entry's ``fused_product`` saying which one gives the record's
+    bits: replay_verdict); values whose place has no known tree are left out and
+    counted. ``outputs``: {layer: array (samples, ...)} of the record (repeat 0);
+    ``weights``: {"weights/LAYER/0": kernel, ".../1": bias} as the
     device had them. The replay runs at ``replay_samples`` samples and a Conv2D's
     ``replay_positions`` output pixels (sampled_samples, sampled_grid; all where there
     are no more), which the entry's ``replayed`` names where some are left out;
@@ -189,7 +208,11 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
         gemm = kernel
     which_all = _value_trees(found, len(trees), inbound.shape[0], pixels).reshape(-1, pixels)
     chunk = max(1, REPLAY_CHUNK_BYTES // (gemm.shape[0] * units * 8))
-    verdicts, total, size, unsearched = {False: 0, True: 0}, 0, 0, 0
+    # (fma, the product fused where two meet): both products tried where two meet
+    variants = [(False, HIGHER_FUSED), (True, HIGHER_FUSED)] + (
+        [(True, LOWER_FUSED)] if any(products_meet(tree, gemm.shape[0]) for tree in trees)
+        else [])
+    verdicts, total, size, unsearched = dict.fromkeys(variants, 0), 0, 0, 0
     for block, x in blocks:  # one sample of a Conv2D at a time: its patches, not all
         recorded = recorded_of(block)
         which = which_all[block][:, picked].reshape(-1)
@@ -197,17 +220,17 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
         total += int(recorded[known].size)
         size += int(recorded.size)
         unsearched += int(recorded[which == NOT_SEARCHED].size)
-        for fma in (False, True):
+        for variant in variants:
             values = np.empty_like(recorded)
             for index, tree in enumerate(trees):
                 where = np.flatnonzero(which == index)
                 for start in range(0, len(where), chunk):
                     part = where[start:start + chunk]
-                    values[part] = replay(tree, x[part], gemm, bias, fma)
+                    values[part] = replay(tree, x[part], gemm, bias, *variant)
             if spec["activation"] == "relu":
                 values = np.maximum(values, np.float32(0))
-            verdicts[fma] += int(np.sum(values[known].view(np.uint32)
-                                        == recorded[known].view(np.uint32)))
+            verdicts[variant] += int(np.sum(values[known].view(np.uint32)
+                                            == recorded[known].view(np.uint32)))
     unknown = size - total - unsearched
     left = (f"; {unknown} of {size} values not replayed (order unknown there)"
             if unknown else "") + (
@@ -220,17 +243,39 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
                  f"{len(rows)} of {inbound.shape[0]} samples (analysis.replay_positions, "
                  "analysis.replay_samples)" if conv else f"; replayed at {len(rows)} of "
                  f"{inbound.shape[0]} samples (analysis.replay_samples)")
-    if total and (verdicts[True] == total or verdicts[False] == total):
-        said = "bit-identical " + ("with FMA" if verdicts[True] == total
-                                   else "without FMA") + left
-    else:
-        best = max(verdicts, key=verdicts.get)
-        said = (f"differs: {verdicts[best]} of {total} values bit-identical "
-                f"at best ({'with' if best else 'without'} FMA)" + left)
-    found_entry = {"replay": said}
+    found_entry = replay_verdict(verdicts, total, left)
     if sampled:
         found_entry["replayed"] = {"rows": rows, "y": ys, "x": xs} if conv else {"rows": rows}
     return found_entry
+
+
+def replay_verdict(verdicts: dict, total: int, left: str = "") -> dict:
+    """The replay's ``replay`` words on a layer, and where it was bit-identical with FMA
+    and two products meet, its ``fused_product``: from ``verdicts`` {(fma, the product
+    fused where two meet): values bit-identical}, of ``total`` replayed, ``left`` saying
+    what was left out. A bit-identical layer's words are those of records made before
+    both products were tried (those fused the higher-index one), the fused product a key
+    of its own; a layer that differs names it in its best arithmetic's words."""
+    tried = {product for fma, product in verdicts if fma}
+    exact = [(fma, product) for (fma, product), count in verdicts.items()
+             if total and count == total]
+    fused = [product for fma, product in exact if fma]
+    if fused:
+        found = {"replay": "bit-identical with FMA" + left}
+        if len(tried) > 1:  # two products meet: which one the kernel fuses
+            found["fused_product"] = fused[0] if len(fused) == 1 else EITHER_FUSED
+        return found
+    if exact:
+        return {"replay": "bit-identical without FMA" + left}
+    best = max(verdicts.values())
+    fma, product = next(variant for variant in verdicts if verdicts[variant] == best)
+    ties = {other for other_fma, other in verdicts
+            if other_fma and verdicts[(other_fma, other)] == best}
+    how = "without FMA" if not fma else "with FMA" if len(tried) == 1 else \
+        "with FMA, either product fused where two meet" if len(ties) > 1 else \
+        f"with FMA, the product of {product} fused where two meet"
+    return {"replay": f"differs: {best} of {total} values bit-identical at best ({how})"
+                      + left}
 
 
 def _value_trees(found: dict, trees: int, samples: int, pixels: int) -> np.ndarray:

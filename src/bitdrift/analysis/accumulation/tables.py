@@ -8,19 +8,23 @@ from bitdrift.analysis.accumulation.probes import PROBED_CLASSES
 from bitdrift.analysis.accumulation.trees import from_flat
 
 # -- the table over records ------------------------------------------------------------------
-TABLE_COLUMNS = ["model", "device", "backend", "layer", "terms", "order", "replay"]
+TABLE_COLUMNS = ["model", "device", "backend", "layer", "terms", "order", "replay",
+                 "fused_product"]
 
 
 def orders_table(records) -> list[dict]:
     """``accumulation_orders.csv``: per device and Dense layer, the revealed order and its
-    replay (records without orders are left out)."""
+    replay, and where it replayed with FMA and two products meet, the one the kernel fuses
+    (``fused_product``: bitdrift.record.orders.FUSED_PRODUCTS; empty elsewhere, and in
+    records made before the replay tried both). Records without orders are left out."""
     rows = []
     for record in records:
         for layer, entry in (record.accumulation_orders or {}).items():
             rows.append({"model": record.model, "device": record.device,
                          "backend": record.attr("backend"), "layer": layer,
                          "terms": entry.get("terms", ""), "order": entry.get("order", ""),
-                         "replay": entry.get("replay", "")})
+                         "replay": entry.get("replay", ""),
+                         "fused_product": entry.get("fused_product", "")})
     return rows
 
 

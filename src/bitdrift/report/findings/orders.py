@@ -7,6 +7,7 @@ import re
 
 import pandas as pd
 
+from bitdrift.record.orders import EITHER_FUSED
 from bitdrift.report.findings.text import and_list, first_listed, largest_kept
 
 # How an order label of accumulation_orders.csv
@@ -66,13 +67,19 @@ def _place_phrase(part: str) -> str:
     return f"{trees}{order_phrase(found[1])}, over {found[3]} {found[4]}"
 
 
-def _replay_outcome(replay: str) -> tuple[str, str]:
-    """(kind, words) of a replay cell: ``same`` (the record's bits), ``differs``,
+def _replay_outcome(replay: str, fused_product: str = "") -> tuple[str, str]:
+    """(kind, words) of a replay cell: ``same`` (the record's bits; with FMA, the product
+    fused where two meet in the words, from the table's ``fused_product``), ``differs``,
     ``format`` (not replayed: computed in another format than float32), ``skipped`` (not
     replayed for another reason) or ``other`` (a cell this reader does not know, quoted)."""
     replay = str(replay)
     if replay.startswith("bit-identical "):
-        return "same", replay[len("bit-identical "):]
+        words = replay[len("bit-identical "):]
+        if fused_product == EITHER_FUSED:
+            words += " (either product fused where two meet: the values do not tell which)"
+        elif fused_product:
+            words += f" (the product of {fused_product} fused where two meet)"
+        return "same", words
     found = re.match(r"differs: (\d+) of (\d+) values bit-identical at best \((.*)\)$", replay)
     if found:
         return "differs", f"{found[1]} of {found[2]} values at best ({found[3]})"
@@ -87,7 +94,8 @@ def _replay_clause(part: pd.DataFrame) -> str:
     """What numpy's replay gave for the devices of one order at one layer."""
     outcomes: dict[tuple, list[str]] = {}
     for row in part.to_dict("records"):
-        outcomes.setdefault(_replay_outcome(row["replay"]), []).append(str(row["device"]))
+        outcomes.setdefault(_replay_outcome(row["replay"], row.get("fused_product", "")),
+                            []).append(str(row["device"]))
     single = len(outcomes) == 1
     by_kind: dict[str, list] = {}
     for (kind, words), devices in outcomes.items():
@@ -99,7 +107,11 @@ def _replay_clause(part: pd.DataFrame) -> str:
              else f"the bits of {and_list(devices)} {words}")
             for words, devices in by_kind["same"]))
     for words, devices in by_kind.get("differs", []):
-        clauses.append(f"matches only {words}" + ("" if single else f" for {and_list(devices)}"))
+        clauses.append(f"reproduces only {words}"
+                       + ("" if single else f" for {and_list(devices)}"))
+    if "differs" in by_kind:  # what a mismatch says, and what it does not
+        clauses[-1] += (" (the kernel rounds some node otherwise than any arithmetic the "
+                        "replay tried, or sums in another tree than the one revealed)")
     if "format" in by_kind:  # float16, bfloat16, float64: the replay is float32's
         formats = and_list(words for words, _ in by_kind["format"]).replace(" and ", " or ")
         named = [device for _, devices in by_kind["format"] for device in devices]
@@ -137,7 +149,10 @@ def orders(table: pd.DataFrame) -> list[str]:
     them, and a count of the rest (accumulation_orders.csv holds every layer)."""
     lines = []
     table = table.assign(order=table["order"].astype(str), device=table["device"].astype(str),
-                         replay=table["replay"].fillna("").astype(str))
+                         replay=table["replay"].fillna("").astype(str),
+                         # tables made before the replay tried both products have none
+                         fused_product=(table["fused_product"].fillna("").astype(str)
+                                        if "fused_product" in table else ""))
     for model, rows in table.groupby("model", sort=False):
         hidden = rows["order"] == "not revealed"
         replayed = rows[~hidden & ~rows["replay"].str.startswith("not replayed")]
