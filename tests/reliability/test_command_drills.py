@@ -345,6 +345,39 @@ def test_one_flipped_bit_in_a_record_is_refused(make_record, tmp_path, capsys):
     assert not (tmp_path / "e.csv").exists()
 
 
+def _damage_headers(path, names):
+    """Overwrite the signature of each named object's header (HDF5's OHDR): the name is
+    still listed, the object cannot be opened."""
+    with h5py.File(path) as handle:
+        addresses = [h5py.h5o.get_info(handle[name].id).addr for name in names]
+    data = bytearray(path.read_bytes())
+    for address in addresses:
+        assert data[address:address + 4] == b"OHDR"
+        data[address:address + 4] = b"XXXX"
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("command", ["eqc", "precision", "divergence"])
+@pytest.mark.parametrize("damaged, said", [
+    (["samples/0/layers/l1"], "samples/0/layers/l1 cannot be read: its object header is "
+                              "damaged"),
+    (["samples/0/layers/l0", "samples/0/layers/l1", "samples/0/output"],
+     "samples/0/output cannot be read: its object header is damaged")])
+def test_a_damaged_dataset_header_is_one_line_naming_file_and_dataset(
+        make_record, tmp_path, capsys, command, damaged, said):
+    """One layer's header damaged was an AttributeError ('NoneType' object has no
+    attribute 'attrs'); every header damaged, 'samples/0 has no dataset output' for a
+    dataset that is there but cannot be read."""
+    layers = {0: [("l0", repeats(A)), ("l1", repeats(A))]}
+    first = make_record("d1", {0: repeats(A)}, layers=layers)
+    second = make_record("d2", {0: repeats(B)}, layers=layers)
+    _damage_headers(first, damaged)
+    out = tmp_path / "out.csv"
+    assert main([command, str(first), str(second), "--out", str(out)]) == 3
+    assert one_line_error(capsys).startswith(f"bitdrift: error: {first}: {said} (")
+    assert not out.exists()
+
+
 def test_version_prints(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
