@@ -164,6 +164,32 @@ def test_a_program_that_would_run_code_is_refused_naming_file_and_entry(program_
     assert not marker.exists()
 
 
+def test_a_program_cut_short_is_one_line_naming_the_model_file(program_file, tmp_path,
+                                                               monkeypatch, capfd):
+    """A weight cut short: torch logged its reader's traceback (~60 lines) before the
+    one-line error, which named models.X.inputs (the signature was first read to check
+    the inputs) and said 'check the warnings above'. Now the reader's own error, one
+    line, naming the model file, and nothing else on stderr."""
+
+    def cut(entries):
+        name = next(name for name in entries if name.startswith("data/weights/weight_"))
+        entries[name] = entries[name][:-4]
+
+    rewritten(program_file, tmp_path / "cut.pt2", cut)
+    monkeypatch.chdir(tmp_path)
+    np.save(tmp_path / "inputs.npy", np.ones((2, 4), np.float32))
+    capfd.readouterr()
+    with pytest.raises(ConfigError) as error:
+        validate_config({"models": {"mine": {"file": "cut.pt2", "inputs": "inputs.npy"}},
+                         "samples": [0, 1], "devices": {"eager": {
+                             "accelerator": "cpu", "backend": "torch_export"}}})
+    assert str(error.value).startswith(
+        "config key models.mine.file: cut.pt2: not a readable torch.export program (a .pt2 "
+        "written by torch.export.save): setStorage: "), str(error.value)
+    assert "out of bounds" in str(error.value) and "\n" not in str(error.value)
+    assert capfd.readouterr().err == ""
+
+
 def test_the_programs_torch_writes_still_load_weights_only(program_file, tmp_path):
     """Sample inputs, weights and constants as torch.export.save writes them pass the
     weights-only reading, and the program computes what it was exported from."""

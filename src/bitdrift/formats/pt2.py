@@ -139,20 +139,37 @@ def load_program(path: str | Path):
         except (zipfile.BadZipFile, OSError, EOFError) as error:
             raise ProgramError(f"{path}: {what}: {_first_line(error)}") from error
         handle.seek(0)
-        # torch.export.load logs the reader's traceback before raising: the one line here
-        # says it
+        # torch.export.load logs the reader's error with its traceback, then tries the
+        # older format and raises "check the warnings above": the error is kept, unprinted,
+        # and the one line says it
+        kept = _KeptErrors()
         quiet = logging.getLogger("torch.export")
-        level, quiet.level = quiet.level, logging.CRITICAL
+        saved = quiet.level, quiet.propagate, quiet.handlers
+        quiet.setLevel(logging.WARNING)
+        quiet.propagate, quiet.handlers = False, [kept]  # torch gives it a handler of its own
         try:
             with _weights_only():
                 return torch.export.load(handle)
         except Exception as error:  # zipfile, pickle, KeyError, RuntimeError from the reader
-            cause = error
-            while cause.__cause__ or cause.__context__:  # torch's own message points at its log
+            cause = kept.errors[0] if kept.errors else error
+            while cause.__cause__ or cause.__context__:  # the innermost says what is wrong
                 cause = cause.__cause__ or cause.__context__
             raise ProgramError(f"{path}: {what}: {_first_line(cause)}") from error
         finally:
-            quiet.setLevel(level)
+            quiet.setLevel(saved[0])
+            quiet.propagate, quiet.handlers = saved[1], saved[2]
+
+
+class _KeptErrors(logging.Handler):
+    """The exceptions a logger was given (its records are not printed)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.errors: list[BaseException] = []
+
+    def emit(self, record) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.errors.append(record.exc_info[1])
 
 
 # torch.load reads these on every call: forced, every pickle torch.export.load unpickles
