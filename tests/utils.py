@@ -178,6 +178,9 @@ for folder in spec["fill"]:
                 filler.write(b"\0" * 4096)
         except OSError:
             pass
+    if spec["room"]:
+        filler = os.path.join(folder, "filler")
+        os.truncate(filler, os.path.getsize(filler) - spec["room"])
 done = subprocess.run(spec["command"], capture_output=True, text=True)
 print(json.dumps({"status": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
                   "left": {folder: sorted(name for name in os.listdir(folder) if name != "filler")
@@ -185,16 +188,17 @@ print(json.dumps({"status": done.returncode, "stdout": done.stdout, "stderr": do
 """
 
 
-def on_mounts(mounts: dict, command: list[str], fill=(), timeout=300) -> dict:
+def on_mounts(mounts: dict, command: list[str], fill=(), timeout=300, room=0) -> dict:
     """Run ``command`` with each folder of ``mounts`` {folder: tmpfs options ("ro",
-    "size=64k")} a tmpfs of its own, those in ``fill`` filled up first, in a private user
-    and mount namespace (as ./quickstart's test mounts its disks: no root needed, nothing
-    seen outside). Returns {"status", "stdout", "stderr", "left": {folder: names in it
-    after the command, the filler left out}}."""
+    "size=64k")} a tmpfs of its own, those in ``fill`` filled up first (but ``room``
+    bytes), in a private user and mount namespace (as ./quickstart's test mounts its
+    disks: no root needed, nothing seen outside). Returns {"status", "stdout", "stderr",
+    "left": {folder: names in it after the command, the filler left out}}."""
     for folder in mounts:
         Path(folder).mkdir(parents=True, exist_ok=True)
     spec = {"mounts": {str(folder): options for folder, options in mounts.items()},
-            "fill": [str(folder) for folder in fill], "command": [str(c) for c in command]}
+            "fill": [str(folder) for folder in fill], "room": room,
+            "command": [str(c) for c in command]}
     done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", sys.executable,
                            "-c", _ON_MOUNTS, json.dumps(spec)], capture_output=True, text=True,
                           timeout=timeout)

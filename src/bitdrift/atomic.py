@@ -6,7 +6,9 @@ import contextlib
 import contextvars
 import errno
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +47,7 @@ def output_group() -> Iterator[None]:
         _GROUP.reset(tokens[0])
         _MADE.reset(tokens[1])
         for tmp, _ in pending:
+            _WRITING.discard(str(tmp))
             if tmp.exists():
                 tmp.unlink()
         for folder in reversed(made if not done else []):  # the deepest first
@@ -53,8 +56,10 @@ def output_group() -> Iterator[None]:
 
 
 def _output_error(path: Path, error: OSError) -> OutputError:
-    return OutputError(f"{path}: cannot be written ({os.strerror(error.errno)}); nothing of "
-                       "this command's output was left")
+    reason = os.strerror(error.errno) if error.errno is not None else \
+        f"a short write, {error}: the disk is full or over quota"
+    return OutputError(f"{path}: cannot be written ({reason}); nothing of this command's "
+                       "output was left")
 
 
 def _existing(path: Path) -> Path:
@@ -106,24 +111,84 @@ def make_folder(folder: Path, path: Path) -> None:
         raise _output_error(path, error) from error
 
 
+# A partial output's name says which process writes it: ``.NAME.HOST-PID-XXXXXXXX.partial``
+# (tempfile's random part). A process killed outright (SIGKILL, a node lost) leaves it; the
+# next write of the same output removes those of its dead writers (_remove_stale): this
+# host's, whose process is gone. Another output's, a live process's, and another host's
+# (its processes are not seen from here) are left.
+PARTIAL = ".partial"
+# The partial files and folders this process is writing now: a dead process's pid may be
+# this one's (a container's processes are numbered anew)
+_WRITING: set[str] = set()
+
+
+def _host() -> str:
+    name = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname().split(".")[0])
+    return name[:32] or "host"
+
+
+def _owner() -> str:
+    return f"{_host()}-{os.getpid()}-"
+
+
+def _remove_stale(folder: Path, head: str, tail: str) -> None:
+    """Remove ``folder/{head}HOST-PID-XXXXXXXX{tail}`` where HOST is this one and PID a
+    process that is gone (or this one, and not writing it)."""
+    pattern = re.compile(re.escape(head) + r"([A-Za-z0-9]+)-([0-9]+)-[a-z0-9_]{8}"
+                         + re.escape(tail))
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return  # no folder yet: nothing left there
+    host = _host()
+    for name in names:
+        found = pattern.fullmatch(name)
+        if not found or found.group(1) != host:
+            continue
+        stale, pid = folder / name, int(found.group(2))
+        if str(stale) in _WRITING or (pid != os.getpid() and _alive(pid)):
+            continue
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
+
+def _short_write(error: OSError) -> bool:
+    """numpy's tofile (np.save) on a disk that fills midway: an OSError with no errno,
+    '40960 requested and 15328 written'."""
+    return error.errno is None and re.fullmatch(r"\d+ requested and \d+ written",
+                                                str(error)) is not None
+
+
+def _is_write_error(error: BaseException) -> bool:
+    return isinstance(error, OSError) and not isinstance(error, OutputError) and (
+        getattr(error, "errno", None) in WRITE_ERRNOS or _short_write(error))
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it into place only on success (at
     the end of the enclosing output_group, if there is one).
 
     The temporary name keeps the suffix (Keras and h5py look at it) and lives in the same
-    directory so that ``os.replace`` is an atomic rename on the same filesystem.
+    directory so that ``os.replace`` is an atomic rename on the same filesystem. It names
+    its writer (PARTIAL): the partial files of this output that killed writers left are
+    removed first.
     """
     path = Path(path)
     tmp = None
     group = _GROUP.get()
     try:
         make_folder(path.parent, path)
-        handle, tmp_name = tempfile.mkstemp(
-            prefix=f".{path.stem}.", suffix=f".partial{path.suffix}", dir=path.parent
-        )
+        head, tail = f".{path.stem}.", f"{PARTIAL}{path.suffix}"
+        _remove_stale(path.parent, head, tail)
+        handle, tmp_name = tempfile.mkstemp(prefix=f"{head}{_owner()}", suffix=tail,
+                                            dir=path.parent)
         os.close(handle)
         tmp = Path(tmp_name)
+        _WRITING.add(str(tmp))
         tmp.unlink()  # writers create the file themselves (h5py, keras refuse existing ones)
         yield tmp
         if group is None:
@@ -132,12 +197,14 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
             group.append((tmp, path))
             tmp = None  # the group renames or removes it
     except OSError as error:
-        if getattr(error, "errno", None) not in WRITE_ERRNOS or isinstance(error, OutputError):
+        if not _is_write_error(error):
             raise
         raise _output_error(path, error) from error
     finally:
-        if tmp is not None and tmp.exists():
-            tmp.unlink()
+        if tmp is not None:
+            _WRITING.discard(str(tmp))
+            if tmp.exists():
+                tmp.unlink()
 
 
 @contextlib.contextmanager
@@ -145,13 +212,17 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
     """Yield a staging folder beside ``path``; on success it takes the place of ``path``
     (a folder, an earlier one moved aside by one rename and removed after), on any error it
     is removed and ``path`` left as it was. A full or read-only disk, or a mount point as
-    ``path``, is an OutputError naming ``path``."""
+    ``path``, is an OutputError naming ``path``. The staging folders of this output that
+    killed writers left are removed first (PARTIAL)."""
     path = Path(path)
     staging = None
     try:
         make_folder(path.parent, path)
-        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial",
+        head = f".{path.name}."
+        _remove_stale(path.parent, head, PARTIAL)
+        staging = Path(tempfile.mkdtemp(prefix=f"{head}{_owner()}", suffix=PARTIAL,
                                         dir=path.parent))
+        _WRITING.add(str(staging))
         yield staging
         aside = staging.with_suffix(".old")  # the earlier folder, moved aside whole
         if path.exists():
@@ -162,14 +233,16 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
             if aside.exists():
                 os.replace(aside, path)
             raise
+        _WRITING.discard(str(staging))
         staging = None
         shutil.rmtree(aside, ignore_errors=True)
     except OSError as error:
-        if getattr(error, "errno", None) not in WRITE_ERRNOS or isinstance(error, OutputError):
+        if not _is_write_error(error):
             raise
         raise _output_error(path, error) from error
     finally:
         if staging is not None:
+            _WRITING.discard(str(staging))
             shutil.rmtree(staging, ignore_errors=True)
 
 

@@ -20,6 +20,20 @@ TEXT_RESOURCES = frozenset({"slurm_partition", "slurm_account", "constraint", "g
                             "gpu_model", "qos"})
 
 
+def workflow_path(path) -> str:
+    """A file bitdrift ships (the reference set, the atlas), as the workflow names it:
+    relative to the working directory where it lies inside it (a run in a checkout), so
+    that a checkout moved or copied whole with its results names its jobs' inputs and
+    parameters as before and reruns nothing (Snakemake reruns a job whose input files or
+    parameters are named otherwise); else absolute (an installed bitdrift stays where it
+    is when the working directory moves)."""
+    found = os.path.realpath(path)
+    here = os.path.realpath(os.getcwd())
+    if os.path.commonpath([found, here]) == here:
+        return os.path.relpath(found, here)
+    return found
+
+
 class Plan:
     """The plan of a run of the workflow on ``config`` (validated: bitdrift.config).
 
@@ -142,8 +156,8 @@ class Plan:
             return
         try:
             self.config["models"][paths.ATLAS_MODEL] = {
-                "file": str(reference_set.model_file()),
-                "inputs": str(reference_set.inputs_file())}
+                "file": workflow_path(reference_set.model_file()),
+                "inputs": workflow_path(reference_set.inputs_file())}
         except BitdriftError as error:
             raise PlanError(f"config key atlas.devices: {error}") from None
         self.all_models.append(paths.ATLAS_MODEL)
@@ -152,7 +166,7 @@ class Plan:
         """The atlas's entries: config key atlas.folder, else the one shipped with bitdrift."""
         from bitdrift.atlas import entries
 
-        return self.config["atlas"].get("folder") or str(entries.default_folder())
+        return self.config["atlas"].get("folder") or workflow_path(entries.default_folder())
 
     # -- what a run of `all` makes ----------------------------------------------------------
     def training_targets(self) -> list[str]:

@@ -345,6 +345,39 @@ def test_one_flipped_bit_in_a_record_is_refused(make_record, tmp_path, capsys):
     assert not (tmp_path / "e.csv").exists()
 
 
+def _damage_headers(path, names):
+    """Overwrite the signature of each named object's header (HDF5's OHDR): the name is
+    still listed, the object cannot be opened."""
+    with h5py.File(path) as handle:
+        addresses = [h5py.h5o.get_info(handle[name].id).addr for name in names]
+    data = bytearray(path.read_bytes())
+    for address in addresses:
+        assert data[address:address + 4] == b"OHDR"
+        data[address:address + 4] = b"XXXX"
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("command", ["eqc", "precision", "divergence"])
+@pytest.mark.parametrize("damaged, said", [
+    (["samples/0/layers/l1"], "samples/0/layers/l1 cannot be read: its object header is "
+                              "damaged"),
+    (["samples/0/layers/l0", "samples/0/layers/l1", "samples/0/output"],
+     "samples/0/output cannot be read: its object header is damaged")])
+def test_a_damaged_dataset_header_is_one_line_naming_file_and_dataset(
+        make_record, tmp_path, capsys, command, damaged, said):
+    """One layer's header damaged was an AttributeError ('NoneType' object has no
+    attribute 'attrs'); every header damaged, 'samples/0 has no dataset output' for a
+    dataset that is there but cannot be read."""
+    layers = {0: [("l0", repeats(A)), ("l1", repeats(A))]}
+    first = make_record("d1", {0: repeats(A)}, layers=layers)
+    second = make_record("d2", {0: repeats(B)}, layers=layers)
+    _damage_headers(first, damaged)
+    out = tmp_path / "out.csv"
+    assert main([command, str(first), str(second), "--out", str(out)]) == 3
+    assert one_line_error(capsys).startswith(f"bitdrift: error: {first}: {said} (")
+    assert not out.exists()
+
+
 def test_version_prints(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
@@ -613,11 +646,16 @@ def test_repro_refusals_are_one_line_and_leave_nothing(parting, tmp_path, capsys
 NOTHING_LEFT = "nothing of this command's output was left"
 
 
-@pytest.mark.parametrize("case", ["read-only", "read-only mount", "mount", "full"])
+@pytest.mark.parametrize("case", ["read-only", "read-only mount", "mount", "full",
+                                  "nearly full"])
 def test_repro_on_a_read_only_full_or_mounted_folder_is_one_line(parting, tmp_path, case):
     """tmpfs mounts in a private namespace: --out inside a read-only one (EROFS), that
     mount itself, a writable mount as --out (a folder written whole is renamed into
-    place; a mount point cannot be: EBUSY), a full one (ENOSPC)."""
+    place; a mount point cannot be: EBUSY), a full one (ENOSPC), one with room for a part
+    of the layer's weights (numpy's short write, an OSError without errno, escaped as
+    'OSError: 40960 requested and 15328 written')."""
+    import re
+
     from tests.utils import on_mounts
 
     (first, second), model, _ = parting
@@ -627,13 +665,22 @@ def test_repro_on_a_read_only_full_or_mounted_folder_is_one_line(parting, tmp_pa
         "read-only mount": ("ro", disk, "Read-only file system"),
         "mount": ("size=1m", disk, "--out is a mount point, which a folder written whole "
                                    "cannot replace: give a folder inside it"),
-        "full": ("size=64k", disk / "repro", "No space left on device")}[case]
+        "full": ("size=64k", disk / "repro", "No space left on device"),
+        "nearly full": ("size=256k", disk / "repro", "a short write, [0-9]+ requested and "
+                                                     "[0-9]+ written: the disk is full or "
+                                                     "over quota")}[case]
     done = on_mounts({disk: options}, [sys.executable, "-m", "bitdrift", "repro", first,
                                        second, "--model-file", model, "--out", out],
-                     fill=[disk] if case == "full" else [])
+                     fill=[disk] if "full" in case else [],
+                     room=16384 if case == "nearly full" else 0)
     assert done["status"] == 6, done["stderr"]
     tail = "" if case == "mount" else f"; {NOTHING_LEFT}"
-    assert done["stderr"].strip() == f"bitdrift: error: {out}: cannot be written ({reason}){tail}"
+    said = f"bitdrift: error: {out}: cannot be written ({reason}){tail}"
+    if case == "nearly full":
+        assert re.fullmatch(re.escape(said).replace(re.escape(reason), reason),
+                            done["stderr"].strip()), done["stderr"]
+    else:
+        assert done["stderr"].strip() == said
     assert done["left"] == {str(disk): []}
     assert _written(tmp_path) == ["disk", "records"]
 

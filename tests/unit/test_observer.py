@@ -144,14 +144,16 @@ def _record(tmp_path, device, outputs, deployed=None, layers=True, bfloat16=Fals
         content = {OUTPUT: np.asarray(values)}
         if layers:
             content["layers"] = [("dense", np.asarray(values))]
-        if deployed is not None:
+        if deployed is not None and sample in deployed:
             content[DEPLOYED] = np.asarray(deployed[sample])
         if bfloat16:
             content["bfloat16"] = True
         samples[sample] = content
     attrs = {**BASE_ATTRS, "model": "net", "device": device}
     if deployed is not None:
-        attrs["observer_check"] = json.dumps(observer_check(samples, "deployed.onnx"))
+        attrs["observer_check"] = json.dumps(observer_check(
+            {sample: content for sample, content in samples.items() if DEPLOYED in content},
+            "deployed.onnx"))
     path = tmp_path / f"{device}.h5"
     write_record(path, attrs, samples)
     return Record(path)
@@ -160,8 +162,9 @@ def _record(tmp_path, device, outputs, deployed=None, layers=True, bfloat16=Fals
 def test_the_table_counts_what_the_records_hold(tmp_path):
     """One device whose deployed output is the instrumented one, one whose deployed output
     is one unit in the last place off on one sample of two, one written without the check
-    (an old record): yes, no naming the sample, unchecked; the final-output classes are the
-    deployed outputs', the layer the instrumented run's."""
+    (an old record): yes, no naming the sample, unchecked; the final-output classes of the
+    two that hold it are the deployed outputs', the layer the instrumented run's; with the
+    old record among them, the instrumented run's (compare_final_outputs)."""
     base = np.array([[0.25, 0.5, 0.75]], np.float32).repeat(2, axis=0)
     nudged = base.copy()
     nudged[:, 1] = np.nextafter(nudged[:, 1], np.float32(1))
@@ -179,10 +182,13 @@ def test_the_table_counts_what_the_records_hold(tmp_path):
     # the attribute the inference wrote says the same as the recount
     assert records[1].observer_check["samples"] == {"0": True, "3": False}
 
+    final, layers = eqc_tables(records[:2])
+    classes = final.set_index(["sample", "device"])["eqc"]
+    assert classes[(3, "changed")] != classes[(3, "same")]
+    assert classes[(0, "changed")] == classes[(0, "same")]
     final, layers = eqc_tables(records)
     classes = final.set_index(["sample", "device"])["eqc"]
-    assert classes[(3, "changed")] != classes[(3, "same")] == classes[(3, "old")]
-    assert classes[(0, "changed")] == classes[(0, "same")]
+    assert classes[(3, "changed")] == classes[(3, "same")] == classes[(3, "old")]
     dense = layers[layers["layer"] == "dense"].set_index(["sample", "device"])["eqc"]
     assert dense[(3, "changed")] == dense[(3, "same")]  # instrumented: one class
     lines = observer(pd.DataFrame(rows))
@@ -190,6 +196,38 @@ def test_the_table_counts_what_the_records_hold(tmp_path):
     assert len(lines) == 2 and lines[1].startswith("changed (net): the deployed model")
     assert "1 of 2 samples" in lines[1] and "instrumented program" in lines[1]
     for record in records:
+        record.close()
+
+
+def test_records_of_which_some_lack_the_deployed_output_compare_one_output(tmp_path,
+                                                                          capsys):
+    """A sample whose deployed output one record lacks is compared as the instrumented
+    run's on every record, and a warning names the record and the sample: it was compared
+    as one device's deployed output against the other's instrumented one (a class more,
+    silently). The observer check of that record is of the samples that hold it, not
+    'unchecked' as a whole."""
+    base = np.array([[0.25, 0.5, 0.75]], np.float32).repeat(2, axis=0)
+    nudged = base.copy()
+    nudged[:, 1] = np.nextafter(nudged[:, 1], np.float32(1))
+    outputs = {0: base, 3: base}
+    full = _record(tmp_path, "full", outputs, deployed={0: base, 3: nudged})
+    part = _record(tmp_path, "part", outputs, deployed={0: base})
+    final, _ = eqc_tables([full, part])
+    classes = final.set_index(["sample", "device"])["eqc"]
+    assert classes[(3, "full")] == classes[(3, "part")]
+    assert classes[(0, "full")] == classes[(0, "part")]
+    warning = capsys.readouterr().err
+    assert (f"bitdrift: warning: model 'net': records without the deployed model's final "
+            f"output: {part.path} (sample 3); the final output of sample 3 is compared as "
+            "the instrumented run's on every device") in warning, warning
+    by = {row["device"]: row for row in observer_table([full, part])}
+    assert (by["part"]["observer_equal"], by["part"]["samples"],
+            by["part"]["equal_samples"]) == ("yes", 1, 1)
+    assert (by["full"]["observer_equal"], by["full"]["differing_samples"]) == ("no", "3")
+    assert f"{part.path}: samples 3 hold no deployed output" in capsys.readouterr().err
+    eqc_tables([full, part])  # said once
+    assert "warning" not in capsys.readouterr().err
+    for record in (full, part):
         record.close()
 
 

@@ -191,3 +191,28 @@ def yaml_config():
     import yaml
 
     return yaml.safe_load((ROOT / "config.yaml").read_text())
+
+
+def test_the_files_bitdrift_ships_are_named_relative_to_a_workdir_that_holds_them(
+        monkeypatch, tmp_path):
+    """The reference model, its inputs and the atlas, run from a checkout (the working
+    directory holds them): relative paths, which a checkout moved whole keeps; from
+    elsewhere, absolute. They were absolute always, so a moved checkout reran their jobs
+    (tests/workflow/test_moved_checkout.py runs it)."""
+    from bitdrift.inputs import reference_set
+
+    config = copy.deepcopy(CONFIG)
+    config["atlas"] = {"devices": ["tensorflow"]}
+    checkout = reference_set.FOLDER.parents[3]  # src/bitdrift/inputs/reference_set
+    for workdir, relative in ((checkout, True), (tmp_path, False)):
+        monkeypatch.chdir(workdir)
+        plan = plan_of(copy.deepcopy(config))
+        plan.add_atlas_model()
+        named = [plan.config["models"]["atlas_reference"]["file"],
+                 plan.config["models"]["atlas_reference"]["inputs"], plan.atlas_folder()]
+        assert [Path(name).is_absolute() for name in named] == [not relative] * 3
+        assert [Path(name).resolve() for name in named] == [
+            reference_set.model_file().resolve(), reference_set.inputs_file().resolve(),
+            (reference_set.FOLDER / "atlas").resolve()]
+        if relative:
+            assert named[0] == "src/bitdrift/inputs/reference_set/cifar10_small.keras"

@@ -61,23 +61,29 @@ def _described(flags: dict, program: str) -> dict:
 
 def record_check(record: Record) -> dict | None:
     """The observer check recomputed from the record's own datasets (the tables report
-    what the record shows, not what its attribute says); None for a record without the
-    deployed output (written before the check, or by another tool)."""
-    if not all(record.has_deployed(sample) for sample in record.samples):
+    what the record shows, not what its attribute says), on the samples that hold the
+    deployed output (``unchecked``: those that do not); None for a record without any
+    (written before the check, or by another tool)."""
+    checked = [sample for sample in record.samples if sample in record.deployed_samples]
+    if not checked:
         return None
     flags = {}
-    for sample in record.samples:
+    for sample in checked:
         instrumented = record.instrumented_output(sample)
-        deployed = record.tensor(sample, OUTPUT)
+        deployed = record.deployed_output(sample)
         flags[str(sample)] = instrumented.bfloat16 == deployed.bfloat16 and equal_bits(
             instrumented.values, deployed.values, instrumented.bfloat16)
     program = (record.observer_check or {}).get("program", "")
-    return _described(flags, program)
+    return {**_described(flags, program),
+            "unchecked": [sample for sample in record.samples if sample not in checked]}
 
 
 def observer_table(records: list[Record]) -> list[dict]:
-    """``observer_check.csv``: per record, on how many samples the deployed model's final
-    output equals the instrumented run's; ``unchecked`` for a record without it."""
+    """``observer_check.csv``: per record, on how many of the samples that hold the
+    deployed output (``samples``) it equals the instrumented run's; ``unchecked`` for a
+    record without it. Samples without it are named on stderr."""
+    import sys
+
     rows = []
     for record in records:
         row = {"model": record.model, "device": record.device,
@@ -87,7 +93,11 @@ def observer_table(records: list[Record]) -> list[dict]:
             row["observer_equal"] = "unchecked"
         else:
             flags = check["samples"]
-            row.update(deployed_program=check["program"],
+            if check["unchecked"]:
+                print(f"bitdrift: warning: {record.path}: samples "
+                      f"{', '.join(map(str, check['unchecked']))} hold no deployed output: "
+                      f"the observer check is of the other {len(flags)}", file=sys.stderr)
+            row.update(samples=len(flags), deployed_program=check["program"],
                        equal_samples=sum(flags.values()),
                        observer_equal="yes" if check["equal"] else "no",
                        differing_samples=" ".join(s for s, equal in flags.items()

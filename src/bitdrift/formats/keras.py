@@ -36,28 +36,61 @@ def check(path) -> None:
     if zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as archive:
-                json.loads(archive.read("config.json"))
+                config = json.loads(archive.read("config.json"))
                 if "model.weights.h5" not in archive.namelist():
                     raise ModelFormatError(f"{path}: a damaged Keras .keras archive (no "
                                            "model.weights.h5)")
                 bad = archive.testzip()
+        except ModelFormatError:
+            raise
         except (zipfile.BadZipFile, ValueError, OSError) as error:
             raise ModelFormatError(f"{path}: a damaged Keras .keras archive ({error})") \
                 from error
         if bad is not None:
             raise ModelFormatError(f"{path}: a damaged Keras .keras archive ({bad} fails "
                                    "its checksum)")
+        refuse_code(path, config)
         return
     import h5py
 
     try:
         with h5py.File(path, "r") as handle:
-            found = "model_config" in handle.attrs
+            found = handle.attrs.get("model_config")
     except OSError as error:
         raise ModelFormatError(f"{path}: a damaged HDF5 file ({error})") from error
-    if not found:
+    if found is None:
         raise ModelFormatError(f"{path}: an HDF5 file but not a Keras .h5 model (no "
                                "model_config attribute)")
+    try:
+        config = json.loads(found.decode() if isinstance(found, bytes) else found)
+    except (ValueError, TypeError) as error:
+        raise ModelFormatError(f"{path}: a damaged Keras .h5 model (model_config is no "
+                               f"JSON: {error})") from error
+    refuse_code(path, config)
+
+
+def refuse_code(path, config) -> None:
+    """ModelFormatError naming ``path`` and the layer for a model config holding Python
+    bytecode (a Lambda layer's function, ``__lambda__`` in a .keras, ``function_type:
+    lambda`` in a legacy .h5): loading would run it. Keras' safe mode (on: bitdrift never
+    turns it off) refuses it too, but only when a job loads the model, in many lines."""
+    stack = [(config, "?")]
+    while stack:
+        value, layer = stack.pop()
+        if isinstance(value, list):
+            stack.extend((item, layer) for item in value)
+        elif isinstance(value, dict):
+            inner = value.get("config")
+            if isinstance(inner, dict) and isinstance(inner.get("name"), str) and \
+                    "class_name" in value:
+                layer = inner["name"]
+            if value.get("class_name") == "__lambda__" or \
+                    value.get("function_type") == "lambda":
+                raise ModelFormatError(
+                    f"{path}: refused: layer {layer!r} holds Python bytecode (a Lambda "
+                    "layer's function), which loading would run; bitdrift reads a model file "
+                    "without running code it holds")
+            stack.extend((item, layer) for item in value.values())
 
 
 def signature(path) -> list[Input]:

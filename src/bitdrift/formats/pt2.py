@@ -8,7 +8,13 @@ LiteRT: bitdrift.backends.torch_program.converted)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import logging
+import os
+import pickle
+import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,18 +57,42 @@ def check(path) -> None:
     if bad is not None:
         raise ModelFormatError(f"{path}: a damaged torch.export .pt2 archive ({bad} fails "
                                "its checksum)")
+    # The program read as a runtime reads it (weights only, load_program): an archive torch
+    # cannot read, or one that would run code, is refused here as the model file, before
+    # any check of its inputs reads its signature
+    signature(path)
 
 
 def signature(path) -> list[Input]:
-    """The program's user inputs, from torch.export.load (torch is imported here)."""
-    import torch
-
+    """The program's user inputs, from the program :func:`load_program` reads (torch is
+    imported here); read once per file version with :func:`check`."""
     try:
-        program = torch.export.load(str(path))
-    except Exception as error:  # torch raises many kinds for a damaged archive
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise ModelFormatError(f"{path}: torch.export.load cannot read it ({first})") \
-            from error
+        key = _version(path)
+    except OSError as error:
+        raise ModelFormatError(f"{path}: cannot be read ({error.strerror})") from None
+    if key not in _SIGNATURES:
+        try:
+            program = load_program(path)
+        except ProgramError as error:
+            raise ModelFormatError(str(error)) from None
+        if len(_SIGNATURES) >= 16:
+            _SIGNATURES.clear()
+        _SIGNATURES[key] = program_signature(program)
+    return _SIGNATURES[key]
+
+
+# {(file, size, mtime): its signature}: detect() checks a file by loading it, and the
+# config's checks ask for its signature next; one load serves both
+_SIGNATURES: dict[tuple, list[Input]] = {}
+
+
+def _version(path) -> tuple:
+    found = Path(path).stat()
+    return str(Path(path).resolve()), found.st_size, found.st_mtime_ns
+
+
+def program_signature(program) -> list[Input]:
+    """A loaded program's user inputs."""
     users = set(program.graph_signature.user_inputs)
     inputs = []
     for node in program.graph.nodes:
@@ -86,8 +116,10 @@ def _first_line(error: BaseException) -> str:
 
 
 def load_program(path: str | Path):
-    """The ``torch.export.ExportedProgram`` in ``path``; ProgramError in one line for a
-    file that is missing, damaged or not written by ``torch.export.save``."""
+    """The ``torch.export.ExportedProgram`` in ``path``, read without running any code the
+    file holds (:func:`refuse_code`: a model file is downloaded); ProgramError in one line
+    naming the file for one that is missing, damaged, not written by
+    ``torch.export.save``, or that would run code."""
     import torch
 
     path = Path(path)
@@ -96,22 +128,193 @@ def load_program(path: str | Path):
         raise ProgramError(f"{path}: no such file")
     if not zipfile.is_zipfile(path):
         raise ProgramError(f"{path}: {what}: not a zip archive")
-    with zipfile.ZipFile(path) as archive:
-        if not any(name.endswith("/archive_format") for name in archive.namelist()):
-            raise ProgramError(f"{path}: {what}: a zip archive without a torch.export "
-                               "archive_format entry")
-    # torch.export.load logs the reader's traceback before raising: the one line here says it
-    quiet = logging.getLogger("torch.export")
-    level, quiet.level = quiet.level, logging.CRITICAL
+    # One handle for the check and the load: what torch reads is what was checked
+    with open(path, "rb") as handle:
+        try:
+            with zipfile.ZipFile(handle) as archive:
+                if not any(name.endswith("/archive_format") for name in archive.namelist()):
+                    raise ProgramError(f"{path}: {what}: a zip archive without a "
+                                       "torch.export archive_format entry")
+                refuse_code(path, archive)
+        except (zipfile.BadZipFile, OSError, EOFError) as error:
+            raise ProgramError(f"{path}: {what}: {_first_line(error)}") from error
+        handle.seek(0)
+        # torch.export.load logs the reader's error with its traceback, then tries the
+        # older format and raises "check the warnings above": the error is kept, unprinted,
+        # and the one line says it
+        kept = _KeptErrors()
+        quiet = logging.getLogger("torch.export")
+        saved = quiet.level, quiet.propagate, quiet.handlers
+        quiet.setLevel(logging.WARNING)
+        quiet.propagate, quiet.handlers = False, [kept]  # torch gives it a handler of its own
+        try:
+            with _weights_only():
+                return torch.export.load(handle)
+        except Exception as error:  # zipfile, pickle, KeyError, RuntimeError from the reader
+            cause = kept.errors[0] if kept.errors else error
+            while cause.__cause__ or cause.__context__:  # the innermost says what is wrong
+                cause = cause.__cause__ or cause.__context__
+            raise ProgramError(f"{path}: {what}: {_first_line(cause)}") from error
+        finally:
+            quiet.setLevel(saved[0])
+            quiet.propagate, quiet.handlers = saved[1], saved[2]
+
+
+class _KeptErrors(logging.Handler):
+    """The exceptions a logger was given (its records are not printed)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.errors: list[BaseException] = []
+
+    def emit(self, record) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.errors.append(record.exc_info[1])
+
+
+# torch.load reads these on every call: forced, every pickle torch.export.load unpickles
+# goes through torch's weights-only unpickler, its fallback to a full unpickle of the
+# sample inputs (torch._export.serde.serialize.deserialize_torch_artifact) included
+FORCE_WEIGHTS_ONLY, FORCE_NO_WEIGHTS_ONLY = ("TORCH_FORCE_WEIGHTS_ONLY_LOAD",
+                                             "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+
+
+@contextlib.contextmanager
+def _weights_only():
+    saved = {key: os.environ.get(key) for key in (FORCE_WEIGHTS_ONLY, FORCE_NO_WEIGHTS_ONLY)}
+    os.environ[FORCE_WEIGHTS_ONLY] = "1"
+    os.environ.pop(FORCE_NO_WEIGHTS_ONLY, None)
     try:
-        return torch.export.load(str(path))
-    except Exception as error:  # zipfile, pickle, KeyError, RuntimeError from the reader
-        cause = error
-        while cause.__cause__ or cause.__context__:  # torch's own message points at its log
-            cause = cause.__cause__ or cause.__context__
-        raise ProgramError(f"{path}: {what}: {_first_line(cause)}") from error
+        yield
     finally:
-        quiet.setLevel(level)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def refuse_code(path, archive: zipfile.ZipFile) -> None:
+    """ProgramError naming ``path`` and the entry for an archive torch.export.load would
+    run code from: a pickle that is not weights only (its sample inputs, a pickled weight
+    or constant: torch falls back to a full unpickle), a pickled Python object as a
+    constant, compiled code (AOTInductor's shared libraries), or a symbolic shape that is
+    no arithmetic (torch parses it with sympy.sympify, which evaluates Python). Checked on
+    the archive's entries before torch reads any (mirroring torch.export.pt2_archive.
+    _package.load_pt2), so nothing of the file runs."""
+    import torch
+    from torch.export.pt2_archive import constants as pt2
+
+    def refuse(why: str) -> ProgramError:
+        return ProgramError(f"{path}: refused: {why}; bitdrift reads a model file without "
+                            "running code it holds (weights only)")
+
+    # torch reads each entry below the archive's own top folder
+    entries = {name.partition("/")[2]: name for name in archive.namelist()}
+    compiled = sorted(rel for rel in entries if rel.startswith(pt2.AOTINDUCTOR_DIR))
+    if compiled:
+        raise refuse(f"{compiled[0]} is compiled code (AOTInductor), which loading runs")
+    prefix, suffix = pt2.MODELS_FILENAME_FORMAT.split("{}")
+    for rel in sorted(entries):
+        if not (rel.startswith(prefix) and rel.endswith(suffix)):
+            continue
+        model = rel[len(prefix):-len(suffix)]
+        _check_expressions(refuse, rel, _json(archive, entries[rel]))
+        pickled = [pt2.SAMPLE_INPUTS_FILENAME_FORMAT.format(model),
+                   f"{pt2.WEIGHTS_DIR}{model}.pt", f"{pt2.CONSTANTS_DIR}{model}.pt"]
+        for config_name, folder in ((pt2.WEIGHTS_CONFIG_FILENAME_FORMAT, pt2.WEIGHTS_DIR),
+                                    (pt2.CONSTANTS_CONFIG_FILENAME_FORMAT,
+                                     pt2.CONSTANTS_DIR)):
+            config = _json(archive, entries.get(config_name.format(model)))
+            payloads = config.get("config") if isinstance(config, dict) else None
+            for name, payload in (payloads or {}).items():
+                if not isinstance(payload, dict):
+                    continue  # torch refuses the config itself
+                file = str(payload.get("path_name", ""))
+                if folder == pt2.CONSTANTS_DIR and file.startswith(
+                        (pt2.CUSTOM_OBJ_FILENAME_PREFIX, pt2.OPAQUE_OBJ_FILENAME_PREFIX)):
+                    raise refuse(f"constant {name!r} ({folder}{file}) is a pickled Python "
+                                 "object, which unpickling runs")
+                if payload.get("use_pickle"):
+                    pickled.append(os.path.join(folder, file))
+        for rel_pickle in pickled:
+            if rel_pickle not in entries:
+                continue  # torch finds none either, and says so
+            data = archive.read(entries[rel_pickle])
+            if not data:
+                continue
+            try:
+                torch.load(io.BytesIO(data), weights_only=True)
+            except pickle.UnpicklingError as error:
+                found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+                raise refuse(f"{rel_pickle} is a pickle that is not weights only" + (
+                    f" (it calls {found.group(1)})" if found else
+                    f" ({_first_line(error)})")) from None
+            except Exception as error:  # a damaged pickle: torch's load says no more
+                raise ProgramError(f"{path}: {rel_pickle} cannot be read: "
+                                   f"{_first_line(error)}") from None
+
+
+def _json(archive: zipfile.ZipFile, name: str | None):
+    """An entry read as JSON; None where it is missing or no JSON (torch then refuses)."""
+    if name is None:
+        return None
+    try:
+        return json.loads(archive.read(name))
+    except ValueError:
+        return None
+
+
+# What a symbolic shape torch.export writes is made of (sympy's srepr: "Mul(Integer(2),
+# Symbol('s77', positive=True, integer=True))"): sympy's and torch.utils._sympy.functions'
+# classes, a size's name (s0, u1), numbers, keyword names, quoted names and numerals, and
+# operators. Anything else (an attribute, a builtin, a string of code) would be Python that
+# sympy.sympify evaluates.
+_TOKEN = re.compile(r"(?P<space>\s+)|(?P<number>[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
+                    r"|(?P<keyword>[A-Za-z_][A-Za-z0-9_]*(?==(?!=)))"
+                    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
+                    r"|(?P<quoted>'(?:[A-Za-z][A-Za-z0-9_]*|[-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)')"
+                    r"|(?P<operator>\*\*|//|==|!=|<=|>=|[-+*/%(),<>=&|~])")
+_SYMBOL = re.compile(r"[a-z]+[0-9]+|OpaqueUnaryFn_[a-z0-9]+")
+_SYMPY_NAMES = frozenset({
+    "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "Mod", "Max", "Min",
+    "Abs", "floor", "ceiling", "sqrt", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "Equality",
+    "Unequality", "StrictLessThan", "StrictGreaterThan", "LessThan", "GreaterThan", "And",
+    "Or", "Not", "true", "false", "True", "False", "BooleanTrue", "BooleanFalse", "oo",
+    "zoo", "nan", "pi", "E", "Infinity", "NegativeInfinity", "NegativeOne", "One", "Zero",
+    "Half", "Piecewise", "ExprCondPair", "ITE", "Tuple"})
+
+
+def _check_expressions(refuse, entry: str, graph) -> None:
+    """Each ``expr_str`` of a program's JSON checked to be arithmetic (_TOKEN)."""
+    from torch.utils._sympy import functions
+
+    allowed = _SYMPY_NAMES | set(functions.__all__)
+    stack = [graph]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if key == "expr_str" and not _arithmetic(item, allowed):
+                    raise refuse(f"{entry}: the symbolic shape {str(item)[:80]!r} is no "
+                                 "arithmetic (torch evaluates it as Python)")
+                stack.append(item)
+
+
+def _arithmetic(text, allowed: frozenset) -> bool:
+    if not isinstance(text, str):
+        return False
+    at = 0
+    for token in _TOKEN.finditer(text):
+        if token.start() != at:
+            return False
+        if token.lastgroup == "name" and token.group() not in allowed and \
+                not _SYMBOL.fullmatch(token.group()):
+            return False
+        at = token.end()
+    return at == len(text)
 
 
 @dataclass(frozen=True)

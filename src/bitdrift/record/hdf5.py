@@ -122,6 +122,34 @@ class FailedDevice(RecordError):
     """A failure record where a record was expected."""
 
 
+# What h5py raises for an object whose header it cannot read (a damaged file)
+UNREADABLE = (KeyError, OSError, RuntimeError, ValueError)
+
+
+def member(group, name: str, path):
+    """The object ``name`` (a name or a path below ``group``); None where there is no such
+    name. A name that is there but whose object cannot be opened (its header damaged) is a
+    RecordError naming the file and the object: h5py's ``get`` says None for both, and the
+    reader would call a damaged dataset missing."""
+    try:
+        return group[name]
+    except UNREADABLE as error:
+        try:
+            listed = name in group
+        except UNREADABLE:
+            listed = True  # the name's own group is damaged
+        if not listed:
+            return None
+        where = f"{group.name.rstrip('/')}/{name}".lstrip("/")
+        raise RecordError(f"{path}: {where} cannot be read: its object header is damaged "
+                          f"({_first_line(error)})") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().strip("'\"")
+    return (text.splitlines() or [type(error).__name__])[0][:200]
+
+
 def has_attr(dataset, name: str) -> bool:
     return h5py.h5a.exists(dataset.id, name.encode())
 

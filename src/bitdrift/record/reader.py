@@ -24,10 +24,12 @@ from bitdrift.record.hdf5 import (
     REPEAT_DIGEST,
     REQUIRED_ATTRS,
     SAMPLE_NAME,
+    UNREADABLE,
     FailedDevice,
     Tensor,
     digest_attrs,
     has_attr,
+    member,
     output_digest,
     tensor_of,
 )
@@ -114,7 +116,10 @@ class Record:
     def _validate(self) -> None:
         # Root attributes read once: the analysis asks for model, device and precision
         # per layer, and each HDF5 attribute read costs far more than a dict look-up.
-        attrs = {key: value for key, value in self._file.attrs.items()}
+        try:
+            attrs = {key: value for key, value in self._file.attrs.items()}
+        except UNREADABLE as error:
+            raise self._fail(f"its root attributes cannot be read ({error})") from None
         self._attrs = attrs
         if FAILED in attrs:
             raise FailedDevice(f"{self.path}: device {_text(attrs.get('device', '?'))!r} did "
@@ -127,15 +132,18 @@ class Record:
         except (TypeError, ValueError) as error:
             raise self._fail(f"root attribute 'fingerprint' is not JSON ({error})") from error
         self._check_fingerprint()
-        if "samples" not in self._file or not isinstance(self._file["samples"], h5py.Group):
+        samples = member(self._file, "samples", self.path)
+        if not isinstance(samples, h5py.Group):
             raise self._fail("missing group 'samples'")
         self.samples: list[int] = []
-        for key, group in self._file["samples"].items():
+        for key in samples:
             # A test-set index in ASCII digits without a leading zero: `01` would be a
             # second name for sample 1, and str.isdigit accepts `٦` and `²`.
             if not SAMPLE_NAME.fullmatch(key):
                 raise self._fail(f"sample group name {key!r} is not a test-set index")
-            output = group.get(OUTPUT) if isinstance(group, h5py.Group) else None
+            group = member(samples, key, self.path)
+            output = member(group, OUTPUT, self.path) if isinstance(group, h5py.Group) \
+                else None
             if not isinstance(output, h5py.Dataset):
                 raise self._fail(f"samples/{key} has no dataset 'output'")
             if output.ndim < 1 or output.shape[0] < 1:
@@ -185,11 +193,12 @@ class Record:
     def kernels(self) -> dict | None:
         """The traced repeat's kernels (bitdrift.analysis.kernels), or None for a record without."""
         if "_kernels" not in self.__dict__:
-            if KERNELS not in self._file:
+            kernels = member(self._file, KERNELS, self.path)
+            if kernels is None:
                 self._kernels = None
             else:
                 try:
-                    found = json.loads(_text(self._file[KERNELS][()]))
+                    found = json.loads(_text(kernels[()]))
                 except (TypeError, ValueError) as error:
                     raise self._fail(f"dataset 'kernels' is not JSON ({error})") from error
                 self._kernels = self._checked_kernels(found)
@@ -247,6 +256,29 @@ class Record:
         """Whether the sample holds the deployed model's final output (the observer check)."""
         return DEPLOYED in self._sample_group(sample, True)
 
+    @property
+    def deployed_samples(self) -> frozenset[int]:
+        """The samples that hold the deployed model's final output."""
+        if "_deployed" not in self.__dict__:
+            self._deployed = frozenset(sample for sample in self.samples
+                                       if self.has_deployed(sample))
+        return self._deployed
+
+    def _final_is_deployed(self, sample: int) -> bool:
+        """Whether :meth:`tensor` gives the sample's deployed output as its final output:
+        where it holds one, unless the records it is compared with do not
+        (:func:`group_by_model`)."""
+        return sample in self.deployed_samples and sample not in self.compared_instrumented
+
+    # The samples whose final output is read as the instrumented run's although the record
+    # holds the deployed one: another record of its model lacks it (group_by_model)
+    compared_instrumented: frozenset[int] = frozenset()
+
+    def deployed_output(self, sample: int) -> Tensor:
+        """The deployed model's final output (the dataset ``deployed``), whatever
+        :meth:`tensor` compares."""
+        return self._read(sample, True, DEPLOYED)
+
     def instrumented_output(self, sample: int) -> Tensor:
         """The instrumented run's final output (the dataset ``output``), which
         :meth:`tensor` gives only for a record without the deployed one."""
@@ -301,21 +333,32 @@ class Record:
         per model only, and reads the others' tensors by name."""
         if sample in self._layers:
             return {info.label for info in self._layers[sample]}
-        group = self._handle()[f"samples/{sample}"]
-        names = group["layers"].keys() if "layers" in group else []
+        layers = member(self._sample_group(sample, True), "layers", self.path)
+        names = layers.keys() if layers is not None else []
         return {LayerInfo(name, 0).label for name in names} | {OUTPUT}
 
     def _read_layers(self, sample: int) -> list[LayerInfo]:
-        group = self._handle()[f"samples/{sample}"]
+        layers = member(self._sample_group(sample, True), "layers", self.path)
         infos = []
-        if "layers" in group:
-            for name, dataset in group["layers"].items():
+        if layers is not None and not isinstance(layers, h5py.Group):
+            raise self._fail(f"samples/{sample}/layers is not a group")
+        for name in layers if layers is not None else []:
+            dataset = member(layers, name, self.path)
+            where = f"samples/{sample}/layers/{name}"
+            try:
                 # Names listed once: an HDF5 attribute read costs ~10 us.
                 names = set(dataset.attrs)
                 if "position" not in names:
-                    raise self._fail(f"samples/{sample}/layers/{name} has no attribute 'position'")
-                class_name = _text(dataset.attrs["class_name"]) if "class_name" in names else ""
-                infos.append(LayerInfo(name, int(dataset.attrs["position"]), class_name))
+                    raise self._fail(f"{where} has no attribute 'position'")
+                class_name = _text(dataset.attrs["class_name"]) if "class_name" in names \
+                    else ""
+                position = int(dataset.attrs["position"])
+            except (*UNREADABLE, TypeError) as error:
+                if isinstance(error, RecordError):
+                    raise
+                raise self._fail(f"{where}: its attributes cannot be read ({error})") \
+                    from None
+            infos.append(LayerInfo(name, position, class_name))
         infos.sort(key=lambda info: info.position)
         last = infos[-1].position + 1 if infos else 0
         infos.append(LayerInfo(OUTPUT, last, final=True))
@@ -329,7 +372,7 @@ class Record:
             raise self._fail(f"has no sample {sample} (it has {self.samples})")
         final = layer.final if isinstance(layer, LayerInfo) else layer == OUTPUT
         layer = layer.name if isinstance(layer, LayerInfo) else layer
-        if final and self.has_deployed(sample):
+        if final and self._final_is_deployed(sample):
             layer = DEPLOYED
         return self._read(sample, final, layer)
 
@@ -342,7 +385,7 @@ class Record:
             self.suspend()
         # Opened by name: a worker analysing a few layers need not list every layer's
         # attributes first (:meth:`layers` does that).
-        dataset = self._sample_group(sample, final).get(layer)
+        dataset = member(self._sample_group(sample, final), layer, self.path)
         if not isinstance(dataset, h5py.Dataset):
             raise self._fail(f"sample {sample} has no layer {layer!r}")
         return tensor_of(dataset, self.path)
@@ -373,9 +416,9 @@ class Record:
             self.suspend()
         final = layer.final if isinstance(layer, LayerInfo) else layer == OUTPUT
         name = layer.name if isinstance(layer, LayerInfo) else layer
-        if final and self.has_deployed(sample):
+        if final and self._final_is_deployed(sample):
             name = DEPLOYED
-        dataset = self._sample_group(sample, final).get(name)
+        dataset = member(self._sample_group(sample, final), name, self.path)
         if not isinstance(dataset, h5py.Dataset):
             raise self._fail(f"sample {sample} has no layer {name!r}")
         return dataset
@@ -385,7 +428,7 @@ class Record:
         key = (sample, final)
         if key not in self._groups:
             where = f"samples/{sample}" if final else f"samples/{sample}/layers"
-            group = self._handle().get(where)
+            group = member(self._handle(), where, self.path)
             if not isinstance(group, h5py.Group):
                 raise self._fail(f"sample {sample} has no group {where!r}")
             self._groups[key] = group
@@ -505,7 +548,42 @@ def group_by_model(records: list[Record]) -> Iterator[tuple[str, list[Record]]]:
                     f"{seen[record.device]}"
                 )
             seen[record.device] = record.path
+        compare_final_outputs(model, group)
         yield model, group
+
+
+def compare_final_outputs(model: str, group: list[Record]) -> None:
+    """The one rule for the final output of records of which some hold the deployed
+    model's (``samples/<i>/deployed``, the observer check) and some do not (older records,
+    another tool's): a sample's final output is the deployed one where every record of the
+    model holds it, else the instrumented run's on every record, the output each holds,
+    so that the classes never compare one program's outputs with another's. Said once on
+    stderr, naming the records and samples that lack it."""
+    import sys
+
+    lacking: dict[Path, list[int]] = {}
+    mixed: set[int] = set()
+    holding = {record.path: record.deployed_samples for record in group}
+    if any(holding.values()):
+        for record in group:
+            missing = [sample for sample in record.samples
+                       if sample not in holding[record.path]]
+            if missing:
+                lacking[record.path] = missing
+                mixed.update(missing)
+    changed = False
+    for record in group:
+        settled = frozenset(mixed & record.deployed_samples)
+        changed |= settled != record.compared_instrumented
+        record.compared_instrumented = settled
+    if changed and mixed:
+        said = "; ".join(f"{path} (sample{'s' * (len(samples) > 1)} "
+                         f"{', '.join(map(str, samples))})"
+                         for path, samples in lacking.items())
+        print(f"bitdrift: warning: model {model!r}: records without the deployed model's "
+              f"final output: {said}; the final output of sample"
+              f"{'s' * (len(mixed) > 1)} {', '.join(map(str, sorted(mixed)))} is compared "
+              "as the instrumented run's on every device", file=sys.stderr)
 
 
 def _text(value) -> str:
