@@ -53,6 +53,46 @@ class Plan:
         return self.config["devices"][device]["backend"] in formats.runtimes(
             self.model_format(model))
 
+    def model_devices(self, model: str) -> list[str]:
+        """The devices that run the model (external ones too), in config order."""
+        return [device for device in self.devices if self.runs_on(model, device)]
+
+    def skipped_devices(self, model: str) -> dict[str, list[str]]:
+        """{runtime: its devices} of the devices left out of the model's run: their runtime
+        cannot run the model's format (bitdrift.runtimes.FORMAT_RUNTIMES)."""
+        skipped: dict[str, list[str]] = {}
+        for device in self.devices:
+            if not self.runs_on(model, device):
+                skipped.setdefault(self.config["devices"][device]["backend"], []).append(device)
+        return skipped
+
+    def device_plan(self) -> dict[str, dict]:
+        """{model: {devices, skipped, format}} of each of the config's models with a device
+        left out (:meth:`skipped_devices`) or fewer than two devices; ``format`` says what
+        the model's file is. What the terminal (:meth:`device_notes`) and the findings
+        (bitdrift.report.findings.checks.planned_devices) say; empty where every device
+        runs every model."""
+        planned = {}
+        for model in self.models:
+            devices, skipped = self.model_devices(model), self.skipped_devices(model)
+            if skipped or len(devices) < 2:
+                planned[model] = {"devices": devices, "skipped": skipped,
+                                  "format": formats.get(self.model_format(model)).WHAT}
+        return planned
+
+    def device_notes(self) -> list[str]:
+        """The lines the run starts with, one per model with devices left out and one per
+        model that one device runs (:meth:`device_plan`)."""
+        from bitdrift.report.findings.checks import lone_device, skipped_devices
+
+        notes = []
+        for model, entry in self.device_plan().items():
+            if entry["skipped"]:
+                notes.append(skipped_devices(model, entry["format"], entry["skipped"]))
+            if len(entry["devices"]) == 1:
+                notes.append(lone_device(model, entry["devices"]))
+        return notes
+
     def record_files(self) -> list[str]:
         """Every record of the config's models, devices in config order (this order numbers
         the classes); a model has records of the devices whose runtime runs its format."""
@@ -106,6 +146,47 @@ class Plan:
                     + infer_command(model, device, paths.model_file(self.config, model),
                                     paths.model_inputs_file(self.config, model), path)
                     for device, model, path in missing))
+
+    def rule_made_files(self) -> set[str]:
+        """The model and inputs files a rule of the workflow makes (as normalized paths):
+        each trained model's (rule train_model) and bitdrift's example models with their
+        inputs (rule example_model, bitdrift.inputs.examples)."""
+        import importlib
+
+        from bitdrift.inputs.examples import EXAMPLES
+
+        made = set(self.training_targets())
+        for example in EXAMPLES:
+            suffix = importlib.import_module(f"bitdrift.inputs.examples.{example}").SUFFIX
+            made |= {paths.example_model_file(example, suffix.lstrip(".")),
+                     paths.example_inputs_file(example, suffix.lstrip("."))}
+        return {os.path.normpath(path) for path in made}
+
+    def check_model_files(self, exists: Callable[[str], bool] = os.path.isfile) -> None:
+        """A model's `file` or `inputs` that is not there and that no rule makes is a typo:
+        said now, naming the key, whatever records an earlier run left (Snakemake would
+        otherwise keep them as current, or stop on a missing input of some analysis)."""
+        made = self.rule_made_files()
+        for model in self.models:
+            for key in ("file", "inputs"):
+                path = self.config["models"][model].get(key)
+                if path is None or exists(path) or os.path.normpath(path) in made:
+                    continue
+                where = "" if os.path.isabs(path) else f" (in {os.getcwd()})"
+                raise PlanError(f"config key models.{model}.{key}: {path} does not exist"
+                                f"{where}, and no rule of the workflow makes it")
+
+    def check_devices(self) -> None:
+        """A model that no device runs (no device's runtime runs its format) has no record
+        to compare: said now, naming the model and the runtimes that could."""
+        for model in self.models:
+            if not self.model_devices(model):
+                format = self.model_format(model)
+                raise PlanError(
+                    f"config key models.{model}: no device runs it: "
+                    f"{', '.join(self.skipped_devices(model))} cannot run "
+                    f"{formats.get(format).WHAT} (runtimes that can: "
+                    f"{', '.join(formats.runtimes(format))})")
 
     def check_samples(self, exists: Callable[[str], bool] = os.path.exists) -> None:
         """Sample indices against every prepared dataset the devices read, before any job

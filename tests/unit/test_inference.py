@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bitdrift.analysis.effective_precision import recheck_record
-from bitdrift.errors import AcceleratorMissing
+from bitdrift.errors import AcceleratorMissing, RecordError
 from bitdrift.inputs.models import model_digest
 from bitdrift.record.reader import Record
 from bitdrift.run.inference import InferenceError, infer
@@ -339,3 +339,56 @@ def test_a_traced_repeat_of_the_full_samples_batches_alone(assets, tmp_path):
     assert logged, "torch logged no oneDNN call: nothing to compare"
     for name in logged:
         assert 2 * len(layers_full[name]["calls"]) == len(layers_all[name]["calls"]), name
+
+
+def test_samples_in_any_order_give_records_the_provenance_check_accepts(assets, tmp_path):
+    """Issue 63: a config listing its samples out of order ([6, 0, 1]) ran every device,
+    then every analysis refused every record (input_sha256 differs): the record's digest
+    was of the config's order, the check's of the sorted samples. Now both records, of the
+    samples listed in two orders, hold one digest (checked against one taken by hand),
+    pass the check and, one sample per batch, hold the same outputs; a record written
+    before, whose digest is of the order it ran in (its samples_order), passes too, and
+    other inputs are refused."""
+    import hashlib
+    import shutil
+
+    from bitdrift.run.provenance import check_provenance
+
+    dataset, model = assets
+    device = {**CPU, "backend": "torch", "repeats": 1}
+    records = {}
+    with open(tmp_path / "log", "w") as log:
+        for samples in ([6, 0, 1], [0, 1, 6]):
+            records[tuple(samples)] = out = tmp_path / f"{'_'.join(map(str, samples))}.h5"
+            infer(model_name="small", device_name="t", device=device, model_path=model,
+                  dataset_path=dataset, samples=samples, out=out, log=log, kernels=False)
+    with h5py.File(dataset) as handle:
+        images = {sample: handle["x_test"][sample].astype(np.float32) for sample in (0, 1, 6)}
+    by_hand = hashlib.sha256(b"".join(images[sample].tobytes()
+                                      for sample in (0, 1, 6))).hexdigest()
+    shuffled, ordered = (Record(records[(6, 0, 1)]), Record(records[(0, 1, 6)]))
+    with shuffled, ordered:
+        assert shuffled.attr("input_sha256") == ordered.attr("input_sha256") == by_hand
+        assert shuffled.json_attr("samples_order", list) == [6, 0, 1]
+        assert check_provenance([shuffled, ordered], "small", model, dataset) == 2
+        for sample in (0, 1, 6):
+            assert np.array_equal(shuffled.tensor(sample, "output").values,
+                                  ordered.tensor(sample, "output").values)
+    # a record written before: its digest of the samples in the order they ran
+    older = tmp_path / "older.h5"
+    shutil.copy(records[(6, 0, 1)], older)
+    run_order = hashlib.sha256(b"".join(images[sample].tobytes()
+                                        for sample in (6, 0, 1))).hexdigest()
+    for digest, order, accepted in ((run_order, [6, 0, 1], True),
+                                    (run_order, [0, 1, 6], False),
+                                    ("0" * 64, [6, 0, 1], False)):
+        with h5py.File(older, "a") as handle:
+            handle.attrs["input_sha256"] = digest
+            handle.attrs["samples_order"] = json.dumps(order)
+        with Record(older) as record:
+            if accepted:
+                assert check_provenance([record], "small", model, dataset) == 1
+            else:
+                with pytest.raises(RecordError, match=r"older.h5: device 't' was run on other "
+                                   r"inputs than samples \[0, 1, 6\]"):
+                    check_provenance([record], "small", model, dataset)

@@ -9,7 +9,7 @@ compared with the digests of the model and dataset files the workflow itself use
 
 from __future__ import annotations
 
-from bitdrift.inputs.datasets import input_sha256, read_test_images
+from bitdrift.inputs.datasets import input_sha256, read_test_images, rows_sha256
 from bitdrift.inputs.models import model_digest
 from bitdrift.record.hdf5 import RecordError
 from bitdrift.record.reader import Record
@@ -59,7 +59,7 @@ def check_provenance(records: list[Record], model: str, model_path, dataset_path
     """Refuse any record of `model` whose hashes differ from those of the workflow's model
     file and dataset; returns how many records were checked."""
     expected_model = _model_digest(model_path)
-    expected_inputs: dict[tuple, str] = {}
+    inputs: dict[tuple, tuple] = {}  # samples -> (their images, sorted, and input digest)
     checked = 0
     for record in records:
         if record.model != model:
@@ -71,10 +71,11 @@ def check_provenance(records: list[Record], model: str, model_path, dataset_path
                 f"{model_path} (model_sha256 {record.attr('model_sha256')[:12]}... != "
                 f"{expected_model[:12]}...); re-run it with `{rerun}`"
             )
-        samples = tuple(record.samples)
-        if samples not in expected_inputs:
-            expected_inputs[samples] = input_sha256(read_test_images(dataset_path, list(samples)))
-        if record.attr("input_sha256") != expected_inputs[samples]:
+        samples = tuple(record.samples)  # sorted
+        if samples not in inputs:
+            images = read_test_images(dataset_path, list(samples))
+            inputs[samples] = images, input_sha256(images, list(samples))
+        if not _ran_on(record, *inputs[samples]):
             raise RecordError(
                 f"{record.path}: device {record.device!r} was run on other inputs than "
                 f"samples {list(samples)} of {dataset_path} (input_sha256 differs); re-run it "
@@ -82,3 +83,21 @@ def check_provenance(records: list[Record], model: str, model_path, dataset_path
             )
         checked += 1
     return checked
+
+
+def _ran_on(record: Record, images, digest: str) -> bool:
+    """Whether the record ran on ``images`` (its samples' rows, in sample order), whose
+    input digest is ``digest``: its ``input_sha256`` is that digest, or, for a record
+    written before the digest was taken in sample order, the digest of the rows in the
+    order it ran them (its ``samples_order``)."""
+    found = record.attr("input_sha256")
+    if found == digest:
+        return True
+    if not record.has_attr("samples_order"):
+        return False
+    order = record.json_attr("samples_order", list)
+    if sorted(sample for sample in order if type(sample) is int) != record.samples:
+        raise RecordError(f"{record.path}: attribute 'samples_order' is not the record's "
+                          f"samples in some order ({record.samples})")
+    row = {sample: index for index, sample in enumerate(record.samples)}
+    return found == rows_sha256(images[[row[sample] for sample in order]])
