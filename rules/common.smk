@@ -41,7 +41,7 @@ try:
     # A model file no rule makes and that is not there, a model no device runs, an
     # external device's missing record, samples beyond a prepared test set: said now
     PLAN.check_model_files()
-    PLAN.check_devices()
+    PLAN.check_every_model_runs()
     PLAN.check_external_records()
     PLAN.check_samples()
     # The models the studies add, and the atlas's reference model, join config["models"]

@@ -176,7 +176,7 @@ class Plan:
                 raise PlanError(f"config key models.{model}.{key}: {path} does not exist"
                                 f"{where}, and no rule of the workflow makes it")
 
-    def check_devices(self) -> None:
+    def check_every_model_runs(self) -> None:
         """A model that no device runs (no device's runtime runs its format) has no record
         to compare: said now, naming the model and the runtimes that could."""
         for model in self.models:

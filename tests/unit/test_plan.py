@@ -229,8 +229,8 @@ def test_a_model_no_device_runs_stops_the_plan():
             "config key models.small: no device runs it: torch_export cannot run a Keras "
             ".keras archive or .h5 file (runtimes that can: tensorflow, torch, jax, "
             "onnxruntime, openvino, litert)")):
-        plan_of(config).check_devices()
-    plan_of().check_devices()  # every model has a device
+        plan_of(config).check_every_model_runs()
+    plan_of().check_every_model_runs()  # every model has a device
 
 
 def test_a_model_file_that_is_not_there_and_no_rule_makes_stops_the_plan(tmp_path,

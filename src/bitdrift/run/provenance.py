@@ -59,7 +59,7 @@ def check_provenance(records: list[Record], model: str, model_path, dataset_path
     """Refuse any record of `model` whose hashes differ from those of the workflow's model
     file and dataset; returns how many records were checked."""
     expected_model = _model_digest(model_path)
-    inputs: dict[tuple, tuple] = {}  # samples -> (their images, sorted, and input digest)
+    inputs: dict[tuple, tuple] = {}  # a record's samples (sorted) -> (images, input digest)
     checked = 0
     for record in records:
         if record.model != model:
