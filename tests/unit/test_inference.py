@@ -347,8 +347,8 @@ def test_samples_in_any_order_give_records_the_provenance_check_accepts(assets, 
     was of the config's order, the check's of the sorted samples. Now both records, of the
     samples listed in two orders, hold one digest (checked against one taken by hand),
     pass the check and, one sample per batch, hold the same outputs; a record written
-    before, whose digest is of the order it ran in (its samples_order), passes too, and
-    other inputs are refused."""
+    before, whose digest is of the order it ran in (its samples_order, or without one the
+    order whose rows give it), passes too, and other inputs are refused."""
     import hashlib
     import shutil
 
@@ -379,12 +379,16 @@ def test_samples_in_any_order_give_records_the_provenance_check_accepts(assets, 
     shutil.copy(records[(6, 0, 1)], older)
     run_order = hashlib.sha256(b"".join(images[sample].tobytes()
                                         for sample in (6, 0, 1))).hexdigest()
-    for digest, order, accepted in ((run_order, [6, 0, 1], True),
+    # (older still, without samples_order: the order whose rows give its digest)
+    for digest, order, accepted in ((run_order, [6, 0, 1], True), (run_order, None, True),
                                     (run_order, [0, 1, 6], False),
-                                    ("0" * 64, [6, 0, 1], False)):
+                                    ("0" * 64, [6, 0, 1], False), ("0" * 64, None, False)):
         with h5py.File(older, "a") as handle:
             handle.attrs["input_sha256"] = digest
-            handle.attrs["samples_order"] = json.dumps(order)
+            if order is None:
+                handle.attrs.pop("samples_order", None)
+            else:
+                handle.attrs["samples_order"] = json.dumps(order)
         with Record(older) as record:
             if accepted:
                 assert check_provenance([record], "small", model, dataset) == 1

@@ -75,7 +75,7 @@ def check_provenance(records: list[Record], model: str, model_path, dataset_path
         if samples not in inputs:
             images = read_test_images(dataset_path, list(samples))
             inputs[samples] = images, input_sha256(images, list(samples))
-        if not _ran_on(record, *inputs[samples]):
+        if not _ran_on(record, *inputs[samples], dataset_path):
             raise RecordError(
                 f"{record.path}: device {record.device!r} was run on other inputs than "
                 f"samples {list(samples)} of {dataset_path} (input_sha256 differs); re-run it "
@@ -85,19 +85,17 @@ def check_provenance(records: list[Record], model: str, model_path, dataset_path
     return checked
 
 
-def _ran_on(record: Record, images, digest: str) -> bool:
+def _ran_on(record: Record, images, digest: str, dataset_path) -> bool:
     """Whether the record ran on ``images`` (its samples' rows, in sample order), whose
     input digest is ``digest``: its ``input_sha256`` is that digest, or, for a record
     written before the digest was taken in sample order, the digest of the rows in the
-    order it ran them (its ``samples_order``)."""
+    order it ran them (bitdrift.run.repro.run_order: its ``samples_order``, or for a record
+    older still the order whose rows give its digest)."""
     found = record.attr("input_sha256")
     if found == digest:
         return True
-    if not record.has_attr("samples_order"):
-        return False
-    order = record.json_attr("samples_order", list)
-    if sorted(sample for sample in order if type(sample) is int) != record.samples:
-        raise RecordError(f"{record.path}: attribute 'samples_order' is not the record's "
-                          f"samples in some order ({record.samples})")
+    from bitdrift.run.repro import run_order
+
     row = {sample: index for index, sample in enumerate(record.samples)}
+    order = run_order(record, dataset_path)
     return found == rows_sha256(images[[row[sample] for sample in order]])
