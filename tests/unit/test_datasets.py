@@ -202,28 +202,3 @@ def test_celeba_binary_target_with_subgroup_attributes(tmp_path):
     with pytest.raises(DatasetError, match="000005.jpg"):
         load_source({"source": "celeba", "path": str(tmp_path / "celeba")})
 
-
-def test_the_input_digest_names_the_samples_whatever_their_order():
-    """Issue 63: a record's input_sha256 was taken over the samples in the config's order
-    and the provenance check's over them sorted, so a config listing its samples out of
-    order ran every device and then had every record refused. The digest is now of the
-    images in sample order, whatever order they come in; checked against a digest taken
-    by hand."""
-    from bitdrift.inputs.datasets import NamedInputs, input_sha256, rows_sha256
-
-    rng = np.random.default_rng(0)
-    test_set = rng.standard_normal((8, 4, 4, 3)).astype(np.float32)
-    by_hand = hashlib.sha256(test_set[[0, 3, 6]].tobytes()).hexdigest()
-    for samples in ([6, 0, 3], [0, 3, 6], [3, 6, 0]):
-        assert input_sha256(test_set[samples], samples) == by_hand
-    # the digest of the rows as given: the run order's (what older records hold)
-    assert rows_sha256(test_set[[6, 0, 3]]) == hashlib.sha256(
-        test_set[[6, 0, 3]].tobytes()).hexdigest() != by_hand
-    assert input_sha256(test_set[[6, 0, 4]], [6, 0, 4]) != by_hand  # other images
-    # several inputs: each array by name (names sorted), each in sample order
-    other = rng.standard_normal((8, 2)).astype(np.float32)
-    digest = hashlib.sha256()
-    for name, array in (("a", other), ("b", test_set)):
-        digest.update(name.encode() + b"\0" + array[[0, 3, 6]].tobytes())
-    named = NamedInputs({"b": test_set, "a": other})
-    assert input_sha256(named[[6, 0, 3]], [6, 0, 3]) == digest.hexdigest()

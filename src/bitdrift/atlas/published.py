@@ -196,7 +196,7 @@ def input_digest(datasets: str | Path | None, model: str, indices: list[int]) ->
     if file_digest(path) != published:
         raise DatasetError(f"{path}: not the published {where} (its SHA-256 is not "
                            f"{published[:12]}...; a Git LFS pointer, not pulled?)")
-    return input_sha256(np.load(path)[list(indices)], list(indices))
+    return input_sha256(np.load(path)[sorted(indices)])
 
 
 def import_published(folder: str | Path, out: str | Path,

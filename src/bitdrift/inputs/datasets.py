@@ -30,19 +30,10 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
                    "ship", "truck"]
 
 
-def input_sha256(images, samples) -> str:
-    """The input digest (a record's ``input_sha256``): of the images of test samples
-    ``samples`` (``images``' rows, in the order of ``samples``), taken in increasing sample
-    order. It names which inputs ran, whatever order the config listed them in: the order
-    they ran in (the rows of the batches) is the record's ``samples_order``. Records written
-    before bitdrift took it in sample order hold the digest of their run order, which
-    bitdrift.run.provenance also accepts."""
-    rows = sorted(range(len(samples)), key=lambda row: samples[row])
-    return rows_sha256(images[rows])
-
-
-def rows_sha256(images) -> str:
-    """Digest of input images as float32 rows, in the order given; of a model's several
+def input_sha256(images) -> str:
+    """The input digest, a record's ``input_sha256``: of the recorded samples' input images
+    (as float32, NHWC) in the order the device ran them, the config's (the record's
+    ``samples_order``; bitdrift.run.provenance checks it in that order); of a model's several
     inputs (bitdrift.inputs.datasets.NamedInputs), of each array by name, in the order of names."""
     if isinstance(images, dict):
         digest = hashlib.sha256()

@@ -9,7 +9,7 @@ compared with the digests of the model and dataset files the workflow itself use
 
 from __future__ import annotations
 
-from bitdrift.inputs.datasets import input_sha256, read_test_images, rows_sha256
+from bitdrift.inputs.datasets import input_sha256, read_test_images
 from bitdrift.inputs.models import model_digest
 from bitdrift.record.hdf5 import RecordError
 from bitdrift.record.reader import Record
@@ -57,9 +57,18 @@ def _model_digest(model_path) -> str:
 
 def check_provenance(records: list[Record], model: str, model_path, dataset_path) -> int:
     """Refuse any record of `model` whose hashes differ from those of the workflow's model
-    file and dataset; returns how many records were checked."""
+    file and dataset; returns how many records were checked.
+
+    A record's ``input_sha256`` is the digest of its samples' images in the order the
+    device ran them, the config's order (its ``samples_order``; bitdrift.run.repro.run_order
+    for a record older than that attribute): the check takes the same order, so samples
+    listed in any order pass (it once took them sorted, and refused every record of a
+    config that listed them otherwise, after the inference)."""
+    from bitdrift.run.repro import run_order
+
     expected_model = _model_digest(model_path)
-    inputs: dict[tuple, tuple] = {}  # a record's samples (sorted) -> (images, input digest)
+    images: dict[tuple, object] = {}  # a record's samples (sorted) -> their images
+    expected_inputs: dict[tuple, str] = {}  # the samples in run order -> their digest
     checked = 0
     for record in records:
         if record.model != model:
@@ -71,31 +80,19 @@ def check_provenance(records: list[Record], model: str, model_path, dataset_path
                 f"{model_path} (model_sha256 {record.attr('model_sha256')[:12]}... != "
                 f"{expected_model[:12]}...); re-run it with `{rerun}`"
             )
-        samples = tuple(record.samples)  # sorted
-        if samples not in inputs:
-            images = read_test_images(dataset_path, list(samples))
-            inputs[samples] = images, input_sha256(images, list(samples))
-        if not _ran_on(record, *inputs[samples], dataset_path):
+        samples = tuple(record.samples)
+        order = tuple(run_order(record, dataset_path))
+        if order not in expected_inputs:
+            if samples not in images:
+                images[samples] = read_test_images(dataset_path, list(samples))
+            row = {sample: index for index, sample in enumerate(samples)}
+            expected_inputs[order] = input_sha256(
+                images[samples][[row[sample] for sample in order]])
+        if record.attr("input_sha256") != expected_inputs[order]:
             raise RecordError(
                 f"{record.path}: device {record.device!r} was run on other inputs than "
-                f"samples {list(samples)} of {dataset_path} (input_sha256 differs); re-run it "
+                f"samples {list(order)} of {dataset_path} (input_sha256 differs); re-run it "
                 f"with `{rerun}`"
             )
         checked += 1
     return checked
-
-
-def _ran_on(record: Record, images, digest: str, dataset_path) -> bool:
-    """Whether the record ran on ``images`` (its samples' rows, in sample order), whose
-    input digest is ``digest``: its ``input_sha256`` is that digest, or, for a record
-    written before the digest was taken in sample order, the digest of the rows in the
-    order it ran them (bitdrift.run.repro.run_order: its ``samples_order``, or for a record
-    older still the order whose rows give its digest)."""
-    found = record.attr("input_sha256")
-    if found == digest:
-        return True
-    from bitdrift.run.repro import run_order
-
-    row = {sample: index for index, sample in enumerate(record.samples)}
-    order = run_order(record, dataset_path)
-    return found == rows_sha256(images[[row[sample] for sample in order]])

@@ -59,8 +59,7 @@ def record_attrs(writer: RecordWriter, meta: dict, weights: dict, classes, expec
     attrs = {
         "model": model_name, "device": device_name, "backend": device["backend"],
         "precision": device["precision"], "fingerprint": emulation_host(meta["fingerprint"]),
-        "model_sha256": model_digest(model_path),
-        "input_sha256": input_sha256(sample_images, list(samples)),
+        "model_sha256": model_digest(model_path), "input_sha256": input_sha256(sample_images),
         "accelerator": device["accelerator"], "batch_size": device["batch_size"],
         "repeats": device["repeats"], "device_config": json.dumps(device, sort_keys=True),
         # the rows the samples ran in (the record lists them sorted): bitdrift.run.repro

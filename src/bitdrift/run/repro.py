@@ -86,12 +86,12 @@ def run_order(record: Record, dataset_path) -> list[int]:
         return list(record.samples)
     from itertools import permutations
 
-    from bitdrift.inputs.datasets import read_test_images, rows_sha256
+    from bitdrift.inputs.datasets import input_sha256, read_test_images
 
     images = read_test_images(dataset_path, record.samples)  # rows of one or several arrays
     row = {sample: index for index, sample in enumerate(record.samples)}
     return next((list(order) for order in permutations(record.samples)
-                 if rows_sha256(images[[row[s] for s in order]])
+                 if input_sha256(images[[row[s] for s in order]])
                  == record.attr("input_sha256")), list(record.samples))
 
 
