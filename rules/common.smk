@@ -39,10 +39,12 @@ try:
     validate_config(config)
     PLAN = Plan(config)
     # A model file no rule makes and that is not there, a model no device runs, an
-    # external device's missing record, samples beyond a prepared test set: said now
+    # external device's missing record or one of other samples, samples beyond a
+    # prepared test set: said now
     PLAN.check_model_files()
     PLAN.check_every_model_runs()
     PLAN.check_external_records()
+    PLAN.check_external_samples()
     PLAN.check_samples()
     # The models the studies add, and the atlas's reference model, join config["models"]
     # after the config's own are taken (the core's tables stay the config's own models)

@@ -147,6 +147,43 @@ class Plan:
                                     paths.model_inputs_file(self.config, model), path)
                     for device, model, path in missing))
 
+    def check_external_samples(self, exists: Callable[[str], bool] = os.path.exists) -> None:
+        """An external device's record that ran other samples than config key samples, or
+        them in another order (a record's input digest is of its samples in the order it ran
+        them: bitdrift.run.provenance), would be refused by every analysis once the other
+        devices have run: said now, naming the key, the record and the command that makes
+        it anew. A record that cannot be read is said now too."""
+        from bitdrift.errors import BitdriftError
+        from bitdrift.record.reader import Record
+        from bitdrift.run.provenance import infer_command
+        from bitdrift.run.repro import run_order
+
+        samples = [int(sample) for sample in self.config["samples"]]
+        for model in self.models:
+            inputs = paths.model_inputs_file(self.config, model)
+            for device in self.devices:
+                path = paths.record_file(model, device)
+                if not (self.config["devices"][device]["external"]
+                        and self.runs_on(model, device) and exists(path)):
+                    continue
+                try:
+                    with Record(path) as record:
+                        ran = run_order(record, inputs if exists(inputs) else None)
+                except BitdriftError as error:
+                    raise PlanError(f"external device {device!r}: {error}") from None
+                if ran != samples:
+                    again = infer_command(model, device, paths.model_file(self.config, model),
+                                          inputs, path)
+                    reordered = sorted(ran) == sorted(samples)
+                    raise PlanError(
+                        f"config key samples: {samples}, but external device {device!r}'s "
+                        f"record {path} ran {ran} ("
+                        + ("the same samples in another order" if reordered else
+                           "other samples")
+                        + "), which every analysis would refuse: "
+                        + ("list the samples in its order, or " if reordered else "")
+                        + f"measure it again with `{again}`")
+
     def rule_made_files(self) -> set[str]:
         """The model and inputs files a rule of the workflow makes (as normalized paths):
         each trained model's (rule train_model) and bitdrift's example models with their

@@ -3,6 +3,7 @@ what a run of `all` makes, the checks before any job, and the jobs' resources. E
 expectation is written out here by hand."""
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -263,3 +264,50 @@ def test_a_model_file_that_is_not_there_and_no_rule_makes_stops_the_plan(tmp_pat
     with pytest.raises(PlanError, match=re.escape(
             f"config key models.gone.file: {tmp_path}/gone.onnx does not exist, and no rule")):
         plan_of(files=[f"{tmp_path}/gone.onnx"]).check_model_files()
+
+
+def test_an_external_record_of_other_samples_or_order_stops_the_plan(tmp_path, monkeypatch):
+    """A record's input digest is of its samples in the order it ran them; the workflow
+    runs its own devices again when config key samples changes, but an external device's
+    record, measured elsewhere, would be refused by every analysis after the others ran.
+    Said before any job: the samples it ran, and how to mend it."""
+    from bitdrift.record.writer import write_record
+    from tests.utils import BASE_ATTRS
+
+    monkeypatch.chdir(tmp_path)
+    record = Path(paths.record_file("small", "elsewhere"))
+    record.parent.mkdir(parents=True)
+
+    def measured(samples_order, samples=(0, 2)):
+        attrs = {**BASE_ATTRS, "model": "small", "device": "elsewhere"}
+        if samples_order is not None:
+            attrs["samples_order"] = json.dumps(samples_order)
+        write_record(record, attrs, {sample: {"output": [[1.0, 2.0]]} for sample in samples})
+
+    config = copy.deepcopy(CONFIG)
+    for samples, ran, accepted in (([0, 2], [0, 2], True), ([2, 0], [2, 0], True),
+                                   ([2, 0], None, False),  # older: ran in sample order
+                                   ([0, 2], [2, 0], False), ([0, 3], [0, 2], False)):
+        measured(ran)
+        config["samples"] = samples
+        plan = plan_of(config)
+        if accepted:
+            plan.check_external_samples()
+            continue
+        with pytest.raises(PlanError) as raised:
+            plan.check_external_samples()
+        reordered = sorted(samples) == sorted(ran or [0, 2])
+        assert str(raised.value) == (
+            f"config key samples: {samples}, but external device 'elsewhere''s record "
+            f"{record} ran {ran or [0, 2]} ("
+            + ("the same samples in another order" if reordered else "other samples")
+            + "), which every analysis would refuse: "
+            + ("list the samples in its order, or " if reordered else "")
+            + "measure it again with `bitdrift infer --config config.yaml --model small "
+            "--device elsewhere --model-file results/models/small/seed_1/model.keras "
+            f"--dataset-file results/datasets/digits.h5 --out {record}`")
+    record.write_bytes(b"not HDF5")
+    with pytest.raises(PlanError, match=re.escape(f"external device 'elsewhere': {record}")):
+        plan_of(config).check_external_samples()
+    record.unlink()
+    plan_of(config).check_external_samples()  # not there: check_external_records says so
