@@ -201,4 +201,3 @@ def test_celeba_binary_target_with_subgroup_attributes(tmp_path):
     (tmp_path / "celeba" / "img_align_celeba" / "000005.jpg").unlink()
     with pytest.raises(DatasetError, match="000005.jpg"):
         load_source({"source": "celeba", "path": str(tmp_path / "celeba")})
-
