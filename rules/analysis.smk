@@ -449,6 +449,10 @@ rule write_findings:
     localrule: True
     conda:
         "../envs/bitdrift.yaml"
+    params:
+        # devices left out of a model (their runtime cannot run its format), a model of
+        # one device: the plan's notes, which the findings say ({}: nothing to say)
+        planned=PLAN.device_plan(),
     script:
         "../workflow/scripts/write_findings.py"
 

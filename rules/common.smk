@@ -38,8 +38,13 @@ if workflow.remote_exec:
 try:
     validate_config(config)
     PLAN = Plan(config)
-    # An external device's missing record, samples beyond a prepared test set: said now
+    # A model file no rule makes and that is not there, a model no device runs, an
+    # external device's missing record or one of other samples, samples beyond a
+    # prepared test set: said now
+    PLAN.check_model_files()
+    PLAN.check_every_model_runs()
     PLAN.check_external_records()
+    PLAN.check_external_samples()
     PLAN.check_samples()
     # The models the studies add, and the atlas's reference model, join config["models"]
     # after the config's own are taken (the core's tables stay the config's own models)
@@ -47,6 +52,12 @@ try:
     PLAN.add_atlas_model()
 except BitdriftError as error:
     raise WorkflowError(str(error)) from None
+
+# Devices left out of a model (their runtime cannot run its format), a model of one
+# device: said once, by the run's own process (its jobs parse this file again)
+if workflow.is_main_process:
+    for note in PLAN.device_notes():
+        print(f"bitdrift: {note}", file=sys.stderr)
 
 # The plan's names the rules read
 DEVICES = PLAN.devices

@@ -85,8 +85,8 @@ rule run_inference:
 rule example_model:
     output:
         # the model's format is its example's (an ONNX graph, a torch.export program)
-        model="examples/{example}.{suffix}",
-        inputs="examples/{example}.{suffix}.npy",
+        model=paths.example_model_file(),
+        inputs=paths.example_inputs_file(),
     log:
         "logs/example_model/{example}.{suffix}.log",
     # bitdrift's example models (bitdrift.inputs.examples), built here: no download

@@ -55,6 +55,16 @@ def model_inputs_file(config: dict, model: str) -> str:
     return spec["inputs"] if "inputs" in spec else dataset_file(spec["dataset"])
 
 
+def example_model_file(example="{example}", suffix="{suffix}") -> str:
+    """bitdrift's example model ``example`` (bitdrift.inputs.examples), its format's suffix
+    without the dot: what the rule example_model writes (config/presets/your_model.yaml)."""
+    return f"examples/{example}.{suffix}"
+
+
+def example_inputs_file(example="{example}", suffix="{suffix}") -> str:
+    return f"{example_model_file(example, suffix)}.npy"
+
+
 def export_file(model="{model}", format="{format}") -> str:
     """The model exported for the runtimes that read ``format``
     (bitdrift.backends.exported.expected.FORMATS)."""

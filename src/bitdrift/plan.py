@@ -67,6 +67,46 @@ class Plan:
         return self.config["devices"][device]["backend"] in formats.runtimes(
             self.model_format(model))
 
+    def model_devices(self, model: str) -> list[str]:
+        """The devices that run the model (external ones too), in config order."""
+        return [device for device in self.devices if self.runs_on(model, device)]
+
+    def skipped_devices(self, model: str) -> dict[str, list[str]]:
+        """{runtime: its devices} of the devices left out of the model's run: their runtime
+        cannot run the model's format (bitdrift.runtimes.FORMAT_RUNTIMES)."""
+        skipped: dict[str, list[str]] = {}
+        for device in self.devices:
+            if not self.runs_on(model, device):
+                skipped.setdefault(self.config["devices"][device]["backend"], []).append(device)
+        return skipped
+
+    def device_plan(self) -> dict[str, dict]:
+        """{model: {devices, skipped, format}} of each of the config's models with a device
+        left out (:meth:`skipped_devices`) or fewer than two devices; ``format`` says what
+        the model's file is. What the terminal (:meth:`device_notes`) and the findings
+        (bitdrift.report.findings.checks.planned_devices) say; empty where every device
+        runs every model."""
+        planned = {}
+        for model in self.models:
+            devices, skipped = self.model_devices(model), self.skipped_devices(model)
+            if skipped or len(devices) < 2:
+                planned[model] = {"devices": devices, "skipped": skipped,
+                                  "format": formats.get(self.model_format(model)).WHAT}
+        return planned
+
+    def device_notes(self) -> list[str]:
+        """The lines the run starts with, one per model with devices left out and one per
+        model that one device runs (:meth:`device_plan`)."""
+        from bitdrift.report.findings.checks import lone_device, skipped_devices
+
+        notes = []
+        for model, entry in self.device_plan().items():
+            if entry["skipped"]:
+                notes.append(skipped_devices(model, entry["format"], entry["skipped"]))
+            if len(entry["devices"]) == 1:
+                notes.append(lone_device(model, entry["devices"]))
+        return notes
+
     def record_files(self) -> list[str]:
         """Every record of the config's models, devices in config order (this order numbers
         the classes); a model has records of the devices whose runtime runs its format."""
@@ -120,6 +160,84 @@ class Plan:
                     + infer_command(model, device, paths.model_file(self.config, model),
                                     paths.model_inputs_file(self.config, model), path)
                     for device, model, path in missing))
+
+    def check_external_samples(self, exists: Callable[[str], bool] = os.path.exists) -> None:
+        """An external device's record that ran other samples than config key samples, or
+        them in another order (a record's input digest is of its samples in the order it ran
+        them: bitdrift.run.provenance), would be refused by every analysis once the other
+        devices have run: said now, naming the key, the record and the command that makes
+        it anew. A record that cannot be read is said now too."""
+        from bitdrift.errors import BitdriftError
+        from bitdrift.record.reader import Record
+        from bitdrift.run.provenance import infer_command
+        from bitdrift.run.repro import run_order
+
+        samples = [int(sample) for sample in self.config["samples"]]
+        for model in self.models:
+            inputs = paths.model_inputs_file(self.config, model)
+            for device in self.devices:
+                path = paths.record_file(model, device)
+                if not (self.config["devices"][device]["external"]
+                        and self.runs_on(model, device) and exists(path)):
+                    continue
+                try:
+                    with Record(path) as record:
+                        ran = run_order(record, inputs if exists(inputs) else None)
+                except BitdriftError as error:
+                    raise PlanError(f"external device {device!r}: {error}") from None
+                if ran != samples:
+                    again = infer_command(model, device, paths.model_file(self.config, model),
+                                          inputs, path)
+                    reordered = sorted(ran) == sorted(samples)
+                    raise PlanError(
+                        f"config key samples: {samples}, but external device {device!r}'s "
+                        f"record {path} ran {ran} ("
+                        + ("the same samples in another order" if reordered else
+                           "other samples")
+                        + "), which every analysis would refuse: "
+                        + ("list the samples in its order, or " if reordered else "")
+                        + f"measure it again with `{again}`")
+
+    def rule_made_files(self) -> set[str]:
+        """The model and inputs files a rule of the workflow makes (as normalized paths):
+        each trained model's (rule train_model) and bitdrift's example models with their
+        inputs (rule example_model, bitdrift.inputs.examples)."""
+        import importlib
+
+        from bitdrift.inputs.examples import EXAMPLES
+
+        made = set(self.training_targets())
+        for example in EXAMPLES:
+            suffix = importlib.import_module(f"bitdrift.inputs.examples.{example}").SUFFIX
+            made |= {paths.example_model_file(example, suffix.lstrip(".")),
+                     paths.example_inputs_file(example, suffix.lstrip("."))}
+        return {os.path.normpath(path) for path in made}
+
+    def check_model_files(self, exists: Callable[[str], bool] = os.path.isfile) -> None:
+        """A model's `file` or `inputs` that is not there and that no rule makes is a typo:
+        said now, naming the key, whatever records an earlier run left (Snakemake would
+        otherwise keep them as current, or stop on a missing input of some analysis)."""
+        made = self.rule_made_files()
+        for model in self.models:
+            for key in ("file", "inputs"):
+                path = self.config["models"][model].get(key)
+                if path is None or exists(path) or os.path.normpath(path) in made:
+                    continue
+                where = "" if os.path.isabs(path) else f" (in {os.getcwd()})"
+                raise PlanError(f"config key models.{model}.{key}: {path} does not exist"
+                                f"{where}, and no rule of the workflow makes it")
+
+    def check_every_model_runs(self) -> None:
+        """A model that no device runs (no device's runtime runs its format) has no record
+        to compare: said now, naming the model and the runtimes that could."""
+        for model in self.models:
+            if not self.model_devices(model):
+                format = self.model_format(model)
+                raise PlanError(
+                    f"config key models.{model}: no device runs it: "
+                    f"{', '.join(self.skipped_devices(model))} cannot run "
+                    f"{formats.get(format).WHAT} (runtimes that can: "
+                    f"{', '.join(formats.runtimes(format))})")
 
     def check_samples(self, exists: Callable[[str], bool] = os.path.exists) -> None:
         """Sample indices against every prepared dataset the devices read, before any job

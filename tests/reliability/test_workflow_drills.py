@@ -302,3 +302,52 @@ def test_a_run_where_every_device_fails_leaves_no_earlier_answer(own_run):
                       configfile=config, check=False)
     assert built.returncode != 0 and not report.exists()
     assert "marked for report but does not exist" in built.stdout + built.stderr
+
+
+def test_shuffled_samples_a_skipped_device_and_a_model_file_typo_are_said(tmp_path):
+    """Issue 63's silent answers, on a user's ONNX model. Samples listed out of order
+    ([3, 0, 1]) run and every analysis accepts the records (their input digest was of the
+    config's order, the check's of the sorted samples: every record refused after the
+    inference). A TensorFlow device, which cannot run an ONNX model, is named on the
+    terminal and in findings.md; left with one device, the model says so. Then a typo in
+    the model's file name: one line naming the key, no job, and findings.md stays the
+    earlier run's (it was rewritten from the old records)."""
+    from bitdrift.inputs.examples import write_example
+
+    write_example("onnx_cnn", tmp_path / "mine.onnx", tmp_path / "mine.onnx.npy", samples=8)
+    one_thread = {"accelerator": "cpu", "backend": "onnxruntime", "threads": 1, "repeats": 1}
+    settings = {
+        "samples": [3, 0, 1], "analysis": {"precision": "float32"},
+        "models": {"mine": {"file": "mine.onnx", "inputs": "mine.onnx.npy"}},
+        "devices": {"ort_all": one_thread,
+                    "ort_basic": {**one_thread, "graph_optimization_level": "basic"},
+                    "tf_1thread": {"accelerator": "cpu", "backend": "tensorflow",
+                                   "threads": 1}}}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    said = snakemake(tmp_path, "all", "--logger", "bitdrift", configfile=config)
+    skipped = "skipped for model mine: tensorflow cannot run an ONNX model (device tf_1thread)"
+    assert f"bitdrift: {skipped}\n" in said
+    findings = tmp_path / "results/findings.md"
+    written = findings.read_bytes()
+    assert f"- S{skipped[1:]}.\n" in written.decode()
+    assert "Devices that ran: 2; failed: 0." in written.decode()
+    eqc = pd.read_csv(tmp_path / "results/tables/eqc.csv")
+    assert sorted(set(eqc["device"])) == ["ort_all", "ort_basic"]
+    assert sorted(set(eqc["sample"])) == [0, 1, 3]
+    # one device left: said at the start (a dry run says it too)
+    settings["devices"].pop("ort_basic")
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    said = snakemake(tmp_path, "all", "-n", configfile=config)
+    assert "bitdrift: only one device runs model mine (ort_all): nothing to compare" in said
+    # the typo: refused before any job, whatever records are there
+    settings["models"]["mine"]["file"] = "mnie.onnx"
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    result = snakemake(tmp_path, "all", "--logger", "bitdrift", configfile=config,
+                       check=False)
+    said = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert (f"config key models.mine.file: mnie.onnx does not exist (in {tmp_path}), and no "
+            "rule of the workflow makes it") in said
+    assert "] done " not in said and "MissingInputException" not in said
+    assert findings.read_bytes() == written

@@ -127,6 +127,30 @@ def test_no_failure_and_the_report_text_is_valid_rest(tmp_path):
     assert "Findings on this machine" in html or "Machine" in html
 
 
+def test_devices_left_out_and_a_lone_device_are_said_and_nothing_else_changes(tmp_path):
+    """Issue 63: findings said 'Devices that ran: 1; failed: 0' and '1/1 classes among 1
+    devices' of a model whose other devices' runtimes cannot run its format. The plan's
+    notes (bitdrift.plan.Plan.device_plan) are said in the Machine section and before the
+    classes; without notes the text is the same, byte for byte."""
+    planned = {"m": {"devices": ["a"], "format": "a LiteRT .tflite flatbuffer",
+                     "skipped": {"tensorflow": ["tf_1", "tf_2"], "torch": ["torch_1"]}},
+               "n": {"devices": ["a", "b"], "format": "an ONNX model",
+                     "skipped": {"tensorflow": ["tf_1"]}},
+               "o": {"devices": ["a"], "format": "an ONNX model", "skipped": {}}}
+    plain = findings(_tables(tmp_path), {"a": FINGERPRINT})
+    noted = dict(findings(_tables(tmp_path), {"a": FINGERPRINT}, planned=planned))
+    assert noted["Machine"] == dict(plain)["Machine"] + [
+        "Skipped for model m: tensorflow, torch cannot run a LiteRT .tflite flatbuffer "
+        "(devices tf_1, tf_2, torch_1).",
+        "Skipped for model n: tensorflow cannot run an ONNX model (device tf_1)."]
+    assert noted["Equivalence classes"] == [
+        "Only one device runs model m (a): nothing to compare.",
+        "Only one device runs model o (a): nothing to compare.",
+        *dict(plain)["Equivalence classes"]]
+    assert markdown(findings(_tables(tmp_path), {"a": FINGERPRINT}, planned={})) \
+        == markdown(plain)
+
+
 def test_the_replay_count_leaves_out_what_was_not_revealed_or_replayed():
     """Five Dense layers by hand: two reproduced, one that differs, one whose order was not
     revealed, one not replayed (float64): "2 of the 3", and each is said of its device."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bitdrift.analysis.effective_precision import recheck_record
-from bitdrift.errors import AcceleratorMissing
+from bitdrift.errors import AcceleratorMissing, RecordError
 from bitdrift.inputs.models import model_digest
 from bitdrift.record.reader import Record
 from bitdrift.run.inference import InferenceError, infer
@@ -346,3 +346,61 @@ def test_a_traced_repeat_of_the_full_samples_batches_alone(assets, tmp_path):
     assert logged, "torch logged no oneDNN call: nothing to compare"
     for name in logged:
         assert 2 * len(layers_full[name]["calls"]) == len(layers_all[name]["calls"]), name
+
+
+
+def test_samples_in_any_order_give_records_the_provenance_check_accepts(assets, tmp_path):
+    """Issue 63: a config listing its samples out of order ([6, 0, 1]) ran every device,
+    then every analysis refused every record (input_sha256 differs): the record's digest
+    is of the images in the order the device ran them, the check took the samples sorted.
+    Now the check takes the record's own order (samples_order): records of the samples
+    listed in two orders both pass, each digest checked against one taken by hand, and,
+    one sample per batch, they hold the same outputs. A record older than samples_order
+    is checked in the order whose rows give its digest; other inputs, or a samples_order
+    that is not the order the digest was taken in, are refused."""
+    import hashlib
+    import shutil
+
+    from bitdrift.run.provenance import check_provenance
+
+    dataset, model = assets
+    device = {**CPU, "backend": "torch", "repeats": 1}
+    records = {}
+    with open(tmp_path / "log", "w") as log:
+        for samples in ([6, 0, 1], [0, 1, 6]):
+            records[tuple(samples)] = out = tmp_path / f"{'_'.join(map(str, samples))}.h5"
+            infer(model_name="small", device_name="t", device=device, model_path=model,
+                  dataset_path=dataset, samples=samples, out=out, log=log, kernels=False)
+    with h5py.File(dataset) as handle:
+        images = {sample: handle["x_test"][sample].astype(np.float32) for sample in (0, 1, 6)}
+
+    def by_hand(order):
+        return hashlib.sha256(b"".join(images[sample].tobytes() for sample in order)
+                              ).hexdigest()
+
+    with Record(records[(6, 0, 1)]) as shuffled, Record(records[(0, 1, 6)]) as ordered:
+        assert shuffled.attr("input_sha256") == by_hand([6, 0, 1])
+        assert ordered.attr("input_sha256") == by_hand([0, 1, 6])
+        assert shuffled.json_attr("samples_order", list) == [6, 0, 1]
+        assert check_provenance([shuffled, ordered], "small", model, dataset) == 2
+        for sample in (0, 1, 6):
+            assert np.array_equal(shuffled.tensor(sample, "output").values,
+                                  ordered.tensor(sample, "output").values)
+    older = tmp_path / "older.h5"
+    shutil.copy(records[(6, 0, 1)], older)
+    for digest, order, accepted in ((by_hand([6, 0, 1]), None, True),
+                                    (by_hand([6, 0, 1]), [0, 1, 6], False),
+                                    ("0" * 64, [6, 0, 1], False), ("0" * 64, None, False)):
+        with h5py.File(older, "a") as handle:
+            handle.attrs["input_sha256"] = digest
+            if order is None:  # a record older than samples_order
+                handle.attrs.pop("samples_order", None)
+            else:
+                handle.attrs["samples_order"] = json.dumps(order)
+        with Record(older) as record:
+            if accepted:
+                assert check_provenance([record], "small", model, dataset) == 1
+            else:
+                with pytest.raises(RecordError, match=r"older.h5: device 't' was run on other "
+                                   r"inputs than samples \[[016, ]+\] of "):
+                    check_provenance([record], "small", model, dataset)

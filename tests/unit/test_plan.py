@@ -3,6 +3,7 @@ what a run of `all` makes, the checks before any job, and the jobs' resources. E
 expectation is written out here by hand."""
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -216,3 +217,122 @@ def test_the_files_bitdrift_ships_are_named_relative_to_a_workdir_that_holds_the
             (reference_set.FOLDER / "atlas").resolve()]
         if relative:
             assert named[0] == "src/bitdrift/inputs/reference_set/cifar10_small.keras"
+
+
+def test_devices_left_out_of_a_model_are_named_and_a_lone_device_is_said():
+    """Issue 63: a device whose runtime cannot run a model's format was dropped without a
+    word. The plan names them by runtime, says what the model is, and says when one device
+    is left; a config where every device runs every model has nothing to say."""
+    plan = plan_of(files=["net.tflite", "net2.onnx"])
+    assert plan.skipped_devices("small") == {"torch_export": ["torch_export"]}
+    assert plan.skipped_devices("net") == {"tensorflow": ["tensorflow", "elsewhere"],
+                                           "onnxruntime": ["onnxruntime"],
+                                           "torch_export": ["torch_export"]}
+    assert plan.model_devices("net") == ["litert"]
+    assert plan.device_plan()["net"] == {
+        "devices": ["litert"], "format": "a LiteRT .tflite flatbuffer",
+        "skipped": {"tensorflow": ["tensorflow", "elsewhere"],
+                    "onnxruntime": ["onnxruntime"], "torch_export": ["torch_export"]}}
+    assert plan.device_notes() == [
+        "skipped for model small: torch_export cannot run a Keras .keras archive or .h5 "
+        "file (device torch_export)",
+        "skipped for model net: tensorflow, onnxruntime, torch_export cannot run a LiteRT "
+        ".tflite flatbuffer (devices tensorflow, elsewhere, onnxruntime, torch_export)",
+        "only one device runs model net (litert): nothing to compare",
+        "skipped for model net2: tensorflow cannot run an ONNX model (devices tensorflow, "
+        "elsewhere)"]
+    keras_only = copy.deepcopy(CONFIG)
+    keras_only["devices"].pop("torch_export")
+    assert plan_of(keras_only).device_plan() == {} and plan_of(keras_only).device_notes() == []
+    plan = plan_of(yaml_config())  # the default config: nothing to say
+    assert plan.device_plan() == {} and plan.device_notes() == []
+
+
+def test_a_model_no_device_runs_stops_the_plan():
+    config = copy.deepcopy(CONFIG)
+    config["devices"] = {"eager": {"accelerator": "cpu", "backend": "torch_export"}}
+    with pytest.raises(PlanError, match=re.escape(
+            "config key models.small: no device runs it: torch_export cannot run a Keras "
+            ".keras archive or .h5 file (runtimes that can: tensorflow, torch, jax, "
+            "onnxruntime, openvino, litert)")):
+        plan_of(config).check_every_model_runs()
+    plan_of().check_every_model_runs()  # every model has a device
+
+
+def test_a_model_file_that_is_not_there_and_no_rule_makes_stops_the_plan(tmp_path,
+                                                                         monkeypatch):
+    """Issue 63: a typo in a model's `file` was planned by its extension, and an earlier
+    run's records of the model were kept as current. A file that is not there is an error
+    naming the key unless a rule makes it: a trained model, an example model and its inputs."""
+    from bitdrift.inputs.examples import write_example
+
+    monkeypatch.chdir(tmp_path)
+    write_example("onnx_cnn", "mine.onnx", "mine.onnx.npy")
+    plan_of(files=["mine.onnx", "examples/onnx_cnn.onnx", "examples/torch_cnn.pt2",
+                   "./examples/onnx_cnn.onnx"]).check_model_files()
+    config = copy.deepcopy(CONFIG)
+    config["models"]["again"] = {"file": "results/models/small/seed_1/model.keras",
+                                 "dataset": "digits"}  # the training rule makes it
+    plan_of(config).check_model_files()
+    for path, key, missing in (("mnie.onnx", "file", "mnie.onnx"),
+                               ("examples/onnx_cnn.pt2", "file", "examples/onnx_cnn.pt2"),
+                               ("results/models/small/seed_9/model.keras", "file",
+                                "results/models/small/seed_9/model.keras")):
+        with pytest.raises(PlanError, match=re.escape(
+                f"config key models.{Path(path).stem}.{key}: {missing} does not exist (in "
+                f"{tmp_path}), and no rule of the workflow makes it")):
+            plan_of(files=[path]).check_model_files()
+    Path("mnie.onnx").write_bytes(Path("mine.onnx").read_bytes())  # its inputs are not
+    with pytest.raises(PlanError, match=re.escape(
+            "config key models.mnie.inputs: mnie.onnx.npy does not exist")):
+        plan_of(files=["mnie.onnx"]).check_model_files()
+    with pytest.raises(PlanError, match=re.escape(
+            f"config key models.gone.file: {tmp_path}/gone.onnx does not exist, and no rule")):
+        plan_of(files=[f"{tmp_path}/gone.onnx"]).check_model_files()
+
+
+def test_an_external_record_of_other_samples_or_order_stops_the_plan(tmp_path, monkeypatch):
+    """A record's input digest is of its samples in the order it ran them; the workflow
+    runs its own devices again when config key samples changes, but an external device's
+    record, measured elsewhere, would be refused by every analysis after the others ran.
+    Said before any job: the samples it ran, and how to mend it."""
+    from bitdrift.record.writer import write_record
+    from tests.utils import BASE_ATTRS
+
+    monkeypatch.chdir(tmp_path)
+    record = Path(paths.record_file("small", "elsewhere"))
+    record.parent.mkdir(parents=True)
+
+    def measured(samples_order, samples=(0, 2)):
+        attrs = {**BASE_ATTRS, "model": "small", "device": "elsewhere"}
+        if samples_order is not None:
+            attrs["samples_order"] = json.dumps(samples_order)
+        write_record(record, attrs, {sample: {"output": [[1.0, 2.0]]} for sample in samples})
+
+    config = copy.deepcopy(CONFIG)
+    for samples, ran, accepted in (([0, 2], [0, 2], True), ([2, 0], [2, 0], True),
+                                   ([2, 0], None, False),  # older: ran in sample order
+                                   ([0, 2], [2, 0], False), ([0, 3], [0, 2], False)):
+        measured(ran)
+        config["samples"] = samples
+        plan = plan_of(config)
+        if accepted:
+            plan.check_external_samples()
+            continue
+        with pytest.raises(PlanError) as raised:
+            plan.check_external_samples()
+        reordered = sorted(samples) == sorted(ran or [0, 2])
+        assert str(raised.value) == (
+            f"config key samples: {samples}, but external device 'elsewhere''s record "
+            f"{record} ran {ran or [0, 2]} ("
+            + ("the same samples in another order" if reordered else "other samples")
+            + "), which every analysis would refuse: "
+            + ("list the samples in its order, or " if reordered else "")
+            + "measure it again with `bitdrift infer --config config.yaml --model small "
+            "--device elsewhere --model-file results/models/small/seed_1/model.keras "
+            f"--dataset-file results/datasets/digits.h5 --out {record}`")
+    record.write_bytes(b"not HDF5")
+    with pytest.raises(PlanError, match=re.escape(f"external device 'elsewhere': {record}")):
+        plan_of(config).check_external_samples()
+    record.unlink()
+    plan_of(config).check_external_samples()  # not there: check_external_records says so

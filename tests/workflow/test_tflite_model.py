@@ -65,6 +65,19 @@ def test_litert_runs_the_tflite_and_fails_the_program_it_cannot_convert(tflite_r
                for reason in failures["reason"])
 
 
+def test_the_device_that_cannot_run_the_tflite_is_named(tflite_run):
+    """Issue 63: torch eager cannot run a .tflite model; it was left out without a word
+    and the findings counted the devices that ran as if it had never been configured. Now
+    the run names it at its start and findings.md in its Machine section."""
+    workdir, _, said = tflite_run
+    skipped = ("skipped for model mine: torch_export cannot run a LiteRT .tflite flatbuffer "
+               "(device eager)")
+    assert f"bitdrift: {skipped}\n" in said
+    findings = (workdir / "results/findings.md").read_text()
+    assert f"- S{skipped[1:]}.\n" in findings
+    assert "skipped for model det" not in said  # every device runs the .pt2 program
+
+
 def test_eqc_and_divergence_read_the_tensors_by_their_names(tflite_run):
     workdir, _, _ = tflite_run
     records = {device: Record(workdir / f"results/inference/mine/{device}.h5")

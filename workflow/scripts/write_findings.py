@@ -14,4 +14,5 @@ with workflow_job(snakemake.log[0]):
         rst_out=snakemake.output.rst,
         figure=snakemake.input.eqc_figure,
         study_sections=findings_sections(),
+        planned=snakemake.params.planned,
     )

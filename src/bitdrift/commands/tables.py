@@ -161,17 +161,18 @@ def cmd_failures(args) -> None:
 
 @outputs_together
 def write_findings_of_run(files, tables, out, rst_out=None, figure=None,
-                          study_sections=()) -> None:
+                          study_sections=(), planned=None) -> None:
     """findings.md (and the report's .rst) from the records and the run's tables in the
     folder ``tables``; the studies' own sections (bitdrift.report.findings.StudySection,
-    which the caller gathers from the studies' registry: the core knows no study)."""
+    which the caller gathers from the studies' registry: the core knows no study); the
+    workflow's notes on the devices of each model (``planned``: bitdrift.plan)."""
     from pathlib import Path
 
     from bitdrift.report.findings import TABLES, write_findings
 
     names = (*TABLES, *(name for section in study_sections for name in section.tables))
     found = {name: Path(tables) / f"{name}.csv" for name in names}
-    sections = write_findings(found, files, out, rst_out, figure, study_sections)
+    sections = write_findings(found, files, out, rst_out, figure, study_sections, planned)
     print(f"bitdrift: {sum(len(lines) for _, lines in sections)} findings in "
           f"{len(sections)} sections -> {out}", file=sys.stderr)
 

@@ -31,7 +31,9 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 
 
 def input_sha256(images) -> str:
-    """Digest of the recorded samples' input images (as float32, NHWC); of a model's several
+    """The input digest, a record's ``input_sha256``: of the recorded samples' input images
+    (as float32, NHWC) in the order the device ran them, the config's (the record's
+    ``samples_order``; bitdrift.run.provenance checks it in that order); of a model's several
     inputs (bitdrift.inputs.datasets.NamedInputs), of each array by name, in the order of names."""
     if isinstance(images, dict):
         digest = hashlib.sha256()

@@ -57,9 +57,18 @@ def _model_digest(model_path) -> str:
 
 def check_provenance(records: list[Record], model: str, model_path, dataset_path) -> int:
     """Refuse any record of `model` whose hashes differ from those of the workflow's model
-    file and dataset; returns how many records were checked."""
+    file and dataset; returns how many records were checked.
+
+    A record's ``input_sha256`` is the digest of its samples' images in the order the
+    device ran them, the config's order (its ``samples_order``; bitdrift.run.repro.run_order
+    for a record older than that attribute): the check takes the same order, so samples
+    listed in any order pass (it once took them sorted, and refused every record of a
+    config that listed them otherwise, after the inference)."""
+    from bitdrift.run.repro import run_order
+
     expected_model = _model_digest(model_path)
-    expected_inputs: dict[tuple, str] = {}
+    images: dict[tuple, object] = {}  # a record's samples (sorted) -> their images
+    expected_inputs: dict[tuple, str] = {}  # the samples in run order -> their digest
     checked = 0
     for record in records:
         if record.model != model:
@@ -72,12 +81,17 @@ def check_provenance(records: list[Record], model: str, model_path, dataset_path
                 f"{expected_model[:12]}...); re-run it with `{rerun}`"
             )
         samples = tuple(record.samples)
-        if samples not in expected_inputs:
-            expected_inputs[samples] = input_sha256(read_test_images(dataset_path, list(samples)))
-        if record.attr("input_sha256") != expected_inputs[samples]:
+        order = tuple(run_order(record, dataset_path))
+        if order not in expected_inputs:
+            if samples not in images:
+                images[samples] = read_test_images(dataset_path, list(samples))
+            row = {sample: index for index, sample in enumerate(samples)}
+            expected_inputs[order] = input_sha256(
+                images[samples][[row[sample] for sample in order]])
+        if record.attr("input_sha256") != expected_inputs[order]:
             raise RecordError(
                 f"{record.path}: device {record.device!r} was run on other inputs than "
-                f"samples {list(samples)} of {dataset_path} (input_sha256 differs); re-run it "
+                f"samples {list(order)} of {dataset_path} (input_sha256 differs); re-run it "
                 f"with `{rerun}`"
             )
         checked += 1

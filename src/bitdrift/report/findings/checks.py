@@ -1,5 +1,6 @@
 """The run's checks on itself: whether instrumenting changed the deployed model's final
-output (the observer check), and the devices that failed."""
+output (the observer check), the devices that failed, and the devices the plan left out
+of a model (their runtime cannot run its format) or a model left with one device."""
 
 from __future__ import annotations
 
@@ -29,3 +30,35 @@ def failures(table: pd.DataFrame) -> list[str]:
         return ["None: every scheduled device ran."]
     return [f"{row['device']} ({row['model']}): {row['reason']} (log: {row['log']})"
             for row in table.to_dict("records")]
+
+
+def skipped_devices(model: str, what: str, skipped: dict[str, list[str]]) -> str:
+    """The devices of a model's run left out because their runtime cannot run its format
+    (``what``: bitdrift.formats' WHAT), ``skipped`` by runtime: a clause, as the terminal
+    says it at the start of the run and the findings (capitalized) in the Machine section."""
+    devices = [device for members in skipped.values() for device in members]
+    return (f"skipped for model {model}: {', '.join(skipped)} cannot run {what} "
+            f"(device{'s' if len(devices) > 1 else ''} {', '.join(devices)})")
+
+
+def lone_device(model: str, devices: list[str]) -> str:
+    """A model that one device runs: its classes compare nothing (the clause, as
+    :func:`skipped_devices`)."""
+    return f"only one device runs model {model} ({', '.join(devices)}): nothing to compare"
+
+
+def planned_devices(planned: dict) -> tuple[list[str], list[str]]:
+    """The plan's notes on the devices of each model (bitdrift.plan.Plan.device_plan: only
+    models with a skipped device or fewer than two), as sentences: those of skipped devices
+    (the Machine section) and those of a model with one device (the classes' section)."""
+    skipped, lone = [], []
+    for model, entry in planned.items():
+        if entry["skipped"]:
+            skipped.append(_sentence(skipped_devices(model, entry["format"], entry["skipped"])))
+        if len(entry["devices"]) == 1:
+            lone.append(_sentence(lone_device(model, entry["devices"])))
+    return skipped, lone
+
+
+def _sentence(clause: str) -> str:
+    return clause[0].upper() + clause[1:] + "."

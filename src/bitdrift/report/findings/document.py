@@ -13,7 +13,7 @@ import pandas as pd
 
 from bitdrift import paths
 from bitdrift.report.findings.atlas import ATLAS_HEADING, atlas
-from bitdrift.report.findings.checks import failures, observer
+from bitdrift.report.findings.checks import failures, observer, planned_devices
 from bitdrift.report.findings.classes import (
     agreement,
     classes,
@@ -61,11 +61,13 @@ class _Tables(dict):
         return self[name]
 
 
-def findings(tables: dict, fingerprints: dict,
-             study_sections=()) -> list[tuple[str, list[str]]]:
+def findings(tables: dict, fingerprints: dict, study_sections=(),
+             planned=None) -> list[tuple[str, list[str]]]:
     """(heading, sentences) sections from the tables (``tables``: name -> CSV path) and the
     records' fingerprints ({device: fingerprint}: the first native one names the machine);
-    then the studies' sections (StudySection) whose tables are there."""
+    then the studies' sections (StudySection) whose tables are there. ``planned``: the
+    plan's notes on the devices of each model (bitdrift.plan.Plan.device_plan): devices
+    left out, for their runtime cannot run the model's format, and models with one device."""
     fingerprint = next((found for found in fingerprints.values()
                         if not found.get("emulation")), None)
     read = _Tables(tables)
@@ -74,11 +76,12 @@ def findings(tables: dict, fingerprints: dict,
         if not read["eqc_layers"].empty else {}
     eqc = read["eqc"]
     ran = sorted(set(eqc["device"])) if not eqc.empty else []
+    skipped, lone = planned_devices(planned or {})
     sections = [("Machine", (machine(fingerprint) if fingerprint else ["No record ran."])
                  + [f"Devices that ran: {len(ran)}; failed: {len(read['device_failures'])}."]
-                 + emulated(fingerprints))]
-    sections.append(("Equivalence classes", classes(eqc, precisions) if not eqc.empty
-                     else ["No classes: no record."]))
+                 + skipped + emulated(fingerprints))]
+    sections.append(("Equivalence classes", lone + (classes(eqc, precisions) if not eqc.empty
+                                                    else ["No classes: no record."])))
     if not read["explain"].empty:
         sections.append(("What explains the classes", explanations(read["explain"])))
     sections.append(("Devices computing below their declared format",
@@ -177,13 +180,14 @@ def fingerprints(records) -> dict:
 
 
 def write_findings(tables: dict, records, out_markdown, out_rst=None, figure=None,
-                   study_sections=()) -> list:
+                   study_sections=(), planned=None) -> list:
     """findings.md (and the report's .rst) from the tables and the first record, with the
-    studies' sections (StudySection); the EQC figure's PNG (``figure``) follows the
-    classes (linked in the Markdown, inline in the report)."""
+    studies' sections (StudySection) and the plan's notes on the devices (``planned``:
+    :func:`findings`); the EQC figure's PNG (``figure``) follows the classes (linked in the
+    Markdown, inline in the report)."""
     from bitdrift.atomic import atomic_output
 
-    sections = findings(tables, fingerprints(records), study_sections)
+    sections = findings(tables, fingerprints(records), study_sections, planned)
     for path, text in ((out_markdown, markdown(sections, figure, out_markdown)),
                        (out_rst, restructured_text(sections, figure) if out_rst else None)):
         if path:
