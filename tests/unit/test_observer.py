@@ -264,3 +264,54 @@ def test_an_observer_check_of_the_wrong_type_is_refused_naming_the_file(tmp_path
     with pytest.raises(RecordError, match=f"{record.path}.*{message}"):
         with Record(record.path) as reopened:
             observer_table([reopened])
+
+
+def test_pairs_parted_only_at_the_deployed_output_name_the_deployment(tmp_path):
+    """Three devices whose one recorded layer (``dense``) is equal bit for bit: ``keras``'s
+    deployed model gives another final output than its instrumented run on sample 0 (as
+    TensorFlow's predict did at float16), ``other`` gives its own final output from its
+    instrumented run on sample 1 (the final op parts after the last recorded layer), and
+    ``plain`` agrees with itself. divergence.csv names, per pair, the device whose deployed
+    output differs (recounted here from the datasets), and the findings attribute the
+    pairs parting at the output to it, and the other pair to the final output itself."""
+    from bitdrift.analysis.divergence import class_pairs, divergence_table
+    from bitdrift.analysis.explain import coverage
+    from bitdrift.record.reader import open_records
+    from bitdrift.report.findings.divergence import divergence
+
+    layer = np.array([[0.25, 0.5, 0.75]], np.float32).repeat(2, axis=0)
+    nudged = layer.copy()
+    nudged[:, 0] = np.nextafter(nudged[:, 0], np.float32(1))
+    final = {"keras": ({0: layer, 1: layer}, {0: nudged, 1: layer}),
+             "other": ({0: layer, 1: nudged}, {0: layer, 1: nudged}),
+             "plain": ({0: layer, 1: layer}, {0: layer, 1: layer})}
+    paths = []
+    for device, (instrumented, deployed) in final.items():
+        samples = {sample: {OUTPUT: instrumented[sample], DEPLOYED: deployed[sample],
+                            "layers": [("dense", layer)]} for sample in (0, 1)}
+        path = tmp_path / f"{device}.h5"
+        write_record(path, {**BASE_ATTRS, "model": "net", "device": device,
+                            "observer_check": json.dumps(observer_check(samples, "p"))},
+                     samples)
+        paths.append(path)
+    records = open_records(paths)
+    table = divergence_table(records)
+    parted = class_pairs(table)
+    assert set(parted["first_layer"]) == {"output"}
+    for row in parted.itertuples():
+        expected = [device for device in (row.device_a, row.device_b)
+                    if not np.array_equal(final[device][0][row.sample],
+                                          final[device][1][row.sample])]
+        assert row.deployed_differs.split() == expected
+    # sample 0: keras against the class of other and plain; sample 1: other against the rest
+    assert sorted(parted["deployed_differs"]) == ["", "keras"]
+    eqc, _ = eqc_tables(records)
+    rows = coverage(records, table, eqc)
+    assert rows[0]["deployed_only"] == 2
+    said = divergence(table, pd.DataFrame(rows))[-1]
+    assert "2 part only at the deployed model's final output" in said
+    assert "the deployed model of keras (1) gives another final output than its own " \
+        "instrumented run" in said
+    assert "at 1 neither device's deployed model differs" in said
+    for record in records:
+        record.close()

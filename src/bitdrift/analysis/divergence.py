@@ -18,6 +18,7 @@ import pandas as pd
 
 from bitdrift.analysis.eqc import analyse, summarize_repeats
 from bitdrift.analysis.kernels import divergence_kernels
+from bitdrift.analysis.observer import record_check
 from bitdrift.analysis.remaining_precision import MANTISSA_BITS, dropped_bits
 from bitdrift.record.reader import Record, group_by_model
 
@@ -25,7 +26,7 @@ DIVERGENCE_COLUMNS = ["model", "sample", "class_a", "class_b", "device_a", "devi
                       "first_layer", "first_position", "layer_class",
                       "remaining_precision_at_first", "previous_layer", "note", "precision",
                       "rejoins_at", "kernels_a", "kernels_b", "kernels_differ", "orders_a",
-                      "orders_b"]
+                      "orders_b", "deployed_differs"]
 
 
 def _pair_precision(record_a: Record, record_b: Record, sample: int, label: str) -> float:
@@ -67,7 +68,8 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
     precision; ``first_layer`` empty where they never differ or where the records hold no
     layers (``note`` says which); ``rejoins_at`` the first later layer where the two are
     bitwise equal again (a pair can part at a convolution and agree after a ReLU or a
-    pooling)."""
+    pooling); ``deployed_differs`` the pair's devices whose deployed final output differs
+    from their instrumented one on the sample (bitdrift.analysis.observer)."""
     rows = []
     for model, group in group_by_model(records):
         by_sample = _layer_classes(group)
@@ -96,7 +98,7 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
                         continue
                     rows.append(_pair_row(model, sample, precision, group, results, final,
                                           layered, i, j))
-    table = divergence_kernels(records, pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS[:-5]))
+    table = divergence_kernels(records, pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS[:-6]))
     # ... and the order each one summed in there, where that layer is a Dense or Conv2D
     # layer with a revealed order (bitdrift.analysis.accumulation): the why below the kernels' names
     orders = {(record.model, record.device): record.accumulation_orders or {}
@@ -106,9 +108,28 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
             (orders.get((model, device), {}).get(layer) or {}).get("order", "")
             if layer else "" for model, device, layer in
             zip(table["model"], table[f"device_{side}"], table["first_layer"], strict=True)]
+    # Which of the two devices' deployed model gives another final output than its own
+    # instrumented run on the sample (bitdrift.analysis.observer): a pair whose every
+    # recorded layer agrees and whose final outputs part is parted by that device's
+    # deployment, not by where the two devices' layers part
+    deployed = {(record.model, record.device): _deployed_differs(record) for record in records}
+    table["deployed_differs"] = [
+        " ".join(device for device in (device_a, device_b)
+                 if int(sample) in deployed.get((model, device), ()))
+        for model, sample, device_a, device_b in zip(
+            table["model"], table["sample"], table["device_a"], table["device_b"],
+            strict=True)]
     table["first_position"] = pd.array(
         [None if p == "" else int(p) for p in table["first_position"]], dtype="Int64")
     return table
+
+
+def _deployed_differs(record: Record) -> set[int]:
+    """The samples on which the record's deployed final output differs from its
+    instrumented one (none for a record without the deployed output)."""
+    check = record_check(record)
+    return {int(sample) for sample, equal in (check or {}).get("samples", {}).items()
+            if not equal}
 
 
 def class_pairs(table: pd.DataFrame) -> pd.DataFrame:
