@@ -208,21 +208,31 @@ def pairs_apart(eqc_layers: pd.DataFrame) -> pd.DataFrame:
     """Per (model, sample, precision, layer): the share of device pairs of that precision
     in different classes at that layer, and the share apart at it or at any layer before
     (from ``eqc_layers.csv``). Pairs of two precisions are not compared: their number per
-    (model, sample) is ``cross_format_pairs``. A table without a ``precision`` column
+    (model, sample) is ``cross_format_pairs``. Devices that record the final output alone
+    where others record layers are left out of the pairs and named in
+    ``left_out_devices``. A table without a ``precision`` column
     (older runs) is taken as one precision."""
     if "precision" not in eqc_layers.columns:
         eqc_layers = eqc_layers.assign(precision="")
     rows = []
     for (model, sample), part in eqc_layers.groupby(["model", "sample"], sort=False):
+        # A device with fewer layers than the others records the final output alone
+        # (bitdrift.analysis.eqc.eqc_tables: the layers are those of the devices that
+        # record them): the pairs are those of the devices at every layer, as
+        # divergence_table compares them, and the others are named
+        layers_of = part.groupby("device", sort=False)["layer"].nunique()
+        left_out = " ".join(layers_of.index[layers_of < layers_of.max()])
+        part = part[part["device"].isin(layers_of.index[layers_of == layers_of.max()])]
         devices = part.drop_duplicates("device")
         counts = devices["precision"].value_counts()
         total = len(devices) * (len(devices) - 1) // 2
         cross = total - int(sum(n * (n - 1) // 2 for n in counts))
         for precision, rows_of_format in part.groupby("precision", sort=False):
-            rows += _shares(model, sample, precision, rows_of_format, cross)
+            rows += [{**row, "left_out_devices": left_out}
+                     for row in _shares(model, sample, precision, rows_of_format, cross)]
     return pd.DataFrame(rows, columns=["model", "sample", "precision", "layer", "position",
                                        "share_apart", "share_apart_so_far", "n_pairs",
-                                       "cross_format_pairs"])
+                                       "cross_format_pairs", "left_out_devices"])
 
 
 def _shares(model, sample, precision, part: pd.DataFrame, cross: int) -> list[dict]:
