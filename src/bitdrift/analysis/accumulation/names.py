@@ -155,16 +155,16 @@ def shape_name(tree: Node) -> str:
         return shape
     name = (f"{found['lanes']} interleaved lanes" if shape == "lanes"
             else f"blocks of {found['block']}")
-    parts = _parts(tree, found)
-    names = [shape_name(_numbered(part)) if isinstance(part, Node) else "single"
-             for part in parts]
-    # A part of one or two terms is sequential whatever it is (two terms: one addition)
-    if all(part_name in ("sequential", "single") for part_name in names):
+    # A part of one or two terms (a last, shorter block) sums in any order's way: the
+    # name is that of the others
+    parts = [part for part in _parts(tree, found)
+             if isinstance(part, Node) and part.size > 2]
+    names = [shape_name(_numbered(part)) for part in parts]
+    if all(part_name == "sequential" for part_name in names):
         return name
     if len(set(names)) == 1:
         return f"{name}, each {names[0]}"
-    height = max(describe(_numbered(part))["height"] for part in parts
-                 if isinstance(part, Node))
+    height = max(describe(_numbered(part))["height"] for part in parts)
     return f"{name}, of mixed orders (height {height})"
 
 
