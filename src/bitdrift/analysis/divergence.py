@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from bitdrift.analysis.eqc import analyse, summarize_repeats
+from bitdrift.analysis.eqc import analyse, layered_subgroup, summarize_repeats
 from bitdrift.analysis.kernels import divergence_kernels
 from bitdrift.analysis.observer import record_check
 from bitdrift.analysis.remaining_precision import MANTISSA_BITS, dropped_bits
@@ -76,10 +76,11 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
         # Devices that record layers, apart from those that record the final output alone
         # (a compiled graph: Inductor, ExecuTorch), whose presence would leave no layer
         # common to all: the pairs of layered devices part at a layer of their own records
+        # (bitdrift.analysis.eqc.layered_subgroup: the per-layer classes take the same)
+        subgroup = layered_subgroup(group) or []
         layered_members = [index for index, record in enumerate(group)
-                           if len(record.layer_labels(record.samples[0])) > 1]
-        among_layered = _layer_classes([group[index] for index in layered_members]) \
-            if 1 < len(layered_members) < len(group) else {}
+                           if any(record is member for member in subgroup)]
+        among_layered = _layer_classes(subgroup) if subgroup else {}
         formats: dict[str, list[int]] = {}
         for index, record in enumerate(group):
             formats.setdefault(record.precision, []).append(index)
