@@ -405,3 +405,23 @@ def class_pairs_of(table):
     from bitdrift.analysis.divergence import class_pairs
 
     return list(class_pairs(table).itertuples())
+
+
+def test_a_divergence_panel_of_the_final_output_alone_says_no_layer_is_known(make_record,
+                                                                            tmp_path):
+    """Two devices of which one records the final output alone (an eager device beside
+    Inductor): divergence.csv says "no layers recorded", and the figure's panel says so,
+    not that the pairs part at a first layer called ``output``."""
+    from bitdrift.report.figures.divergence import plot_divergence
+
+    files = [make_record("eager", {0: A[None]}, layers={0: layered([("fc", A)])}),
+             make_record("inductor", {0: B[None]})]
+    records = open_records(files)
+    (row,) = divergence_table(records).itertuples()
+    assert row.note == "no layers recorded"
+    _, layers = eqc_tables(records)
+    figure = plot_divergence(pairs_apart(layers),
+                             pd.DataFrame(columns=["model", "layer", "layer_class"]),
+                             tmp_path / "divergence.pdf")
+    said = " ".join(text.get_text() for text in figure.axes[0].texts).replace("\n", " ")
+    assert "where they part is not known" in said and "first layer" not in said

@@ -64,6 +64,12 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
             ax.text(0.5, 0.5, textwrap.fill(f"all {pairs} pairs of {precision or 'these'} "
                                             "devices agree bit for bit at every layer", 30),
                     transform=ax.transAxes, ha="center", va="center", fontsize=8)
+        elif part["layer"].nunique() == 1:  # the final output alone: no layer to part at
+            ax.text(0.02, 0.02, textwrap.fill(
+                f"{part['share_apart'].max():.0%} of pairs differ at the final output; no "
+                "layers are recorded by two of these devices, so where they part is not "
+                "known (divergence.csv: no layers recorded)", 40),
+                transform=ax.transAxes, ha="left", va="bottom", fontsize=7)
         elif first["share_apart"].max() > 0:
             ax.text(0.02, 0.02, textwrap.fill(
                 f"{first['share_apart'].max():.0%} of pairs already differ at the first "
