@@ -122,6 +122,65 @@ def reveal_all_pairs(order, n):
     return reveal(order, n).as_list()
 
 
+def blocks_each(size, inner, mixed=False):
+    """Contiguous blocks of ``size`` each summed by ``inner`` (a function of a list of
+    rows), the blocks' sums in order; ``mixed``: the first block summed pairwise instead."""
+    def summed(rows):
+        parts = [rows[first:first + size] for first in range(0, len(rows), size)]
+        return sequential([pairwise(part) if mixed and index == 0 else inner(part)
+                           for index, part in enumerate(parts)])
+    return summed
+
+
+def lanes_of_lanes(outer, inner):
+    """``outer`` interleaved partial sums, each itself ``inner`` interleaved partial sums
+    of its terms (sequential), combined in order: term k in lane k mod (outer * inner)."""
+    def summed(rows):
+        return sequential([sequential([sequential(lane[k::inner]) for k in range(inner)])
+                           for lane in (rows[j::outer] for j in range(outer))])
+    return summed
+
+
+@pytest.mark.parametrize("order,terms,expected,phrase", [
+    # each block of 8 pairwise: 3 additions deep, not 7 as a sequential block
+    (blocks_each(8, pairwise), 32, "blocks of 8, each pairwise",
+     "in blocks of 8 terms, each summed pairwise (balanced halves), then the blocks' sums"),
+    # MKL's row blocking as on torch: two blocks of 160, each in two lanes: 80 deep
+    (blocks_each(160, lanes(2)), 320, "blocks of 160, each 2 interleaved lanes",
+     "in blocks of 160 terms, each summed in 2 interleaved partial sums, then the blocks' "
+     "sums"),
+    (blocks_each(8, sequential, mixed=True), 32, "blocks of 8, of mixed orders (height 7)",
+     "in blocks of 8 terms, each in an order of its own, the deepest 7 additions deep, then "
+     "the blocks' sums"),
+    # 2 lanes of 2 lanes each: 4 sequential lanes (LiteRT's built-in FULLY_CONNECTED)
+    (lanes_of_lanes(2, 2), 64, "4 interleaved lanes", "in 4 interleaved partial sums"),
+    (blocks(16), 64, "blocks of 16", "in blocks of 16 terms, then the blocks' sums"),
+])
+def test_a_trees_name_says_how_its_blocks_and_lanes_sum(order, terms, expected, phrase):
+    """Hand-built sums whose blocks or lanes are not sums in index order: the name says
+    what each part is (its own name, or its height where the parts differ), and a tree
+    named plainly ``blocks of B`` or ``L interleaved lanes`` has parts that are sequential
+    sums (checked on the revealed tree itself: each part as deep as it has terms less
+    one). The old names (``blocks of 8``, ``blocks of 160``, ``2 interleaved lanes``) gave
+    sequential blocks or lanes where they were not."""
+    from bitdrift.analysis.accumulation.names import describe, summary
+    from bitdrift.analysis.accumulation.trees import Node, _post_order
+    from bitdrift.report.findings.orders import order_phrase
+
+    tree = reveal(order, terms)
+    assert summary(tree, bias=False) == expected
+    assert order_phrase(expected + ", bias last") == phrase + ", the bias added last"
+    found = describe(tree)
+    if ", " not in expected:  # parts named plainly: each a sequential sum
+        count = found.get("lanes") or -(-terms // found["block"])
+        parts = [node for node in _post_order(tree) if isinstance(node, Node) and
+                 node.size == terms // count and (found["shape"] != "lanes" or node.terms ==
+                                                   tuple(range(node.terms[0], terms, count)))]
+        assert parts and all(describe(part)["height"] == part.size - 1 for part in parts)
+    if expected == "blocks of 160, each 2 interleaved lanes":
+        assert found["height"] == 81  # 79 in a lane of 80, 1 joining lanes, 1 the blocks
+
+
 def test_an_accumulator_that_starts_from_the_bias_is_named_so():
     """XNNPACK's and ONNX Runtime's packed GEMMs load the bias into the accumulator, then
     add the products in order: the tree's first node adds the bias and product 0."""

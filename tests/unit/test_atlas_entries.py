@@ -42,9 +42,10 @@ def flipped(values, bit):
     return raw.view(np.float32)
 
 
-def record(path, device, cpu, values, tensorflow="2.21.0", model=MODEL, accelerator=None):
+def record(path, device, cpu, values, tensorflow="2.21.0", model=MODEL, accelerator=None,
+           platform="Linux-6-x86_64"):
     """A record of ``device`` on a machine of ``cpu``: two equal repeats of each tensor."""
-    fingerprint = {"hostname": "h", "platform": "Linux-6-x86_64", "cpu": cpu,
+    fingerprint = {"hostname": "h", "platform": platform, "cpu": cpu,
                    "accelerator": accelerator or {"accelerator": "cpu"},
                    "versions": {"python": "3.11.7", "tensorflow": tensorflow}}
     write_record(path, {"model": "atlas_reference", "device": device, "backend": "tensorflow",
@@ -117,6 +118,33 @@ def test_compare_names_the_first_layer_and_software_against_hardware(tmp_path):
     # the table read back gives the same rows (what the findings read)
     atlas_entries.rows_table(rows).to_csv(tmp_path / "atlas.csv", index=False)
     assert atlas_entries.rows_from_table(pd.read_csv(tmp_path / "atlas.csv")) == rows
+
+
+KERNEL_BUILDS = ("Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
+                 "Linux-6.18.44-fc-v669-x86_64-with-glibc2.36")
+
+
+def test_a_kernel_build_string_is_no_software_difference(tmp_path):
+    """Two machines whose platforms differ in the kernel's build string alone (as this
+    machine's and the atlas's AMD entry did): the same hardware gives "none", another
+    gives "other hardware", never "software" naming the OS; the C library's version still
+    counts (its libm computes transcendental functions)."""
+    here = tensors(1)
+    atlas = tmp_path / "atlas"
+    add([record(tmp_path / "b.h5", "d1", ZEN4, here, platform=KERNEL_BUILDS[1])], atlas)
+    add([record(tmp_path / "c.h5", "d1", HASWELL, here, platform=KERNEL_BUILDS[1])], atlas)
+    add([record(tmp_path / "e.h5", "d1", HASWELL, here, tensorflow="2.19.0",
+                platform=KERNEL_BUILDS[1].replace("glibc2.36", "glibc2.39"))], atlas)
+    this = atlas_entries.entries_from_records([record(tmp_path / "a.h5", "d1", ZEN4, here,
+                                                      platform=KERNEL_BUILDS[0])])
+    rows = compare(this, read_atlas(atlas))
+    by_kind = sorted(row.difference for row in rows if row.machine != THIS_MACHINE)
+    assert by_kind == ["none", "other hardware",
+                       "other hardware and software (tensorflow 2.21.0 vs 2.19.0, libc "
+                       "glibc 2.36 vs glibc 2.39)"]
+    assert all(row.same_as_this for row in rows)
+    lines = atlas_entries.summary_lines(rows)
+    assert "v657" not in " ".join(lines) and "os " not in " ".join(lines)
 
 
 def write_entry(path, entry):

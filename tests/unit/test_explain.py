@@ -123,6 +123,7 @@ def test_greedy_beyond_the_time_budget():
 
 A = np.array([1.0, 2.0, 3.0], np.float32)
 B = np.array([1.0, 2.0, 3.0000002], np.float32)
+C = np.array([1.0, 2.0000002, 3.0], np.float32)
 
 
 def test_records_without_fingerprint_keys(make_record):
@@ -355,3 +356,72 @@ def test_attribute_table_reads_environment_and_versions(make_record):
     table, _ = attribute_table(open_records([record]))
     assert table.loc["e", "env.OMP"] == "1" and table.loc["e", "versions.keras"] == "3"
     assert json.loads(json.dumps(table.loc["e"].to_dict()))  # plain strings
+
+
+def test_the_divergence_figure_of_a_model_with_a_compiled_device_shows_its_layers(
+        make_record, tmp_path):
+    """A non-Keras model (a .pt2 program's module paths) on three eager devices that
+    record ``fc`` and ``act`` and one compiled device that records the final output alone
+    (as Inductor does): the layers common to all are the final output alone, yet the
+    figure's ticks are the eager devices' layers, its "first layer" is ``fc`` where
+    they part (found here by numpy), as the findings say, and the compiled device is
+    named as left out. Before, the figure showed one tick, ``output``, "100% of pairs
+    already differ at the first layer (output)"."""
+    from bitdrift.report.figures.divergence import plot_divergence
+    from bitdrift.report.findings.divergence import divergence as divergence_lines
+
+    fc = np.array([0.5, 0.25], np.float32)
+    fc_other = np.array([0.5, np.nextafter(np.float32(0.25), np.float32(1))], np.float32)
+    act = np.maximum(fc, 0)
+    eager = {"eager_1t": (A, fc), "eager_2t": (A, fc), "ort": (B, fc_other)}
+    files = [make_record(device, {0: output[None]},
+                         layers={0: layered([("fc", values), ("act", np.maximum(values, 0))])})
+             for device, (output, values) in eager.items()]
+    files.append(make_record("inductor", {0: C[None]}))
+    assert act.tobytes() != np.maximum(fc_other, 0).tobytes()
+    records = open_records(files)
+    table = divergence_table(records)
+    first = {row.first_layer for row in class_pairs_of(table)
+             if "inductor" not in (row.device_a, row.device_b)}
+    assert first == {"fc"}  # ort against the eager class, at fc
+    assert "1 at `fc`" in divergence_lines(table, pd.DataFrame())[0]
+    _, layers = eqc_tables(records)
+    assert set(layers[layers["device"] == "inductor"]["layer"]) == {"output"}
+    assert list(layers[layers["device"] == "ort"]["layer"]) == ["fc", "act", "output"]
+    apart = pairs_apart(layers)
+    assert set(apart["left_out_devices"]) == {"inductor"}
+    assert set(apart["n_pairs"]) == {3}  # the eager devices' pairs
+    figure = plot_divergence(apart, pd.DataFrame(columns=["model", "layer", "layer_class"]),
+                             tmp_path / "divergence.pdf")
+    ax = figure.axes[0]
+    assert [tick.get_text() for tick in ax.get_xticklabels()] == ["fc", "act", "output"]
+    said = " ".join(text.get_text() for text in ax.texts).replace("\n", " ")
+    assert "first layer (fc)" in said and "(output)" not in said
+    assert "inductor" in ax.get_title()
+    assert (tmp_path / "divergence.png").is_file()
+
+
+def class_pairs_of(table):
+    from bitdrift.analysis.divergence import class_pairs
+
+    return list(class_pairs(table).itertuples())
+
+
+def test_a_divergence_panel_of_the_final_output_alone_says_no_layer_is_known(make_record,
+                                                                            tmp_path):
+    """Two devices of which one records the final output alone (an eager device beside
+    Inductor): divergence.csv says "no layers recorded", and the figure's panel says so,
+    not that the pairs part at a first layer called ``output``."""
+    from bitdrift.report.figures.divergence import plot_divergence
+
+    files = [make_record("eager", {0: A[None]}, layers={0: layered([("fc", A)])}),
+             make_record("inductor", {0: B[None]})]
+    records = open_records(files)
+    (row,) = divergence_table(records).itertuples()
+    assert row.note == "no layers recorded"
+    _, layers = eqc_tables(records)
+    figure = plot_divergence(pairs_apart(layers),
+                             pd.DataFrame(columns=["model", "layer", "layer_class"]),
+                             tmp_path / "divergence.pdf")
+    said = " ".join(text.get_text() for text in figure.axes[0].texts).replace("\n", " ")
+    assert "where they part is not known" in said and "first layer" not in said

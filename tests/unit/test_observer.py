@@ -302,3 +302,142 @@ def test_an_observer_check_of_the_wrong_type_is_refused_naming_the_file(tmp_path
     with pytest.raises(RecordError, match=f"{record.path}.*{message}"):
         with Record(record.path) as reopened:
             observer_table([reopened])
+
+
+def test_pairs_parted_only_at_the_deployed_output_name_the_deployment(tmp_path):
+    """Three devices whose one recorded layer (``dense``) is equal bit for bit: ``keras``'s
+    deployed model gives another final output than its instrumented run on sample 0 (as
+    TensorFlow's predict did at float16), ``other`` gives its own final output from its
+    instrumented run on sample 1 (the final op parts after the last recorded layer), and
+    ``plain`` agrees with itself. divergence.csv names, per pair, the device whose deployed
+    output differs (recounted here from the datasets), and the findings attribute the
+    pairs parting at the output to it, and the other pair to the final output itself."""
+    from bitdrift.analysis.divergence import class_pairs, divergence_table
+    from bitdrift.analysis.explain import coverage
+    from bitdrift.record.reader import open_records
+    from bitdrift.report.findings.divergence import divergence
+
+    layer = np.array([[0.25, 0.5, 0.75]], np.float32).repeat(2, axis=0)
+    nudged = layer.copy()
+    nudged[:, 0] = np.nextafter(nudged[:, 0], np.float32(1))
+    final = {"keras": ({0: layer, 1: layer}, {0: nudged, 1: layer}),
+             "other": ({0: layer, 1: nudged}, {0: layer, 1: nudged}),
+             "plain": ({0: layer, 1: layer}, {0: layer, 1: layer})}
+    paths = []
+    for device, (instrumented, deployed) in final.items():
+        samples = {sample: {OUTPUT: instrumented[sample], DEPLOYED: deployed[sample],
+                            "layers": [("dense", layer)]} for sample in (0, 1)}
+        path = tmp_path / f"{device}.h5"
+        write_record(path, {**BASE_ATTRS, "model": "net", "device": device,
+                            "observer_check": json.dumps(observer_check(samples, "p"))},
+                     samples)
+        paths.append(path)
+    records = open_records(paths)
+    table = divergence_table(records)
+    parted = class_pairs(table)
+    assert set(parted["first_layer"]) == {"output"}
+    for row in parted.itertuples():
+        expected = [device for device in (row.device_a, row.device_b)
+                    if not np.array_equal(final[device][0][row.sample],
+                                          final[device][1][row.sample])]
+        assert row.deployed_differs.split() == expected
+    # sample 0: keras against the class of other and plain; sample 1: other against the rest
+    assert sorted(parted["deployed_differs"]) == ["", "keras"]
+    eqc, _ = eqc_tables(records)
+    rows = coverage(records, table, eqc)
+    assert rows[0]["deployed_only"] == 2
+    said = divergence(table, pd.DataFrame(rows))[-1]
+    assert "2 part only at the deployed model's final output" in said
+    assert "the deployed model of keras (1) gives another final output than its own " \
+        "instrumented run" in said
+    assert "at 1 neither device's deployed model differs" in said
+    for record in records:
+        record.close()
+
+
+@pytest.mark.parametrize("level", ["all", "disable_all"])
+def test_a_users_onnx_model_exposes_the_graph_onnx_runtime_deploys(dense_files, tmp_path,
+                                                                   level):
+    """The dense model above as a user's ONNX file (MatMul, then Add: the fusion the
+    exposed MatMul output blocked) run through bitdrift on ONNX Runtime: with every
+    optimisation the recorded layers are the node outputs of the graph ONNX Runtime
+    deploys (a Gemm: the MatMul's output ``t`` is fused away, unmapped, never given
+    another value), its final output is the deployed model's bit for bit (the observer
+    check passes, where exposing ``t`` gave the exact 1 against the deployed Gemm's 0),
+    and the observer table says what was exposed; without optimisations nothing fuses
+    and ``t`` is recorded, equal to numpy's product."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from bitdrift.config import validate_config
+    from bitdrift.run.inference import infer
+
+    model = dense_onnx(False)[0]  # with its output's shape, which the ONNX checker asks
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                            [None, UNITS]))
+    onnx.save(model, tmp_path / "user.onnx")
+    np.save(tmp_path / "inputs.npy", np.ones((ROWS, TERMS), np.float32))
+    device = {**ort_device(level), "repeats": 2, "batch_size": ROWS}
+    config = validate_config({"models": {"user": {"file": str(tmp_path / "user.onnx"),
+                                                  "inputs": str(tmp_path / "inputs.npy")}},
+                              "devices": {"ort": device}, "samples": [0, 1]})
+    out = tmp_path / "ort.h5"
+    infer(model_name="user", device_name="ort", device=config["devices"]["ort"],
+          model_path=tmp_path / "user.onnx", dataset_path=tmp_path / "inputs.npy",
+          samples=[0, 1], out=out, layers=True, kernels=False)
+    _, kernel, bias = dense_onnx(False)
+    with Record(out) as record:
+        check = record_check(record)
+        assert check["equal"] and record.observer_check["equal"]
+        deployed = record.tensor(0, OUTPUT).values[0]
+        assert np.array_equal(record.instrumented_output(0).values[0], deployed)
+        names = [info.name for info in record.layers(0) if not info.final]
+        unmapped = record.json_attr("unmapped_layers", list, [])
+        (row,) = observer_table([record])
+    assert "optimised graph" in row["instrumented"]
+    assert "optimised graph" in observer(pd.DataFrame([row]))[0]
+    if level == "all":
+        # ONNX Runtime's Gemm adds the bias inside the blocked sum: 2**24 + 1 rounds to
+        # 2**24, and the sum ends at 0 (the unfused MatMul, then Add, gives exactly 1)
+        assert np.all(deployed == 0.0)
+        assert names == ["y"] and unmapped == ["t"]  # y: the final output, by its name
+    else:
+        assert np.all(deployed == 1.0) and names == ["t", "y"] and unmapped == []
+        with Record(out) as record:
+            product = record.tensor(0, "t").values[0]
+        assert np.array_equal(product, (np.ones((1, TERMS)) @ kernel.astype(np.float64))
+                              .astype(np.float32)[0])
+        assert bias.shape == product.shape
+
+
+def test_the_observer_sentence_says_what_each_instrumented_run_exposed(tmp_path):
+    """Records of a Keras model (no model_format in the fingerprint), of a .tflite file
+    and of a .pt2 program: the sentence counts the equal ones per instrumentation, each
+    named by what it exposed, and a changed device's line names its own."""
+    base = np.array([[0.25, 0.5]], np.float32).repeat(2, axis=0)
+    nudged = base.copy()
+    nudged[:, 1] = np.nextafter(nudged[:, 1], np.float32(1))
+    records = []
+    for device, model_format, deployed in (("keras_ok", None, base),
+                                           ("tflite_ok", "tflite", base),
+                                           ("pt2_changed", "pt2", nudged)):
+        accelerator = {"accelerator": "cpu", **({"model_format": model_format}
+                                                if model_format else {})}
+        samples = {0: {OUTPUT: base, DEPLOYED: deployed, "layers": [("dense", base)]}}
+        path = tmp_path / f"{device}.h5"
+        write_record(path, {**BASE_ATTRS, "model": "net", "device": device,
+                            "fingerprint": {"hostname": "h", "accelerator": accelerator},
+                            "observer_check": json.dumps(observer_check(samples, "p"))},
+                     samples)
+        records.append(Record(path))
+    lines = observer(pd.DataFrame(observer_table(records)))
+    assert lines[0] == (
+        "The deployed model (final output only) gives the instrumented run's final output "
+        "bit for bit on 2 of 3 checked devices: 1 of 1 whose instrumented run exposed one "
+        "output per Keras layer; 1 of 1 whose instrumented run exposed every tensor of the "
+        ".tflite file; 0 of 1 whose instrumented run exposed every module call of the .pt2 "
+        "program.")
+    assert "(every module call of the .pt2 program exposed)" in lines[1]
+    for record in records:
+        record.close()

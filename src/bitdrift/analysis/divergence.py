@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from bitdrift.analysis.eqc import analyse, summarize_repeats
+from bitdrift.analysis.eqc import analyse, layered_subgroup, summarize_repeats
 from bitdrift.analysis.kernels import divergence_kernels
+from bitdrift.analysis.observer import record_check
 from bitdrift.analysis.remaining_precision import MANTISSA_BITS, dropped_bits
 from bitdrift.record.reader import Record, group_by_model
 
@@ -25,7 +26,7 @@ DIVERGENCE_COLUMNS = ["model", "sample", "class_a", "class_b", "device_a", "devi
                       "first_layer", "first_position", "layer_class",
                       "remaining_precision_at_first", "previous_layer", "note", "precision",
                       "rejoins_at", "kernels_a", "kernels_b", "kernels_differ", "orders_a",
-                      "orders_b"]
+                      "orders_b", "deployed_differs"]
 
 
 def _pair_precision(record_a: Record, record_b: Record, sample: int, label: str) -> float:
@@ -67,17 +68,19 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
     precision; ``first_layer`` empty where they never differ or where the records hold no
     layers (``note`` says which); ``rejoins_at`` the first later layer where the two are
     bitwise equal again (a pair can part at a convolution and agree after a ReLU or a
-    pooling)."""
+    pooling); ``deployed_differs`` the pair's devices whose deployed final output differs
+    from their instrumented one on the sample (bitdrift.analysis.observer)."""
     rows = []
     for model, group in group_by_model(records):
         by_sample = _layer_classes(group)
         # Devices that record layers, apart from those that record the final output alone
         # (a compiled graph: Inductor, ExecuTorch), whose presence would leave no layer
         # common to all: the pairs of layered devices part at a layer of their own records
+        # (bitdrift.analysis.eqc.layered_subgroup: the per-layer classes take the same)
+        subgroup = layered_subgroup(group) or []
         layered_members = [index for index, record in enumerate(group)
-                           if len(record.layer_labels(record.samples[0])) > 1]
-        among_layered = _layer_classes([group[index] for index in layered_members]) \
-            if 1 < len(layered_members) < len(group) else {}
+                           if any(record is member for member in subgroup)]
+        among_layered = _layer_classes(subgroup) if subgroup else {}
         formats: dict[str, list[int]] = {}
         for index, record in enumerate(group):
             formats.setdefault(record.precision, []).append(index)
@@ -96,7 +99,7 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
                         continue
                     rows.append(_pair_row(model, sample, precision, group, results, final,
                                           layered, i, j))
-    table = divergence_kernels(records, pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS[:-5]))
+    table = divergence_kernels(records, pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS[:-6]))
     # ... and the order each one summed in there, where that layer is a Dense or Conv2D
     # layer with a revealed order (bitdrift.analysis.accumulation): the why below the kernels' names
     orders = {(record.model, record.device): record.accumulation_orders or {}
@@ -106,9 +109,28 @@ def divergence_table(records: list[Record]) -> pd.DataFrame:
             (orders.get((model, device), {}).get(layer) or {}).get("order", "")
             if layer else "" for model, device, layer in
             zip(table["model"], table[f"device_{side}"], table["first_layer"], strict=True)]
+    # Which of the two devices' deployed model gives another final output than its own
+    # instrumented run on the sample (bitdrift.analysis.observer): a pair whose every
+    # recorded layer agrees and whose final outputs part is parted by that device's
+    # deployment, not by where the two devices' layers part
+    deployed = {(record.model, record.device): _deployed_differs(record) for record in records}
+    table["deployed_differs"] = [
+        " ".join(device for device in (device_a, device_b)
+                 if int(sample) in deployed.get((model, device), ()))
+        for model, sample, device_a, device_b in zip(
+            table["model"], table["sample"], table["device_a"], table["device_b"],
+            strict=True)]
     table["first_position"] = pd.array(
         [None if p == "" else int(p) for p in table["first_position"]], dtype="Int64")
     return table
+
+
+def _deployed_differs(record: Record) -> set[int]:
+    """The samples on which the record's deployed final output differs from its
+    instrumented one (none for a record without the deployed output)."""
+    check = record_check(record)
+    return {int(sample) for sample, equal in (check or {}).get("samples", {}).items()
+            if not equal}
 
 
 def class_pairs(table: pd.DataFrame) -> pd.DataFrame:
@@ -187,21 +209,31 @@ def pairs_apart(eqc_layers: pd.DataFrame) -> pd.DataFrame:
     """Per (model, sample, precision, layer): the share of device pairs of that precision
     in different classes at that layer, and the share apart at it or at any layer before
     (from ``eqc_layers.csv``). Pairs of two precisions are not compared: their number per
-    (model, sample) is ``cross_format_pairs``. A table without a ``precision`` column
+    (model, sample) is ``cross_format_pairs``. Devices that record the final output alone
+    where others record layers are left out of the pairs and named in
+    ``left_out_devices``. A table without a ``precision`` column
     (older runs) is taken as one precision."""
     if "precision" not in eqc_layers.columns:
         eqc_layers = eqc_layers.assign(precision="")
     rows = []
     for (model, sample), part in eqc_layers.groupby(["model", "sample"], sort=False):
+        # A device with fewer layers than the others records the final output alone
+        # (bitdrift.analysis.eqc.eqc_tables: the layers are those of the devices that
+        # record them): the pairs are those of the devices at every layer, as
+        # divergence_table compares them, and the others are named
+        layers_of = part.groupby("device", sort=False)["layer"].nunique()
+        left_out = " ".join(layers_of.index[layers_of < layers_of.max()])
+        part = part[part["device"].isin(layers_of.index[layers_of == layers_of.max()])]
         devices = part.drop_duplicates("device")
         counts = devices["precision"].value_counts()
         total = len(devices) * (len(devices) - 1) // 2
         cross = total - int(sum(n * (n - 1) // 2 for n in counts))
         for precision, rows_of_format in part.groupby("precision", sort=False):
-            rows += _shares(model, sample, precision, rows_of_format, cross)
+            rows += [{**row, "left_out_devices": left_out}
+                     for row in _shares(model, sample, precision, rows_of_format, cross)]
     return pd.DataFrame(rows, columns=["model", "sample", "precision", "layer", "position",
                                        "share_apart", "share_apart_so_far", "n_pairs",
-                                       "cross_format_pairs"])
+                                       "cross_format_pairs", "left_out_devices"])
 
 
 def _shares(model, sample, precision, part: pd.DataFrame, cross: int) -> list[dict]:

@@ -299,6 +299,15 @@ def _reduced_at(records: list[Record], info) -> list[str]:
     return devices
 
 
+def layered_subgroup(group: list[Record]) -> list[Record] | None:
+    """Of one model's records, those that record layers where others record the final
+    output alone (a compiled graph: Inductor, ExecuTorch), in their order; None where all
+    or none record layers, or one alone does (no pair to compare)."""
+    layered = [record for record in group
+               if len(record.layer_labels(record.samples[0])) > 1]
+    return layered if 1 < len(layered) < len(group) else None
+
+
 def eqc_tables(records: list[Record], layers: bool = True):
     """(final-output table, per-layer table) as documented in docs/analysis.md, as DataFrames."""
     import pandas as pd  # imported here: `bitdrift precision` writes rows without pandas
@@ -310,19 +319,42 @@ def eqc_tables(records: list[Record], layers: bool = True):
     effective = {(record.model, record.device): effective_summary(
         record.effective_precision, unchecked_reason(record)) for record in records}
     precisions = {(record.model, record.device): record.precision for record in records}
-    for result in analyse(records, layers=layers, remaining_precision=False):
-        for summary, eqc in zip(result.devices, result.classes, strict=True):
-            row = {
-                "model": result.model, "sample": result.sample, "layer": result.layer,
-                "position": result.position, "device": summary.device, "eqc": eqc,
+
+    def row_of(result, summary, eqc, position):
+        return {"model": result.model, "sample": result.sample, "layer": result.layer,
+                "position": position, "device": summary.device, "eqc": eqc,
                 "deterministic": summary.deterministic,
                 "distinct_outputs": summary.distinct_outputs,
-                "majority_count": summary.majority_count,
-            }
+                "majority_count": summary.majority_count}
+
+    # Where some devices record the final output alone (a compiled graph), the layers
+    # common to all are the final output alone: the layers are those of the devices that
+    # record them, among those devices (as divergence_table compares them), and the final
+    # output keeps its place after them
+    final_positions: dict[tuple, int] = {}
+    for group in (layered_subgroup(group) for _, group in group_by_model(records)
+                  if layers):
+        for result in analyse(group or [], layers=True, remaining_precision=False):
+            if result.final:
+                final_positions[(result.model, result.sample)] = result.position
+                continue
+            layer_rows += [{**row_of(result, summary, eqc, result.position),
+                            "precision": precisions[(result.model, summary.device)]}
+                           for summary, eqc in zip(result.devices, result.classes,
+                                                   strict=True)]
+    for result in analyse(records, layers=layers, remaining_precision=False):
+        position = final_positions.get((result.model, result.sample), result.position) \
+            if result.final else result.position
+        for summary, eqc in zip(result.devices, result.classes, strict=True):
+            row = row_of(result, summary, eqc, position)
             layer_rows.append({**row, "precision": precisions[(result.model, summary.device)]})
             if result.final:
                 checked = effective[(result.model, summary.device)]
                 final_rows.append({**row, "effective_precision": checked})
+    if final_positions:  # each model's and sample's rows together, in layer order
+        models = list(dict.fromkeys(record.model for record in records))
+        layer_rows.sort(key=lambda row: (models.index(row["model"]), row["sample"],
+                                         row["position"]))
     return (pd.DataFrame(final_rows, columns=EQC_COLUMNS + EQC_EXTRA_COLUMNS),
             pd.DataFrame(layer_rows, columns=EQC_LAYER_COLUMNS + EQC_LAYER_EXTRA_COLUMNS))
 

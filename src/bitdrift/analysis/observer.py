@@ -13,7 +13,11 @@ frequent value over the repeats, as the equivalence classes take it).
 
 The final-output classes are those of the deployed outputs; the per-layer analyses
 describe the instrumented program, which for a device whose check fails is not the one
-deployed: a finding (findings.md, the report's ``observer_check`` table).
+deployed: a finding (findings.md, the report's ``observer_check`` table). The check holds
+for what the instrumented run exposed (``instrumented``, EXPOSED): a Keras model's layers,
+every node of a user's ONNX graph (on ONNX Runtime, every node of the graph it deploys,
+bitdrift.backends.exported.onnx_file), a .pt2 program's module calls, a .tflite file's
+tensors.
 """
 
 from __future__ import annotations
@@ -23,7 +27,18 @@ from bitdrift.record.hdf5 import DEPLOYED, OUTPUT
 from bitdrift.record.reader import Record
 
 OBSERVER_COLUMNS = ["model", "device", "backend", "deployed_program", "samples",
-                    "equal_samples", "observer_equal", "differing_samples", "deployed_kernels"]
+                    "equal_samples", "observer_equal", "differing_samples", "deployed_kernels",
+                    "instrumented"]
+
+# What the instrumented run exposes, by the model's format (bitdrift.formats; the
+# fingerprint's accelerator ``model_format``, a Keras model where it names none), unless
+# the session says otherwise (the accelerator's ``exposed``: ONNX Runtime exposes the node
+# outputs of its own optimised graph): the observer check holds for that instrumentation
+# alone, since exposing more (every node of an ONNX graph, where Keras exposes a layer's
+# last node) can stop a fusion the deployed model makes
+EXPOSED = {"keras": "one output per Keras layer", "onnx": "every node output of the ONNX graph",
+           "pt2": "every module call of the .pt2 program",
+           "tflite": "every tensor of the .tflite file"}
 
 
 def _representative(values, bfloat16: bool):
@@ -78,16 +93,27 @@ def record_check(record: Record) -> dict | None:
             "unchecked": [sample for sample in record.samples if sample not in checked]}
 
 
+def exposed(record: Record) -> str:
+    """What the record's instrumented run exposed as outputs (EXPOSED)."""
+    accelerator = (record.fingerprint or {}).get("accelerator") or {}
+    if accelerator.get("exposed"):
+        return str(accelerator["exposed"])
+    found = accelerator.get("model_format") or "keras"
+    return EXPOSED.get(found, f"the outputs its {found} session records")
+
+
 def observer_table(records: list[Record]) -> list[dict]:
     """``observer_check.csv``: per record, on how many of the samples that hold the
-    deployed output (``samples``) it equals the instrumented run's; ``unchecked`` for a
-    record without it. Samples without it are named on stderr."""
+    deployed output (``samples``) it equals the instrumented run's, and what that run
+    exposed; ``unchecked`` for a record without it. Samples without it are named on
+    stderr."""
     import sys
 
     rows = []
     for record in records:
         row = {"model": record.model, "device": record.device,
-               "backend": record.attr("backend"), "samples": len(record.samples)}
+               "backend": record.attr("backend"), "samples": len(record.samples),
+               "instrumented": exposed(record)}
         check = record_check(record)
         if check is None:
             row["observer_equal"] = "unchecked"

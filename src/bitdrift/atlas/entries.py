@@ -516,13 +516,33 @@ def compare(this: list[dict] | None, atlas: Atlas) -> list[Row]:
     return rows
 
 
+def arithmetic_os(platform: str | None) -> dict[str, str]:
+    """What of the OS (the fingerprint's ``platform``, Python's platform.platform()) can
+    change a result: the system, and on Linux the C library (its libm computes the
+    transcendental functions some runtimes call), not the kernel release or its build
+    string (``Linux-6.18.44-fc-v657-x86_64-with-glibc2.36``: a kernel does no arithmetic for
+    a process, and a machine's kernel build changes with every host update); elsewhere
+    the OS release, whose system libraries hold the math library (macOS's libm and
+    Accelerate, Windows' UCRT). The architecture is the hardware's."""
+    if not platform:
+        return {}
+    system, _, rest = str(platform).partition("-")
+    if system != "Linux":
+        return {"os": system + (f" {rest.split('-')[0]}" if rest else "")}
+    libc = re.search(r"-with-([a-z]+?)(\d[\d.]*)$", platform)
+    return {"os": system, **({"libc": f"{libc[1]} {libc[2]}"} if libc else {})}
+
+
 def _kind_of_difference(a_entry: dict, a: dict, b_entry: dict, b: dict) -> str:
     """What differs between two machines' runs of a device: the hardware, and the
     software versions named."""
     hardware = a_entry["machine"] != b_entry["machine"]
     versions = version_differences(a, b)
-    if a_entry["software"].get("os") != b_entry["software"].get("os"):
-        versions["os"] = (a_entry["software"].get("os"), b_entry["software"].get("os"))
+    ours, theirs = (arithmetic_os(entry["software"].get("os"))
+                    for entry in (a_entry, b_entry))
+    for name in dict.fromkeys([*ours, *theirs]):
+        if ours.get(name) != theirs.get(name):
+            versions[name] = (ours.get(name), theirs.get(name))
     named = ", ".join(f"{name} {old} vs {new}" for name, (old, new) in versions.items())
     if hardware and versions:
         return f"other hardware and software ({named})"

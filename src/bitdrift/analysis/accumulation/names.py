@@ -32,16 +32,49 @@ def describe(tree: Node) -> dict:
     elif _is_pairwise(tree):
         result["shape"] = "pairwise"
     else:
-        lanes = next((count for count in range(2, n // 2 + 1)
-                      if all(tuple(range(k, n, count)) in nodes for k in range(count))), None)
-        block = next((size for size in range(2, n // 2 + 1)
-                      if all(tuple(range(first, min(first + size, n))) in nodes
-                             for first in range(0, n, size))), None)
+        # Of the lane counts (block sizes) whose partial sums are all nodes, the first
+        # whose partial sums each add their terms in index order (blocks: and are then
+        # added in order): lanes of lanes are one set of finer lanes (2 lanes of 2 lanes
+        # each are 4 lanes, combined in pairs), and blocks of 8 summed pairwise hold
+        # pairs, which are no blocks the sum is made of
+        by_terms = {node.terms: node for node in order}
+        lanes = _first_regular([count for count in range(2, n // 2 + 1)
+                                if all(tuple(range(k, n, count)) in nodes
+                                       for k in range(count))],
+                               lambda count: [tuple(range(k, n, count))
+                                              for k in range(count)], by_terms)
+        block = _first_regular([size for size in range(2, n // 2 + 1)
+                                if all(tuple(range(first, min(first + size, n))) in nodes
+                                       for first in range(0, n, size))],
+                               lambda size: [tuple(range(first, min(first + size, n)))
+                                             for first in range(0, n, size)], by_terms,
+                               lambda size: [tuple(range(0, min(end, n)))
+                                             for end in range(2 * size, n + size, size)])
         if lanes:
             result.update(shape="lanes", lanes=lanes)
         elif block:
             result.update(shape="blocks", block=block, blocks=-(-n // block))
     return result
+
+
+def _first_regular(candidates: list[int], parts, by_terms: dict,
+                   joined=None) -> int | None:
+    """Of ``candidates``, the first whose parts (``parts(candidate)``: tuples of terms, each
+    a node of the tree or a term alone) each sum in index order, at least one of three or
+    more terms (a pair is any order's), and whose ``joined(candidate)`` (the running sums
+    of the parts, where the parts join in order) are all nodes; else the first of those
+    whose parts are so joined; else the first."""
+    def sequential_parts(candidate):
+        found = parts(candidate)
+        return any(len(terms) > 2 for terms in found) and all(
+            len(terms) < 3 or _is_sequential(by_terms[terms]) for terms in found)
+
+    def in_order(candidate):
+        return joined is None or all(terms in by_terms for terms in joined(candidate))
+
+    return next((c for c in candidates if sequential_parts(c) and in_order(c)),
+                next((c for c in candidates if in_order(c)),
+                     candidates[0] if candidates else None))
 
 
 def _chain(node: Node) -> list | None:
@@ -101,13 +134,50 @@ def summary(tree: Node, bias: bool = True) -> str:
         else:
             where = ", bias inside"
         products = restrict(tree, set(tree.terms) - {bias_term})
-    found = describe(_numbered(products)) if isinstance(products, Node) \
-        and products.size > 1 else {"shape": "single"}
-    name = {"lanes": f"{found.get('lanes')} interleaved lanes",
-            "blocks": f"blocks of {found.get('block')}"}.get(found["shape"], found["shape"])
-    if found["shape"] == "other":
-        name = f"other (height {found['height']})"
-    return name + where
+    return (shape_name(_numbered(products)) if isinstance(products, Node)
+            and products.size > 1 else "single") + where
+
+
+def shape_name(tree: Node) -> str:
+    """The name of a sum of terms 0..n-1 (describe's shape): ``sequential``, ``pairwise``,
+    ``other (height H)``; lanes and blocks with how each lane or block sums where that is
+    not in index order: ``blocks of 16`` (each block sequential), ``blocks of 160, each
+    other (height 79)`` (each block 79 additions deep: a tree 80 deep is no sequential sum
+    of blocks of 160, which would be 160 deep), ``4 interleaved lanes, each pairwise``,
+    ``blocks of 8, of mixed orders (height 5)`` (the blocks sum in different shapes; the
+    tallest block's height). What a part is called is this name again, so a name reads
+    from the outside in."""
+    found = describe(tree)
+    shape = found["shape"]
+    if shape == "other":
+        return f"other (height {found['height']})"
+    if shape not in ("lanes", "blocks"):
+        return shape
+    name = (f"{found['lanes']} interleaved lanes" if shape == "lanes"
+            else f"blocks of {found['block']}")
+    # A part of one or two terms (a last, shorter block) sums in any order's way: the
+    # name is that of the others
+    parts = [part for part in _parts(tree, found)
+             if isinstance(part, Node) and part.size > 2]
+    names = [shape_name(_numbered(part)) for part in parts]
+    if all(part_name == "sequential" for part_name in names):
+        return name
+    if len(set(names)) == 1:
+        return f"{name}, each {names[0]}"
+    height = max(describe(_numbered(part))["height"] for part in parts)
+    return f"{name}, of mixed orders (height {height})"
+
+
+def _parts(tree: Node, found: dict) -> list:
+    """The lanes' or blocks' subtrees describe found (each a Node, or a term alone)."""
+    n = tree.size
+    if found["shape"] == "lanes":
+        wanted = [tuple(range(k, n, found["lanes"])) for k in range(found["lanes"])]
+    else:
+        wanted = [tuple(range(first, min(first + found["block"], n)))
+                  for first in range(0, n, found["block"])]
+    nodes = {node.terms: node for node in _post_order(tree)}
+    return [nodes.get(terms, terms[0]) for terms in wanted]
 
 
 def _numbered(tree: Node) -> Node:

@@ -7,7 +7,15 @@ topological order, the final outputs last; the runtime's runner (its ``compile``
 that copy. The per-layer record names each value by the model's own names. A runtime that
 returns no value for one of them has fused it away: that layer is recorded as absent for
 the device (``unmapped``), never given another value. The file itself, compiled alone, is
-the model as deployed (the observer check). The same model converted for torch eager or
+the model as deployed (the observer check).
+
+Exposing a value stops the fusions that consume it (ONNX Runtime fuses MatMul and Add into
+a Gemm only where the MatMul's output is no graph output), so on a runtime that writes the
+graph it deploys (``runtime.optimised_model``: ONNX Runtime's
+``optimized_model_filepath``) the exposed values are that graph's node outputs instead
+(:func:`exposed_graph`), run without optimising it again: the file's values it keeps
+(under their own names) are recorded, those it fused away are unmapped, and the final
+output is the deployed model's. The same model converted for torch eager or
 LiteRT is bitdrift.backends.torch_program's (eager.open_onnx, converted.onnx_on_litert).
 """
 
@@ -17,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bitdrift.backends.exported.common import compile_model, run_probe_model
+from bitdrift.backends.exported.common import cannot_run, compile_model, run_probe_model
 from bitdrift.errors import InferenceError
 from bitdrift.formats.onnx import NAME, SUMMING_OPS, file_layers, load_model, value_shapes
 
@@ -61,6 +69,32 @@ def instrumented(path):
     return model, layers, untyped
 
 
+def exposed_graph(optimised, model, layers: list, path):
+    """(``optimised``, a runtime's optimised graph of the file at ``path``, with each value of
+    ``layers`` (instrumented's, of ``model``, the instrumented file) that one of its nodes
+    outputs as a graph output, in the file's order, the final outputs last; those layers;
+    the others: values the graph has fused away, as a MatMul's output inside a Gemm).
+    A kept value keeps its name and meaning (the optimiser renames what it changes: an
+    NCHWc convolution's blocked output is ``reorder_token_1``, its ``ReorderOutput``
+    writes the file's name), so its layer is the file's node's, named and classed so."""
+    import onnx
+
+    finals = [output.name for output in optimised.graph.output]
+    if finals != [name for name, _ in layers[len(layers) - len(finals):]]:
+        raise InferenceError(f"{Path(path).name}: the optimised graph's outputs {finals} "
+                             "are not the file's; refusing to map its values by a guess")
+    held = {output for node in optimised.graph.node for output in node.output}
+    declared = {output.name: output for output in model.graph.output}
+    kept = [(name, op) for name, op in layers[:len(layers) - len(finals)] if name in held]
+    fused = [name for name, _ in layers[:len(layers) - len(finals)] if name not in held]
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(optimised)
+    outputs = [declared[name] for name, _ in kept] + list(optimised.graph.output)
+    del exposed.graph.output[:]
+    exposed.graph.output.extend(outputs)
+    return exposed, kept + layers[len(layers) - len(finals):], fused
+
+
 def open_session(runtime, job: dict, name: str):
     """A Session of ``runtime`` (onnxruntime, openvino) on the user's ONNX file: the
     instrumented copy when layers are recorded, the file itself as deployed (the observer
@@ -79,12 +113,28 @@ def open_session(runtime, job: dict, name: str):
     accelerator["model_format"] = NAME
     trace = bool(job.get("trace"))
     model, layers, untyped = instrumented(path)
+    # A runtime that writes the graph it deploys (ONNX Runtime) has that graph's node
+    # outputs exposed instead of the file's: exposing a value of the file (a MatMul's
+    # output) stops the fusion that consumes it (MatMul+Add -> Gemm), and the layers would
+    # describe a program nobody deploys. The file's values the graph fused away are
+    # unmapped for the device, never given another value.
+    compile_device, fused = device, []
+    optimise = getattr(runtime, "optimised_model", None)
+    if optimise is not None:
+        try:
+            graph, compile_device, accelerator["exposed"] = optimise(path, device,
+                                                                     dict(accelerator))
+        except BitdriftError:
+            raise
+        except Exception as error:
+            raise cannot_run(runtime, path, name, error) from error
+        model, layers, fused = exposed_graph(graph, model, layers, path)
     handle, instrumented_path = tempfile.mkstemp(suffix=".instrumented.onnx")
     os.close(handle)
     try:
         onnx.save(model, instrumented_path)
-        compiled, describe = compile_model(runtime, instrumented_path, device, accelerator,
-                                           trace, name, shown=path)
+        compiled, describe = compile_model(runtime, instrumented_path, compile_device,
+                                           accelerator, trace, name, shown=path)
         deployed_run, _ = compile_model(runtime, path, device, dict(accelerator), False,
                                         name) if not trace else (None, None)
         nodes_outputs = describe() if trace else None
@@ -130,7 +180,7 @@ def open_session(runtime, job: dict, name: str):
                           "and a recorded input)"
                   for output, op in summing.items() if output not in order_layers}
     return Session(layers=recorded if job["layers"] else [], run=run, final=final,
-                   unrevealed=unrevealed, unmapped=untyped if job["layers"] else [],
+                   unrevealed=unrevealed, unmapped=untyped + fused if job["layers"] else [],
                    checked=checked if job["layers"] else {}, order_layers=order_layers,
                    order_probe=node_order_probe(runtime, path, device, accelerator)
                    if order_layers else None,

@@ -53,8 +53,8 @@ DOMAINS = {"": "", "ai.onnx": "", "com.microsoft": "ms:", "com.microsoft.nchwc":
 INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 9, 12, 13}  # ONNX TensorProto: (u)int8..64, bool
 
 
-def compile(path, device: dict, accelerator: dict, trace: bool = False):
-    ort = _ort()
+def _options(ort, device: dict):
+    """The device's session options: optimisation level, threads, determinism."""
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(
         ort.GraphOptimizationLevel, LEVELS[device.get("graph_optimization_level") or "all"])
@@ -63,6 +63,46 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False):
     options.inter_op_num_threads = 1
     if device.get("deterministic"):
         options.use_deterministic_compute = True
+    return options
+
+
+# What a user's ONNX model's instrumented run exposes on ONNX Runtime (the observer
+# table's ``instrumented``, bitdrift.analysis.observer)
+EXPOSED = ("every node output of ONNX Runtime's optimised graph, under the model's names "
+           "where that graph keeps them")
+
+
+def optimised_model(path, device: dict, accelerator: dict):
+    """(the graph ONNX Runtime deploys for the ONNX file at ``path`` with the device's
+    settings, as ONNX; the device settings that run that graph as it is; what exposing
+    its node outputs exposes, in words). The graph is the one the session runs
+    (SessionOptions.optimized_model_filepath: fused nodes such as MatMul+Add as Gemm,
+    Gemm+Relu as FusedGemm, NCHWc convolutions), written for this machine and this
+    ONNX Runtime; run with every optimisation off, exposing its node outputs stops no
+    fusion, since its fusions are made (onnx_file.open_session: the observer check
+    compares it with the file as given)."""
+    import os
+    import tempfile
+
+    import onnx
+
+    ort = _ort()
+    options = _options(ort, device)
+    handle, written = tempfile.mkstemp(suffix=".optimised.onnx")
+    os.close(handle)
+    options.optimized_model_filepath = written
+    options.log_severity_level = 3  # its warning that the file is machine-specific
+    try:
+        ort.InferenceSession(str(path), options, providers=[accelerator["provider"]])
+        model = onnx.load(written)
+    finally:
+        os.unlink(written)
+    return model, {**device, "graph_optimization_level": "disable_all"}, EXPOSED
+
+
+def compile(path, device: dict, accelerator: dict, trace: bool = False):
+    ort = _ort()
+    options = _options(ort, device)
     optimized = None
     if trace:  # the graph as ONNX Runtime will run it: fused, NCHWc and Gemm nodes
         import os

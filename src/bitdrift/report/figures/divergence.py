@@ -15,11 +15,11 @@ KIND_STYLE = {"convolution": ("s", "tab:green"), "activation": ("^", "tab:red"),
               "pooling": ("v", "tab:blue"), "dense": ("D", "tab:purple")}
 
 
-def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str | Path) -> None:
+def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str | Path):
     """Per layer position, the share of device pairs already apart (at that layer or any
     before: dashed) and apart at the layer (solid), one panel per model and declared
     precision (pairs of two precisions differ everywhere by construction and are only
-    counted); layer classes marked on each point."""
+    counted); layer classes marked on each point. Returns the figure (saved and closed)."""
     panels = [key for key, part in apart.groupby(["model", "precision"], sort=False)
               if part["n_pairs"].max() > 0]
     columns = max(len(panels), 1)
@@ -50,13 +50,26 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
         ax.set_ylabel("share of device pairs in different classes")
         label = f", {precision}" if precision else ""
         pairs = int(part["n_pairs"].max())
-        ax.set_title(f"{model}{label}: {pairs} device pairs", fontsize=9)
+        # devices that record the final output alone (a compiled graph) have no layers
+        # to part at: the pairs are those of the devices that record them, as in the
+        # findings' first divergent layers
+        left_out = " ".join(part["left_out_devices"].fillna("").astype(str).replace(
+            "nan", "").iloc[:1]).split() if "left_out_devices" in part else []
+        ax.set_title(f"{model}{label}: {pairs} device pairs" + ("\n" + textwrap.fill(
+            f"{len(left_out)} recording the final output alone left out: "
+            f"{', '.join(left_out)}", 60) if left_out else ""), fontsize=9)
         # Say why a panel is flat, or why it starts high: the reader cannot see it
         first = part[part["position"] == part["position"].min()]
         if part["share_apart_so_far"].max() == 0:
             ax.text(0.5, 0.5, textwrap.fill(f"all {pairs} pairs of {precision or 'these'} "
                                             "devices agree bit for bit at every layer", 30),
                     transform=ax.transAxes, ha="center", va="center", fontsize=8)
+        elif part["layer"].nunique() == 1:  # the final output alone: no layer to part at
+            ax.text(0.02, 0.02, textwrap.fill(
+                f"{part['share_apart'].max():.0%} of pairs differ at the final output; no "
+                "layers are recorded by two of these devices, so where they part is not "
+                "known (divergence.csv: no layers recorded)", 40),
+                transform=ax.transAxes, ha="left", va="bottom", fontsize=7)
         elif first["share_apart"].max() > 0:
             ax.text(0.02, 0.02, textwrap.fill(
                 f"{first['share_apart'].max():.0%} of pairs already differ at the first "
@@ -84,3 +97,4 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
     figure.suptitle(title, fontsize=9)
     figure.tight_layout(rect=(0, 0.14, 1, 1))
     save_figure(figure, out)
+    return figure

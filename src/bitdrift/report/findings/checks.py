@@ -9,16 +9,29 @@ import pandas as pd
 
 def observer(table: pd.DataFrame) -> list[str]:
     """The observer check (bitdrift.analysis.observer): devices whose instrumentation changed the
-    final output."""
+    final output, and what the instrumented runs exposed (the check holds for that)."""
     checked = table[table["observer_equal"].astype(str) != "unchecked"]
     changed = checked[checked["observer_equal"].astype(str) == "no"]
-    lines = [f"The deployed model (final output only) gives the instrumented run's final "
+    exposed = checked["instrumented"].fillna("").astype(str) \
+        if "instrumented" in checked else pd.Series("", index=checked.index)
+    kinds = [kind for kind in dict.fromkeys(exposed) if kind]
+    first = (f"The deployed model (final output only) gives the instrumented run's final "
              f"output bit for bit on {len(checked) - len(changed)} of {len(checked)} checked "
-             "devices."]
+             "devices")
+    if len(kinds) == 1 and (exposed == kinds[0]).all():
+        first += f", each instrumented run exposing {kinds[0]}"
+    elif kinds:  # per instrumentation: the equal ones of those exposing it
+        equal = checked["observer_equal"].astype(str) != "no"
+        first += ": " + "; ".join(
+            f"{int((equal & (exposed == kind)).sum())} of {int((exposed == kind).sum())} "
+            f"whose instrumented run exposed {kind}" for kind in kinds)
+    lines = [first + "."]
     for row in changed.to_dict("records"):
+        what = str(row.get("instrumented") or "")
         lines.append(f"{row['device']} ({row['model']}): the deployed model "
-                     f"({row['deployed_program']}) differs from the instrumented run on "
-                     f"{int(row['samples']) - int(row['equal_samples'])} of "
+                     f"({row['deployed_program']}) differs from the instrumented run"
+                     + (f" ({what} exposed)" if what and what != "nan" else "")
+                     + f" on {int(row['samples']) - int(row['equal_samples'])} of "
                      f"{int(row['samples'])} samples: its final-output classes are the "
                      "deployed outputs', its per-layer analyses describe the instrumented "
                      "program.")

@@ -47,6 +47,39 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
                      + (f", {row['untraced']} involve a runtime that names no kernels "
                         "(untraced)" if untraced else "")
                      + (f", {deployed_only} part only at the deployed model's final output, "
-                        "every recorded layer agreeing (the observer check below)"
+                        "every recorded layer agreeing"
+                        + _deployed_cause(parted[parted["model"] == row["model"]])
                         if deployed_only else "") + ".")
     return lines or ["No two classes: nothing parts."]
+
+
+def _deployed_cause(parted: pd.DataFrame) -> str:
+    """Why pairs whose every recorded layer agrees part at the final output: the device
+    whose deployed model gives another output than its own instrumented run on that
+    sample (divergence.csv's ``deployed_differs``, from the observer check), so the pair
+    says where a deployment differs, not where the two devices' layers part; or, where
+    neither device's does, the final output itself parting after the last recorded layer."""
+    from bitdrift.record.hdf5 import OUTPUT
+
+    at_output = parted[parted["first_layer"].astype(str) == OUTPUT]
+    if "deployed_differs" not in at_output:  # a table from before the column
+        return " (the observer check below)"
+    named = at_output["deployed_differs"].fillna("").astype(str).replace("nan", "")
+    counts: dict[str, int] = {}
+    for devices in named:
+        for device in devices.split():
+            counts[device] = counts.get(device, 0) + 1
+    said = []
+    if counts:
+        who = [f"{device} ({count})" for device, count in counts.items()]
+        said.append("on each, the deployed model of " + (", ".join(who[:-1]) + " or "
+                                                          if len(who) > 1 else "")
+                    + who[-1] + " gives another final output than its own instrumented run "
+                    "(the observer check below): there a deployment differs, not the two "
+                    "devices' layers")
+    neither = int((named == "").sum())
+    if neither:
+        said.append(f"{'at' if counts else 'on'} {neither} neither device's deployed model "
+                    "differs from its instrumented run: the final output itself parts, "
+                    "after the last recorded layer")
+    return ": " + "; ".join(said)

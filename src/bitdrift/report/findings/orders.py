@@ -46,10 +46,31 @@ def order_phrase(order: str) -> str:
             (part.split(": ", 1) for part in order[len("by batch row: "):].split("; "))) + ")"
     bias = next((suffix for suffix in _BIAS if order.endswith(suffix)), "")
     shape = order[:len(order) - len(bias)]
+    parts = _parts_phrase(shape)
+    if parts:
+        return parts + _BIAS.get(bias, "")
     for pattern, words in _SHAPES:
         if re.match(pattern, shape):
             return re.sub(pattern, words, shape) + _BIAS.get(bias, "")
     return f"in the order `{order}`"
+
+
+def _parts_phrase(shape: str) -> str | None:
+    """Lanes or blocks whose parts do not sum in index order
+    (bitdrift.analysis.accumulation.names.shape_name): ``blocks of 160, each other (height
+    79)`` -> ``in blocks of 160 terms, each summed in an order of none of the shapes ...,
+    79 additions deep, then the blocks' sums``; None for another label."""
+    found = re.match(r"^(\d+ interleaved lanes|blocks of \d+), (each (.*)|of mixed orders "
+                     r"\(height (\d+)\))$", shape)
+    if not found:
+        return None
+    outer = order_phrase(found[1])
+    each = (f"each summed {order_phrase(found[3])}" if found[3] else
+            f"each in an order of its own, the deepest {found[4]} additions deep")
+    if found[1].startswith("blocks"):  # "in blocks of B terms, then the blocks' sums"
+        head, tail = outer.split(", then ", 1)
+        return f"{head}, {each}, then {tail}"
+    return f"{outer}, {each}"
 
 
 def _place_phrase(part: str) -> str:
