@@ -419,9 +419,19 @@ def recheck(record, model_path, dataset_path) -> dict:
             else:
                 inputs_ = _as_float(record.tensor(sample, spec["inbound"]))
             bias = weights[1] if spec["use_bias"] and len(weights) > 1 else None
-            results.setdefault(name, []).append(
-                check_layer(spec, inputs_, outputs, weights[0], bias, precision))
+            try:
+                result = check_layer(spec, inputs_, outputs, weights[0], bias, precision)
+            except Exception as error:  # noqa: BLE001 - as the inference's check records it
+                result = {"unchecked": unchecked_layer(error)}
+            results.setdefault(name, []).append(result)
     return {name: merge(parts) for name, parts in results.items()}
+
+
+def unchecked_layer(error: BaseException) -> str:
+    """A layer's ``unchecked`` where its check failed: ``not checked: <the error>``, one
+    line (the record, the table and the job's log say it; the device's record stands)."""
+    said = (str(error).strip().splitlines() or [""])[0][:300]
+    return f"not checked: {type(error).__name__}: {said}"
 
 
 def recheck_record(record, model_path, dataset_path) -> str | None:

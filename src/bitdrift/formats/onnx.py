@@ -166,12 +166,19 @@ def _padding(attributes, number, ints, kernel_shape) -> str | None:
 
 
 def value_shapes(path) -> dict:
-    """{value name: its shape as ONNX's shape inference gives it (None where a dimension
-    is free)}, of every graph input and node output it can type (a session's instrumented
-    copy, bitdrift.backends.exported.onnx_file.instrumented, has run it on the same file)."""
+    """{value name: its shape as ONNX's shape inference with data propagation gives it
+    (None where a dimension is free)}, of every graph input and node output it can type
+    (a session's instrumented copy, bitdrift.backends.exported.onnx_file.instrumented, has
+    run it on the same file)."""
     import onnx
 
-    graph = onnx.shape_inference.infer_shapes(load_model(path)).graph
+    model = load_model(path)
+    try:
+        # data propagation follows the shape a Reshape is given through Shape, Gather and
+        # Concat nodes (torch.onnx.export's attention heads): without it those are unknown
+        graph = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - a model it cannot take: the plain inference's shapes
+        graph = onnx.shape_inference.infer_shapes(model).graph
     return {value.name: [dim.dim_value if dim.HasField("dim_value") else None
                          for dim in value.type.tensor_type.shape.dim]
             for value in [*graph.input, *graph.value_info, *graph.output]

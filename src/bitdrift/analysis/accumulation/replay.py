@@ -161,36 +161,85 @@ def _replayed_layer(layer, found, checked, weights, outputs, precision, model_in
         # an ONNX Conv's or a torch program's NCHW values, replayed channels-last as
         # their probes were read
         inbound, output = np.moveaxis(inbound, 1, -1), np.moveaxis(output, 1, -1)
-    entry.update(_replayed(found, trees, spec, kernel, bias, inbound,
-                           output, replay_positions, replay_samples))
+    try:
+        entry.update(_replayed(found, trees, spec, kernel, bias, inbound,
+                               output, replay_positions, replay_samples))
+    except Exception as error:  # noqa: BLE001 - any layer's failure is that layer's alone
+        # one layer the replay cannot take (a shape it does not know) is recorded as such;
+        # the device's record and the other layers' replays stand
+        said = (str(error).strip().splitlines() or [""])[0][:300]
+        entry["replay"] = f"not replayed: {type(error).__name__}: {said}"
     return entry
 
 
 def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
               samples: int) -> dict:
     """replay_layers' verdict on one layer: ``replay`` and, where the replay sampled,
-    ``replayed`` {"rows": samples in run order, and a Conv2D's "y", "x": the grid's rows
-    and columns}."""
+    ``replayed`` {"rows": samples in run order, and a Conv2D's or an N-D Dense layer's
+    "y", "x": the grid's rows and columns}.
+
+    The GEMM each layer runs, a row per sum: a Dense layer over (batch, terms) a row per
+    sample; over (batch, ..., terms) (a transformer's (batch, tokens, features)) a row
+    per leading position of each sample, its places (dense_grid: the last leading axis
+    the columns, the others' product the rows), as a Conv2D's output pixels are; a
+    Conv2D a row per output pixel, each group of a grouped one (depthwise: one channel
+    per group) its own GEMM of its channels and filters."""
     rows = sampled_samples(inbound.shape[0], samples)
     units = kernel.shape[-1]
-    if spec["class_name"] == "Conv2D":  # the GEMM it runs: a row per output pixel
+    conv = spec["class_name"] == "Conv2D"
+    if kernel.ndim != 2 and not conv:
+        raise ValueError(f"a Dense kernel of shape {kernel.shape}, not (terms, units)")
+    if not conv and inbound.shape[-1] != kernel.shape[0]:
+        raise ValueError(f"its input's last axis ({inbound.shape[-1]}) is not the kernel's "
+                         f"{kernel.shape[0]} terms")
+    if conv:  # the GEMM it runs: a row per output pixel
         height, width = output.shape[1:3]
-        ys, xs = sampled_grid((height, width), positions, conv_border(spec, kernel.shape))
+        border = conv_border(spec, kernel.shape)
+    elif inbound.ndim > 2:  # the GEMM of the leading positions: a row per place
+        height, width = (int(np.prod(inbound.shape[1:-2], dtype=np.int64)),
+                         inbound.shape[-2])
+        border = (1, 1)
+    else:
+        height = width = 1
+    grouped = conv and kernel.shape[2] != inbound.shape[-1]
+    if height * width > 1 or conv:
+        ys, xs = sampled_grid((height, width), positions, border)
         pixels = height * width
         picked = (np.asarray(ys)[:, None] * width + np.asarray(xs)[None, :]).reshape(-1)
-        blocks = [([row], conv_patches(inbound[row:row + 1], spec, kernel.shape,
-                                       output.shape, ys, xs)) for row in rows]
-        recorded_of = lambda block: output[block][:, ys][:, :, xs].reshape(-1, units)  # noqa: E731
-        gemm = kernel.reshape(-1, units)
     else:
         pixels, picked, ys, xs = 1, np.zeros(1, dtype=int), [0], [0]
-        blocks = [(rows, inbound[rows].reshape(len(rows), -1))]
-        recorded_of = lambda block: output[block].reshape(len(block), -1)  # noqa: E731
-        gemm = kernel
+    # (columns of the output, the GEMM's kernel, its rows' input for a block of samples):
+    # a grouped Conv2D's groups, each its own GEMM; every other layer one
+    if grouped:
+        groups = int(spec.get("groups", 1))
+        per_group, filters = kernel.shape[2], units // groups
+        if groups * per_group != inbound.shape[-1] or groups * filters != units:
+            raise ValueError(f"a Conv2D of {groups} groups whose kernel {kernel.shape} does "
+                             f"not split its {inbound.shape[-1]} input channels")
+        gemms = [(slice(g * filters, (g + 1) * filters),
+                  kernel[..., g * filters:(g + 1) * filters].reshape(-1, filters),
+                  slice(g * per_group, (g + 1) * per_group)) for g in range(groups)]
+    else:
+        gemms = [(slice(None), kernel.reshape(-1, units), slice(None))]
+
+    def rows_of(block, channels):
+        """The GEMM's input rows of the samples ``block`` at the picked places."""
+        if conv:
+            return conv_patches(inbound[block][..., channels], spec,
+                                (*kernel.shape[:3], units), output.shape, ys, xs)
+        return inbound[block].reshape(len(block), pixels, -1)[:, picked].reshape(
+            -1, inbound.shape[-1])
+
+    if conv:
+        blocks = [[row] for row in rows]  # one sample of a Conv2D at a time: its patches
+        recorded_of = lambda block: output[block][:, ys][:, :, xs].reshape(-1, units)  # noqa: E731
+    else:
+        blocks = [rows]
+        recorded_of = lambda block: output[block].reshape(len(block), pixels, units)[  # noqa: E731
+            :, picked].reshape(-1, units)
     which_all = _value_trees(found, len(trees), inbound.shape[0], pixels).reshape(-1, pixels)
-    chunk = max(1, REPLAY_CHUNK_BYTES // (gemm.shape[0] * units * 8))
     verdicts, total, size, unsearched = {False: 0, True: 0}, 0, 0, 0
-    for block, x in blocks:  # one sample of a Conv2D at a time: its patches, not all
+    for block in blocks:
         recorded = recorded_of(block)
         which = which_all[block][:, picked].reshape(-1)
         known = which >= 0
@@ -199,11 +248,15 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
         unsearched += int(recorded[which == NOT_SEARCHED].size)
         for fma in (False, True):
             values = np.empty_like(recorded)
-            for index, tree in enumerate(trees):
-                where = np.flatnonzero(which == index)
-                for start in range(0, len(where), chunk):
-                    part = where[start:start + chunk]
-                    values[part] = replay(tree, x[part], gemm, bias, fma)
+            for columns, gemm, channels in gemms:
+                x = rows_of(block, channels)
+                chunk = max(1, REPLAY_CHUNK_BYTES // (gemm.shape[0] * gemm.shape[1] * 8))
+                group_bias = None if bias is None else np.asarray(bias)[columns]
+                for index, tree in enumerate(trees):
+                    where = np.flatnonzero(which == index)
+                    for start in range(0, len(where), chunk):
+                        part = where[start:start + chunk]
+                        values[part, columns] = replay(tree, x[part], gemm, group_bias, fma)
             if spec["activation"] == "relu":
                 values = np.maximum(values, np.float32(0))
             verdicts[fma] += int(np.sum(values[known].view(np.uint32)
@@ -213,13 +266,13 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
             if unknown else "") + (
         f"; {unsearched} of {size} values not replayed (order not searched there)"
         if unsearched else "")
-    conv = spec["class_name"] == "Conv2D"
     sampled = len(rows) < inbound.shape[0] or len(ys) * len(xs) < pixels
     if sampled:
         left += (f"; replayed at {len(ys) * len(xs)} of {pixels} positions of "
                  f"{len(rows)} of {inbound.shape[0]} samples (analysis.replay_positions, "
-                 "analysis.replay_samples)" if conv else f"; replayed at {len(rows)} of "
-                 f"{inbound.shape[0]} samples (analysis.replay_samples)")
+                 "analysis.replay_samples)" if pixels > 1 or conv else
+                 f"; replayed at {len(rows)} of {inbound.shape[0]} samples "
+                 "(analysis.replay_samples)")
     if total and (verdicts[True] == total or verdicts[False] == total):
         said = "bit-identical " + ("with FMA" if verdicts[True] == total
                                    else "without FMA") + left
@@ -229,7 +282,8 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
                 f"at best ({'with' if best else 'without'} FMA)" + left)
     found_entry = {"replay": said}
     if sampled:
-        found_entry["replayed"] = {"rows": rows, "y": ys, "x": xs} if conv else {"rows": rows}
+        found_entry["replayed"] = {"rows": rows, "y": ys, "x": xs} if pixels > 1 or conv \
+            else {"rows": rows}
     return found_entry
 
 

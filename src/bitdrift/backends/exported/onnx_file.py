@@ -23,9 +23,10 @@ from bitdrift.formats.onnx import NAME, SUMMING_OPS, file_layers, load_model, va
 
 
 def instrumented(path):
-    """(the model with every node's float output as a graph output, [(output name, op
-    type)] in topological order with the final outputs last, the values left out because
-    ONNX's shape inference, which gives each value's type, cannot type them)."""
+    """(the model with every node's float output computed from the model's inputs as a
+    graph output, [(output name, op type)] in topological order with the final outputs
+    last, the values left out because ONNX's shape inference, which gives each value's
+    type, cannot type them)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -40,12 +41,22 @@ def instrumented(path):
     floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
               TensorProto.BFLOAT16}
     finals = [output.name for output in model.graph.output]
+    # the values computed from the model's inputs: a node of constants alone (a Constant,
+    # an Identity of a weight, as torch.onnx.export writes them) holds no sample's value
+    # (a scalar has no batch axis to record), and is the file's, not the device's
+    constants = {tensor.name for tensor in model.graph.initializer}
+    varying = {value.name for value in model.graph.input if value.name not in constants}
+    for node in model.graph.node:
+        if varying.intersection(node.input):
+            varying.update(output for output in node.output if output)
     layers, added, untyped = [], [], []
     for node in model.graph.node:
         for output in node.output:
-            if output and output not in finals and output not in types:
+            if output and output not in finals and output not in types and \
+                    output in varying:
                 untyped.append(output)
-            if not output or output in finals or types.get(output) not in floats:
+            if not output or output in finals or types.get(output) not in floats or \
+                    output not in varying:
                 continue
             layers.append((output, node.op_type))
             added.append(helper.make_tensor_value_info(output, types[output], None))
@@ -122,12 +133,10 @@ def open_session(runtime, job: dict, name: str):
         outputs = deployed_run(batch)
         return outputs[-1]
 
-    checked, order_layers = checked_layers(path, [output for output, _ in recorded])
+    checked, order_layers, unrevealed = checked_layers(path, [output for output, _ in
+                                                              recorded])
     summing = {output: op for output, op in recorded if op in SUMMING_OPS}
-    unrevealed = {output: f"an ONNX {op} node bitdrift does not probe (it probes MatMul and "
-                          "Gemm nodes over rows, and ungrouped 2-D Conv nodes of valid or "
-                          "same padding and a known input shape, with constant weights "
-                          "and a recorded input)"
+    unrevealed = {output: unrevealed.get(output, f"an ONNX {op} node bitdrift does not probe")
                   for output, op in summing.items() if output not in order_layers}
     return Session(layers=recorded if job["layers"] else [], run=run, final=final,
                    unrevealed=unrevealed, unmapped=untyped if job["layers"] else [],
@@ -139,11 +148,16 @@ def open_session(runtime, job: dict, name: str):
                    deployed_program=f"{Path(path).name} on {runtime.NAME}, as given")
 
 
-def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
-    """({output: (effective-precision spec, [kernel, bias])}, {output: order probe spec}):
-    the MatMul, Gemm (as Dense) and Conv (as channels-first Conv2D) nodes whose output and
-    input are recorded, named by their output as the session records it; the order of the
-    Dense ones over a (batch, terms) input is revealed (bitdrift.analysis.accumulation)."""
+def checked_layers(path, recorded: list[str]) -> tuple[dict, dict, dict]:
+    """({output: (effective-precision spec, [kernel, bias])}, {output: order probe spec},
+    {output: why its order is not probed}): the MatMul, Gemm (as Dense) and Conv (as
+    channels-first Conv2D) nodes whose output and input are recorded, named by their
+    output as the session records it. A Dense node's order is revealed at its input's own
+    shape per sample ((terms,), or a transformer's (tokens, terms): the GEMM of every
+    leading position, probes.dense_grid), a Conv's (grouped and depthwise too) at its
+    input's (bitdrift.analysis.accumulation); both need that shape known to ONNX's shape
+    inference. Every other recorded MatMul, Gemm or Conv node is in the third dict, the
+    reason said."""
     from bitdrift.analysis.accumulation.probes import probe_spec
     from bitdrift.analysis.effective_precision import spec_from_config
     from bitdrift.record.hdf5 import _sanitize
@@ -152,27 +166,36 @@ def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
     layers = file_layers(path)
     inputs = {layer["name"] for layer in layers if layer["class_name"] == "InputLayer"}
     shapes = {_sanitize(name): shape for name, shape in value_shapes(path).items()}
-    checked, orders = {}, {}
+    checked, orders, unrevealed = {}, {}, {}
     for layer in layers:
-        if layer["class_name"] not in ("Dense", "Conv2D") or layer["name"] not in raw:
+        if layer["name"] not in raw:
+            continue
+        name = raw[layer["name"]]
+        if layer["class_name"] not in ("Dense", "Conv2D"):
+            if layer["class_name"] in SUMMING_OPS:
+                unrevealed[name] = _not_read(layer, inputs)
             continue
         source = layer["inbound"][0]
         inbound = None if source in inputs else raw.get(source)
         if inbound is None and source not in inputs:
-            continue  # its input is not recorded
+            unrevealed[name] = f"its input {source} is not recorded"
+            continue
         spec = spec_from_config(layer["class_name"], layer["config"], inbound)
         if spec is None:
             continue
-        name = raw[layer["name"]]
         checked[name] = (spec, [np.asarray(value, np.float64) for value in layer["weights"]])
         kernel = layer["weights"][0]
         shape = shapes.get(source)
-        if layer["class_name"] == "Dense" and (source not in inputs or len(shape or []) == 2):
-            found = probe_spec("Dense", layer["config"], kernel.shape[:1], kernel.shape)
+        if not shape or None in shape[1:]:
+            unrevealed[name] = (f"its input's shape {shape} is not known to ONNX's shape "
+                                "inference besides the batch: not probed")
+            continue
+        found = None
+        if layer["class_name"] == "Dense" and len(shape) >= 2:
+            found = probe_spec("Dense", layer["config"], shape[1:], kernel.shape)
             if found is not None:
-                orders[name] = {**found, "op_type": layer["op_type"], "node": layer["name"]}
-        elif layer["class_name"] == "Conv2D" and shape and len(shape) == 4 and \
-                None not in shape[1:]:
+                found = {**found, "op_type": layer["op_type"], "node": layer["name"]}
+        elif layer["class_name"] == "Conv2D" and len(shape) == 4:
             # the sum described as Keras' channels-last Conv2D's (its terms in Keras' kernel
             # order, its output grid); the probe feeds the node channels-first and reads
             # its output back channels-last (channels_first; probe_output)
@@ -180,9 +203,27 @@ def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
             found = probe_spec("Conv2D", {**layer["config"], "data_format": "channels_last"},
                                (height, width, channels), kernel.shape)
             if found is not None:
-                orders[name] = {**found, "op_type": "Conv", "node": layer["name"],
-                                "channels_first": True}
-    return checked, orders
+                found = {**found, "op_type": "Conv", "node": layer["name"],
+                         "channels_first": True}
+        if found is None:
+            unrevealed[name] = (f"an ONNX {layer['op_type']} node over an input of shape "
+                                f"{shape}: not probed")
+        else:
+            orders[name] = found
+    return checked, orders, unrevealed
+
+
+def _not_read(layer: dict, inputs: set) -> str:
+    """Why file_layers reads a recorded MatMul, Gemm or Conv node as no Dense or Conv2D."""
+    op = layer["class_name"]
+    if op == "MatMul" and len(layer["inbound"]) == 2:
+        return ("an ONNX MatMul of two activations (attention's Q @ K^T, or softmax @ V): "
+                "its order is probed with a constant weight only")
+    if set(layer["inbound"]) & inputs and len(inputs) > 1:
+        return f"an ONNX {op} node fed by one of the model's several inputs: not read"
+    return (f"an ONNX {op} node bitdrift does not read as a layer (it reads MatMul and Gemm "
+            "nodes of one activation and a constant 2-D weight, and 2-D Conv nodes of "
+            "valid or same padding)")
 
 
 def node_model(path, layer: str, input_shape: tuple):
@@ -228,7 +269,7 @@ def node_order_probe(runtime, path, device: dict, accelerator: dict):
     """order_probe (bitdrift.backends.Session) of an ONNX model's MatMul, Gemm or Conv
     node: the node alone, cut from the file with its own attributes (node_model), its
     weights replaced by the probe's, compiled with the device's settings, on a batch of
-    ones (a Conv's channels-first, at its input's shape in the model)."""
+    ones at its input's shape in the model (a Conv's channels-first)."""
     import onnx
     from onnx import numpy_helper
 
@@ -237,8 +278,8 @@ def node_order_probe(runtime, path, device: dict, accelerator: dict):
         if conv:
             height, width, channels = spec["input_shape"]
             shape = (channels, height, width)
-        else:
-            shape = (spec["terms"],)
+        else:  # the node's own input per sample: (terms,) or (..., tokens, terms)
+            shape = tuple(spec["input_shape"])
         ones = np.ones((batch, *shape), dtype=np.float32)
         alone = node_model(path, spec["node"], shape)
         node = alone.graph.node[0]
