@@ -73,8 +73,9 @@ def file_layers(path) -> list[dict]:
     as the record names them), for
     the analyses that recompute a layer from its weights (effective precision, repro):
     each graph input as an InputLayer, each MatMul or Gemm with constant weights as a
-    Dense layer, each Conv as a channels-first Conv2D (named by its output); every other
-    node by its op type, with no weights, so those analyses leave it out."""
+    Dense layer, each Conv as a channels-first Conv2D (named by its output), a MatMul of
+    two activations as MatMul with both in ``inbound`` and no weights; every other node by
+    its op type, with no weights, so those analyses leave it out."""
     from onnx import numpy_helper
 
     graph = load_model(path).graph
@@ -121,6 +122,10 @@ def file_layers(path) -> list[dict]:
                     "activation": "linear", "use_bias": bias is not None,
                     "units": int(kernel.shape[1])},
                     weights=[kernel] + ([bias] if bias is not None else []))
+        elif node.op_type == "MatMul" and len(inbound) == 2 and len(node.input) == 2:
+            # a product of two activations (attention's Q @ K^T, softmax @ V): no weights;
+            # the analyses read its second operand, ``inbound[1]``, from the record
+            entry.update(op_type="MatMul", config={"activation": "linear", "use_bias": False})
         elif node.op_type == "Conv" and len(inbound) == 1 and weights and \
                 weights[0] is not None and weights[0].ndim == 4:
             padding = _padding(attributes, number, ints, weights[0].shape[2:])

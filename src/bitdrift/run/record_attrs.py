@@ -153,7 +153,16 @@ def check_effective_precision(checked: dict, weights: dict, read, samples: list[
             else:
                 inputs = np.repeat(images[row][None], outputs.shape[0], axis=0)
             try:
-                kernel = weights[f"weights/{name}/0"]
+                if spec["class_name"] == "MatMul":  # its second operand, as recorded
+                    kernel = read(sample, spec["operand"])
+                    if kernel is None:
+                        results.setdefault(name, []).append({"unchecked": (
+                            f"its operand {spec['operand']} is not recorded "
+                            "(analysis.layer_select)")})
+                        continue
+                    kernel = as_float(kernel)
+                else:
+                    kernel = weights[f"weights/{name}/0"]
                 bias = weights.get(f"weights/{name}/1") if spec["use_bias"] else None
                 result = check_layer(spec, as_float(inputs), as_float(outputs), kernel, bias,
                                      precision)

@@ -143,7 +143,9 @@ def _replayed_layer(layer, found, checked, weights, outputs, precision, model_in
     if "places" in found:
         entry["places"] = found["places"]
     spec = checked.get(layer)
-    kernel = weights.get(f"weights/{layer}/0")
+    # a MatMul of two activations: its second operand is recorded, one per sample
+    kernel = outputs.get(spec["operand"]) if spec and spec.get("operand") else \
+        weights.get(f"weights/{layer}/0")
     inbound = (outputs.get(spec["inbound"]) if spec["inbound"] else model_input) \
         if spec else None
     reason = ("not replayed: analysis.replay is false" if not replay else
@@ -183,15 +185,27 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
     per leading position of each sample, its places (dense_grid: the last leading axis
     the columns, the others' product the rows), as a Conv2D's output pixels are; a
     Conv2D a row per output pixel, each group of a grouped one (depthwise: one channel
-    per group) its own GEMM of its channels and filters."""
+    per group) its own GEMM of its channels and filters; a MatMul of two activations
+    (batch, ..., M, K) @ (batch, ..., K, N) the GEMM of each sample's leading position,
+    its rows M, its kernel that position's recorded (K, N) operand."""
     rows = sampled_samples(inbound.shape[0], samples)
     units = kernel.shape[-1]
     conv = spec["class_name"] == "Conv2D"
-    if kernel.ndim != 2 and not conv:
+    operands = spec["class_name"] == "MatMul"  # a kernel per sample and leading position
+    if operands:
+        if kernel.ndim != inbound.ndim or kernel.ndim < 3 or \
+                kernel.shape[-2] != inbound.shape[-1]:
+            raise ValueError(f"a MatMul of {inbound.shape[1:]} and {kernel.shape[1:]} per "
+                             "sample: not (..., M, K) @ (..., K, N)")
+        # the leading axes broadcast, as ONNX's MatMul broadcasts them
+        lead = np.broadcast_shapes(inbound.shape[1:-2], kernel.shape[1:-2])
+        inbound = np.broadcast_to(inbound, (inbound.shape[0], *lead, *inbound.shape[-2:]))
+        kernel = np.broadcast_to(kernel, (kernel.shape[0], *lead, *kernel.shape[-2:]))
+    elif kernel.ndim != 2 and not conv:
         raise ValueError(f"a Dense kernel of shape {kernel.shape}, not (terms, units)")
-    if not conv and inbound.shape[-1] != kernel.shape[0]:
+    if not conv and inbound.shape[-1] != kernel.shape[-2 if operands else 0]:
         raise ValueError(f"its input's last axis ({inbound.shape[-1]}) is not the kernel's "
-                         f"{kernel.shape[0]} terms")
+                         f"{kernel.shape[-2 if operands else 0]} terms")
     if conv:  # the GEMM it runs: a row per output pixel
         height, width = output.shape[1:3]
         border = conv_border(spec, kernel.shape)
@@ -208,8 +222,8 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
         picked = (np.asarray(ys)[:, None] * width + np.asarray(xs)[None, :]).reshape(-1)
     else:
         pixels, picked, ys, xs = 1, np.zeros(1, dtype=int), [0], [0]
-    # (columns of the output, the GEMM's kernel, its rows' input for a block of samples):
-    # a grouped Conv2D's groups, each its own GEMM; every other layer one
+    # (columns of the output, the GEMM's kernel, its input's channels): a grouped
+    # Conv2D's groups, each its own GEMM; a Dense layer or an ungrouped Conv2D one
     if grouped:
         groups = int(spec.get("groups", 1))
         per_group, filters = kernel.shape[2], units // groups
@@ -219,16 +233,32 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
         gemms = [(slice(g * filters, (g + 1) * filters),
                   kernel[..., g * filters:(g + 1) * filters].reshape(-1, filters),
                   slice(g * per_group, (g + 1) * per_group)) for g in range(groups)]
-    else:
+    elif not operands:
         gemms = [(slice(None), kernel.reshape(-1, units), slice(None))]
 
-    def rows_of(block, channels):
-        """The GEMM's input rows of the samples ``block`` at the picked places."""
-        if conv:
-            return conv_patches(inbound[block][..., channels], spec,
-                                (*kernel.shape[:3], units), output.shape, ys, xs)
-        return inbound[block].reshape(len(block), pixels, -1)[:, picked].reshape(
-            -1, inbound.shape[-1])
+    def pieces(block):
+        """(the recorded rows of ``block`` it computes, their input rows, the GEMM's
+        kernel, the output's columns, the bias): each GEMM of the block's values."""
+        if operands:  # per sample and leading row of the grid: that position's operand
+            per_sample = len(picked)
+            for at, sample in enumerate(block):
+                left = inbound[sample].reshape(height, width, -1)
+                right = kernel[sample].reshape(height, *kernel.shape[-2:])
+                for row_at, y in enumerate(ys):
+                    first = at * per_sample + row_at * len(xs)
+                    yield (np.arange(first, first + len(xs)), left[y, xs], right[y],
+                           slice(None), bias)
+            return
+        everything = np.arange(len(block) * len(picked))
+        for columns, gemm, channels in gemms:
+            if conv:
+                x = conv_patches(inbound[block][..., channels], spec,
+                                 (*kernel.shape[:3], units), output.shape, ys, xs)
+            else:
+                x = inbound[block].reshape(len(block), pixels, -1)[:, picked].reshape(
+                    -1, inbound.shape[-1])
+            yield (everything, x, gemm, columns,
+                   None if bias is None else np.asarray(bias)[columns])
 
     if conv:
         blocks = [[row] for row in rows]  # one sample of a Conv2D at a time: its patches
@@ -248,15 +278,14 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
         unsearched += int(recorded[which == NOT_SEARCHED].size)
         for fma in (False, True):
             values = np.empty_like(recorded)
-            for columns, gemm, channels in gemms:
-                x = rows_of(block, channels)
+            for at, x, gemm, columns, piece_bias in pieces(block):
                 chunk = max(1, REPLAY_CHUNK_BYTES // (gemm.shape[0] * gemm.shape[1] * 8))
-                group_bias = None if bias is None else np.asarray(bias)[columns]
                 for index, tree in enumerate(trees):
-                    where = np.flatnonzero(which == index)
+                    where = np.flatnonzero(which[at] == index)  # rows of x
                     for start in range(0, len(where), chunk):
                         part = where[start:start + chunk]
-                        values[part, columns] = replay(tree, x[part], gemm, group_bias, fma)
+                        values[at[part], columns] = replay(tree, x[part], gemm, piece_bias,
+                                                           fma)
             if spec["activation"] == "relu":
                 values = np.maximum(values, np.float32(0))
             verdicts[fma] += int(np.sum(values[known].view(np.uint32)

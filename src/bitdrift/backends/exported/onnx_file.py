@@ -171,6 +171,13 @@ def checked_layers(path, recorded: list[str]) -> tuple[dict, dict, dict]:
         if layer["name"] not in raw:
             continue
         name = raw[layer["name"]]
+        if layer["class_name"] == "MatMul" and layer.get("op_type") == "MatMul":
+            found, why = _activations_matmul(layer, raw, inputs, shapes)
+            if found is None:
+                unrevealed[name] = why
+            else:
+                checked[name], orders[name] = found
+            continue
         if layer["class_name"] not in ("Dense", "Conv2D"):
             if layer["class_name"] in SUMMING_OPS:
                 unrevealed[name] = _not_read(layer, inputs)
@@ -213,12 +220,40 @@ def checked_layers(path, recorded: list[str]) -> tuple[dict, dict, dict]:
     return checked, orders, unrevealed
 
 
+def _activations_matmul(layer: dict, raw: dict, inputs: set, shapes: dict):
+    """((effective-precision spec, no weights), order probe spec) of a recorded MatMul of
+    two activations (attention's Q @ K^T: (batch, ..., M, K) @ (batch, ..., K, N)), or
+    (None, why not). Both operands must be recorded layers (the checks read them from the
+    record) of shapes known besides the batch, of one rank with the same leading axes.
+    Its probe is the node alone fed the probe's weights as its second operand, the same
+    (K, N) in every leading position (node_order_probe); a place is a leading position
+    (probes.dense_grid)."""
+    from bitdrift.analysis.accumulation.probes import probe_spec
+    from bitdrift.analysis.effective_precision import spec_from_config
+
+    first, second = layer["inbound"]
+    missing = [source for source in (first, second) if source in inputs or source not in raw]
+    if missing:
+        return None, (f"an ONNX MatMul of two activations whose operand {missing[0]} is "
+                      "not a recorded layer: not read")
+    left, right = shapes.get(first), shapes.get(second)
+    if not left or not right or None in left[1:] + right[1:]:
+        return None, (f"an ONNX MatMul of two activations of shapes {left} and {right}, not "
+                      "known to ONNX's shape inference besides the batch: not read")
+    if len(left) != len(right) or len(left) < 3 or left[1:-2] != right[1:-2] or \
+            left[-1] != right[-2]:
+        return None, (f"an ONNX MatMul of two activations of shapes {left} and {right}: it "
+                      "reads (batch, ..., M, K) @ (batch, ..., K, N) of the same leading "
+                      "axes")
+    spec = spec_from_config("MatMul", layer["config"], raw[first], raw[second])
+    found = probe_spec("Dense", {"use_bias": False}, left[1:], (left[-1], right[-1]))
+    return ((spec, []), {**found, "op_type": "MatMul", "node": layer["name"],
+                         "operand_shape": [int(size) for size in right[1:]]}), None
+
+
 def _not_read(layer: dict, inputs: set) -> str:
     """Why file_layers reads a recorded MatMul, Gemm or Conv node as no Dense or Conv2D."""
     op = layer["class_name"]
-    if op == "MatMul" and len(layer["inbound"]) == 2:
-        return ("an ONNX MatMul of two activations (attention's Q @ K^T, or softmax @ V): "
-                "its order is probed with a constant weight only")
     if set(layer["inbound"]) & inputs and len(inputs) > 1:
         return f"an ONNX {op} node fed by one of the model's several inputs: not read"
     return (f"an ONNX {op} node bitdrift does not read as a layer (it reads MatMul and Gemm "
@@ -226,10 +261,12 @@ def _not_read(layer: dict, inputs: set) -> str:
             "valid or same padding)")
 
 
-def node_model(path, layer: str, input_shape: tuple):
+def node_model(path, layer: str, input_shape: tuple, operand_shape: tuple | None = None):
     """The node whose output the record names ``layer`` alone, as an ONNX model of the
     same opset: its input ``x`` (a batch of ``input_shape``), its constant operands as
-    initializers, its attributes as in the file, its output ``y`` (bitdrift.run.repro)."""
+    initializers, its attributes as in the file, its output ``y`` (bitdrift.run.repro).
+    ``operand_shape``: the node's second input is an activation too (a MatMul of two),
+    the model's input ``w``, a batch of that shape."""
     from onnx import helper
 
     from bitdrift.record.hdf5 import _sanitize
@@ -245,11 +282,11 @@ def node_model(path, layer: str, input_shape: tuple):
                       if item.op_type == "Constant" and item.attribute})
     types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
     inputs = [name for name in node.input if name and name not in constants]
-    if len(inputs) != 1:
+    if len(inputs) != (1 if operand_shape is None else 2):
         raise InferenceError(f"{path}: node {node.name or layer!r} has {len(inputs)} "
                              "inputs; a repro runs one-input nodes")
-    alone = helper.make_node(node.op_type, ["x" if name == inputs[0] else name
-                                            for name in node.input],
+    renamed = {inputs[0]: "x", **({inputs[1]: "w"} if operand_shape is not None else {})}
+    alone = helper.make_node(node.op_type, [renamed.get(name, name) for name in node.input],
                              ["y"] + [f"unused_{index}" for index in range(1, len(node.output))],
                              domain=node.domain)
     alone.attribute.extend(node.attribute)
@@ -257,7 +294,9 @@ def node_model(path, layer: str, input_shape: tuple):
     elem_type = types.get(inputs[0], 1)  # float unless the model input says otherwise
     graph_alone = helper.make_graph(
         [alone], f"{layer}_alone",
-        [helper.make_tensor_value_info("x", elem_type, [None, *input_shape])],
+        [helper.make_tensor_value_info("x", elem_type, [None, *input_shape])] + (
+            [helper.make_tensor_value_info("w", elem_type, [None, *operand_shape])]
+            if operand_shape is not None else []),
         [helper.make_tensor_value_info("y", elem_type, None)],
         [tensor for tensor in used])
     alone_model = helper.make_model(graph_alone, opset_imports=list(model.opset_import))
@@ -268,7 +307,8 @@ def node_model(path, layer: str, input_shape: tuple):
 def node_order_probe(runtime, path, device: dict, accelerator: dict):
     """order_probe (bitdrift.backends.Session) of an ONNX model's MatMul, Gemm or Conv
     node: the node alone, cut from the file with its own attributes (node_model), its
-    weights replaced by the probe's, compiled with the device's settings, on a batch of
+    weights replaced by the probe's (a MatMul of two activations fed them as its second
+    operand), compiled with the device's settings, on a batch of
     ones at its input's shape in the model (a Conv's channels-first)."""
     import onnx
     from onnx import numpy_helper
@@ -281,13 +321,19 @@ def node_order_probe(runtime, path, device: dict, accelerator: dict):
         else:  # the node's own input per sample: (terms,) or (..., tokens, terms)
             shape = tuple(spec["input_shape"])
         ones = np.ones((batch, *shape), dtype=np.float32)
-        alone = node_model(path, spec["node"], shape)
+        operand = spec.get("operand_shape")  # a MatMul of two activations
+        alone = node_model(path, spec["node"], shape, operand)
         node = alone.graph.node[0]
         transposed = spec["op_type"] == "Gemm" and any(
             attribute.name == "transB" and attribute.i for attribute in node.attribute)
         constants = [name for name in node.input[1:] if name]
 
         def call(kernel, bias):
+            if operand is not None:  # the probe's (K, N) as every position's operand
+                kernel = np.asarray(kernel, np.float32).reshape(spec["terms"], spec["units"])
+                return run_probe_model(runtime, alone, device, accelerator, spec, {
+                    "x": ones, "w": np.ascontiguousarray(np.broadcast_to(
+                        kernel, (batch, *operand)))})
             if conv:  # the probe's (kh, kw, cin, units) as ONNX's (units, cin, kh, kw)
                 kernel = np.asarray(kernel, np.float32).reshape(spec["kernel_shape"])
                 values = [kernel.transpose(3, 2, 0, 1)]
