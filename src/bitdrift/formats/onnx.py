@@ -80,9 +80,12 @@ def file_layers(path) -> list[dict]:
 
     graph = load_model(path).graph
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    for node in graph.node:  # Constant nodes hold weights too
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].t.dims:
-            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    for node in graph.node:  # Constant nodes hold weights too, and scalars (a scale)
+        value = next((attribute.t for attribute in node.attribute
+                      if attribute.name == "value"), None) if node.op_type == "Constant" \
+            else None
+        if value is not None:
+            constants[node.output[0]] = numpy_helper.to_array(value)
     layers = [{"name": value.name, "class_name": "InputLayer", "config": {}, "inbound": [],
                "weights": []} for value in graph.input if value.name not in constants]
     # a node fed by one of several model inputs is read by its op type alone: the analyses

@@ -267,6 +267,7 @@ def node_model(path, layer: str, input_shape: tuple, operand_shape: tuple | None
     initializers, its attributes as in the file, its output ``y`` (bitdrift.run.repro).
     ``operand_shape``: the node's second input is an activation too (a MatMul of two),
     the model's input ``w``, a batch of that shape."""
+    import onnx
     from onnx import helper
 
     from bitdrift.record.hdf5 import _sanitize
@@ -278,8 +279,15 @@ def node_model(path, layer: str, input_shape: tuple, operand_shape: tuple | None
     if node is None:
         raise InferenceError(f"{path}: no node outputs {layer!r}")
     constants = {tensor.name: tensor for tensor in graph.initializer}
-    constants.update({item.output[0]: item.attribute[0].t for item in graph.node
-                      if item.op_type == "Constant" and item.attribute})
+    for item in graph.node:  # a Constant node's tensor, as an initializer of its name
+        value = next((attribute.t for attribute in item.attribute
+                      if attribute.name == "value"), None) if item.op_type == "Constant" \
+            else None
+        if value is not None:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value)
+            tensor.name = item.output[0]
+            constants[item.output[0]] = tensor
     types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
     inputs = [name for name in node.input if name and name not in constants]
     if len(inputs) != (1 if operand_shape is None else 2):
