@@ -17,9 +17,14 @@ INPUT_SHAPE = (TOKENS, FEATURES)
 SUFFIX = ".pt2"
 
 
-def build_module(seed: int = 0, causal: bool = False):
+def build_module(seed: int = 0, causal: bool = False, traced_shapes: bool = False):
     """The torch.nn.Module, eval mode: a transformer block (encoder, or a decoder block
-    with ``causal``), the tokens' mean, a Linear classifier."""
+    with ``causal``), the tokens' mean, a Linear classifier. The heads are split by a
+    reshape to (-1, tokens, heads, features per head); ``traced_shapes``: to the batch and
+    tokens read from the input's shape, as much transformer code writes it (exported to
+    ONNX, a Reshape fed by Shape, Gather and Concat nodes, whose result only ONNX's data
+    propagation knows; litert-torch refuses the data-dependent reshape onnx2torch makes
+    of it)."""
     import torch
     from torch import nn
 
@@ -36,7 +41,7 @@ def build_module(seed: int = 0, causal: bool = False):
                                                     diagonal=1) if causal else None)
 
         def forward(self, x):
-            batch, tokens, _ = x.shape
+            batch, tokens = x.shape[:2] if traced_shapes else (-1, TOKENS)
 
             def heads(values):  # (batch, heads, tokens, features per head)
                 return values.reshape(batch, tokens, HEADS, FEATURES // HEADS).transpose(1, 2)
@@ -90,15 +95,15 @@ def make_inputs(samples: int = 16, seed: int = 1) -> np.ndarray:
         (samples, *INPUT_SHAPE)).astype(np.float32)
 
 
-def write(model_path, inputs_path, samples: int = 16, seed: int = 0,
-          causal: bool = False) -> None:
+def write(model_path, inputs_path, samples: int = 16, seed: int = 0, causal: bool = False,
+          traced_shapes: bool = False) -> None:
     """The program (torch.export.save) and its inputs, each written atomically."""
     import torch
 
     from bitdrift.atomic import atomic_output
 
     with atomic_output(model_path) as partial:
-        torch.export.save(export(build_module(seed, causal)), str(partial))
+        torch.export.save(export(build_module(seed, causal, traced_shapes)), str(partial))
     with atomic_output(inputs_path) as partial:
         with open(partial, "wb") as handle:
             np.save(handle, make_inputs(samples))
