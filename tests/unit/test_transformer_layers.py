@@ -47,7 +47,8 @@ DEVICES = {
 RUNS = [("encoder.onnx", "ort_all"), ("encoder.onnx", "openvino_f32"),
         ("encoder.onnx", "torch_capped"), ("decoder.onnx", "ort_no_optimizations"),
         ("decoder.onnx", "openvino_f32_b1"), ("encoder.pt2", "torch_eager"),
-        ("encoder.pt2", "torch_capped"), ("decoder.pt2", "torch_eager_b3")]
+        ("encoder.pt2", "torch_capped"), ("decoder.pt2", "torch_eager_b3"),
+        ("dynamo.onnx", "ort_no_optimizations")]
 SAMPLES = [0, 1, 2, 5]
 ONNX_RUNTIMES = ("onnxruntime", "openvino")
 # the ONNX export's MatMul nodes (by their output, as the orders and effective precision
@@ -77,6 +78,19 @@ def runs(tmp_path_factory):
     onnx_transformer.write(folder / "decoder.onnx", folder / "inputs.npy", samples=6,
                            causal=True)
     torch_transformer.write(folder / "encoder.pt2", folder / "inputs.npy", samples=6)
+    # the encoder through torch.onnx.export's dynamo exporter too (constants folded into
+    # initializers): on it the replay of a 3-D MatMul once failed the device ("operands
+    # could not be broadcast together with shapes (3,256,1) (1,32,32)")
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(torch_transformer.build_module(0, traced_shapes=True),
+                          (torch.zeros((2, *torch_transformer.INPUT_SHAPE)),), dynamo=True,
+                          dynamic_shapes=({0: torch.export.Dim("batch", max=1024)},),
+                          verbose=False).save(str(folder / "dynamo.onnx"))
     torch_transformer.write(folder / "decoder.pt2", folder / "inputs.npy", samples=6,
                             causal=True)
     records = {}
@@ -150,6 +164,21 @@ def test_the_onnx_exports_3d_and_attention_matmuls_are_revealed_and_replayed(run
     assert scores["places"]["grid"] == attended["places"]["grid"] == [heads, tokens]
     # the classifier's Gemm over (batch, features) keeps its form: one place per row
     assert orders["logits"]["places"]["grid"] == [1, 1]
+
+
+def test_the_dynamo_exports_matmuls_are_each_revealed_and_replayed(runs):
+    """The encoder exported by the dynamo exporter (its own node names; its Linear layers
+    MatMul nodes on 3-D activations, and the classifier's): every MatMul and Gemm node,
+    the two attention products among them, revealed and replayed bit for bit."""
+    _, records = runs
+    orders = orders_of(records[("dynamo.onnx", "ort_no_optimizations")])
+    assert len(orders) == len(LINEARS) + len(ATTENTION) + 1  # and the classifier
+    for layer, entry in orders.items():
+        assert entry["order"] != "not revealed", (layer, entry)
+        assert entry["replay"].startswith("bit-identical"), (layer, entry)
+    grids = sorted(tuple(entry["places"]["grid"]) for entry in orders.values())
+    tokens, heads = torch_transformer.TOKENS, torch_transformer.HEADS
+    assert grids == sorted([(1, 1)] + [(1, tokens)] * len(LINEARS) + [(heads, tokens)] * 2)
 
 
 def nearest_float32(value: Fraction) -> np.float32:
