@@ -1110,6 +1110,122 @@ def test_a_sampled_dense_replay_reads_the_rows_it_names():
     assert verdict(wrong)["replay"].startswith("differs: 5 of 6 values bit-identical")
 
 
+def sequential_sums(x: np.ndarray, kernel: np.ndarray, reverse: bool = False) -> np.ndarray:
+    """x (..., n) @ kernel (n, units) summed by hand in float32: each product rounded, then
+    added one at a time from term 0 (or from term n - 1), each addition rounded."""
+    terms = range(kernel.shape[0] - 1, -1, -1) if reverse else range(kernel.shape[0])
+    total = None
+    for k in terms:
+        product = (x[..., k:k + 1] * kernel[k]).astype(F32)
+        total = product if total is None else (total + product).astype(F32)
+    return total
+
+
+def test_a_dense_layer_over_tokens_is_replayed_token_by_token_in_each_ones_tree():
+    """A Dense layer over (samples, tokens, features), as a transformer's MatMul runs it:
+    every token of every sample is a sum of its own (a place of the grid 1 x tokens);
+    here token 1 sums from its last term, the others from the first, by hand. The replay
+    gives the record's bits with each token's own tree, and says where one is wrong."""
+    from bitdrift.analysis.accumulation.replay import replay_layers
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 4, 5)).astype(F32)
+    kernel = rng.standard_normal((5, 3)).astype(F32)
+    out = sequential_sums(x, kernel)
+    out[:, 1] = sequential_sums(x[:, 1], kernel, reverse=True)
+    forward = [[0, 1], [5, 2], [6, 3], [7, 4]]
+    backward = [[4, 3], [5, 2], [6, 1], [7, 0]]
+    entry = {"trees": [forward, backward], "terms": 5, "bias": False,
+             "places": {"grid": [1, 4], "maps": [["0100"]], "searched": [[0, 0, 2]]}}
+    checked = {"dense": {"class_name": "Dense", "inbound": "input", "activation": "linear"}}
+    weights = {"weights/dense/0": kernel}
+    result = replay_layers({"dense": entry}, checked, weights, {"input": x, "dense": out},
+                           "float32")["dense"]
+    assert result["replay"] == "bit-identical without FMA"
+    one_tree = {**entry, "places": {**entry["places"], "maps": [["0000"]]}}
+    wrong = replay_layers({"dense": one_tree}, checked, weights, {"input": x, "dense": out},
+                          "float32")["dense"]
+    assert wrong["replay"].startswith("differs: ")
+
+
+def test_a_matmul_of_two_activations_is_replayed_with_each_positions_own_operand():
+    """Attention's Q @ K^T: (samples, heads, tokens, n) @ (samples, heads, n, tokens), by
+    hand in float32 per sample and head; each place (head, token) of the grid sums the
+    n products of its own row and its own head's operand, and the replay gives the bits."""
+    from bitdrift.analysis.accumulation.replay import replay_layers
+
+    rng = np.random.default_rng(8)
+    queries = rng.standard_normal((2, 3, 4, 5)).astype(F32)
+    keys = rng.standard_normal((2, 3, 5, 4)).astype(F32)
+    out = np.stack([np.stack([sequential_sums(queries[s, h], keys[s, h]) for h in range(3)])
+                    for s in range(2)])
+    entry = {"trees": [[[0, 1], [5, 2], [6, 3], [7, 4]]], "terms": 5, "bias": False,
+             "places": {"grid": [3, 4], "maps": [["0000"] * 3], "searched": [[0, 1, 2]]}}
+    checked = {"scores": {"class_name": "MatMul", "inbound": "q", "operand": "k",
+                          "activation": "linear", "use_bias": False}}
+    result = replay_layers({"scores": entry}, checked, {},
+                           {"q": queries, "k": keys, "scores": out}, "float32")["scores"]
+    assert result["replay"] == "bit-identical without FMA"
+    swapped = replay_layers({"scores": entry}, checked, {},
+                            {"q": queries, "k": keys[::-1], "scores": out}, "float32")
+    assert swapped["scores"]["replay"].startswith("differs: ")
+
+
+def test_a_layer_the_replay_cannot_take_says_why_and_the_others_are_replayed():
+    """A Dense layer whose recorded input does not fit its kernel (a shape the replay does
+    not know) is "not replayed" with the reason; the next layer is still replayed."""
+    from bitdrift.analysis.accumulation.replay import replay_layers
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 4)).astype(F32)
+    kernel = rng.standard_normal((4, 3)).astype(F32)
+    entry = {"trees": [[[0, 1], [4, 2], [5, 3]]], "terms": 4, "bias": False}
+    checked = {name: {"class_name": "Dense", "inbound": "input", "activation": "linear"}
+               for name in ("odd", "dense")}
+    weights = {"weights/odd/0": rng.standard_normal((6, 3)).astype(F32),
+               "weights/dense/0": kernel}
+    result = replay_layers({"odd": entry, "dense": entry}, checked, weights,
+                           {"input": x, "odd": sequential_sums(x, kernel),
+                            "dense": sequential_sums(x, kernel)}, "float32")
+    assert result["odd"]["replay"].startswith("not replayed: ValueError: "), result["odd"]
+    assert result["odd"]["order"] == result["dense"]["order"] == "sequential"
+    assert result["dense"]["replay"] == "bit-identical without FMA"
+
+
+def test_a_probe_that_fails_leaves_its_layer_unrevealed_with_the_reason():
+    """reveal_orders over two Dense layers: one whose probe call raises (as a runtime that
+    refuses a node run alone does) is that layer's error, named; the other's order is
+    revealed (its probe sums each column in float32, term 0 first, by hand)."""
+    import io
+
+    from bitdrift.analysis.accumulation.probes import probe_spec
+    from bitdrift.backends import Session
+    from bitdrift.run.orders import reveal_orders
+
+    def make(spec, batch):
+        def call(kernel, bias):
+            if spec["units"] == 2:
+                raise RuntimeError("the runtime refuses this node alone\nsecond line")
+            ones = np.ones((batch, spec["terms"]), dtype=F32)
+            return (sequential_sums(ones, np.asarray(kernel, F32)) + np.asarray(bias, F32)
+                    ).astype(F32)
+
+        return call
+
+    layers = {"refused": probe_spec("Dense", {"use_bias": True}, (4,), (4, 2)),
+              "dense": probe_spec("Dense", {"use_bias": True}, (4,), (4, 3))}
+    session = Session(layers=[], run=None, final=None, accelerator={},
+                      order_layers=layers, order_probe=make)
+    log = io.StringIO()
+    found = reveal_orders(session, {"batch_size": 2, "precision": "float32"}, log=log,
+                          what="m on d")
+    assert found["refused"] == {"error": "the probe failed: RuntimeError: the runtime "
+                                         "refuses this node alone"}
+    assert found["dense"]["trees"] == [[[0, 1], [5, 2], [6, 3], [7, 4]]]
+    assert "order of refused (1/2): not revealed (the probe failed: RuntimeError" \
+        in log.getvalue()
+
+
 def test_the_replay_switch_skips_the_replay_alone():
     from bitdrift.analysis.accumulation.replay import replay_layers
 

@@ -256,3 +256,50 @@ def test_recheck_catches_a_float64_record_rounded_to_float32(tmp_path):
     # without the model the command can only read what the record says, and says so
     _, plain = check(rounded)
     assert "as the records say" in plain and "below the declared precision: none" in plain
+
+
+def test_a_matmul_of_two_activations_is_checked_from_its_recorded_operand():
+    """Attention's Q @ K^T (repeats, heads, tokens, n) @ (repeats, heads, n, tokens): the
+    float32 product (torch's) is float32 within its fan-in n; the same product of the
+    operands rounded to bfloat16 first (by torch's own cast) is flagged and named
+    bfloat16."""
+    rng = np.random.default_rng(11)
+    queries = rng.standard_normal((2, 3, 4, 16)).astype(np.float32)
+    keys = rng.standard_normal((2, 3, 16, 4)).astype(np.float32)
+    spec = {"class_name": "MatMul", "inbound": "q", "operand": "k", "activation": "linear",
+            "use_bias": False}
+    honest = (torch.from_numpy(queries) @ torch.from_numpy(keys)).numpy()
+    good = check_layer(spec, queries, honest, keys, None, "float32")
+    assert good["fan_in"] == 16 and not good["reduced"] and good["format"] == "float32"
+    assert good["effective_bits"] > 20
+    narrow = (torch.from_numpy(queries).bfloat16().float()
+              @ torch.from_numpy(keys).bfloat16().float()).numpy()
+    bad = check_layer(spec, queries, narrow, keys, None, "float32")
+    assert bad["reduced"] and bad["format"] == "bfloat16"
+
+
+def test_a_layer_whose_check_fails_is_unchecked_with_its_reason_and_the_others_checked():
+    """check_effective_precision (the inference's check): a Dense layer whose kernel does
+    not fit its recorded input is "not checked: ..." (said once in the log); the next
+    layer is checked; nothing is raised."""
+    import io
+
+    from bitdrift.run.record_attrs import check_effective_precision
+
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    kernel = rng.standard_normal((8, 3))
+    values = {"input": x, "good": (x.astype(np.float64) @ kernel).astype(np.float32),
+              "odd": (x.astype(np.float64) @ kernel).astype(np.float32)}
+    spec = {"class_name": "Dense", "inbound": "input", "activation": "linear",
+            "use_bias": False}
+    weights = {"weights/good/0": kernel, "weights/odd/0": rng.standard_normal((5, 3))}
+    log = io.StringIO()
+    found = check_effective_precision({"odd": spec, "good": spec}, weights,
+                                      lambda sample, name: values[name], [0, 1],
+                                      np.zeros((2, 8)), "float32", log=log, what="m on d")
+    assert found["odd"]["unchecked"].startswith("not checked: ValueError: "), found["odd"]
+    assert found["good"]["format"] == "float32" and not found["good"]["reduced"]
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bitdrift: m on d: effective precision "
+                                                   "of odd: not checked: ValueError")

@@ -199,3 +199,38 @@ def test_repro_runs_the_first_parted_call_alone_as_each_device_ran_it(record, pr
     results = check_repro(tmp_path / "repro")
     assert all(result["reproduced"] for result in results.values()), results
     assert results["eager"]["printed"] != results["native"]["printed"]
+
+
+def test_grouped_and_depthwise_conv2d_orders_are_revealed_and_replayed(tmp_path):
+    """A Conv2d of 2 groups and a depthwise one (groups = channels) on torch eager: each
+    output channel sums kh * kw * (channels / groups) products of its group's channels
+    and its bias; each call probed alone through aten.conv2d with its groups, and numpy
+    summing the recorded input per group in the revealed order gives the record's bits.
+    The depthwise output is also numpy's float64 convolution within float32's rounding."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1, groups=2), nn.ReLU(),
+                          nn.Conv2d(6, 6, 3, padding=1, groups=6)).eval()
+    exported = torch.export.export(model, (torch.zeros(2, 4, 5, 5),), dynamic_shapes=(
+        {0: torch.export.Dim("batch", max=64)},))
+    torch.export.save(exported, tmp_path / "grouped.pt2")
+    inputs = np.random.default_rng(6).standard_normal((4, 4, 5, 5)).astype(np.float32)
+    np.save(tmp_path / "inputs.npy", inputs)
+    out = tmp_path / "eager.h5"
+    with open(tmp_path / "log", "w") as log:
+        infer(model_name="grouped", device_name="eager", device=DEVICE,
+              model_path=tmp_path / "grouped.pt2", dataset_path=tmp_path / "inputs.npy",
+              samples=SAMPLES, out=out, log=log)
+    with Record(out) as record:
+        orders = record.accumulation_orders
+        relu = record.tensor(SAMPLES[0], "1").values[0].astype(np.float64)
+        depthwise = record.tensor(SAMPLES[0], "2").values[0]
+    assert orders["0"]["terms"] == 3 * 3 * 2 + 1 and orders["2"]["terms"] == 3 * 3 + 1
+    for layer in ("0", "2"):
+        assert orders[layer]["order"] != "not revealed", orders[layer]
+        assert orders[layer]["replay"].startswith("bit-identical"), orders[layer]
+    weight = model[2].weight.detach().numpy().astype(np.float64)[:, 0]  # (6, 3, 3)
+    padded = np.pad(relu, ((0, 0), (1, 1), (1, 1)))
+    exact = np.stack([sum(padded[c, i:i + 5, j:j + 5] * weight[c, i, j] for i in range(3)
+                          for j in range(3)) for c in range(6)]) + \
+        model[2].bias.detach().numpy()[:, None, None]
+    np.testing.assert_allclose(depthwise, exact, rtol=1e-5, atol=1e-5)

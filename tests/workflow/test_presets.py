@@ -63,17 +63,18 @@ RUNTIMES_OF = {".onnx": ("onnxruntime", "openvino", "torch_export", "litert"),
 def test_your_model_preset_runs_an_onnx_model_with_no_keras_rule(tmp_path):
     """config/presets/your_model.yaml (dry run; tests/workflow/test_onnx_model.py and
     test_pt2_model.py run such models through): the example ONNX model, the example .pt2
-    program and their inputs are built by the rule example_model, then each device whose
-    runtime runs the model's format runs it; nothing is trained or exported."""
+    programs (a CNN, an attention encoder) and their inputs are built by the rule
+    example_model, then each device whose runtime runs the model's format runs it;
+    nothing is trained or exported."""
     preset = ROOT / "config/presets/your_model.yaml"
     settings = yaml.safe_load(preset.read_text())
     output = snakemake(tmp_path, "all", "-n", configfile=preset)
     rules = [job["rule"] for job in dry_run_jobs(output)]
-    assert rules.count("example_model") == 2
+    assert rules.count("example_model") == len(settings["models"]) == 3
     backends = [device["backend"] for device in settings["devices"].values()]
-    onnx_runtimes, pt2_runtimes = RUNTIMES_OF[".onnx"], RUNTIMES_OF[".pt2"]
-    assert rules.count("run_inference") == sum(backend in onnx_runtimes for backend in backends) \
-        + sum(backend in pt2_runtimes for backend in backends)
+    assert rules.count("run_inference") == sum(
+        backend in RUNTIMES_OF[entry["file"][entry["file"].rindex("."):]]
+        for entry in settings["models"].values() for backend in backends)
     for rule in ("train_model", "export_model", "export_reference", "prepare_dataset"):
         assert rule not in rules
 

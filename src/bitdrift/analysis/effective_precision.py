@@ -39,7 +39,9 @@ SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53, 
 # Output elements checked per layer and sample: enough to see a systematic loss of
 # precision, cheap on ResNet-50's convolutions.
 ELEMENTS_PER_LAYER = 512
-CHECKED_CLASSES = ("Dense", "Conv2D")
+# MatMul: a product of two activations (an ONNX MatMul node's, attention's Q @ K^T), its
+# second operand read from the record as a Dense layer's kernel is from the model
+CHECKED_CLASSES = ("Dense", "Conv2D", "MatMul")
 EXACT_ACTIVATIONS = ("linear", "relu")
 
 
@@ -76,13 +78,18 @@ def layer_spec(layer, inbound: str | None) -> dict | None:
     return spec_from_config(layer.__class__.__name__, layer.get_config(), inbound)
 
 
-def spec_from_config(kind: str, config: dict, inbound: str | None) -> dict | None:
-    """layer_spec from a layer's class name and saved config (a `.keras` file's)."""
-    if kind not in CHECKED_CLASSES:
+def spec_from_config(kind: str, config: dict, inbound: str | None,
+                     operand: str | None = None) -> dict | None:
+    """layer_spec from a layer's class name and saved config (a `.keras` file's); a
+    MatMul's ``operand``: the recorded layer that is its second operand (None: it has
+    none recorded, and is not checked)."""
+    if kind not in CHECKED_CLASSES or (kind == "MatMul" and operand is None):
         return None
     spec = {"class_name": kind, "inbound": inbound,
             "activation": str(config.get("activation", "linear")),
             "use_bias": bool(config.get("use_bias", True))}
+    if kind == "MatMul":
+        spec.update(operand=operand, use_bias=False)
     if kind == "Conv2D":
         spec.update({key: config[key] for key in ("strides", "padding", "dilation_rate",
                                                   "data_format", "groups")})
@@ -103,6 +110,19 @@ def _dense_terms(x: np.ndarray, kernel: np.ndarray, flat: np.ndarray):
     rows = x.reshape(-1, x.shape[-1])
     row, unit = np.divmod(flat, units)
     return rows[row] * kernel.T[unit], unit
+
+
+def _matmul_terms(x: np.ndarray, operand: np.ndarray, out_shape, flat: np.ndarray):
+    """(products, output column) of the sampled elements of a MatMul of two activations:
+    x (1, ..., M, K) @ operand (1, ..., K, N), their leading axes broadcast as ONNX's
+    MatMul broadcasts them."""
+    *lead, rows, columns = out_shape
+    x = np.broadcast_to(x, (*lead, rows, x.shape[-1]))
+    operand = np.broadcast_to(operand, (*lead, operand.shape[-2], columns))
+    index = np.unravel_index(flat, out_shape)
+    left = x[(*index[:-2], index[-2])]  # (k, K)
+    right = np.moveaxis(operand, -1, -2)[(*index[:-2], index[-1])]  # (k, K)
+    return left * right, index[-1]
 
 
 def _conv_terms(x: np.ndarray, kernel: np.ndarray, spec: dict, out_shape, flat: np.ndarray):
@@ -167,10 +187,12 @@ def narrower_formats(precision: str) -> list[str]:
 def _terms(spec: dict, x: np.ndarray, kernel: np.ndarray, out_shape, flat: np.ndarray):
     if spec["class_name"] == "Dense":
         return _dense_terms(x, kernel, flat)
+    if spec["class_name"] == "MatMul":
+        return _matmul_terms(x, kernel, out_shape, flat)
     return _conv_terms(x, kernel, spec, out_shape, flat)
 
 
-def _consistent_with(spec, pairs, kernel, bias, fmt: str) -> bool:
+def _consistent_with(spec, pairs, kernels, bias, fmt: str) -> bool:
     """Whether every sampled element is what a device gives that rounds each operand (the
     layer's input and weights) to ``fmt`` and sums the exact products in float32: within
     gamma(n + 2) of float32 of the rounded operands' exact sum, plus one rounding of the
@@ -178,11 +200,14 @@ def _consistent_with(spec, pairs, kernel, bias, fmt: str) -> bool:
     bits, min_exponent, modes = STANDARD_FORMATS[fmt]
     unit = 2.0 ** -bits
     for mode in modes:
-        kernel_f = round_significand(kernel, bits, mode, min_exponent)
+        # each pair's kernel (a MatMul's second operand differs by repeat) rounded once
+        rounded = {}
         ok = True
-        for x, y, flat in pairs:
+        for (x, y, flat), kernel in zip(pairs, kernels, strict=True):
+            if id(kernel) not in rounded:
+                rounded[id(kernel)] = round_significand(kernel, bits, mode, min_exponent)
             x_f = round_significand(x, bits, mode, min_exponent)
-            terms, unit_index = _terms(spec, x_f, kernel_f, y.shape, flat)
+            terms, unit_index = _terms(spec, x_f, rounded[id(kernel)], y.shape, flat)
             exact = terms.sum(axis=1)
             scale = np.abs(terms).sum(axis=1)
             slack = 0.0
@@ -212,7 +237,8 @@ def check_layer(spec: dict, inputs: np.ndarray, outputs: np.ndarray, kernel: np.
                 bias: np.ndarray | None, precision: str, seed: int = 0) -> dict:
     """The normalised error of ``outputs`` (one sample's repeats, as recorded) against the
     layer recomputed from ``inputs`` (the same repeats of its input), sampled elements.
-    ``kernel`` and ``bias`` are the weights in the declared format.
+    ``kernel`` and ``bias`` are the weights in the declared format; a MatMul's ``kernel``
+    is its second operand, recorded with the same repeats (one per repeat).
 
     A layer above its declared format's bound is named by the narrowest standard format
     its outputs are consistent with (``format``): first exactly, by recomputing it with the
@@ -222,11 +248,15 @@ def check_layer(spec: dict, inputs: np.ndarray, outputs: np.ndarray, kernel: np.
     if spec["activation"] not in EXACT_ACTIVATIONS:
         return {"unchecked": f"activation {spec['activation']} folded into the layer"}
     wide = reference_dtype(precision)
-    kernel, bias = kernel.astype(wide), None if bias is None else bias.astype(wide)
+    bias = None if bias is None else bias.astype(wide)
+    if spec["class_name"] == "MatMul":  # one operand per repeat, as recorded
+        kernels = [value[None].astype(wide) for value in kernel]
+    else:
+        kernels = [kernel.astype(wide)] * len(inputs)
     channels_first = spec.get("data_format") == "channels_first"
     worst, fan_in, elements, pairs = 0.0, 0, 0, []
     rng = np.random.default_rng(seed)
-    for x, y in zip(inputs, outputs, strict=True):
+    for x, y, kernel in zip(inputs, outputs, kernels, strict=True):
         x, y = x[None].astype(wide), y[None].astype(wide)
         if channels_first:
             x, y = np.moveaxis(x, 1, -1), np.moveaxis(y, 1, -1)
@@ -251,7 +281,7 @@ def check_layer(spec: dict, inputs: np.ndarray, outputs: np.ndarray, kernel: np.
         found, test = "below bfloat16", "none"
         candidates = narrower_formats(precision)
         consistent = [fmt for fmt in candidates
-                      if _consistent_with(spec, pairs, kernel, bias, fmt)]
+                      if _consistent_with(spec, pairs, kernels, bias, fmt)]
         if consistent:
             # formats of the same width that both explain it are named together
             bits = STANDARD_FORMATS[consistent[0]][0]
@@ -393,14 +423,18 @@ def recheck(record, model_path, dataset_path) -> dict:
     recorded = {info.name for info in record.layers(record.samples[0]) if not info.final}
     checked = {}
     for layer in layers:
-        if len(layer["inbound"]) != 1 or layer["name"] not in recorded:
+        matmul = layer["class_name"] == "MatMul" and len(layer["inbound"]) == 2
+        if (len(layer["inbound"]) != 1 and not matmul) or layer["name"] not in recorded:
             continue
         source = layer["inbound"][0]
         inbound = None if source in inputs else source
         if inbound is not None and inbound not in recorded:
             continue
-        spec = spec_from_config(layer["class_name"], layer["config"], inbound)
-        if spec is not None and layer["weights"]:
+        operand = layer["inbound"][1] if matmul else None
+        if matmul and operand not in recorded:
+            continue  # its second operand not recorded (or the model input): not checked
+        spec = spec_from_config(layer["class_name"], layer["config"], inbound, operand)
+        if spec is not None and (layer["weights"] or matmul):
             checked[layer["name"]] = (spec, [np.asarray(value).astype(dtype).astype(np.float64)
                                              for value in layer["weights"]])
     # the samples whose layers hold values (a record written with analysis.full_samples
@@ -419,9 +453,21 @@ def recheck(record, model_path, dataset_path) -> dict:
             else:
                 inputs_ = _as_float(record.tensor(sample, spec["inbound"]))
             bias = weights[1] if spec["use_bias"] and len(weights) > 1 else None
-            results.setdefault(name, []).append(
-                check_layer(spec, inputs_, outputs, weights[0], bias, precision))
+            try:
+                kernel = _as_float(record.tensor(sample, spec["operand"])) \
+                    if spec["class_name"] == "MatMul" else weights[0]
+                result = check_layer(spec, inputs_, outputs, kernel, bias, precision)
+            except Exception as error:  # noqa: BLE001 - as the inference's check records it
+                result = {"unchecked": unchecked_layer(error)}
+            results.setdefault(name, []).append(result)
     return {name: merge(parts) for name, parts in results.items()}
+
+
+def unchecked_layer(error: BaseException) -> str:
+    """A layer's ``unchecked`` where its check failed: ``not checked: <the error>``, one
+    line (the record, the table and the job's log say it; the device's record stands)."""
+    said = (str(error).strip().splitlines() or [""])[0][:300]
+    return f"not checked: {type(error).__name__}: {said}"
 
 
 def recheck_record(record, model_path, dataset_path) -> str | None:

@@ -73,15 +73,19 @@ def file_layers(path) -> list[dict]:
     as the record names them), for
     the analyses that recompute a layer from its weights (effective precision, repro):
     each graph input as an InputLayer, each MatMul or Gemm with constant weights as a
-    Dense layer, each Conv as a channels-first Conv2D (named by its output); every other
-    node by its op type, with no weights, so those analyses leave it out."""
+    Dense layer, each Conv as a channels-first Conv2D (named by its output), a MatMul of
+    two activations as MatMul with both in ``inbound`` and no weights; every other node by
+    its op type, with no weights, so those analyses leave it out."""
     from onnx import numpy_helper
 
     graph = load_model(path).graph
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    for node in graph.node:  # Constant nodes hold weights too
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].t.dims:
-            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    for node in graph.node:  # Constant nodes hold weights too, and scalars (a scale)
+        value = next((attribute.t for attribute in node.attribute
+                      if attribute.name == "value"), None) if node.op_type == "Constant" \
+            else None
+        if value is not None:
+            constants[node.output[0]] = numpy_helper.to_array(value)
     layers = [{"name": value.name, "class_name": "InputLayer", "config": {}, "inbound": [],
                "weights": []} for value in graph.input if value.name not in constants]
     # a node fed by one of several model inputs is read by its op type alone: the analyses
@@ -121,6 +125,10 @@ def file_layers(path) -> list[dict]:
                     "activation": "linear", "use_bias": bias is not None,
                     "units": int(kernel.shape[1])},
                     weights=[kernel] + ([bias] if bias is not None else []))
+        elif node.op_type == "MatMul" and len(inbound) == 2 and len(node.input) == 2:
+            # a product of two activations (attention's Q @ K^T, softmax @ V): no weights;
+            # the analyses read its second operand, ``inbound[1]``, from the record
+            entry.update(op_type="MatMul", config={"activation": "linear", "use_bias": False})
         elif node.op_type == "Conv" and len(inbound) == 1 and weights and \
                 weights[0] is not None and weights[0].ndim == 4:
             padding = _padding(attributes, number, ints, weights[0].shape[2:])
@@ -166,12 +174,19 @@ def _padding(attributes, number, ints, kernel_shape) -> str | None:
 
 
 def value_shapes(path) -> dict:
-    """{value name: its shape as ONNX's shape inference gives it (None where a dimension
-    is free)}, of every graph input and node output it can type (a session's instrumented
-    copy, bitdrift.backends.exported.onnx_file.instrumented, has run it on the same file)."""
+    """{value name: its shape as ONNX's shape inference with data propagation gives it
+    (None where a dimension is free)}, of every graph input and node output it can type
+    (a session's instrumented copy, bitdrift.backends.exported.onnx_file.instrumented, has
+    run it on the same file)."""
     import onnx
 
-    graph = onnx.shape_inference.infer_shapes(load_model(path)).graph
+    model = load_model(path)
+    try:
+        # data propagation follows the shape a Reshape is given through Shape, Gather and
+        # Concat nodes (torch.onnx.export's attention heads): without it those are unknown
+        graph = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - a model it cannot take: the plain inference's shapes
+        graph = onnx.shape_inference.infer_shapes(model).graph
     return {value.name: [dim.dim_value if dim.HasField("dim_value") else None
                          for dim in value.type.tensor_type.shape.dim]
             for value in [*graph.input, *graph.value_info, *graph.output]

@@ -11,7 +11,8 @@ def reveal_orders(session, device: dict, positions: int | None = None, *,
                   reuse: bool = True, log=None, what: str = "") -> dict:
     """{layer: {"trees", ...} or {"error"}}: the order each Dense and Conv2D layer sums in,
     revealed through this runtime at the layer's shapes and the device's batch size
-    (bitdrift.analysis.accumulation): at every batch row and, for a Conv2D, every output pixel of
+    (bitdrift.analysis.accumulation): at every batch row and, for a Conv2D, every output pixel
+    (a Dense layer over (batch, ..., terms): every leading position, dense_grid) of
     a grid of at most ``positions`` (analysis.replay_positions; None: its default), else
     at the replay's sample of that many; in every format a device runs (float16 and
     bfloat16 with the probe values they hold).
@@ -21,11 +22,12 @@ def reveal_orders(session, device: dict, positions: int | None = None, *,
     ``searched_at`` naming it, instead of a search of its own: the probe replaces the
     weights and runs on ones, so its calls, and thus what the search finds, are the
     same (``reuse=False`` searches every layer). ``log``: a line per layer, ``what``
-    (model on device) first."""
+    (model on device) first. A layer whose search fails, whatever the error (the probe's
+    node refused by the runtime), is that layer's ``error``: never the device's."""
     import time
 
     from bitdrift.analysis.accumulation.names import order_name
-    from bitdrift.analysis.accumulation.probes import PROBE_VALUES, conv_grid
+    from bitdrift.analysis.accumulation.probes import PROBE_VALUES, conv_grid, dense_grid
     from bitdrift.analysis.accumulation.replay import REPLAY_POSITIONS, conv_border
     from bitdrift.analysis.accumulation.reveal import reveal_places
     from bitdrift.analysis.accumulation.trees import OrderError, from_flat
@@ -48,8 +50,9 @@ def reveal_orders(session, device: dict, positions: int | None = None, *,
             # OpenVINO's bfloat16 default: ones are not exact there, nothing swamps alike
             orders[layer] = {"error": f"the runtime computes in {computes}"}
         else:
-            grid, live = conv_grid(spec) if spec["class_name"] == "Conv2D" else ((1, 1), None)
             try:
+                grid, live = conv_grid(spec) if spec["class_name"] == "Conv2D" \
+                    else (dense_grid(spec), None)
                 found = reveal_places(session.order_probe(spec, device["batch_size"]),
                                       terms, units, device["precision"], use_bias,
                                       device["batch_size"], grid, live,
@@ -58,6 +61,12 @@ def reveal_orders(session, device: dict, positions: int | None = None, *,
                 orders[layer] = found.entry(terms + (1 if use_bias else 0), use_bias)
             except OrderError as error:
                 orders[layer] = {"error": str(error)}
+            except Exception as error:  # noqa: BLE001 - one layer's probe, not the device
+                # the probe of one layer failing in the runtime (a node it will not run
+                # alone, a shape it refuses) leaves that layer unrevealed, said why; the
+                # device's inference ran and its record is written
+                said = (str(error).strip().splitlines() or [""])[0][:300]
+                orders[layer] = {"error": f"the probe failed: {type(error).__name__}: {said}"}
             searched[key] = layer
         if "searched_at" not in orders[layer]:
             entry = orders[layer]

@@ -33,7 +33,8 @@ def record_attrs(writer: RecordWriter, meta: dict, weights: dict, classes, expec
     effective = check_effective_precision(
         meta.get("checked", {}), weights, lambda sample, name: writer.read(
             sample, name).values if name in layer_names else None,
-        full, full_images, device["precision"]) if layers and full else None
+        full, full_images, device["precision"],
+        log=log, what=f"{model_name} on {device_name}") if layers and full else None
     orders = meta.get("orders")
     if orders:
         from bitdrift.analysis.accumulation.replay import replay_layers
@@ -123,18 +124,21 @@ def check_agreement(classes, reference, device: dict, device_name: str,
 
 
 def check_effective_precision(checked: dict, weights: dict, read, samples: list[int],
-                              sample_images: np.ndarray, precision: str) -> dict:
+                              sample_images: np.ndarray, precision: str, log=None,
+                              what: str = "") -> dict:
     """{layer: effective-precision result} over ``samples`` (the worst), from the record's
     own activations (see bitdrift.analysis.effective_precision): ``read(sample, layer)`` gives a
-    layer's (repeats, ...) values, None where the layer is not recorded."""
-    from bitdrift.analysis.effective_precision import check_layer, merge
+    layer's (repeats, ...) values, None where the layer is not recorded. A layer whose
+    check fails (a shape it does not model) is ``unchecked`` with the reason, said in a
+    line of ``log`` (``what``: model on device): never the device's failure."""
+    from bitdrift.analysis.effective_precision import check_layer, merge, unchecked_layer
     from bitdrift.inputs.models import numpy_dtype
 
     def as_float(values):
         return values.view(numpy_dtype("bfloat16")) if precision == "bfloat16" else values
 
     images = sample_images.astype(numpy_dtype(precision))
-    results = {}
+    results, failed = {}, set()
     for row, sample in enumerate(samples):
         for name, spec in checked.items():
             outputs = read(sample, name)
@@ -148,8 +152,25 @@ def check_effective_precision(checked: dict, weights: dict, read, samples: list[
                     continue
             else:
                 inputs = np.repeat(images[row][None], outputs.shape[0], axis=0)
-            kernel = weights[f"weights/{name}/0"]
-            bias = weights.get(f"weights/{name}/1") if spec["use_bias"] else None
-            results.setdefault(name, []).append(check_layer(
-                spec, as_float(inputs), as_float(outputs), kernel, bias, precision))
+            try:
+                if spec["class_name"] == "MatMul":  # its second operand, as recorded
+                    kernel = read(sample, spec["operand"])
+                    if kernel is None:
+                        results.setdefault(name, []).append({"unchecked": (
+                            f"its operand {spec['operand']} is not recorded "
+                            "(analysis.layer_select)")})
+                        continue
+                    kernel = as_float(kernel)
+                else:
+                    kernel = weights[f"weights/{name}/0"]
+                bias = weights.get(f"weights/{name}/1") if spec["use_bias"] else None
+                result = check_layer(spec, as_float(inputs), as_float(outputs), kernel, bias,
+                                     precision)
+            except Exception as error:  # noqa: BLE001 - one layer's check, not the device
+                result = {"unchecked": unchecked_layer(error)}
+                if log is not None and name not in failed:
+                    print(f"bitdrift: {what}: effective precision of {name}: "
+                          f"{result['unchecked']}", file=log, flush=True)
+                failed.add(name)
+            results.setdefault(name, []).append(result)
     return {name: merge(parts) for name, parts in results.items()}

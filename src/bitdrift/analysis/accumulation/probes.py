@@ -29,6 +29,11 @@ def input_dtype(precision: str):
 # A Dense layer's output column is a dot product of its n inputs; a Conv2D's output channel
 # at one pixel is one of kh * kw * cin products (the GEMM it runs): term t is kernel
 # position (i, j) and input channel c with t = (i * kw + j) * cin + c, Keras' kernel order.
+# A Dense layer over an N-D input (batch, ..., n) (a Linear or MatMul on a transformer's
+# (batch, tokens, features), a batched matmul's (batch, heads, tokens, n)) runs one GEMM
+# whose rows are all the leading positions: each position's sum is a place of its own
+# (dense_grid), as a Conv2D's pixels are. A grouped (or depthwise) Conv2D sums the
+# kh * kw * cin / groups products of its own group's channels per output channel.
 PROBED_CLASSES = ("Dense", "Conv2D")
 CONV_KEYS = ("filters", "kernel_size", "strides", "padding", "dilation_rate", "data_format",
              "groups")
@@ -36,14 +41,16 @@ CONV_KEYS = ("filters", "kernel_size", "strides", "padding", "dilation_rate", "d
 
 def probe_spec(class_name: str, config: dict, input_shape, kernel_shape) -> dict | None:
     """What revealing a layer's order needs: its class, the settings that shape its sum
-    (activation dropped: the sum comes before it), its input per sample, its kernel's
-    shape, and the sum's terms and width; None for a layer that is not one such sum."""
+    (activation dropped: the sum comes before it), its input per sample (a Dense layer's
+    (terms,), or (..., terms) where it runs over more axes than (batch, terms)), its
+    kernel's shape (a grouped Conv2D's (kh, kw, cin / groups, filters)), and the sum's
+    terms and width; None for a layer that is not one such sum."""
     use_bias = bool(config.get("use_bias", True))
     if class_name == "Dense":
         terms, units = (int(size) for size in kernel_shape)
         kept = {"units": units, "use_bias": use_bias}
     elif class_name == "Conv2D" and config.get("data_format", "channels_last") \
-            == "channels_last" and int(config.get("groups", 1)) == 1:
+            == "channels_last" and _group_channels(config, input_shape, kernel_shape):
         height, width, channels, units = (int(size) for size in kernel_shape)
         terms = height * width * channels
         kept = {key: (list(value) if isinstance(value, tuple) else value)
@@ -57,15 +64,34 @@ def probe_spec(class_name: str, config: dict, input_shape, kernel_shape) -> dict
             "units": units, "use_bias": use_bias}
 
 
+def _group_channels(config: dict, input_shape, kernel_shape) -> bool:
+    """Whether a Conv2D's groups split its input channels (channels-last input_shape) and
+    its filters evenly, the kernel holding one group's channels."""
+    groups = int(config.get("groups", 1))
+    channels, filters = int(input_shape[-1]), int(kernel_shape[-1])
+    return groups >= 1 and channels == groups * int(kernel_shape[2]) and filters % groups == 0
+
+
+def dense_grid(spec: dict) -> tuple[int, int]:
+    """A Dense probe's places per sample as a grid (rows, columns): (1, 1) over (batch,
+    terms); over (batch, ..., tokens, terms) the last leading axis its columns and the
+    others' product its rows (a batched matmul's heads by tokens)."""
+    leading = [int(size) for size in spec["input_shape"][:-1]]
+    if not leading:
+        return 1, 1
+    return int(np.prod(leading[:-1], dtype=np.int64)), leading[-1]
+
+
 def probe_output(spec: dict, output: np.ndarray) -> np.ndarray:
-    """The sums of a probe's output: (batch, units) of a Dense layer; (batch, pixels,
+    """The sums of a probe's output: (batch, units) of a Dense layer over (batch, terms),
+    (batch, places, units) of one over more axes (dense_grid, row-major); (batch, pixels,
     units) of a Conv2D, every output pixel (row-major), each a sum of its own whose window
     may reach into the padding (see conv_grid); a ``channels_first`` probe's (an ONNX Conv
     node's) output is read channels-last."""
     output = np.asarray(output)
     if spec.get("channels_first"):
         output = np.moveaxis(output, 1, -1)
-    if spec["class_name"] == "Conv2D":
+    if spec["class_name"] == "Conv2D" or output.ndim > 2:
         return output.reshape(output.shape[0], -1, output.shape[-1])
     return output
 

@@ -162,7 +162,9 @@ def _replayed_layer(layer, found, checked, weights, outputs, precision, model_in
     if "places" in found:
         entry["places"] = found["places"]
     spec = checked.get(layer)
-    kernel = weights.get(f"weights/{layer}/0")
+    # a MatMul of two activations: its second operand is recorded, one per sample
+    kernel = outputs.get(spec["operand"]) if spec and spec.get("operand") else \
+        weights.get(f"weights/{layer}/0")
     inbound = (outputs.get(spec["inbound"]) if spec["inbound"] else model_input) \
         if spec else None
     reason = ("not replayed: analysis.replay is false" if not replay else
@@ -180,40 +182,118 @@ def _replayed_layer(layer, found, checked, weights, outputs, precision, model_in
         # an ONNX Conv's or a torch program's NCHW values, replayed channels-last as
         # their probes were read
         inbound, output = np.moveaxis(inbound, 1, -1), np.moveaxis(output, 1, -1)
-    entry.update(_replayed(found, trees, spec, kernel, bias, inbound,
-                           output, replay_positions, replay_samples))
+    try:
+        entry.update(_replayed(found, trees, spec, kernel, bias, inbound,
+                               output, replay_positions, replay_samples))
+    except Exception as error:  # noqa: BLE001 - any layer's failure is that layer's alone
+        # one layer the replay cannot take (a shape it does not know) is recorded as such;
+        # the device's record and the other layers' replays stand
+        said = (str(error).strip().splitlines() or [""])[0][:300]
+        entry["replay"] = f"not replayed: {type(error).__name__}: {said}"
     return entry
 
 
 def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
               samples: int) -> dict:
     """replay_layers' verdict on one layer: ``replay`` and, where the replay sampled,
-    ``replayed`` {"rows": samples in run order, and a Conv2D's "y", "x": the grid's rows
-    and columns}."""
+    ``replayed`` {"rows": samples in run order, and a Conv2D's or an N-D Dense layer's
+    "y", "x": the grid's rows and columns}.
+
+    The GEMM each layer runs, a row per sum: a Dense layer over (batch, terms) a row per
+    sample; over (batch, ..., terms) (a transformer's (batch, tokens, features)) a row
+    per leading position of each sample, its places (dense_grid: the last leading axis
+    the columns, the others' product the rows), as a Conv2D's output pixels are; a
+    Conv2D a row per output pixel, each group of a grouped one (depthwise: one channel
+    per group) its own GEMM of its channels and filters; a MatMul of two activations
+    (batch, ..., M, K) @ (batch, ..., K, N) the GEMM of each sample's leading position,
+    its rows M, its kernel that position's recorded (K, N) operand."""
     rows = sampled_samples(inbound.shape[0], samples)
     units = kernel.shape[-1]
-    if spec["class_name"] == "Conv2D":  # the GEMM it runs: a row per output pixel
+    conv = spec["class_name"] == "Conv2D"
+    operands = spec["class_name"] == "MatMul"  # a kernel per sample and leading position
+    if operands:
+        if kernel.ndim != inbound.ndim or kernel.ndim < 3 or \
+                kernel.shape[-2] != inbound.shape[-1]:
+            raise ValueError(f"a MatMul of {inbound.shape[1:]} and {kernel.shape[1:]} per "
+                             "sample: not (..., M, K) @ (..., K, N)")
+        # the leading axes broadcast, as ONNX's MatMul broadcasts them
+        lead = np.broadcast_shapes(inbound.shape[1:-2], kernel.shape[1:-2])
+        inbound = np.broadcast_to(inbound, (inbound.shape[0], *lead, *inbound.shape[-2:]))
+        kernel = np.broadcast_to(kernel, (kernel.shape[0], *lead, *kernel.shape[-2:]))
+    elif kernel.ndim != 2 and not conv:
+        raise ValueError(f"a Dense kernel of shape {kernel.shape}, not (terms, units)")
+    if not conv and inbound.shape[-1] != kernel.shape[-2 if operands else 0]:
+        raise ValueError(f"its input's last axis ({inbound.shape[-1]}) is not the kernel's "
+                         f"{kernel.shape[-2 if operands else 0]} terms")
+    if conv:  # the GEMM it runs: a row per output pixel
         height, width = output.shape[1:3]
-        ys, xs = sampled_grid((height, width), positions, conv_border(spec, kernel.shape))
+        border = conv_border(spec, kernel.shape)
+    elif inbound.ndim > 2:  # the GEMM of the leading positions: a row per place
+        height, width = (int(np.prod(inbound.shape[1:-2], dtype=np.int64)),
+                         inbound.shape[-2])
+        border = (1, 1)
+    else:
+        height = width = 1
+    grouped = conv and kernel.shape[2] != inbound.shape[-1]
+    if height * width > 1 or conv:
+        ys, xs = sampled_grid((height, width), positions, border)
         pixels = height * width
         picked = (np.asarray(ys)[:, None] * width + np.asarray(xs)[None, :]).reshape(-1)
-        blocks = [([row], conv_patches(inbound[row:row + 1], spec, kernel.shape,
-                                       output.shape, ys, xs)) for row in rows]
-        recorded_of = lambda block: output[block][:, ys][:, :, xs].reshape(-1, units)  # noqa: E731
-        gemm = kernel.reshape(-1, units)
     else:
         pixels, picked, ys, xs = 1, np.zeros(1, dtype=int), [0], [0]
-        blocks = [(rows, inbound[rows].reshape(len(rows), -1))]
-        recorded_of = lambda block: output[block].reshape(len(block), -1)  # noqa: E731
-        gemm = kernel
+    # (columns of the output, the GEMM's kernel, its input's channels): a grouped
+    # Conv2D's groups, each its own GEMM; a Dense layer or an ungrouped Conv2D one
+    if grouped:
+        groups = int(spec.get("groups", 1))
+        per_group, filters = kernel.shape[2], units // groups
+        if groups * per_group != inbound.shape[-1] or groups * filters != units:
+            raise ValueError(f"a Conv2D of {groups} groups whose kernel {kernel.shape} does "
+                             f"not split its {inbound.shape[-1]} input channels")
+        gemms = [(slice(g * filters, (g + 1) * filters),
+                  kernel[..., g * filters:(g + 1) * filters].reshape(-1, filters),
+                  slice(g * per_group, (g + 1) * per_group)) for g in range(groups)]
+    elif not operands:
+        gemms = [(slice(None), kernel.reshape(-1, units), slice(None))]
+
+    def pieces(block):
+        """(the recorded rows of ``block`` it computes, their input rows, the GEMM's
+        kernel, the output's columns, the bias): each GEMM of the block's values."""
+        if operands:  # per sample and leading row of the grid: that position's operand
+            per_sample = len(picked)
+            for at, sample in enumerate(block):
+                left = inbound[sample].reshape(height, width, -1)
+                right = kernel[sample].reshape(height, *kernel.shape[-2:])
+                for row_at, y in enumerate(ys):
+                    first = at * per_sample + row_at * len(xs)
+                    yield (np.arange(first, first + len(xs)), left[y, xs], right[y],
+                           slice(None), bias)
+            return
+        everything = np.arange(len(block) * len(picked))
+        for columns, gemm, channels in gemms:
+            if conv:
+                x = conv_patches(inbound[block][..., channels], spec,
+                                 (*kernel.shape[:3], units), output.shape, ys, xs)
+            else:
+                x = inbound[block].reshape(len(block), pixels, -1)[:, picked].reshape(
+                    -1, inbound.shape[-1])
+            yield (everything, x, gemm, columns,
+                   None if bias is None else np.asarray(bias)[columns])
+
+    if conv:
+        blocks = [[row] for row in rows]  # one sample of a Conv2D at a time: its patches
+        recorded_of = lambda block: output[block][:, ys][:, :, xs].reshape(-1, units)  # noqa: E731
+    else:
+        blocks = [rows]
+        recorded_of = lambda block: output[block].reshape(len(block), pixels, units)[  # noqa: E731
+            :, picked].reshape(-1, units)
     which_all = _value_trees(found, len(trees), inbound.shape[0], pixels).reshape(-1, pixels)
-    chunk = max(1, REPLAY_CHUNK_BYTES // (gemm.shape[0] * units * 8))
     # (fma, the product fused where two meet): both products tried where two meet
+    gemm_terms = kernel.shape[-2] if operands else gemms[0][1].shape[0]
     variants = [(False, HIGHER_FUSED), (True, HIGHER_FUSED)] + (
-        [(True, LOWER_FUSED)] if any(products_meet(tree, gemm.shape[0]) for tree in trees)
+        [(True, LOWER_FUSED)] if any(products_meet(tree, gemm_terms) for tree in trees)
         else [])
     verdicts, total, size, unsearched = dict.fromkeys(variants, 0), 0, 0, 0
-    for block, x in blocks:  # one sample of a Conv2D at a time: its patches, not all
+    for block in blocks:
         recorded = recorded_of(block)
         which = which_all[block][:, picked].reshape(-1)
         known = which >= 0
@@ -222,11 +302,14 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
         unsearched += int(recorded[which == NOT_SEARCHED].size)
         for variant in variants:
             values = np.empty_like(recorded)
-            for index, tree in enumerate(trees):
-                where = np.flatnonzero(which == index)
-                for start in range(0, len(where), chunk):
-                    part = where[start:start + chunk]
-                    values[part] = replay(tree, x[part], gemm, bias, *variant)
+            for at, x, gemm, columns, piece_bias in pieces(block):
+                chunk = max(1, REPLAY_CHUNK_BYTES // (gemm.shape[0] * gemm.shape[1] * 8))
+                for index, tree in enumerate(trees):
+                    where = np.flatnonzero(which[at] == index)  # rows of x
+                    for start in range(0, len(where), chunk):
+                        part = where[start:start + chunk]
+                        values[at[part], columns] = replay(tree, x[part], gemm, piece_bias,
+                                                           *variant)
             if spec["activation"] == "relu":
                 values = np.maximum(values, np.float32(0))
             verdicts[variant] += int(np.sum(values[known].view(np.uint32)
@@ -236,16 +319,17 @@ def _replayed(found, trees, spec, kernel, bias, inbound, output, positions: int,
             if unknown else "") + (
         f"; {unsearched} of {size} values not replayed (order not searched there)"
         if unsearched else "")
-    conv = spec["class_name"] == "Conv2D"
     sampled = len(rows) < inbound.shape[0] or len(ys) * len(xs) < pixels
     if sampled:
         left += (f"; replayed at {len(ys) * len(xs)} of {pixels} positions of "
                  f"{len(rows)} of {inbound.shape[0]} samples (analysis.replay_positions, "
-                 "analysis.replay_samples)" if conv else f"; replayed at {len(rows)} of "
-                 f"{inbound.shape[0]} samples (analysis.replay_samples)")
+                 "analysis.replay_samples)" if pixels > 1 or conv else
+                 f"; replayed at {len(rows)} of {inbound.shape[0]} samples "
+                 "(analysis.replay_samples)")
     found_entry = replay_verdict(verdicts, total, left)
     if sampled:
-        found_entry["replayed"] = {"rows": rows, "y": ys, "x": xs} if conv else {"rows": rows}
+        found_entry["replayed"] = {"rows": rows, "y": ys, "x": xs} if pixels > 1 or conv \
+            else {"rows": rows}
     return found_entry
 
 

@@ -31,9 +31,10 @@ from bitdrift.formats.onnx import NAME, SUMMING_OPS, file_layers, load_model, va
 
 
 def instrumented(path):
-    """(the model with every node's float output as a graph output, [(output name, op
-    type)] in topological order with the final outputs last, the values left out because
-    ONNX's shape inference, which gives each value's type, cannot type them)."""
+    """(the model with every node's float output computed from the model's inputs as a
+    graph output, [(output name, op type)] in topological order with the final outputs
+    last, the values left out because ONNX's shape inference, which gives each value's
+    type, cannot type them)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -48,12 +49,22 @@ def instrumented(path):
     floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
               TensorProto.BFLOAT16}
     finals = [output.name for output in model.graph.output]
+    # the values computed from the model's inputs: a node of constants alone (a Constant,
+    # an Identity of a weight, as torch.onnx.export writes them) holds no sample's value
+    # (a scalar has no batch axis to record), and is the file's, not the device's
+    constants = {tensor.name for tensor in model.graph.initializer}
+    varying = {value.name for value in model.graph.input if value.name not in constants}
+    for node in model.graph.node:
+        if varying.intersection(node.input):
+            varying.update(output for output in node.output if output)
     layers, added, untyped = [], [], []
     for node in model.graph.node:
         for output in node.output:
-            if output and output not in finals and output not in types:
+            if output and output not in finals and output not in types and \
+                    output in varying:
                 untyped.append(output)
-            if not output or output in finals or types.get(output) not in floats:
+            if not output or output in finals or types.get(output) not in floats or \
+                    output not in varying:
                 continue
             layers.append((output, node.op_type))
             added.append(helper.make_tensor_value_info(output, types[output], None))
@@ -172,12 +183,10 @@ def open_session(runtime, job: dict, name: str):
         outputs = deployed_run(batch)
         return outputs[-1]
 
-    checked, order_layers = checked_layers(path, [output for output, _ in recorded])
+    checked, order_layers, unrevealed = checked_layers(path, [output for output, _ in
+                                                              recorded])
     summing = {output: op for output, op in recorded if op in SUMMING_OPS}
-    unrevealed = {output: f"an ONNX {op} node bitdrift does not probe (it probes MatMul and "
-                          "Gemm nodes over rows, and ungrouped 2-D Conv nodes of valid or "
-                          "same padding and a known input shape, with constant weights "
-                          "and a recorded input)"
+    unrevealed = {output: unrevealed.get(output, f"an ONNX {op} node bitdrift does not probe")
                   for output, op in summing.items() if output not in order_layers}
     return Session(layers=recorded if job["layers"] else [], run=run, final=final,
                    unrevealed=unrevealed, unmapped=untyped + fused if job["layers"] else [],
@@ -189,11 +198,16 @@ def open_session(runtime, job: dict, name: str):
                    deployed_program=f"{Path(path).name} on {runtime.NAME}, as given")
 
 
-def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
-    """({output: (effective-precision spec, [kernel, bias])}, {output: order probe spec}):
-    the MatMul, Gemm (as Dense) and Conv (as channels-first Conv2D) nodes whose output and
-    input are recorded, named by their output as the session records it; the order of the
-    Dense ones over a (batch, terms) input is revealed (bitdrift.analysis.accumulation)."""
+def checked_layers(path, recorded: list[str]) -> tuple[dict, dict, dict]:
+    """({output: (effective-precision spec, [kernel, bias])}, {output: order probe spec},
+    {output: why its order is not probed}): the MatMul, Gemm (as Dense) and Conv (as
+    channels-first Conv2D) nodes whose output and input are recorded, named by their
+    output as the session records it. A Dense node's order is revealed at its input's own
+    shape per sample ((terms,), or a transformer's (tokens, terms): the GEMM of every
+    leading position, probes.dense_grid), a Conv's (grouped and depthwise too) at its
+    input's (bitdrift.analysis.accumulation); both need that shape known to ONNX's shape
+    inference. Every other recorded MatMul, Gemm or Conv node is in the third dict, the
+    reason said."""
     from bitdrift.analysis.accumulation.probes import probe_spec
     from bitdrift.analysis.effective_precision import spec_from_config
     from bitdrift.record.hdf5 import _sanitize
@@ -202,27 +216,43 @@ def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
     layers = file_layers(path)
     inputs = {layer["name"] for layer in layers if layer["class_name"] == "InputLayer"}
     shapes = {_sanitize(name): shape for name, shape in value_shapes(path).items()}
-    checked, orders = {}, {}
+    checked, orders, unrevealed = {}, {}, {}
     for layer in layers:
-        if layer["class_name"] not in ("Dense", "Conv2D") or layer["name"] not in raw:
+        if layer["name"] not in raw:
+            continue
+        name = raw[layer["name"]]
+        if layer["class_name"] == "MatMul" and layer.get("op_type") == "MatMul":
+            found, why = _activations_matmul(layer, raw, inputs, shapes)
+            if found is None:
+                unrevealed[name] = why
+            else:
+                checked[name], orders[name] = found
+            continue
+        if layer["class_name"] not in ("Dense", "Conv2D"):
+            if layer["class_name"] in SUMMING_OPS:
+                unrevealed[name] = _not_read(layer, inputs)
             continue
         source = layer["inbound"][0]
         inbound = None if source in inputs else raw.get(source)
         if inbound is None and source not in inputs:
-            continue  # its input is not recorded
+            unrevealed[name] = f"its input {source} is not recorded"
+            continue
         spec = spec_from_config(layer["class_name"], layer["config"], inbound)
         if spec is None:
             continue
-        name = raw[layer["name"]]
         checked[name] = (spec, [np.asarray(value, np.float64) for value in layer["weights"]])
         kernel = layer["weights"][0]
         shape = shapes.get(source)
-        if layer["class_name"] == "Dense" and (source not in inputs or len(shape or []) == 2):
-            found = probe_spec("Dense", layer["config"], kernel.shape[:1], kernel.shape)
+        if not shape or None in shape[1:]:
+            unrevealed[name] = (f"its input's shape {shape} is not known to ONNX's shape "
+                                "inference besides the batch: not probed")
+            continue
+        found = None
+        if layer["class_name"] == "Dense" and len(shape) >= 2:
+            found = probe_spec("Dense", layer["config"], shape[1:], kernel.shape)
             if found is not None:
-                orders[name] = {**found, "op_type": layer["op_type"], "node": layer["name"]}
-        elif layer["class_name"] == "Conv2D" and shape and len(shape) == 4 and \
-                None not in shape[1:]:
+                found = {**found, "op_type": layer["op_type"], "node": layer["name"]}
+        elif layer["class_name"] == "Conv2D" and len(shape) == 4:
             # the sum described as Keras' channels-last Conv2D's (its terms in Keras' kernel
             # order, its output grid); the probe feeds the node channels-first and reads
             # its output back channels-last (channels_first; probe_output)
@@ -230,15 +260,64 @@ def checked_layers(path, recorded: list[str]) -> tuple[dict, dict]:
             found = probe_spec("Conv2D", {**layer["config"], "data_format": "channels_last"},
                                (height, width, channels), kernel.shape)
             if found is not None:
-                orders[name] = {**found, "op_type": "Conv", "node": layer["name"],
-                                "channels_first": True}
-    return checked, orders
+                found = {**found, "op_type": "Conv", "node": layer["name"],
+                         "channels_first": True}
+        if found is None:
+            unrevealed[name] = (f"an ONNX {layer['op_type']} node over an input of shape "
+                                f"{shape}: not probed")
+        else:
+            orders[name] = found
+    return checked, orders, unrevealed
 
 
-def node_model(path, layer: str, input_shape: tuple):
+def _activations_matmul(layer: dict, raw: dict, inputs: set, shapes: dict):
+    """((effective-precision spec, no weights), order probe spec) of a recorded MatMul of
+    two activations (attention's Q @ K^T: (batch, ..., M, K) @ (batch, ..., K, N)), or
+    (None, why not). Both operands must be recorded layers (the checks read them from the
+    record) of shapes known besides the batch, of one rank with the same leading axes.
+    Its probe is the node alone fed the probe's weights as its second operand, the same
+    (K, N) in every leading position (node_order_probe); a place is a leading position
+    (probes.dense_grid)."""
+    from bitdrift.analysis.accumulation.probes import probe_spec
+    from bitdrift.analysis.effective_precision import spec_from_config
+
+    first, second = layer["inbound"]
+    missing = [source for source in (first, second) if source in inputs or source not in raw]
+    if missing:
+        return None, (f"an ONNX MatMul of two activations whose operand {missing[0]} is "
+                      "not a recorded layer: not read")
+    left, right = shapes.get(first), shapes.get(second)
+    if not left or not right or None in left[1:] + right[1:]:
+        return None, (f"an ONNX MatMul of two activations of shapes {left} and {right}, not "
+                      "known to ONNX's shape inference besides the batch: not read")
+    if len(left) != len(right) or len(left) < 3 or left[1:-2] != right[1:-2] or \
+            left[-1] != right[-2]:
+        return None, (f"an ONNX MatMul of two activations of shapes {left} and {right}: it "
+                      "reads (batch, ..., M, K) @ (batch, ..., K, N) of the same leading "
+                      "axes")
+    spec = spec_from_config("MatMul", layer["config"], raw[first], raw[second])
+    found = probe_spec("Dense", {"use_bias": False}, left[1:], (left[-1], right[-1]))
+    return ((spec, []), {**found, "op_type": "MatMul", "node": layer["name"],
+                         "operand_shape": [int(size) for size in right[1:]]}), None
+
+
+def _not_read(layer: dict, inputs: set) -> str:
+    """Why file_layers reads a recorded MatMul, Gemm or Conv node as no Dense or Conv2D."""
+    op = layer["class_name"]
+    if set(layer["inbound"]) & inputs and len(inputs) > 1:
+        return f"an ONNX {op} node fed by one of the model's several inputs: not read"
+    return (f"an ONNX {op} node bitdrift does not read as a layer (it reads MatMul and Gemm "
+            "nodes of one activation and a constant 2-D weight, and 2-D Conv nodes of "
+            "valid or same padding)")
+
+
+def node_model(path, layer: str, input_shape: tuple, operand_shape: tuple | None = None):
     """The node whose output the record names ``layer`` alone, as an ONNX model of the
     same opset: its input ``x`` (a batch of ``input_shape``), its constant operands as
-    initializers, its attributes as in the file, its output ``y`` (bitdrift.run.repro)."""
+    initializers, its attributes as in the file, its output ``y`` (bitdrift.run.repro).
+    ``operand_shape``: the node's second input is an activation too (a MatMul of two),
+    the model's input ``w``, a batch of that shape."""
+    import onnx
     from onnx import helper
 
     from bitdrift.record.hdf5 import _sanitize
@@ -250,15 +329,22 @@ def node_model(path, layer: str, input_shape: tuple):
     if node is None:
         raise InferenceError(f"{path}: no node outputs {layer!r}")
     constants = {tensor.name: tensor for tensor in graph.initializer}
-    constants.update({item.output[0]: item.attribute[0].t for item in graph.node
-                      if item.op_type == "Constant" and item.attribute})
+    for item in graph.node:  # a Constant node's tensor, as an initializer of its name
+        value = next((attribute.t for attribute in item.attribute
+                      if attribute.name == "value"), None) if item.op_type == "Constant" \
+            else None
+        if value is not None:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value)
+            tensor.name = item.output[0]
+            constants[item.output[0]] = tensor
     types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
     inputs = [name for name in node.input if name and name not in constants]
-    if len(inputs) != 1:
+    if len(inputs) != (1 if operand_shape is None else 2):
         raise InferenceError(f"{path}: node {node.name or layer!r} has {len(inputs)} "
                              "inputs; a repro runs one-input nodes")
-    alone = helper.make_node(node.op_type, ["x" if name == inputs[0] else name
-                                            for name in node.input],
+    renamed = {inputs[0]: "x", **({inputs[1]: "w"} if operand_shape is not None else {})}
+    alone = helper.make_node(node.op_type, [renamed.get(name, name) for name in node.input],
                              ["y"] + [f"unused_{index}" for index in range(1, len(node.output))],
                              domain=node.domain)
     alone.attribute.extend(node.attribute)
@@ -266,7 +352,9 @@ def node_model(path, layer: str, input_shape: tuple):
     elem_type = types.get(inputs[0], 1)  # float unless the model input says otherwise
     graph_alone = helper.make_graph(
         [alone], f"{layer}_alone",
-        [helper.make_tensor_value_info("x", elem_type, [None, *input_shape])],
+        [helper.make_tensor_value_info("x", elem_type, [None, *input_shape])] + (
+            [helper.make_tensor_value_info("w", elem_type, [None, *operand_shape])]
+            if operand_shape is not None else []),
         [helper.make_tensor_value_info("y", elem_type, None)],
         [tensor for tensor in used])
     alone_model = helper.make_model(graph_alone, opset_imports=list(model.opset_import))
@@ -277,8 +365,9 @@ def node_model(path, layer: str, input_shape: tuple):
 def node_order_probe(runtime, path, device: dict, accelerator: dict):
     """order_probe (bitdrift.backends.Session) of an ONNX model's MatMul, Gemm or Conv
     node: the node alone, cut from the file with its own attributes (node_model), its
-    weights replaced by the probe's, compiled with the device's settings, on a batch of
-    ones (a Conv's channels-first, at its input's shape in the model)."""
+    weights replaced by the probe's (a MatMul of two activations fed them as its second
+    operand), compiled with the device's settings, on a batch of
+    ones at its input's shape in the model (a Conv's channels-first)."""
     import onnx
     from onnx import numpy_helper
 
@@ -287,16 +376,22 @@ def node_order_probe(runtime, path, device: dict, accelerator: dict):
         if conv:
             height, width, channels = spec["input_shape"]
             shape = (channels, height, width)
-        else:
-            shape = (spec["terms"],)
+        else:  # the node's own input per sample: (terms,) or (..., tokens, terms)
+            shape = tuple(spec["input_shape"])
         ones = np.ones((batch, *shape), dtype=np.float32)
-        alone = node_model(path, spec["node"], shape)
+        operand = spec.get("operand_shape")  # a MatMul of two activations
+        alone = node_model(path, spec["node"], shape, operand)
         node = alone.graph.node[0]
         transposed = spec["op_type"] == "Gemm" and any(
             attribute.name == "transB" and attribute.i for attribute in node.attribute)
         constants = [name for name in node.input[1:] if name]
 
         def call(kernel, bias):
+            if operand is not None:  # the probe's (K, N) as every position's operand
+                kernel = np.asarray(kernel, np.float32).reshape(spec["terms"], spec["units"])
+                return run_probe_model(runtime, alone, device, accelerator, spec, {
+                    "x": ones, "w": np.ascontiguousarray(np.broadcast_to(
+                        kernel, (batch, *operand)))})
             if conv:  # the probe's (kh, kw, cin, units) as ONNX's (units, cin, kh, kw)
                 kernel = np.asarray(kernel, np.float32).reshape(spec["kernel_shape"])
                 values = [kernel.transpose(3, 2, 0, 1)]

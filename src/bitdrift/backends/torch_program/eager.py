@@ -289,7 +289,7 @@ def open_onnx(job: dict, name: str):
     def final(batch):
         return call(batch, False).outputs[-1]
 
-    checked, _ = onnx_file.checked_layers(path, wanted)
+    checked, _, _ = onnx_file.checked_layers(path, wanted)
     unrevealed = {layer: f"an ONNX {op} node on torch, whose order bitdrift does not probe "
                          "yet" for layer, op in recorded if op in onnx.SUMMING_OPS}
     return Session(layers=recorded if job["layers"] else [], run=run, final=final,
@@ -308,9 +308,11 @@ def checked_layers(layers: list[dict], recorded: list[str], precision: str) -> t
     why its order is not revealed}) of the recorded Linear and Conv2d calls among
     ``layers`` (bitdrift.formats.pt2.program_file_layers); the effective-precision check
     takes those fed by the program input or a recorded call. A Linear's order is probed
-    over (batch, terms) inputs, a Conv2d's (groups 1) at its input's own shape,
-    channels-last in the spec (its terms in Keras' order: position, then channel) and
-    channels-first where the probe runs it (node_order_probe)."""
+    at its input's own shape ((batch, terms), or a transformer's (batch, tokens, terms):
+    every leading position a place of its own, probes.dense_grid), a Conv2d's (grouped
+    and depthwise too) at its input's own shape, channels-last in the spec (its terms in
+    Keras' order: position, then channel) and channels-first where the probe runs it
+    (node_order_probe)."""
     from bitdrift.analysis.accumulation.probes import probe_spec
     from bitdrift.analysis.effective_precision import spec_from_config
     from bitdrift.formats.pt2 import CONV2D, LINEAR
@@ -343,14 +345,16 @@ def checked_layers(layers: list[dict], recorded: list[str], precision: str) -> t
         if not shape or None in shape:
             why = "its input has a dynamic size besides the batch"
         elif layer["class_name"] == "Dense":
-            found = probe_spec("Dense", layer["config"], kernel.shape[:1], kernel.shape) \
-                if len(shape) == 1 else None
-            why = "a Linear over more than (batch, features): not probed"
-        else:
+            found = probe_spec("Dense", layer["config"], shape, kernel.shape) \
+                if shape[-1] == kernel.shape[0] else None
+            why = f"a Linear over an input of shape {shape} per sample: not probed"
+        elif len(shape) == 3:
             channels, height, width = shape
             found = probe_spec("Conv2D", {**layer["config"], "data_format": "channels_last"},
                                (height, width, channels), kernel.shape)
-            why = "a grouped Conv2d: not probed"
+            why = "a Conv2d whose groups do not split its channels: not probed"
+        else:
+            why = f"a Conv2d over an input of shape {shape} per sample: not probed"
         if found is not None:
             orders[name] = found
         else:
@@ -380,8 +384,8 @@ def node_order_probe(precision: str):
             pads = [0, 0] if config["padding"] == "valid" else [
                 (size - 1) * dilation // 2 for size, dilation in zip(
                     spec["kernel_shape"][:2], config["dilation_rate"], strict=True)]
-        else:
-            ones = torch.ones((batch, spec["terms"]), dtype=dtype)
+        else:  # at the Linear's own input shape: (batch, terms) or (batch, ..., terms)
+            ones = torch.ones((batch, *spec["input_shape"]), dtype=dtype)
 
         def call(kernel, bias):
             kernel = np.asarray(kernel).reshape(spec["kernel_shape"])
@@ -392,7 +396,7 @@ def node_order_probe(precision: str):
                 if conv:
                     out = torch.ops.aten.conv2d.default(
                         ones, weight, shift, config["strides"], pads, config["dilation_rate"],
-                        1).permute(0, 2, 3, 1)
+                        int(config.get("groups", 1))).permute(0, 2, 3, 1)
                 else:
                     out = torch.ops.aten.linear.default(ones, weight, shift)
             return probe_output(spec, to_numpy(out.contiguous()))

@@ -4,6 +4,8 @@ tests build them too. One module per example; EXAMPLES is the list.
 
     python -m bitdrift.inputs.examples onnx_cnn OUT.onnx INPUTS.npy [--samples N]
     python -m bitdrift.inputs.examples torch_cnn OUT.pt2 INPUTS.npy [--samples N]
+    python -m bitdrift.inputs.examples onnx_transformer OUT.onnx INPUTS.npy [--samples N]
+    python -m bitdrift.inputs.examples torch_transformer OUT.pt2 INPUTS.npy [--samples N]
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import importlib
 
 from bitdrift.errors import ConfigError
 
-EXAMPLES = ("onnx_cnn", "torch_cnn")
+EXAMPLES = ("onnx_cnn", "torch_cnn", "onnx_transformer", "torch_transformer")
 
 
 def write_example(name: str, model_path, inputs_path, samples: int = 16) -> None:
