@@ -44,7 +44,8 @@ DEVICES = {
                      "batch_size": 2, "env": CAPPED},
 }
 # (model file, device) of each record
-RUNS = [("encoder.onnx", "ort_all"), ("encoder.onnx", "openvino_f32"),
+RUNS = [("encoder.onnx", "ort_all"), ("encoder.onnx", "ort_no_optimizations"),
+        ("encoder.onnx", "openvino_f32"),
         ("encoder.onnx", "torch_capped"), ("decoder.onnx", "ort_no_optimizations"),
         ("decoder.onnx", "openvino_f32_b1"), ("encoder.pt2", "torch_eager"),
         ("encoder.pt2", "torch_capped"), ("decoder.pt2", "torch_eager_b3"),
@@ -147,9 +148,17 @@ def test_the_onnx_exports_3d_and_attention_matmuls_are_revealed_and_replayed(run
     replayed from the record bit for bit."""
     _, records = runs
     orders = orders_of(records[(model, device)])
+    with Record(records[(model, device)]) as record:
+        # ONNX Runtime records the graph it deploys: at level "all" it fuses Q @ K^T with
+        # its scaling into one node, whose MatMul output no longer exists (unmapped)
+        unmapped = record.json_attr("unmapped_layers", list, [])
+    assert not unmapped or device == "ort_all", unmapped
     tokens, features, heads = (torch_transformer.TOKENS, torch_transformer.FEATURES,
                                torch_transformer.HEADS)
     for layer in LINEARS + ATTENTION:
+        if layer in unmapped:
+            assert layer not in orders, (layer, orders[layer])
+            continue
         entry = orders[layer]
         assert entry["order"] != "not revealed", (layer, entry)
         assert entry["replay"].startswith("bit-identical"), (layer, entry)
@@ -158,10 +167,12 @@ def test_the_onnx_exports_3d_and_attention_matmuls_are_revealed_and_replayed(run
     assert expand["terms"] == features and expand["places"]["grid"] == [1, tokens]
     contract = orders["/block/contract/MatMul_output_0"]
     assert contract["terms"] == torch_transformer.HIDDEN
-    scores, attended = (orders[layer] for layer in ATTENTION)
-    assert scores["terms"] == features // heads  # Q @ K^T: the features of a head
+    scores, attended = (orders.get(layer) for layer in ATTENTION)
+    if scores is not None:
+        assert scores["terms"] == features // heads  # Q @ K^T: the features of a head
+        assert scores["places"]["grid"] == [heads, tokens]
     assert attended["terms"] == tokens  # softmax @ V: the tokens attended to
-    assert scores["places"]["grid"] == attended["places"]["grid"] == [heads, tokens]
+    assert attended["places"]["grid"] == [heads, tokens]
     # the classifier's Gemm over (batch, features) keeps its form: one place per row
     assert orders["logits"]["places"]["grid"] == [1, 1]
 
@@ -251,9 +262,10 @@ def test_a_3d_matmuls_replay_is_the_record_recomputed_exactly(runs):
     """ONNX Runtime's 3-D MatMul (the feed-forward's expansion: the recorded LayerNorm
     output times the file's weight) and attention's Q @ K^T (the two recorded 4-D
     operands): the recorded values are the revealed tree summed in exact arithmetic,
-    rounded as the replay's verdict says (with or without FMA), computed here."""
+    rounded as the replay's verdict says (with or without FMA), computed here. Without
+    graph optimisations, so that ONNX Runtime deploys Q @ K^T as its own MatMul."""
     folder, records = runs
-    path = records[("encoder.onnx", "ort_all")]
+    path = records[("encoder.onnx", "ort_no_optimizations")]
     graph = onnx.load(folder / "encoder.onnx").graph
     initializers = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     node = next(node for node in graph.node
