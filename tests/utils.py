@@ -108,6 +108,16 @@ def small_model_assets(folder: Path) -> tuple[Path, Path]:
     return dataset, model
 
 
+def copy_into(folder, *paths: Path) -> tuple[Path, ...]:
+    """Copies of ``paths`` in ``folder`` (made if need be), by the same names: a test's
+    own copy of files a session fixture built once (copying is cheap, building is not)."""
+    import shutil
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return tuple(Path(shutil.copy2(path, folder / Path(path).name)) for path in paths)
+
+
 # The file each exported runtime runs
 EXPORT_FILES = {"onnxruntime": "model.onnx", "openvino": "model.onnx", "litert": "model.tflite"}
 
