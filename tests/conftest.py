@@ -2,6 +2,8 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -11,6 +13,7 @@ from bitdrift.record.writer import write_record
 from tests.utils import (
     BASE_ATTRS,
     EXPORT_FILES,
+    KERAS_TO_TFLITE,
     ROOT,
     copy_into,
     export_small_model,
@@ -82,6 +85,16 @@ def small_export_copy(small_model_copy, tmp_path_factory):
         return dataset_copy, model_copy, reference_copy
 
     return copy
+
+
+@pytest.fixture(scope="session")
+def tflite_model_copy(tmp_path_factory):
+    """A function: folder -> (model.tflite, weights.npz), copies of what KERAS_TO_TFLITE
+    writes (a TensorFlow process, once per session)."""
+    folder = tmp_path_factory.mktemp("keras_to_tflite")
+    subprocess.run([sys.executable, "-c", KERAS_TO_TFLITE, str(folder)], check=True,
+                   capture_output=True)
+    return lambda target: copy_into(target, folder / "model.tflite", folder / "weights.npz")
 
 
 # -- the workflow: one local run per session (the reference for the SLURM test) ----------
