@@ -2,13 +2,26 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
 import pytest
 
 from bitdrift.record.writer import write_record
-from tests.utils import BASE_ATTRS, ROOT, fork_servers_in, snakemake, write_inputs
+from tests.utils import (
+    BASE_ATTRS,
+    EXPORT_FILES,
+    KERAS_TO_TFLITE,
+    ROOT,
+    copy_into,
+    export_small_model,
+    fork_servers_in,
+    small_model_assets,
+    snakemake,
+    write_inputs,
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,6 +54,47 @@ def make_record(tmp_path):
         return path
 
     return make
+
+
+# -- the small model: built once per session, each user given its own copy -------------
+# tests.utils.small_model_assets starts TensorFlow to build and save an untrained
+# Cifar10-small (seed 0), and export_small_model starts it again for tf2onnx and LiteRT's
+# converter. Both are the same for every test that runs the model, and a test that writes
+# beside the files would change them for the others: so each test or module takes copies
+# in a folder of its own (`dataset, model = small_model_copy(folder)`).
+@pytest.fixture(scope="session")
+def small_model_copy(tmp_path_factory):
+    """A function: folder -> (dataset, model), copies of small_model_assets' files."""
+    built = small_model_assets(tmp_path_factory.mktemp("small_model"))
+    return lambda folder: copy_into(folder, *built)
+
+
+@pytest.fixture(scope="session")
+def small_export_copy(small_model_copy, tmp_path_factory):
+    """A function: folder -> (dataset, model, reference), copies of the small model's
+    files and of export_small_model's (its reference, and model.onnx and model.tflite,
+    tests.utils.EXPORT_FILES, beside them)."""
+    folder = tmp_path_factory.mktemp("small_export")
+    dataset, model = small_model_copy(folder)
+    reference = export_small_model(model, dataset, folder)
+    exports = [folder / name for name in sorted(set(EXPORT_FILES.values()))]
+
+    def copy(target):
+        dataset_copy, model_copy, reference_copy, *_ = copy_into(
+            target, dataset, model, reference, *exports)
+        return dataset_copy, model_copy, reference_copy
+
+    return copy
+
+
+@pytest.fixture(scope="session")
+def tflite_model_copy(tmp_path_factory):
+    """A function: folder -> (model.tflite, weights.npz), copies of what KERAS_TO_TFLITE
+    writes (a TensorFlow process, once per session)."""
+    folder = tmp_path_factory.mktemp("keras_to_tflite")
+    subprocess.run([sys.executable, "-c", KERAS_TO_TFLITE, str(folder)], check=True,
+                   capture_output=True)
+    return lambda target: copy_into(target, folder / "model.tflite", folder / "weights.npz")
 
 
 # -- the workflow: one local run per session (the reference for the SLURM test) ----------

@@ -108,6 +108,34 @@ def small_model_assets(folder: Path) -> tuple[Path, Path]:
     return dataset, model
 
 
+def copy_into(folder, *paths: Path) -> tuple[Path, ...]:
+    """Copies of ``paths`` in ``folder`` (made if need be), by the same names: a test's
+    own copy of files a session fixture built once (copying is cheap, building is not)."""
+    import shutil
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return tuple(Path(shutil.copy2(path, folder / Path(path).name)) for path in paths)
+
+
+# A Keras model (Dense, ReLU, Dense, Softmax; seed 0) converted by TensorFlow's LiteRT
+# converter to OUT/model.tflite, its Dense layers' weights in OUT/weights.npz (the truth
+# tests compute from): run as `python -c KERAS_TO_TFLITE OUT`, in a process of its own.
+KERAS_TO_TFLITE = """
+import sys, keras, numpy as np, tensorflow as tf
+from pathlib import Path
+out = Path(sys.argv[1])
+keras.utils.set_random_seed(0)
+inputs = keras.Input((6,), name="x")
+hidden = keras.layers.Dense(5, activation="relu", name="fc1")(inputs)
+logits = keras.layers.Dense(3, name="fc2")(hidden)
+model = keras.Model(inputs, keras.layers.Softmax(name="probabilities")(logits))
+(out / "model.tflite").write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+np.savez(out / "weights.npz", *[layer.get_weights()[i] for layer in model.layers[1:3]
+                                for i in (0, 1)])
+"""
+
+
 # The file each exported runtime runs
 EXPORT_FILES = {"onnxruntime": "model.onnx", "openvino": "model.onnx", "litert": "model.tflite"}
 

@@ -167,12 +167,10 @@ def test_the_instruction_sets_of_an_arm_model_are_what_qemu_shows(userland, mode
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    from tests.utils import export_small_model, small_model_assets
-
+def exported(small_export_copy, tmp_path_factory):
     folder = tmp_path_factory.mktemp("arm")
-    dataset, model = small_model_assets(folder)
-    return folder, dataset, model, export_small_model(model, dataset, folder)
+    dataset, model, reference = small_export_copy(folder)
+    return folder, dataset, model, reference
 
 
 CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",

@@ -285,10 +285,8 @@ def nearest_float32(value):
 
 
 @pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
-    from tests.utils import small_model_assets
-
-    return small_model_assets(tmp_path_factory.mktemp("orders"))
+def small_model(small_model_copy, tmp_path_factory):
+    return small_model_copy(tmp_path_factory.mktemp("orders"))
 
 
 @pytest.mark.parametrize("padding,strides", [("same", (1, 1)), ("valid", (1, 1)),
@@ -343,11 +341,11 @@ def conv_kernel_size(model_path, layer: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def small_export(small_model, tmp_path_factory):
-    from tests.utils import export_small_model
-
+def small_export(small_export_copy, tmp_path_factory):
+    """The small model's exports (of the same model file as small_model's copy)."""
     folder = tmp_path_factory.mktemp("orders_export")
-    return folder, export_small_model(small_model[1], small_model[0], folder)
+    _, _, reference = small_export_copy(folder)
+    return folder, reference
 
 
 @pytest.mark.parametrize("backend,settings", [

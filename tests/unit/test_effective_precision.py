@@ -199,7 +199,7 @@ def test_table_lists_unchecked_records(tmp_path):
     assert rows[1]["layer"] == "d" and rows[1]["reduced"] is True
 
 
-def test_recheck_catches_a_float64_record_rounded_to_float32(tmp_path):
+def test_recheck_catches_a_float64_record_rounded_to_float32(small_model_copy, tmp_path):
     """A real float64 record (torch, the model's weights cast up) and a copy whose every
     layer was rounded to float32 and stored back as float64, still claiming the check it
     passed at inference. `bitdrift effective-precision --expect` recomputes from the
@@ -212,9 +212,8 @@ def test_recheck_catches_a_float64_record_rounded_to_float32(tmp_path):
     import pandas as pd
 
     from bitdrift.run.inference import infer
-    from tests.utils import small_model_assets
 
-    dataset, model = small_model_assets(tmp_path)
+    dataset, model = small_model_copy(tmp_path)
     device = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float64",
               "env": {}, "repeats": 1, "external": False, "backend": "torch"}
     # --expect checks the workflow's layout: MODEL/DEVICE.h5

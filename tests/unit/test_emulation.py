@@ -28,10 +28,8 @@ CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float3
 
 
 @pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
-    from tests.utils import small_model_assets
-
-    return small_model_assets(tmp_path_factory.mktemp("emulated"))
+def small_model(small_model_copy, tmp_path_factory):
+    return small_model_copy(tmp_path_factory.mktemp("emulated"))
 
 
 def _run(small_model, tmp_path, name, device):

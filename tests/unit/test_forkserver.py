@@ -38,7 +38,7 @@ from bitdrift.run.workers import FreshProcesses
 from bitdrift.studies.variance.plans import ARMS
 from bitdrift.studies.variance.runs import train_run
 from tests.unit.test_prefork import WORKER, arrays, repeat_job
-from tests.utils import ROOT, fork_servers_in, small_model_assets
+from tests.utils import ROOT, fork_servers_in
 
 SERVED = re.compile(r"in child (\d+) of fork server (\w+) \(pid (\d+)\)")
 
@@ -140,13 +140,13 @@ DEFAULT_DEVICES = load_config(ROOT / "config.yaml")["devices"]
 
 @pytest.mark.parametrize("name", ["tf_1thread", "tf_2threads", "torch_1thread"])
 def test_a_served_repeat_after_training_computes_what_a_fresh_process_computes(
-        name, dataset, sockets, tmp_path):
+        name, dataset, sockets, small_model_copy, tmp_path):
     """One server per device: the training run and the inference repeats (a plain and a
     traced one) of a device share it, and its repeats hand over what fresh processes do."""
     device = DEFAULT_DEVICES[name]
     log = tmp_path / "served.log"
     train(device["backend"], "impl", 0, dataset, tmp_path / "run", log, device=device)
-    assets = small_model_assets(tmp_path / "assets")
+    assets = small_model_copy(tmp_path / "assets")
     environment = backends.get(device["backend"]).trace_environment(device)
     outputs, signatures = {}, {}
     with open(log, "a") as handle:

@@ -16,15 +16,14 @@ from bitdrift.record.reader import Record
 from bitdrift.run.inference import InferenceError, infer
 from bitdrift.run.repeat import RepeatJob
 from bitdrift.run.selection import batch_indices
-from tests.utils import small_model_assets
 
 CPU = {"accelerator": "cpu", "threads": 1, "batch_size": 1, "precision": "float32",
        "env": {}, "repeats": 2, "external": False}
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    return small_model_assets(tmp_path_factory.mktemp("assets"))
+def assets(small_model_copy, tmp_path_factory):
+    return small_model_copy(tmp_path_factory.mktemp("assets"))
 
 
 def test_batch_padding_is_fixed_filler():

@@ -192,10 +192,8 @@ def test_attribution_on_a_hand_built_two_layer_model():
 
 
 @pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
-    from tests.utils import small_model_assets
-
-    return small_model_assets(tmp_path_factory.mktemp("traced"))
+def small_model(small_model_copy, tmp_path_factory):
+    return small_model_copy(tmp_path_factory.mktemp("traced"))
 
 
 # Tokens of oneDNN's kernel names and the CPU flag each one needs (avx10_1_512 is oneDNN's
@@ -494,15 +492,14 @@ def test_an_xla_module_is_read_as_the_calls_its_entry_computes():
     assert {c.library for c in calls} == {"xla"}
 
 
-def test_a_jax_traced_repeat_names_what_xla_compiled_for_each_layer(tmp_path):
+def test_a_jax_traced_repeat_names_what_xla_compiled_for_each_layer(small_model_copy, tmp_path):
     """A real JAX inference with kernel provenance: every Dense and Conv layer has XLA
     calls for its sum (a dot or a convolution), every ReLU an elementwise loop, the
     Flatten none; the traced repeat computed the measured bits; the dump is gone."""
     from bitdrift.record.reader import Record
     from bitdrift.run.inference import infer
-    from tests.utils import small_model_assets
 
-    dataset, model = small_model_assets(tmp_path)
+    dataset, model = small_model_copy(tmp_path)
     device = {"accelerator": "cpu", "threads": 1, "batch_size": 2, "precision": "float32",
               "env": {}, "repeats": 1, "external": False, "backend": "jax"}
     out = tmp_path / "jax.h5"

@@ -19,7 +19,7 @@ from bitdrift.analysis.kernels import layer_kernels, parse_trace
 from bitdrift.config import load_config
 from bitdrift.errors import BitdriftError
 from bitdrift.run.workers import ForkedChildren, FreshProcesses, worker_processes
-from tests.utils import ROOT, small_model_assets
+from tests.utils import ROOT
 
 DEFAULT_DEVICES = load_config(ROOT / "config.yaml")["devices"]
 FORKED = {name: device for name, device in DEFAULT_DEVICES.items()
@@ -28,8 +28,8 @@ WORKER = "bitdrift.run.repeat:run_repeat"
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    return small_model_assets(tmp_path_factory.mktemp("prefork"))
+def assets(small_model_copy, tmp_path_factory):
+    return small_model_copy(tmp_path_factory.mktemp("prefork"))
 
 
 def repeat_job(name, device, assets, out, *, trace=False):

@@ -25,7 +25,7 @@ from bitdrift.studies.probes.evaluation import (
     write_evaluation_set,
 )
 from bitdrift.studies.probes.search import search_probes, write_images
-from tests.utils import ROOT, small_model_assets
+from tests.utils import ROOT
 
 SEARCH = ["tf_1thread", "torch_1thread"]
 HELD_OUT = ["tf_sse41", "ort_1thread"]
@@ -85,11 +85,11 @@ def test_probe_tables_count_on_held_out_devices_only():
 
 # -- the search, on real devices ----------------------------------------------------------
 @pytest.fixture(scope="module")
-def searched(tmp_path_factory):
+def searched(small_model_copy, tmp_path_factory):
     """Probes searched on tf_1thread and torch_1thread for an untrained Cifar10-small, with
     every file the search opens in this process noted (Python's open and h5py.File)."""
     folder = tmp_path_factory.mktemp("probes")
-    dataset, model = small_model_assets(folder)
+    dataset, model = small_model_copy(folder)
     config = load_config(_config(folder, probes=2, generations=1, population=8))
     # Records of the held-out devices where the workflow keeps them: the search must not
     # open them (nor anything else of those devices).
@@ -200,8 +200,8 @@ def test_evaluation_counts_equal_a_count_from_the_records(searched, tmp_path):
     assert out["identify"].read_text().startswith("inputs,count,which,queried")
 
 
-def test_a_device_set_with_one_class_stops_at_once(tmp_path):
-    dataset, model = small_model_assets(tmp_path)
+def test_a_device_set_with_one_class_stops_at_once(small_model_copy, tmp_path):
+    dataset, model = small_model_copy(tmp_path)
     device = load_config(_config(tmp_path))["devices"]["tf_1thread"]
     with pytest.raises(StudyError, match="nothing to separate"):
         search_probes(model_name="small", model_path=model, dataset_path=dataset,

@@ -35,13 +35,12 @@ SAMPLES = [6, 0, 3]
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
+def records(small_export_copy, tmp_path_factory):
     """Real records of an untrained Cifar10-small on the devices above, and its export."""
-    from tests.utils import EXPORT_FILES, export_small_model, small_model_assets
+    from tests.utils import EXPORT_FILES
 
     tmp = tmp_path_factory.mktemp("repro")
-    dataset, model = small_model_assets(tmp)
-    reference = export_small_model(model, dataset, tmp)
+    dataset, model, reference = small_export_copy(tmp)
     paths = {}
     for name, settings in DEVICES.items():
         device = {**CPU, **settings}

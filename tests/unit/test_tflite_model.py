@@ -2,10 +2,8 @@
 runtime (bitdrift.formats.tflite): every float tensor a node outputs recorded under the
 file's tensor names, checked against numpy from the Keras model's weights; a tensor
 XNNPACK keeps inside a delegate is absent, never guessed. The .tflite is converted here
-from a Keras model by TensorFlow's LiteRT converter, in a process of its own."""
-
-import subprocess
-import sys
+from a Keras model by TensorFlow's LiteRT converter, in a process of its own
+(tests.utils.KERAS_TO_TFLITE, once per session: the tflite_model_copy fixture)."""
 
 import numpy as np
 import pytest
@@ -15,19 +13,6 @@ from bitdrift.config import validate_config
 from bitdrift.errors import ModelFormatError
 from bitdrift.record.reader import Record
 
-KERAS_TO_TFLITE = """
-import sys, keras, numpy as np, tensorflow as tf
-from pathlib import Path
-out = Path(sys.argv[1])
-keras.utils.set_random_seed(0)
-inputs = keras.Input((6,), name="x")
-hidden = keras.layers.Dense(5, activation="relu", name="fc1")(inputs)
-logits = keras.layers.Dense(3, name="fc2")(hidden)
-model = keras.Model(inputs, keras.layers.Softmax(name="probabilities")(logits))
-(out / "model.tflite").write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
-np.savez(out / "weights.npz", *[layer.get_weights()[i] for layer in model.layers[1:3]
-                                for i in (0, 1)])
-"""
 DEVICES = {
     "litert_xnnpack": {"accelerator": "cpu", "backend": "litert", "threads": 1,
                        "repeats": 2, "batch_size": 4},
@@ -40,12 +25,11 @@ SAMPLES = [0, 1, 5]
 
 
 @pytest.fixture(scope="module")
-def tflite_records(tmp_path_factory):
+def tflite_records(tflite_model_copy, tmp_path_factory):
     from bitdrift.run.inference import infer
 
     folder = tmp_path_factory.mktemp("tflite")
-    subprocess.run([sys.executable, "-c", KERAS_TO_TFLITE, str(folder)], check=True,
-                   capture_output=True)
+    tflite_model_copy(folder)
     np.save(folder / "inputs.npy",
             np.random.default_rng(1).standard_normal((8, 6)).astype(np.float32))
     config = validate_config({"models": {"mine": {"file": str(folder / "model.tflite"),

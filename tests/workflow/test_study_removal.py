@@ -61,9 +61,7 @@ def remove_study(checkout: Path, study: str) -> None:
     config_file.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-@pytest.mark.parametrize("study", STUDIES)
-def test_a_study_is_removable_by_its_files_and_four_entries(tmp_path, study):
-    checkout = tmp_path / "checkout"
+def copy_checkout(checkout: Path) -> Path:
     checkout.mkdir()
     for name in COPIED:
         source = ROOT / name
@@ -72,9 +70,24 @@ def test_a_study_is_removable_by_its_files_and_four_entries(tmp_path, study):
                             ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         else:
             shutil.copy(source, checkout / name)
+    return checkout
+
+
+@pytest.fixture(scope="module")
+def pristine_checkout(tmp_path_factory):
+    """A copy of the checkout, every study in place, that plans `all` (a dry run): the
+    state each test removes its study from. Every copy is alike, so one is planned."""
+    checkout = copy_checkout(tmp_path_factory.mktemp("pristine") / "checkout")
     before = subprocess.run([SNAKEMAKE, "-n", "all"], cwd=checkout, capture_output=True,
                             text=True, timeout=300)
     assert before.returncode == 0, before.stderr[-2000:]
+    return checkout
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_a_study_is_removable_by_its_files_and_four_entries(pristine_checkout, tmp_path,
+                                                            study):
+    checkout = copy_checkout(tmp_path / "checkout")  # as pristine_checkout was made
     remove_study(checkout, study)
     # The copy's library comes first: the Snakefile puts its src/ on the path, and so do we
     environment = {**os.environ, "PYTHONPATH": str(checkout / "src")}

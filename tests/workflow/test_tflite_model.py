@@ -5,9 +5,6 @@ eqc and divergence on those records; a .pt2 program litert-torch cannot convert
 (torch.linalg.det) fails the LiteRT devices alone, the op in the failure record, while
 torch eager runs it."""
 
-import subprocess
-import sys
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,7 +13,6 @@ import yaml
 
 from bitdrift.record.reader import Record
 from tests.unit.test_pt2_runtimes import Determinant
-from tests.unit.test_tflite_model import KERAS_TO_TFLITE
 from tests.utils import snakemake
 
 pytestmark = pytest.mark.workflow
@@ -30,10 +26,9 @@ SAMPLES = [0, 1, 3]
 
 
 @pytest.fixture(scope="module")
-def tflite_run(tmp_path_factory):
+def tflite_run(tflite_model_copy, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("tflite_workflow")
-    subprocess.run([sys.executable, "-c", KERAS_TO_TFLITE, str(workdir)], check=True,
-                   capture_output=True)
+    tflite_model_copy(workdir)
     rng = np.random.default_rng(3)
     np.save(workdir / "inputs.npy", rng.standard_normal((6, 6)).astype(np.float32))
     torch.export.save(torch.export.export(Determinant().eval(), (torch.zeros(2, 4),),
