@@ -1,4 +1,6 @@
 import contextlib
+import fcntl
+import json
 import os
 import shutil
 import signal
@@ -22,6 +24,53 @@ from tests.utils import (
     snakemake,
     write_inputs,
 )
+
+# -- two workers (pytest-xdist; ./quickstart test runs `pytest -n 2 --dist loadgroup`) -----
+# Each test module runs whole on one worker, so its module fixtures are built once; the
+# tests that read the session's workflow run (`run`, `own_run`) share one worker, so that
+# run is made once. The modules that take longest go first: the other worker meanwhile
+# takes the short ones, and neither waits for a long module begun last. A hint for the
+# schedule only (the order of modules changes nothing a test checks).
+LONGEST_FIRST = [
+    "tests/workflow/test_presets.py",
+    "session_run",
+    "tests/unit/test_aarch64.py",
+    "tests/reliability/test_command_drills.py",
+]
+
+
+def _module(item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    # A module with a test that reads the session's run joins that run's group whole
+    # (its own module fixtures, such as the SLURM cluster's run, are then built once)
+    with_run = {_module(item) for item in items if {"run", "own_run"} & set(item.fixturenames)}
+    groups = {item: "session_run" if _module(item) in with_run else _module(item)
+              for item in items}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    rank = {group: place for place, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: else as found
+
+
+def built_once(tmp_path_factory, name, build) -> list[str]:
+    """``build(folder)`` (it returns a list of paths) once for the whole session, also
+    across xdist's workers: the first to come builds under a lock in the session's common
+    folder, the others wait and take the same files."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # each worker's folder lies in the session's
+    folder, done = root / name, root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed part way
+            folder.mkdir()
+            done.write_text(json.dumps([str(path) for path in build(folder)]))
+        return json.loads(done.read_text())
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -65,7 +114,7 @@ def make_record(tmp_path):
 @pytest.fixture(scope="session")
 def small_model_copy(tmp_path_factory):
     """A function: folder -> (dataset, model), copies of small_model_assets' files."""
-    built = small_model_assets(tmp_path_factory.mktemp("small_model"))
+    built = built_once(tmp_path_factory, "small_model", small_model_assets)
     return lambda folder: copy_into(folder, *built)
 
 
@@ -74,10 +123,13 @@ def small_export_copy(small_model_copy, tmp_path_factory):
     """A function: folder -> (dataset, model, reference), copies of the small model's
     files and of export_small_model's (its reference, and model.onnx and model.tflite,
     tests.utils.EXPORT_FILES, beside them)."""
-    folder = tmp_path_factory.mktemp("small_export")
-    dataset, model = small_model_copy(folder)
-    reference = export_small_model(model, dataset, folder)
-    exports = [folder / name for name in sorted(set(EXPORT_FILES.values()))]
+    def build(folder):
+        dataset, model = small_model_copy(folder)
+        reference = export_small_model(model, dataset, folder)
+        return [dataset, model, reference,
+                *(folder / name for name in sorted(set(EXPORT_FILES.values())))]
+
+    dataset, model, reference, *exports = built_once(tmp_path_factory, "small_export", build)
 
     def copy(target):
         dataset_copy, model_copy, reference_copy, *_ = copy_into(
@@ -91,10 +143,13 @@ def small_export_copy(small_model_copy, tmp_path_factory):
 def tflite_model_copy(tmp_path_factory):
     """A function: folder -> (model.tflite, weights.npz), copies of what KERAS_TO_TFLITE
     writes (a TensorFlow process, once per session)."""
-    folder = tmp_path_factory.mktemp("keras_to_tflite")
-    subprocess.run([sys.executable, "-c", KERAS_TO_TFLITE, str(folder)], check=True,
-                   capture_output=True)
-    return lambda target: copy_into(target, folder / "model.tflite", folder / "weights.npz")
+    def build(folder):
+        subprocess.run([sys.executable, "-c", KERAS_TO_TFLITE, str(folder)], check=True,
+                       capture_output=True)
+        return [folder / "model.tflite", folder / "weights.npz"]
+
+    built = built_once(tmp_path_factory, "keras_to_tflite", build)
+    return lambda target: copy_into(target, *built)
 
 
 # -- the workflow: one local run per session (the reference for the SLURM test) ----------
