@@ -31,11 +31,19 @@ from tests.utils import (
 # run is made once. The modules that take longest go first: the other worker meanwhile
 # takes the short ones, and neither waits for a long module begun last. A hint for the
 # schedule only (the order of modules changes nothing a test checks).
-LONGEST_FIRST = [
-    "tests/workflow/test_presets.py",
-    "session_run",
-    "tests/unit/test_aarch64.py",
-    "tests/reliability/test_command_drills.py",
+LONGEST_FIRST = [  # by a serial run's --durations (Intel Xeon, 2 cores, 2026-11-28)
+    "session_run",  # test_slurm, test_workflow_drills, test_workflow: about 12 min
+    "tests/unit/test_aarch64.py",  # building the Arm userland: about 10 min
+    "tests/workflow/test_presets.py",  # the your_model preset whole: about 9 min
+    "tests/unit/test_emulation.py",
+    "tests/unit/test_forkserver.py",
+    "tests/unit/test_inference.py",
+    "tests/unit/test_repro.py",
+    "tests/workflow/test_pt2_model.py",
+    "tests/reliability/test_readme_commands.py",
+    "tests/unit/test_transformer_layers.py",
+    "tests/workflow/test_tflite_model.py",
+    "tests/workflow/test_ablation.py",
 ]
 
 
