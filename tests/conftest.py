@@ -25,12 +25,17 @@ from tests.utils import (
     write_inputs,
 )
 
-# -- two workers (pytest-xdist; ./quickstart test runs `pytest -n 2 --dist loadgroup`) -----
+# -- two workers (pytest-xdist; ./quickstart test runs `pytest -n 2 --dist loadscope`) -----
 # Each test module runs whole on one worker, so its module fixtures are built once; the
-# tests that read the session's workflow run (`run`, `own_run`) share one worker, so that
-# run is made once. The modules that take longest go first: the other worker meanwhile
-# takes the short ones, and neither waits for a long module begun last. A hint for the
-# schedule only (the order of modules changes nothing a test checks).
+# modules with tests that read the session's workflow run (`run`, `own_run`) share one
+# worker, so that run is made once. The modules that take longest go first: the other
+# worker meanwhile takes the short ones, and neither waits for a long module begun last.
+# A hint for the schedule only (the order of modules changes nothing a test checks).
+SESSION_RUN_MODULES = {
+    "tests/reliability/test_workflow_drills.py",
+    "tests/workflow/test_slurm.py",
+    "tests/workflow/test_workflow.py",
+}
 LONGEST_FIRST = [  # by a serial run's --durations (Intel Xeon, 2 cores, 2026-11-28)
     "session_run",  # test_slurm, test_workflow_drills, test_workflow: about 12 min
     "tests/unit/test_aarch64.py",  # building the Arm userland: about 10 min
@@ -47,21 +52,35 @@ LONGEST_FIRST = [  # by a serial run's --durations (Intel Xeon, 2 cores, 2026-11
 ]
 
 
-def _module(item) -> str:
-    return item.nodeid.split("::", 1)[0]
+def _group(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return "session_run" if module in SESSION_RUN_MODULES else module
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
-    # A module with a test that reads the session's run joins that run's group whole
-    # (its own module fixtures, such as the SLURM cluster's run, are then built once)
-    with_run = {_module(item) for item in items if {"run", "own_run"} & set(item.fixturenames)}
-    groups = {item: "session_run" if _module(item) in with_run else _module(item)
-              for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    readers = {item.nodeid.split("::", 1)[0] for item in items
+               if {"run", "own_run"} & set(item.fixturenames)}
+    if readers - SESSION_RUN_MODULES:  # else a second worker would make the run again
+        raise pytest.UsageError(f"tests/conftest.py: add {sorted(readers - SESSION_RUN_MODULES)}"
+                                f" to SESSION_RUN_MODULES (its tests read the session's run)")
     rank = {group: place for place, group in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: else as found
+    items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))  # stable
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadscope with a module (or the session run's modules together) as the unit
+    of work, in the order collected (xdist's own grouping by mark does not take with this
+    pytest: it rewrites a test id pytest no longer reads)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return ModuleScheduling(config, log)
 
 
 def built_once(tmp_path_factory, name, build) -> list[str]:
