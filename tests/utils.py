@@ -118,6 +118,25 @@ def copy_into(folder, *paths: Path) -> tuple[Path, ...]:
     return tuple(Path(shutil.copy2(path, folder / Path(path).name)) for path in paths)
 
 
+# What a checkout needs to plan and run the workflow (tests that copy one elsewhere)
+CHECKOUT_FILES = ("Snakefile", "config.yaml", "rules", "src", "workflow", "profiles", "envs")
+
+
+def copy_checkout(checkout: Path) -> Path:
+    """A copy of this checkout's CHECKOUT_FILES in ``checkout`` (made here)."""
+    import shutil
+
+    checkout.mkdir()
+    for name in CHECKOUT_FILES:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, checkout / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(source, checkout / name)
+    return checkout
+
+
 # A Keras model (Dense, ReLU, Dense, Softmax; seed 0) converted by TensorFlow's LiteRT
 # converter to OUT/model.tflite, its Dense layers' weights in OUT/weights.npz (the truth
 # tests compute from): run as `python -c KERAS_TO_TFLITE OUT`, in a process of its own.

@@ -13,11 +13,10 @@ import pytest
 import yaml
 
 from bitdrift import paths
+from tests.utils import copy_checkout
 
 pytestmark = pytest.mark.workflow
-ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-COPIED = ("Snakefile", "config.yaml", "rules", "src", "workflow", "profiles", "envs")
 TARGETS = [paths.atlas_record_file("tf_1thread"), paths.table_file("atlas")]
 
 
@@ -29,15 +28,7 @@ def snakemake_in(checkout: Path, *args) -> subprocess.CompletedProcess:
 
 
 def test_a_finished_checkout_moved_elsewhere_reruns_nothing(tmp_path):
-    checkout = tmp_path / "checkout"
-    checkout.mkdir()
-    for name in COPIED:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, checkout / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy(source, checkout / name)
+    checkout = copy_checkout(tmp_path / "checkout")
     (checkout / "tiny.yaml").write_text(yaml.safe_dump({
         "samples": [0, 1], "analysis": {"precision": "float32"},
         "datasets": {"digits": {"source": "digits", "limit_train": 64, "limit_test": 8}},

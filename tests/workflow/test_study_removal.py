@@ -16,15 +16,12 @@ import pytest
 import yaml
 
 from bitdrift.studies import STUDIES
+from tests.utils import ROOT, copy_checkout
 
-ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # The config section of each study (its schema property)
 SECTIONS = {"ablation": "ablation", "batching": "batching", "maxpool": "maxpool",
             "probes": "probes", "variance": "training_variance"}
-COPIED = ("Snakefile", "config.yaml", "rules", "src", "workflow", "profiles", "envs")
-
-
 def used_files(rule_file: Path) -> set[str]:
     """The scripts and report captions a rule file names (relative to the checkout)."""
     text = rule_file.read_text()
@@ -59,18 +56,6 @@ def remove_study(checkout: Path, study: str) -> None:
     config = yaml.safe_load(config_file.read_text())
     config.pop(SECTIONS[study], None)
     config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-
-
-def copy_checkout(checkout: Path) -> Path:
-    checkout.mkdir()
-    for name in COPIED:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, checkout / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy(source, checkout / name)
-    return checkout
 
 
 @pytest.fixture(scope="module")
