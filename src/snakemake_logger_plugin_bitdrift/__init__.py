@@ -4,6 +4,10 @@ warnings in full, as Snakemake prints them; dry runs as Snakemake prints them. S
 full output is one flag away (`--logger-bitdrift-full`) and always in its own log file
 (`.snakemake/log/`, named at the end of the run).
 
+A job that runs longer than `--logger-bitdrift-progress-every` seconds (60) gets a line
+saying where it is: the latest progress line in its log (bitdrift.progress: what tqdm
+counted, k of n), again at most once per as many seconds while that changes.
+
 Snakemake finds logger plugins by module name (`snakemake_logger_plugin_*`); this one ships
 inside the bitdrift distribution.
 """
@@ -12,6 +16,7 @@ inside the bitdrift distribution.
 # (Snakemake builds its command-line flags from them)
 import logging
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +33,10 @@ class LogHandlerSettings(LogHandlerSettingsBase):
     full: bool = field(default=False, metadata={
         "help": "print Snakemake's full output (every job's block) instead of one line per "
                 "finished job"})
+    progress_every: int = field(default=60, metadata={
+        "help": "seconds a job runs before a line says where it is (its latest progress: "
+                "stage, k of n), then at most once per as many seconds while it changes; "
+                "0: never"})
 
 
 def job_label(rule: str, wildcards) -> str:
@@ -45,6 +54,32 @@ def elapsed(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes:2d}:{seconds:02d}"
 
 
+def counter(done: int, total, since_start: float) -> str:
+    """`[done/total elapsed]`, the quiet view's lines' start."""
+    width = len(str(total))
+    return f"[{done:>{width}}/{total} {elapsed(since_start)}]"
+
+
+def running_line(label: str, running_seconds: float, state: str | None,
+                 log: str | None) -> str:
+    """What a running job is doing: its latest progress (bitdrift.progress.latest_progress),
+    or its log's name where it has counted nothing yet."""
+    ran = elapsed(running_seconds).strip()
+    if state is None:
+        return f"running {label} for {ran}: nothing counted yet" + (f" (log: {log})"
+                                                                    if log else "")
+    return f"running {label} for {ran}: {state}"
+
+
+@dataclass
+class RunningJob:
+    label: str
+    log: str | None
+    started: float  # time.monotonic()
+    shown: str | None = None  # the state last shown, "" for "nothing counted"
+    shown_at: float | None = None
+
+
 class LogHandler(LogHandlerBase):
     def __post_init__(self) -> None:
         from snakemake.logging import DefaultFilter, DefaultFormatter
@@ -59,11 +94,45 @@ class LogHandler(LogHandlerBase):
         self.started = time.monotonic()
         self.labels: dict[int, str] = {}
         self.finished: list[int] = []
+        self.done, self.total = 0, None
+        self.every = 0 if self.full else int(getattr(self.settings, "progress_every", 60) or 0)
+        self.running: dict[int, RunningJob] = {}
+        self.lock = threading.RLock()  # the watcher thread writes too
+        self.stop = threading.Event()
+        self.watcher = None
 
     def write(self, text: str) -> None:
         if text:
-            self.stream.write(text.rstrip("\n") + "\n")
-            self.stream.flush()
+            with self.lock:
+                self.stream.write(text.rstrip("\n") + "\n")
+                self.stream.flush()
+
+    def watch(self) -> None:
+        """Every few seconds: a line for each job running longer than ``every`` whose
+        latest progress changed since its last line, that line ``every`` ago or more."""
+        from bitdrift.progress import latest_progress
+
+        while not self.stop.wait(max(0.2, min(5.0, self.every / 4))):
+            now = time.monotonic()
+            with self.lock:
+                jobs = list(self.running.items())
+            for jobid, job in jobs:
+                if now - job.started < self.every or (
+                        job.shown_at is not None and now - job.shown_at < self.every):
+                    continue
+                state = latest_progress(job.log) if job.log else None
+                if (state or "") == job.shown:
+                    continue
+                with self.lock:
+                    if self.running.get(jobid) is not job:
+                        continue  # it ended meanwhile
+                    job.shown, job.shown_at = state or "", now
+                    self.write(f"{counter(self.done, self.total or '?', now - self.started)} "
+                               f"{running_line(job.label, now - job.started, state, job.log)}")
+
+    def close(self) -> None:
+        self.stop.set()
+        super().close()
 
     def write_as_snakemake(self, record: logging.LogRecord) -> None:
         if self.snakemake_filter.filter(record):
@@ -82,29 +151,52 @@ class LogHandler(LogHandlerBase):
         event = getattr(record, "event", None)
         if event == LogEvent.JOB_INFO:
             self.labels[record.jobid] = job_label(record.rule_name, record.wildcards)
+            self.job_started(record)
         elif event == LogEvent.JOB_FINISHED:
             self.finished.append(record.job_id)
+            with self.lock:
+                self.running.pop(record.job_id, None)
         elif event == LogEvent.PROGRESS:
-            width = len(str(record.total))
+            self.done, self.total = record.done, record.total
             for job in self.finished:
-                self.write(f"[{record.done:>{width}}/{record.total} "
-                           f"{elapsed(time.monotonic() - self.started)}] done "
-                           f"{self.labels.pop(job, f'job {job}')}")
+                self.write(f"{counter(record.done, record.total, time.monotonic() - self.started)}"
+                           f" done {self.labels.pop(job, f'job {job}')}")
             self.finished.clear()
         elif event == LogEvent.RUN_INFO:
             total = next((line.split()[-1] for line in str(record.msg or "").splitlines()
                           if line.strip().startswith("total")), None)
             if total:
-                self.write(f"bitdrift: {total} jobs to run; one line per finished job "
+                self.total = total
+                where = (f", and where a job running over {self.every} s is"
+                         if self.every else "")
+                self.write(f"bitdrift: {total} jobs to run; one line per finished job{where} "
                            "(Snakemake's full output: add --logger-bitdrift-full)")
         elif record.levelno >= logging.WARNING or event in (
                 LogEvent.ERROR, LogEvent.JOB_ERROR, LogEvent.GROUP_ERROR):
+            if event == LogEvent.JOB_ERROR:
+                with self.lock:
+                    self.running.pop(getattr(record, "jobid", None), None)
             # Every warning and error in full, whatever its event: a lock left by a killed
             # run, a failed report, a missing input or a config that does not parse is the
             # reason the run stops, and the quiet view must say it
             self.write(self.snakemake_format.format(record))
         elif event is None and str(record.msg or "").startswith(KEPT_MESSAGES):
             self.write(self.snakemake_format.format(record))
+
+    def job_started(self, record: logging.LogRecord) -> None:
+        """A job Snakemake starts (its JOB_INFO): watched from now on, the watcher started
+        with the first one."""
+        if not self.every:
+            return
+        logs = [str(path) for path in getattr(record, "log", None) or []]
+        with self.lock:
+            self.running[record.jobid] = RunningJob(self.labels[record.jobid],
+                                                    logs[0] if logs else None,
+                                                    time.monotonic())
+            if self.watcher is None:
+                self.watcher = threading.Thread(target=self.watch, name="bitdrift-progress",
+                                                daemon=True)
+                self.watcher.start()
 
     @property
     def writes_to_stream(self) -> bool:

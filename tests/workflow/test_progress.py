@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -154,3 +155,75 @@ def test_every_error_snakemake_reports_is_on_the_terminal(tmp_path):
             assert word in full, (name, word, full)
         missing = [line for line in error_lines(full) if line not in quiet.splitlines()]
         assert not missing, (name, missing, quiet)
+
+
+# -- a job running a while says where it is ----------------------------------------------
+COUNTING_SNAKEFILE = """
+rule count:
+    output: "out/counted.txt"
+    log: "logs/count.log"
+    script: "count.py"
+"""
+# A hand-made loop of three steps, in a workflow job as bitdrift's scripts run (stderr to
+# the log): it starts, and takes each step, only when the test has seen the terminal say
+# where the job is (a file "go_<state>"), so every state is seen whatever the machine's speed
+COUNTING_SCRIPT = """
+import time
+from pathlib import Path
+
+from bitdrift.jobs import workflow_job
+from bitdrift.progress import progress
+
+
+def wait_for(name):
+    while not Path(name).exists():
+        time.sleep(0.05)
+
+
+with workflow_job(snakemake.log[0]):
+    wait_for("go_start")
+    for step in progress(range(3), "steps done"):
+        wait_for(f"go_{step}")
+    Path(snakemake.output[0]).write_text("counted")
+"""
+RUNNING = re.compile(r"^\[\s*0/1\s+\d+:\d\d\] running count for \d+:\d\d: (.+)$")
+
+
+def test_a_job_running_a_while_says_where_it_is_on_the_terminal(tmp_path):
+    """The quiet view's lines for a job running longer than --logger-bitdrift-progress-every
+    (1 s here): first that it has counted nothing yet, naming its log, then its latest
+    progress, step k of 3, as its loop (bitdrift.progress) goes on; then its one line."""
+    (tmp_path / "Snakefile").write_text(COUNTING_SNAKEFILE)
+    (tmp_path / "count.py").write_text(COUNTING_SCRIPT)
+    environment = {**os.environ, "BITDRIFT_PROGRESS_INTERVAL": "0"}  # every state logged
+    running = subprocess.Popen([SNAKEMAKE, "-c1", "--logger", "bitdrift",
+                                "--logger-bitdrift-progress-every", "1"], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=environment, start_new_session=True)
+    # a run that never goes on (a state never shown) is ended, and the asserts say why
+    watchdog = threading.Timer(300, os.killpg, (running.pid, signal.SIGKILL))
+    watchdog.start()
+    seen = []
+    try:
+        said = []
+        for line in running.stdout:
+            seen.append(line.rstrip("\n"))
+            found = RUNNING.match(seen[-1])
+            if found:
+                said.append(found.group(1))
+                state = found.group(1)
+                if state == "nothing counted yet (log: logs/count.log)":
+                    (tmp_path / "go_start").touch()
+                elif step := re.fullmatch(r"steps done (\d)/3 \[\d\d:\d\d<.+\]", state):
+                    (tmp_path / f"go_{step.group(1)}").touch()
+        assert running.wait() == 0, seen
+    finally:
+        watchdog.cancel()
+        if running.poll() is None:
+            os.killpg(running.pid, signal.SIGKILL)
+    assert [re.sub(r" \[.*\]$", "", state) for state in said] == [
+        "nothing counted yet (log: logs/count.log)", "steps done 0/3", "steps done 1/3",
+        "steps done 2/3"], seen
+    assert any(LINE.match(line) and line.endswith("done count") for line in seen), seen
+    log = (tmp_path / "logs/count.log").read_text()
+    assert "bitdrift: progress: steps done 3/3" in log

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bitdrift.progress import progress
 from bitdrift.record.hdf5 import DEPLOYED, OUTPUT, output_digest
 from bitdrift.record.writer import RecordWriter
 
@@ -109,7 +110,7 @@ def merge_repeats(writer: RecordWriter, files: list, meta: dict, samples: list[i
                    if position in selected or position == last]
         if deployed:
             outputs.append((DEPLOYED, False))
-        for position, is_layer in outputs:
+        for position, is_layer in progress(outputs, "layers merged"):
             tensors: list[list] = [[] for _ in samples]
             for row, sample in enumerate(samples):
                 if is_layer:

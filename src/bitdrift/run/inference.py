@@ -141,8 +141,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                   "reference": str(reference) if reference else None,
                   "export": str(export) if export else None,
                   "deployed_export": str(deployed_export) if deployed_export else None}
-        for repeat in progress(range(device["repeats"]), f"{model_name} on {device_name}: "
-                               "repeats", file=log):
+        for repeat in progress(range(device["repeats"]), "repeats done", file=log):
             job = RepeatJob(**common, model_name=model_name,
                             out=str(Path(tmp) / f"repeat{repeat}.npz"),
                             fingerprint=repeat == 0, orders=repeat == 0 and kernels,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+from bitdrift.progress import progress
+
 
 def reveal_orders(session, device: dict, positions: int | None = None, *,
                   reuse: bool = True, log=None, what: str = "") -> dict:
@@ -35,7 +37,8 @@ def reveal_orders(session, device: dict, positions: int | None = None, *,
     orders, searched = {}, {}  # searched: {probe key: the layer searched with it}
     computes = session.accelerator.get("inference_precision") or device["precision"]
     count = len(session.order_layers)
-    for number, (layer, spec) in enumerate(session.order_layers.items(), start=1):
+    for number, (layer, spec) in enumerate(progress(list(session.order_layers.items()),
+                                                    "orders searched", file=log), start=1):
         started = time.perf_counter()
         key = probe_key(spec, device["batch_size"], device["precision"], computes,
                         positions or REPLAY_POSITIONS)

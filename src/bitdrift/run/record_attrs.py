@@ -13,6 +13,7 @@ from bitdrift.analysis.effective_precision import describe_reduced
 from bitdrift.errors import InferenceError
 from bitdrift.inputs.datasets import file_digest, input_sha256, read_test_images
 from bitdrift.inputs.models import model_digest
+from bitdrift.progress import progress
 from bitdrift.record.hdf5 import DEPLOYED, OUTPUT
 from bitdrift.record.repeats import FirstRepeats
 from bitdrift.record.writer import RecordWriter
@@ -42,16 +43,20 @@ def record_attrs(writer: RecordWriter, meta: dict, weights: dict, classes, expec
         # Every revealed order is named; without recorded layers there is nothing to
         # replay it against, and replay_layers says so per layer
         first = FirstRepeats(writer, layer_names if full else [], full)
+        replayed = progress(None, "orders replayed", total=len(orders), file=log)
 
         def report(layer, number, count, entry, seconds):  # a line per layer: minutes in all
             said = "none, its order not revealed" if entry["order"] == "not revealed" \
                 else entry["replay"]
             print(f"bitdrift: {model_name} on {device_name}: replay of {layer} ({number}/"
                   f"{count}): {said}, {seconds:.1f} s", file=log, flush=True)
+            replayed.update()
 
-        orders = replay_layers(orders, meta.get("checked", {}) if layers else {}, weights,
-                               first, device["precision"], full_images.astype(np.float32),
-                               **(replay or {}), report=report)
+        with replayed:
+            orders = replay_layers(orders, meta.get("checked", {}) if layers else {},
+                                   weights, first, device["precision"],
+                                   full_images.astype(np.float32), **(replay or {}),
+                                   report=report)
     finding = describe_reduced(effective or {}, device, device_name, model_name)
     if finding:
         print(finding, file=log, flush=True)
@@ -139,38 +144,40 @@ def check_effective_precision(checked: dict, weights: dict, read, samples: list[
 
     images = sample_images.astype(numpy_dtype(precision))
     results, failed = {}, set()
-    for row, sample in enumerate(samples):
-        for name, spec in checked.items():
-            outputs = read(sample, name)
-            if outputs is None:
+    pairs = [(row, sample, name, spec) for row, sample in enumerate(samples)
+             for name, spec in checked.items()]
+    for row, sample, name, spec in progress(pairs, "layers checked for effective precision",
+                                            file=log):
+        outputs = read(sample, name)
+        if outputs is None:
+            continue
+        if spec["inbound"]:
+            inputs = read(sample, spec["inbound"])
+            if inputs is None:
+                results.setdefault(name, []).append({"unchecked": (
+                    f"its input {spec['inbound']} is not recorded (analysis.layer_select)")})
                 continue
-            if spec["inbound"]:
-                inputs = read(sample, spec["inbound"])
-                if inputs is None:
+        else:
+            inputs = np.repeat(images[row][None], outputs.shape[0], axis=0)
+        try:
+            if spec["class_name"] == "MatMul":  # its second operand, as recorded
+                kernel = read(sample, spec["operand"])
+                if kernel is None:
                     results.setdefault(name, []).append({"unchecked": (
-                        f"its input {spec['inbound']} is not recorded (analysis.layer_select)")})
+                        f"its operand {spec['operand']} is not recorded "
+                        "(analysis.layer_select)")})
                     continue
+                kernel = as_float(kernel)
             else:
-                inputs = np.repeat(images[row][None], outputs.shape[0], axis=0)
-            try:
-                if spec["class_name"] == "MatMul":  # its second operand, as recorded
-                    kernel = read(sample, spec["operand"])
-                    if kernel is None:
-                        results.setdefault(name, []).append({"unchecked": (
-                            f"its operand {spec['operand']} is not recorded "
-                            "(analysis.layer_select)")})
-                        continue
-                    kernel = as_float(kernel)
-                else:
-                    kernel = weights[f"weights/{name}/0"]
-                bias = weights.get(f"weights/{name}/1") if spec["use_bias"] else None
-                result = check_layer(spec, as_float(inputs), as_float(outputs), kernel, bias,
-                                     precision)
-            except Exception as error:  # noqa: BLE001 - one layer's check, not the device
-                result = {"unchecked": unchecked_layer(error)}
-                if log is not None and name not in failed:
-                    print(f"bitdrift: {what}: effective precision of {name}: "
-                          f"{result['unchecked']}", file=log, flush=True)
-                failed.add(name)
-            results.setdefault(name, []).append(result)
+                kernel = weights[f"weights/{name}/0"]
+            bias = weights.get(f"weights/{name}/1") if spec["use_bias"] else None
+            result = check_layer(spec, as_float(inputs), as_float(outputs), kernel, bias,
+                                 precision)
+        except Exception as error:  # noqa: BLE001 - one layer's check, not the device
+            result = {"unchecked": unchecked_layer(error)}
+            if log is not None and name not in failed:
+                print(f"bitdrift: {what}: effective precision of {name}: "
+                      f"{result['unchecked']}", file=log, flush=True)
+            failed.add(name)
+        results.setdefault(name, []).append(result)
     return {name: merge(parts) for name, parts in results.items()}

@@ -19,6 +19,7 @@ import numpy as np
 
 from bitdrift.errors import InferenceError
 from bitdrift.inputs.datasets import count_test_images, read_test_images
+from bitdrift.progress import progress
 from bitdrift.record.hdf5 import DEPLOYED
 from bitdrift.record.repeats import RepeatWriter
 from bitdrift.run.orders import reveal_orders
@@ -129,7 +130,8 @@ def run_repeat(sent: dict) -> None:
     count = -(-len(indices) // batch)
     numbers = job.batches or range(count)
     seconds = []
-    for number in numbers:
+    which = "traced repeat" if job.trace else "repeat"
+    for number in progress(numbers, f"{which}: batches run"):
         start = number * batch
         names = job.samples[start:start + batch]
         began = time.perf_counter()
@@ -144,7 +146,7 @@ def run_repeat(sent: dict) -> None:
         # the observer check (bitdrift.analysis.observer): the model as deployed, after the
         # instrumented run in the same process, on the same batches
         seconds = []
-        for number in numbers:
+        for number in progress(numbers, f"{which}: batches run as deployed"):
             start = number * batch
             names = job.samples[start:start + batch]
             began = time.perf_counter()

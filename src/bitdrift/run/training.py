@@ -194,9 +194,10 @@ def _optimizer(keras, recipe: dict):
     return keras.optimizers.SGD(recipe["learning_rate"], momentum=recipe["momentum"])
 
 
-def _step_timer(keras):
+def _step_timer(keras, counted=None):
     class StepTimer(keras.callbacks.Callback):
-        """Wall time of every optimisation step (forward, backward, update)."""
+        """Wall time of every optimisation step (forward, backward, update), each step
+        counted by ``counted`` (a bitdrift.progress bar) if given."""
 
         def __init__(self):
             super().__init__()
@@ -207,6 +208,8 @@ def _step_timer(keras):
 
         def on_train_batch_end(self, batch, logs=None):
             self.seconds.append(time.perf_counter() - self._start)
+            if counted is not None:
+                counted.update()
 
     return StepTimer()
 
@@ -233,17 +236,20 @@ def fit(keras, architecture: dict, recipe: dict, data: dict, classes: int, seeds
     augmentation = recipe["augmentation"] or {}
 
     rows, step_seconds = [], []
-    for epoch in progress(range(recipe["epochs"]), "epochs", file=log):
+    steps = -(-len(x_train) // recipe["batch_size"])
+    for epoch in progress(range(recipe["epochs"]), "epochs done", file=log):
         if recipe["lr_decay_every"] and epoch and epoch % recipe["lr_decay_every"] == 0:
             rate = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
             model.optimizer.learning_rate.assign(rate * recipe["lr_decay_factor"])
         order = order_rng.permutation(len(x_train))
         images = augment(x_train[order], augment_rng, augmentation.get("crop", 0),
                          augmentation.get("flip", False))
-        timer = _step_timer(keras)
         start = time.perf_counter()
-        history = model.fit(images, y_train[order], batch_size=recipe["batch_size"], epochs=1,
-                            shuffle=False, verbose=0, callbacks=[timer])
+        with progress(None, f"epoch {epoch + 1}: batches trained", total=steps,
+                      file=log) as trained:
+            timer = _step_timer(keras, trained)
+            history = model.fit(images, y_train[order], batch_size=recipe["batch_size"],
+                                epochs=1, shuffle=False, verbose=0, callbacks=[timer])
         seconds = time.perf_counter() - start
         test_loss, test_accuracy = model.evaluate(data["x_test"], data["y_test"], verbose=0,
                                                   batch_size=256)
