@@ -43,15 +43,16 @@ def test_a_repeat_job_travels_as_the_dict_the_runtimes_read():
               "full_samples": [6], "layers": True, "model_format": "keras",
               "reference": None, "export": None, "deployed_export": None}
     measured = RepeatJob(**common, model_name="small", out="repeat0.npz", orders=True,
-                         observe=False, error_file="repeat0.error")
+                         observe=False, error_file="repeat0.error", counted_as="repeat 1/2")
     sent = json.loads(json.dumps(measured.as_dict()))
     assert RepeatJob.from_dict(sent) == measured
     assert sent["observe"] is False and sent["error_file"] == "repeat0.error"
+    assert sent["counted_as"] == "repeat 1/2"
     assert "trace" not in sent and "batches" not in sent
     traced = RepeatJob(**common, out="traced.npz", fingerprint=False, trace=True, batches=[0])
     sent = traced.as_dict()
     assert sent["trace"] is True and sent["batches"] == [0]
-    assert not {"model_name", "orders", "observe", "error_file"} & set(sent)
+    assert not {"model_name", "orders", "observe", "error_file", "counted_as"} & set(sent)
     assert RepeatJob.from_dict(sent).observe is True
     with pytest.raises(InferenceError, match="unknown key.* bogus"):
         RepeatJob.from_dict({**measured.as_dict(), "bogus": 1})

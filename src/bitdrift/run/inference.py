@@ -148,7 +148,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                             order_positions=(replay or {}).get("replay_positions"),
                             observe=observe,
                             error_file=str(Path(tmp) / f"repeat{repeat}.error"),
-                            log_is_terminal=log is sys.__stderr__)
+                            log_is_terminal=log is sys.__stderr__,
+                            counted_as=f"repeat {repeat + 1}/{device['repeats']}")
             print(f"bitdrift: {model_name} on {device_name}: repeat {repeat + 1}/"
                   f"{device['repeats']} in {how}", file=log, flush=True)
             status = workers.run(job.as_dict())

@@ -65,6 +65,8 @@ class RepeatJob:
     # runs the batches numbered in ``batches`` alone (None: every batch)
     trace: bool = False
     batches: list[int] | None = None
+    # what the job's progress lines call a measured repeat ("repeat 1/3": bitdrift.progress)
+    counted_as: str = "repeat"
 
     def as_dict(self) -> dict:
         """The job as the worker gets it. A measured repeat's and the traced repeat's
@@ -82,7 +84,8 @@ class RepeatJob:
             return {**job, "trace": True, "batches": self.batches}
         return {**job, "model_name": self.model_name, "orders": self.orders,
                 "order_positions": self.order_positions, "observe": self.observe,
-                "error_file": self.error_file, "log_is_terminal": self.log_is_terminal}
+                "error_file": self.error_file, "log_is_terminal": self.log_is_terminal,
+                "counted_as": self.counted_as}
 
     @classmethod
     def from_dict(cls, job: dict) -> RepeatJob:
@@ -130,7 +133,7 @@ def run_repeat(sent: dict) -> None:
     count = -(-len(indices) // batch)
     numbers = job.batches or range(count)
     seconds = []
-    which = "traced repeat" if job.trace else "repeat"
+    which = "traced repeat" if job.trace else job.counted_as
     for number in progress(numbers, f"{which}: batches run"):
         start = number * batch
         names = job.samples[start:start + batch]
