@@ -1,6 +1,7 @@
 """Quiet progress (the local profile's `logger: bitdrift`) on a real Snakemake run: one line
 per finished job with jobs done/total, a failed job's error and log in full, Snakemake's
-full output one flag away and in its log file."""
+full output one flag away and in its log file, and a job running a while saying where it
+is (its log's latest progress line: bitdrift.progress)."""
 
 import os
 import re
