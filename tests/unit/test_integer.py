@@ -167,6 +167,12 @@ def test_each_rounding_mode_on_exact_ties(multiplier, rounding):
                               np.int8, rounding).tolist() == [[127, -128]]
 
 
+def test_half_away_from_zero_just_below_a_half():
+    # std::round(0.49999997f) is 0; in float32, 0.49999997 + 0.5 rounds up to 1.0
+    assert integer.requantize(np.array([[1, -1]], np.int32), np.float32(0.49999997), 0,
+                              np.int8, HALF_AWAY_FROM_ZERO).tolist() == [[0, 0]]
+
+
 def test_unknown_rounding_is_refused_by_name():
     with pytest.raises(ValueError, match="'truncate'"):
         integer.requantize(np.zeros((1, 1), np.int32), 0.5, 0, np.int8, "truncate")

@@ -13,6 +13,7 @@ import pytest
 from onnx import numpy_helper
 
 from bitdrift.backends.exported.onnx_quantization import checked_settings, quantize_model
+from bitdrift.cli import main
 from bitdrift.config import validate_config
 from bitdrift.errors import ConfigError, ModelFormatError
 from bitdrift.inputs.examples import onnx_cnn, onnx_transformer
@@ -141,3 +142,30 @@ def test_static_quantization_without_inputs_is_refused(models, tmp_path):
     with pytest.raises(ConfigError, match="needs its inputs"):
         quantize_model(models / "encoder.onnx", tmp_path / "q.onnx", {"method": "static"})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_quantize_command(models, tmp_path, capsys):
+    """`bitdrift quantize` writes what the library function writes, and names a wrong
+    option or a calibration set that does not fit in one line with its exit status."""
+    out = tmp_path / "u8.onnx"
+    assert main(["quantize", "--model-file", str(models / "encoder.onnx"), "--out", str(out),
+                 "--weight-type", "QUInt8", "--per-channel"]) == 0
+    assert "weight_type QUInt8" in capsys.readouterr().out
+    library = tmp_path / "library.onnx"
+    quantize_model(models / "encoder.onnx", library, {"weight_type": "QUInt8",
+                                                      "per_channel": True})
+    assert [numpy_helper.to_array(t).tobytes() for t in onnx.load(str(out)).graph.initializer] \
+        == [numpy_helper.to_array(t).tobytes()
+            for t in onnx.load(str(library)).graph.initializer]
+    assert main(["quantize", "--model-file", str(models / "encoder.onnx"), "--out",
+                 str(tmp_path / "x.onnx"), "--format", "QOperator"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("bitdrift: error: --format: a setting of static") and \
+        "\n" not in error
+    wrong = tmp_path / "wrong.npy"
+    np.save(wrong, np.zeros((4, 32, 8), np.float32))
+    assert main(["quantize", "--model-file", str(models / "encoder.onnx"), "--out",
+                 str(tmp_path / "y.onnx"), "--method", "static", "--inputs", str(wrong)]) == 3
+    error = capsys.readouterr().err.strip()
+    assert "encoder.onnx" in error and "calibration" in error and "\n" not in error
+    assert not (tmp_path / "x.onnx").exists() and not (tmp_path / "y.onnx").exists()

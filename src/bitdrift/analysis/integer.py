@@ -212,7 +212,10 @@ def requantize(accumulators: np.ndarray, multiplier, zero_point: int, dtype=np.i
         if rounding == HALF_TO_EVEN:
             rounded = np.rint(scaled)
         else:
-            rounded = np.copysign(np.floor(np.abs(scaled) + np.float32(0.5)), scaled)
+            # in float64, where |x| + 0.5 is exact (in float32 0.49999997 + 0.5 rounds up
+            # to 1, where std::round gives 0)
+            wide = scaled.astype(np.float64)
+            rounded = np.copysign(np.floor(np.abs(wide) + 0.5), wide)
         rounded = rounded.astype(np.int64)
     elif rounding in (FIXED_POINT, FIXED_POINT_SINGLE):
         pairs = [quantize_multiplier(m) for m in np.atleast_1d(np.asarray(multiplier,

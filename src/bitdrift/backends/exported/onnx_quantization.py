@@ -10,45 +10,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bitdrift.backends.exported import common as exported
 from bitdrift.errors import ConfigError, ModelFormatError
+from bitdrift.runtimes import QUANTIZATION_METHODS, QUANTIZATION_SETTINGS
 
-# {setting: (its values, ONNX Runtime's default)}; the settings a method takes: METHODS
-SETTINGS = {
-    "method": (("dynamic", "static"), "dynamic"),
-    "weight_type": (("QInt8", "QUInt8"), "QInt8"),
-    "activation_type": (("QInt8", "QUInt8"), "QInt8"),  # static only: dynamic's are uint8
-    "per_channel": ((False, True), False),
-    "reduce_range": ((False, True), False),  # 7-bit weights: AVX2's vpmaddubsw cannot clip
-    "format": (("QDQ", "QOperator"), "QDQ"),
-    "calibrate_method": (("MinMax", "Entropy", "Percentile"), "MinMax"),
-}
-METHODS = {
-    "dynamic": ("method", "weight_type", "per_channel", "reduce_range"),
-    "static": tuple(SETTINGS),
-}
+# {setting: (its values, ONNX Runtime's default)}; the settings each method takes
+SETTINGS, METHODS = QUANTIZATION_SETTINGS, QUANTIZATION_METHODS
 CALIBRATION_BATCH = 16  # samples a calibration step feeds, where the batch axis is free
 
 
-def checked_settings(settings: dict, where: str = "quantization") -> dict:
+def config_key(key: str) -> str:
+    return f"quantization.{key}"
+
+
+def checked_settings(settings: dict, named=config_key) -> dict:
     """``settings`` with ONNX Runtime's defaults filled in; ConfigError in one line naming
-    ``where`` and the key for an unknown key, a value not allowed, or a static-only
-    setting given to dynamic quantization."""
+    the setting (``named(key)``: a config key, a command's option) for an unknown key, a
+    value not allowed, or a static-only setting given to dynamic quantization."""
     settings = dict(settings or {})
     method = settings.get("method", SETTINGS["method"][1])
     if method not in SETTINGS["method"][0]:
-        raise ConfigError(f"{where}.method: {method!r} is none of "
+        raise ConfigError(f"{named('method')}: {method!r} is none of "
                           f"{', '.join(SETTINGS['method'][0])}")
     for key, value in settings.items():
         if key not in SETTINGS:
-            raise ConfigError(f"{where}.{key}: unknown quantization setting (known: "
+            raise ConfigError(f"{named(key)}: unknown quantization setting (known: "
                               f"{', '.join(SETTINGS)})")
         if key not in METHODS[method]:
-            raise ConfigError(f"{where}.{key}: a setting of static quantization only, not "
+            raise ConfigError(f"{named(key)}: a setting of static quantization only, not "
                               f"of {method}")
         allowed = SETTINGS[key][0]
         if value not in allowed or type(value) is not type(allowed[0]):
-            raise ConfigError(f"{where}.{key}: {value!r} is none of "
+            raise ConfigError(f"{named(key)}: {value!r} is none of "
                               f"{', '.join(map(repr, allowed))}")
     return {key: settings.get(key, SETTINGS[key][1]) for key in METHODS[method]}
 
@@ -99,16 +91,18 @@ def calibration_reader(model_path, inputs_path):
     return Reader()
 
 
-def quantize_model(model_path, out, settings: dict | None = None, inputs_path=None) -> dict:
+def quantize_model(model_path, out, settings: dict | None = None, inputs_path=None,
+                   named=config_key) -> dict:
     """Quantize the float ONNX model at ``model_path`` with ONNX Runtime's quantizer into
-    ``out`` (written atomically): ``settings`` (SETTINGS; ORT's defaults where left out),
-    static quantization calibrated on ``inputs_path``, the model's inputs. Returns the
-    settings used, defaults filled in."""
+    ``out`` (written atomically): ``settings`` (SETTINGS; ORT's defaults where left out;
+    a wrong one named by ``named``), static quantization calibrated on ``inputs_path``,
+    the model's inputs. Returns the settings used, defaults filled in."""
     from bitdrift.atomic import atomic_output
+    from bitdrift.backends.exported import common as exported
     from bitdrift.backends.exported.onnxruntime import NAME, PIN
     from bitdrift.formats import detect
 
-    settings = checked_settings(settings)
+    settings = checked_settings(settings, named)
     if detect(model_path) != "onnx":
         raise ModelFormatError(f"{model_path}: ONNX Runtime's quantizer takes an ONNX model")
     exported.require("onnxruntime", NAME, PIN)
