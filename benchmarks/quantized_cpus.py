@@ -5,8 +5,8 @@ integers replayed in numpy (issue 65's table).
     python benchmarks/quantized_cpus.py [--cpus Haswell-v4 Skylake-Client-v4] [--batch 1]
 
 The encoder of bitdrift.inputs.examples.onnx_transformer (seed 0, six inputs) is quantized
-by ONNX Runtime's quantize_dynamic with QInt8 and with QUInt8 weights
-(bitdrift.backends.exported.onnx_quantization). Each CPU runs it in a fresh process
+by ONNX Runtime's quantize_dynamic with QUInt8, QInt8 and 7-bit QInt8 (reduce_range)
+weights (bitdrift.backends.exported.onnx_quantization). Each CPU runs it in a fresh process
 (``qemu-x86_64 -cpu MODEL`` for an emulated one, bitdrift.emulation.cpus), one thread,
 the inputs in batches of ``--batch``: the outputs' digest (SHA-256 of the float32 bytes,
 8 hex digits) and first values with every graph optimisation (as deployed), and, with
@@ -31,6 +31,13 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+
+# the rows: quantize_dynamic's settings; reduce_range's 7-bit weights (|w| <= 64) keep
+# every u8 x s8 pair within int16 (255 x 64 x 2 = 32640), as ONNX Runtime advises for
+# CPUs without VNNI
+WEIGHTS = {"QUInt8": {"weight_type": "QUInt8"}, "QInt8": {"weight_type": "QInt8"},
+           "QInt8 reduce_range": {"weight_type": "QInt8", "reduce_range": True}}
 
 
 def first_matmul_integer(model):
@@ -144,14 +151,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         onnx_transformer.write(folder / "encoder.onnx", folder / "inputs.npy", samples=6)
-        for weight_type in ("QUInt8", "QInt8"):
-            model = folder / f"{weight_type}.onnx"
-            quantize_model(folder / "encoder.onnx", model, {"method": "dynamic",
-                                                            "weight_type": weight_type})
+        for weights, settings in WEIGHTS.items():
+            weight_type = settings["weight_type"]
+            model = folder / f"{weights.replace(' ', '_')}.onnx"
+            quantize_model(folder / "encoder.onnx", model, {"method": "dynamic", **settings})
             found = {}
             for cpu in [None, *args.cpus]:
                 found[cpu] = capture_on(cpu, model, folder / "inputs.npy",
-                                        folder / f"{weight_type}.{cpu or 'native'}.npz",
+                                        model.with_suffix(f".{cpu or 'native'}.npz"),
                                         args.batch)
             native = replays(model, found[None])
             for cpu, values in found.items():
@@ -170,7 +177,7 @@ def main() -> None:
                     if weight_type == "QInt8" else "none (u8 x u8: vpmaddwd, exact)"
                 apart = np.abs(values["deployed"] - found[None]["deployed"]).max() / \
                     np.abs(found[None]["deployed"]).max()
-                rows.append((weight_type, cpu or "this CPU", digest(values["deployed"]),
+                rows.append((weights, cpu or "this CPU", digest(values["deployed"]),
                              ", ".join(f"{v:.5f}" for v in values["deployed"][0, :3]),
                              f"{apart:.1%}",
                              ", ".join(sorted(set(equals))), same_codes, pairs,
