@@ -43,7 +43,7 @@ class _VersionAction(argparse.Action):
 # commands" (tests/unit/test_layout.py fails on it).
 HELP_GROUPS = {
     "run and measure (what the workflow's jobs run)": (
-        "prepare-dataset", "train", "export", "infer"),
+        "prepare-dataset", "train", "export", "quantize", "infer"),
     "analyse records: tables and findings": (
         "eqc", "precision", "effective-precision", "divergence", "explain", "kernels",
         "agreement", "observer", "failures", "findings"),
@@ -98,7 +98,7 @@ def _group_commands_in_help(parser, sub, groups: dict) -> None:
 INPUT_OPTIONS = ("files", "table", "tables", "eqc", "config", "model_file", "dataset_file",
                  "classes", "eqc_layers", "precision_table", "record", "against", "reference",
                  "export", "divergence", "coverage", "index", "probes", "evaluation",
-                 "records", "figure", "folder")
+                 "records", "figure", "folder", "inputs")
 OUTPUT_OPTIONS = ("out", "rst_out", "layers_out", "out_model", "out_history", "out_logits",
                   "flags_out", "classes_out", "table_out", "coverage_out", "orders_out",
                   "refused_out", "figure_out")

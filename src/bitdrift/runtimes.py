@@ -76,3 +76,20 @@ HOST_DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu")}
 # without native support); neither logs. On a GPU, a silent layer stays unknown
 # (bitdrift.analysis.kernels).
 SILENT_CPU_KERNELS = {"tensorflow": "eigen", "torch": "aten"}
+
+# The settings of ONNX Runtime's own quantizer (onnxruntime.quantization, run by
+# bitdrift.backends.exported.onnx_quantization): {setting: (its values, ORT's default)},
+# and the settings each method takes (dynamic quantization's activations are uint8)
+QUANTIZATION_SETTINGS = {
+    "method": (("dynamic", "static"), "dynamic"),
+    "weight_type": (("QInt8", "QUInt8"), "QInt8"),
+    "activation_type": (("QInt8", "QUInt8"), "QInt8"),
+    "per_channel": ((False, True), False),
+    "reduce_range": ((False, True), False),  # 7-bit weights: AVX2's vpmaddubsw cannot clip
+    "format": (("QDQ", "QOperator"), "QDQ"),
+    "calibrate_method": (("MinMax", "Entropy", "Percentile"), "MinMax"),
+}
+QUANTIZATION_METHODS = {
+    "dynamic": ("method", "weight_type", "per_channel", "reduce_range"),
+    "static": tuple(QUANTIZATION_SETTINGS),
+}

@@ -123,6 +123,29 @@ def cmd_export(args) -> None:
     print(f"bitdrift: wrote {', '.join(written)}")
 
 
+QUANTIZE_HELP = {
+    "method": "dynamic: activations quantized at run time; static: calibrated on --inputs",
+    "weight_type": "the weights' 8-bit type",
+    "activation_type": "static: the activations' 8-bit type (dynamic's are uint8)",
+    "per_channel": "a weight scale per output channel",
+    "reduce_range": "7-bit weights",
+    "format": "static: QDQ pairs around the float ops, or QOperator nodes (QLinearMatMul)",
+    "calibrate_method": "static: how the activations' ranges are calibrated",
+}
+
+
+def cmd_quantize(args) -> None:
+    from bitdrift.backends.exported.onnx_quantization import quantize_model
+    from bitdrift.runtimes import QUANTIZATION_SETTINGS
+
+    given = {key: getattr(args, key) for key in QUANTIZATION_SETTINGS
+             if getattr(args, key) is not None}
+    used = quantize_model(args.model_file, args.out, given, args.inputs,
+                          named=lambda key: "--" + key.replace("_", "-"))
+    print(f"bitdrift: wrote {args.out} (ONNX Runtime's quantizer: "
+          f"{', '.join(f'{key} {value}' for key, value in used.items())})")
+
+
 def add_commands(sub) -> None:
     """Register these commands on the `bitdrift` subparsers."""
     p = sub.add_parser("prepare-dataset", help="load a dataset source into HDF5")
@@ -166,3 +189,21 @@ def add_commands(sub) -> None:
     p.add_argument("--model-file", help="model to export (default: the workflow's trained model)")
     p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
     p.set_defaults(func=cmd_export, writes_data=True)
+
+    from bitdrift.runtimes import QUANTIZATION_SETTINGS
+
+    p = sub.add_parser("quantize", help="quantize an ONNX model with ONNX Runtime's own "
+                       "quantizer (dynamic, or static calibrated on the model's inputs)")
+    p.add_argument("--model-file", required=True, help="the float ONNX model")
+    p.add_argument("--out", required=True, help="the quantized ONNX model to write")
+    p.add_argument("--inputs", help="the model's inputs (.npy, or .npz of one array per "
+                   "input): static quantization calibrates on them")
+    for key, (values, default) in QUANTIZATION_SETTINGS.items():
+        option = "--" + key.replace("_", "-")
+        if values == (False, True):
+            p.add_argument(option, action="store_const", const=True, default=None,
+                           help=f"{QUANTIZE_HELP[key]} (ONNX Runtime's default: off)")
+        else:
+            p.add_argument(option, choices=values, help=f"{QUANTIZE_HELP[key]} (ONNX "
+                           f"Runtime's default: {default})")
+    p.set_defaults(func=cmd_quantize, writes_data=True)

@@ -48,6 +48,11 @@ def instrumented(path):
                            *inferred.graph.input]}
     floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
               TensorProto.BFLOAT16}
+    # a scalar computed from the inputs has no sample axis: one value per batch, such as
+    # dynamic quantization's activation scale (DynamicQuantizeLinear's y_scale)
+    scalars = {value.name for value in inferred.graph.value_info
+               if value.type.tensor_type.HasField("shape")
+               and not value.type.tensor_type.shape.dim}
     finals = [output.name for output in model.graph.output]
     # the values computed from the model's inputs: a node of constants alone (a Constant,
     # an Identity of a weight, as torch.onnx.export writes them) holds no sample's value
@@ -64,7 +69,7 @@ def instrumented(path):
                     output in varying:
                 untyped.append(output)
             if not output or output in finals or types.get(output) not in floats or \
-                    output not in varying:
+                    output not in varying or output in scalars:
                 continue
             layers.append((output, node.op_type))
             added.append(helper.make_tensor_value_info(output, types[output], None))
