@@ -67,6 +67,7 @@ PROVENANCE_FILES = PLAN.provenance_files()
 EXPECT_ARGUMENTS = PLAN.expect_arguments()
 ATLAS_FOLDER = PLAN.atlas_folder()
 QUANTIZED_MODELS = list(PLAN.quantized_models)
+QUANTIZATION_ERROR_PAIRS = PLAN.quantization_error_pairs()
 # What each study's rule file (rules/<study>.smk) adds to `all`, and the summaries of a
 # study the findings quote: {name: table path}, where the study has run.
 STUDY_TARGETS = []

@@ -167,6 +167,11 @@ ATLAS_TABLES = ("atlas", "atlas_refused")
 ATLAS_FIGURE = "atlas"
 
 
+# Each quantized model against its float model, where the config quantizes one
+# (bitdrift.analysis.quantization_error)
+QUANTIZATION_ERROR_TABLE = "quantization_error"
+
+
 def result_file(kind: str, name: str) -> str:
     """A result of CORE_RESULTS by its kind ("table" or "figure") and name."""
     return {"table": table_file, "figure": figure_file}[kind](name)

@@ -315,6 +315,8 @@ class Plan:
             targets += [paths.atlas_record_file(device) for device in self.atlas_devices]
             targets += [paths.table_file(paths.ATLAS_TABLES[0]),
                         paths.figure_file(paths.ATLAS_FIGURE)]
+        if self.quantized_models:
+            targets.append(paths.table_file(paths.QUANTIZATION_ERROR_TABLE))
         if any(self.config["devices"][device].get("emulate")
                for device in self.scheduled_devices):
             targets.append(paths.figure_file(paths.CPU_GENERATIONS_FIGURE))
@@ -328,6 +330,16 @@ class Plan:
         if settings is None:
             return None
         return {**settings, "model_file": paths.model_file(self.config, settings["model"])}
+
+    def quantization_error_pairs(self) -> list[tuple[str, str, str, str]]:
+        """(float model, its record, the quantized model's record, the quantized model's
+        file) per quantized model and device that runs both, in config order: what the
+        table quantization_error compares (bitdrift.analysis.quantization_error)."""
+        return [(settings["model"], paths.record_file(settings["model"], device),
+                 paths.record_file(model, device), paths.model_file(self.config, model))
+                for model, settings in self.quantized_models.items()
+                for device in self.devices
+                if self.runs_on(model, device) and self.runs_on(settings["model"], device)]
 
     def atlas_record_files(self) -> list[str]:
         return [paths.atlas_record_file(device) for device in self.atlas_devices]
