@@ -42,6 +42,11 @@ def test_the_settings_are_completed_and_the_model_runs_where_onnx_runs():
                                              "model_file": "net.onnx"}
     assert plan.quantization("net") is None
     assert "results/quantized/net_int8.onnx" in plan.rule_made_files()
+    # the distance to the float model: a target, on the devices that run both
+    assert plan.quantization_error_pairs() == [
+        ("net", "results/inference/net/ort.h5", "results/inference/net_int8/ort.h5",
+         "results/quantized/net_int8.onnx")]
+    assert "results/tables/quantization_error.csv" in plan.core_targets()
 
 
 @pytest.mark.parametrize("change,key", [
