@@ -30,8 +30,9 @@ def quantized_run(tmp_path_factory):
     config = workdir / "config.yaml"
     config.write_text(yaml.safe_dump({
         "samples": SAMPLES, "analysis": {"precision": "float32"},
+        # no graph optimisations: the QDQ pairs stay, and every layer is recorded
         "devices": {DEVICE: {"accelerator": "cpu", "backend": "onnxruntime", "threads": 1,
-                             "repeats": 1}},
+                             "repeats": 1, "graph_optimization_level": "disable_all"}},
         "models": {"cnn": {"file": "cnn.onnx", "inputs": "cnn.npy"},
                    "cnn_qdq": {"quantize": {"model": "cnn", **SETTINGS}}}}))
     snakemake(workdir, paths.table_file(paths.QUANTIZATION_ERROR_TABLE), configfile=config)
@@ -53,12 +54,17 @@ def test_the_table_gives_the_sqnr_numpy_gives_from_the_records(quantized_run):
     table = pd.read_csv(quantized_run / paths.table_file(paths.QUANTIZATION_ERROR_TABLE))
     assert set(table["model"]) == {"cnn_qdq"} and set(table["device"]) == {DEVICE}
     assert "output" in set(table["layer"])
+    # a QDQ tensor as the quantized model passes it on, after its QuantizeLinear and
+    # DequantizeLinear, where the record holds it (ONNX Runtime's names)
+    for row in table.itertuples():
+        assert row.quantized_layer in (row.layer, f"{row.layer}_DequantizeLinear_Output")
+    assert "conv_relu_DequantizeLinear_Output" in set(table["quantized_layer"])
     with Record(quantized_run / paths.record_file("cnn", DEVICE)) as float_record, \
             Record(quantized_run / paths.record_file("cnn_qdq", DEVICE)) as quantized:
         for row in table.itertuples():
             before = np.stack([float_record.tensor(s, row.layer).values[0]
                                for s in SAMPLES]).astype(np.float64)
-            after = np.stack([quantized.tensor(s, row.layer).values[0]
+            after = np.stack([quantized.tensor(s, row.quantized_layer).values[0]
                               for s in SAMPLES]).astype(np.float64)
             noise = np.sum((before - after) ** 2)
             assert row.sqnr_db == pytest.approx(

@@ -11,9 +11,14 @@ import math
 
 import numpy as np
 
-COLUMNS = ["model", "float_model", "device", "layer", "samples", "sqnr_db", "largest_error",
-           "scale", "largest_error_in_scales", "labels", "changed_labels"]
+COLUMNS = ["model", "float_model", "device", "layer", "quantized_layer", "samples",
+           "sqnr_db", "largest_error", "scale", "largest_error_in_scales", "labels",
+           "changed_labels"]
 QUANTIZE_INPUT = "_QuantizeLinear_Input"  # ONNX Runtime's name of a graph output's producer
+# ONNX Runtime's QDQ name of a tensor X after its QuantizeLinear-DequantizeLinear pair: X
+# as the quantized model passes it on (X itself may differ in meaning: the quantizer drops
+# a Relu after a Conv, whose QuantizeLinear clips at zero, and X is then the Conv's output)
+DEQUANTIZED = "_DequantizeLinear_Output"
 
 
 def sqnr_db(reference, quantized) -> float:
@@ -68,7 +73,8 @@ def compare_records(float_record, quantized_record, scales: dict[str, float],
                     float_model: str) -> list[dict]:
     """The rows of one device: its quantized model's record against its float model's,
     per layer both hold by name (the final output as `output`, its scale the graph
-    output's: tensor_scales), over the samples whose values both hold (the first repeat)."""
+    output's: tensor_scales; a QDQ model's X as DequantizeLinear passes it on, where its
+    record holds that), over the samples whose values both hold (the first repeat)."""
     from bitdrift.record.hdf5 import OUTPUT
 
     samples = [sample for sample in quantized_record.value_samples
@@ -77,21 +83,24 @@ def compare_records(float_record, quantized_record, scales: dict[str, float],
         return []
     first = samples[0]
     float_layers = float_record.layer_labels(first)
+    held = quantized_record.layer_labels(first)
     rows = []
     for layer in quantized_record.layers(first):
         if layer.label not in float_layers:
             continue
         name = OUTPUT if layer.final else layer.name
+        compared = name + DEQUANTIZED if name + DEQUANTIZED in held else name
         reference = np.stack([float_record.tensor(sample, name).values[0]
                               for sample in samples])
-        quantized = np.stack([quantized_record.tensor(sample, name).values[0]
+        quantized = np.stack([quantized_record.tensor(sample, compared).values[0]
                               for sample in samples])
         if reference.shape != quantized.shape:
             continue  # the same name, another tensor
         scale = scales.get(name)
         largest = largest_error(reference, quantized)
         row = {"model": quantized_record.model, "float_model": float_model,
-               "device": quantized_record.device, "layer": name, "samples": len(samples),
+               "device": quantized_record.device, "layer": name,
+               "quantized_layer": compared, "samples": len(samples),
                "sqnr_db": sqnr_db(reference, quantized), "largest_error": largest,
                "scale": scale, "largest_error_in_scales": largest / scale if scale else None,
                "labels": None, "changed_labels": None}
