@@ -202,6 +202,32 @@ rule check_effective_precision:
         "../workflow/scripts/check_effective_precision.py"
 
 
+rule tabulate_quantization_error:
+    input:
+        records=[path for pair in QUANTIZATION_ERROR_PAIRS for path in pair[1:3]],
+        models=[pair[3] for pair in QUANTIZATION_ERROR_PAIRS],
+    output:
+        table=paths.table_file(paths.QUANTIZATION_ERROR_TABLE),
+        html=report(
+            paths.table_html(paths.QUANTIZATION_ERROR_TABLE),
+            caption="../workflow/report/quantization_error_table.rst",
+            category="Findings",
+            labels={"kind": "table", "name": paths.QUANTIZATION_ERROR_TABLE},
+        ),
+    log:
+        "logs/tabulate_quantization_error/all.log",
+    benchmark:
+        "results/benchmarks/tabulate_quantization_error/all.tsv"
+    conda:
+        "../envs/bitdrift.yaml"
+    resources:
+        **ANALYSIS_RESOURCES,
+    params:
+        pairs=QUANTIZATION_ERROR_PAIRS,
+    script:
+        "../workflow/scripts/tabulate_quantization_error.py"
+
+
 rule tabulate_argmax_agreement:
     input:
         records=record_files,

@@ -66,6 +66,8 @@ EXPORT_FORMATS = PLAN.export_formats()
 PROVENANCE_FILES = PLAN.provenance_files()
 EXPECT_ARGUMENTS = PLAN.expect_arguments()
 ATLAS_FOLDER = PLAN.atlas_folder()
+QUANTIZED_MODELS = list(PLAN.quantized_models)
+QUANTIZATION_ERROR_PAIRS = PLAN.quantization_error_pairs()
 # What each study's rule file (rules/<study>.smk) adds to `all`, and the summaries of a
 # study the findings quote: {name: table path}, where the study has run.
 STUDY_TARGETS = []
@@ -226,6 +228,27 @@ def findings_atlas_tables(wildcards):
 
 def inference_model_file(wildcards):
     return paths.model_file(config, wildcards.model)
+
+
+def float_model_files(wildcards):
+    """A quantized model's float model and its inputs (static quantization calibrates on
+    them)."""
+    source = config["models"][wildcards.model]["quantize"]["model"]
+    return {
+        "model": paths.model_file(config, source),
+        "inputs": paths.model_inputs_file(config, source),
+    }
+
+
+def quantization_settings(wildcards):
+    """ONNX Runtime's settings of a quantized model, its float model's name left out."""
+    settings = config["models"][wildcards.model]["quantize"]
+    return canonical({key: value for key, value in settings.items() if key != "model"})
+
+
+def model_quantization(wildcards):
+    """How the workflow quantized the model, for its records' fingerprint (None: not)."""
+    return canonical(PLAN.quantization(wildcards.model))
 
 
 def inference_export_inputs(wildcards):

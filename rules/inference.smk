@@ -78,6 +78,7 @@ rule run_inference:
         full_samples=config["analysis"].get("full_samples"),
         layer_select=config["analysis"].get("layer_select"),
         traced_samples=config["analysis"]["traced_samples"],
+        quantization=model_quantization,
     script:
         "../workflow/scripts/run_inference.py"
 
@@ -100,3 +101,24 @@ rule example_model:
         samples=PLAN.example_samples(),
     script:
         "../workflow/scripts/write_example_model.py"
+
+
+rule quantize_model:
+    input:
+        unpack(float_model_files),
+    output:
+        paths.quantized_model_file(),
+    log:
+        "logs/quantize_model/{model}.log",
+    benchmark:
+        "results/benchmarks/quantize_model/{model}.tsv"
+    # ONNX Runtime's quantizer (bitdrift.backends.exported.onnx_quantization): config key
+    # models.{model}.quantize
+    wildcard_constraints:
+        model=_choice(QUANTIZED_MODELS),
+    conda:
+        "../envs/bitdrift.yaml"
+    params:
+        settings=quantization_settings,
+    script:
+        "../workflow/scripts/quantize_model.py"

@@ -66,7 +66,7 @@ def validate_config(config: dict) -> dict:
         best = jsonschema.exceptions.best_match([error])
         message = best.message
         if best.validator == "oneOf" and _key_path(best).startswith("models."):
-            message = "a model needs exactly one of 'architecture' or 'file'"
+            message = "a model needs exactly one of 'architecture', 'file' or 'quantize'"
         if best.validator == "enum" and list(best.absolute_path)[-1:] == ["emulate"]:
             from bitdrift.emulation.cpus import beyond_tcg
 
@@ -190,7 +190,10 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
     for device in config["atlas"]["devices"]:
         scheduled_device(config, device, "atlas.devices", "the reference model runs on the "
                          "devices the workflow schedules")
+    check_quantized_models(config)
     for name, model in config["models"].items():
+        if "quantize" in model:
+            continue  # it reads its float model's inputs
         if ("dataset" in model) == ("inputs" in model):
             raise ConfigError(f"config key models.{name}: a model needs exactly one of "
                               "'dataset' or 'inputs'")
@@ -222,6 +225,38 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
                               "used as is and cannot be trained")
         if "file" in model:
             check_model_file(name, model, config["samples"], config["devices"])
+
+
+def check_quantized_models(config: dict) -> None:
+    """Each model made by quantization (`quantize`): its float model a model of the config
+    given as an ONNX `file`, no `dataset` or `inputs` of its own (it reads the float
+    model's), and ONNX Runtime's settings checked and completed with its defaults in place
+    (bitdrift.backends.exported.onnx_quantization.checked_settings), each error naming
+    the key."""
+    from bitdrift import formats
+    from bitdrift.backends.exported.onnx_quantization import checked_settings
+
+    models = config["models"]
+    for name, model in models.items():
+        if "quantize" not in model:
+            continue
+        key = f"config key models.{name}"
+        for own in ("dataset", "inputs"):
+            if own in model:
+                raise ConfigError(f"{key}.{own}: a quantized model reads the inputs of the "
+                                  "model it quantizes")
+        settings = dict(model["quantize"])
+        source = settings.pop("model")
+        float_model = models.get(source)
+        if float_model is None or "file" not in float_model:
+            raise ConfigError(f"{key}.quantize.model: {source!r} is not a model of the "
+                              "config given as a `file` (models given so: "
+                              f"{sorted(m for m, spec in models.items() if 'file' in spec)})")
+        if formats.planned_format(float_model["file"]) != "onnx":
+            raise ConfigError(f"{key}.quantize.model: {source!r} ({float_model['file']}) is "
+                              "not an ONNX model; ONNX Runtime's quantizer takes one")
+        model["quantize"] = {"model": source, **checked_settings(
+            settings, named=lambda setting, key=key: f"{key}.quantize.{setting}")}
 
 
 def check_model_file(name: str, model: dict, samples: list[int], devices: dict) -> None:

@@ -40,18 +40,29 @@ def inference_seed(model: dict) -> int:
     return model.get("inference_seed", model["train"]["seeds"][0])
 
 
+def quantized_model_file(model="{model}") -> str:
+    """The ONNX model that config key models.MODEL.quantize makes from its float model
+    (rule quantize_model, bitdrift.backends.exported.onnx_quantization)."""
+    return f"{RESULTS}/quantized/{model}.onnx"
+
+
 def model_file(config: dict, model: str) -> str:
-    """The model the devices run: a bring-your-own file as is, else the inference seed's."""
+    """The model the devices run: a bring-your-own file as is, a quantized model's file,
+    else the inference seed's."""
     spec = config["models"][model]
     if "file" in spec:
         return spec["file"]
+    if "quantize" in spec:
+        return quantized_model_file(model)
     return trained_model_file(model, inference_seed(spec))
 
 
 def model_inputs_file(config: dict, model: str) -> str:
-    """What the devices feed the model: its own ``inputs`` file, else its dataset's
-    prepared file (whose test set the samples index)."""
+    """What the devices feed the model: its own ``inputs`` file, a quantized model its
+    float model's, else its dataset's prepared file (whose test set the samples index)."""
     spec = config["models"][model]
+    if "quantize" in spec:
+        return model_inputs_file(config, spec["quantize"]["model"])
     return spec["inputs"] if "inputs" in spec else dataset_file(spec["dataset"])
 
 
@@ -154,6 +165,11 @@ CPU_GENERATIONS_FIGURE = "cpu_generations"
 # names devices: its table, the entries it could not read, and its figure
 ATLAS_TABLES = ("atlas", "atlas_refused")
 ATLAS_FIGURE = "atlas"
+
+
+# Each quantized model against its float model, where the config quantizes one
+# (bitdrift.analysis.quantization_error)
+QUANTIZATION_ERROR_TABLE = "quantization_error"
 
 
 def result_file(kind: str, name: str) -> str:

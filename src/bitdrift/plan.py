@@ -53,7 +53,12 @@ class Plan:
                                if "architecture" in config["models"][model]]
         # Each bring-your-own model's format (bitdrift.formats); every other is Keras
         self.model_formats = {model: formats.planned_format(paths.model_file(config, model))
-                              for model in self.models if "file" in config["models"][model]}
+                              for model in self.models if "file" in config["models"][model]
+                              or "quantize" in config["models"][model]}
+        # Each model made by quantization (config key models.NAME.quantize): its settings
+        self.quantized_models = {model: config["models"][model]["quantize"]
+                                 for model in self.models
+                                 if "quantize" in config["models"][model]}
         self.study_models: dict[str, dict] = {}
         self.all_models = list(self.models)
         self.atlas_devices = list(config["atlas"]["devices"])
@@ -207,6 +212,7 @@ class Plan:
         from bitdrift.inputs.examples import EXAMPLES
 
         made = set(self.training_targets())
+        made |= {paths.quantized_model_file(model) for model in self.quantized_models}
         for example in EXAMPLES:
             suffix = importlib.import_module(f"bitdrift.inputs.examples.{example}").SUFFIX
             made |= {paths.example_model_file(example, suffix.lstrip(".")),
@@ -309,10 +315,31 @@ class Plan:
             targets += [paths.atlas_record_file(device) for device in self.atlas_devices]
             targets += [paths.table_file(paths.ATLAS_TABLES[0]),
                         paths.figure_file(paths.ATLAS_FIGURE)]
+        if self.quantized_models:
+            targets.append(paths.table_file(paths.QUANTIZATION_ERROR_TABLE))
         if any(self.config["devices"][device].get("emulate")
                for device in self.scheduled_devices):
             targets.append(paths.figure_file(paths.CPU_GENERATIONS_FIGURE))
         return targets
+
+    def quantization(self, model: str) -> dict | None:
+        """What a record of ``model`` says of its quantization (in its fingerprint): the
+        float model's name and file and ONNX Runtime's settings; None for a model the
+        workflow did not quantize."""
+        settings = self.quantized_models.get(model)
+        if settings is None:
+            return None
+        return {**settings, "model_file": paths.model_file(self.config, settings["model"])}
+
+    def quantization_error_pairs(self) -> list[tuple[str, str, str, str]]:
+        """(float model, its record, the quantized model's record, the quantized model's
+        file) per quantized model and device that runs both, in config order: what the
+        table quantization_error compares (bitdrift.analysis.quantization_error)."""
+        return [(settings["model"], paths.record_file(settings["model"], device),
+                 paths.record_file(model, device), paths.model_file(self.config, model))
+                for model, settings in self.quantized_models.items()
+                for device in self.devices
+                if self.runs_on(model, device) and self.runs_on(settings["model"], device)]
 
     def atlas_record_files(self) -> list[str]:
         return [paths.atlas_record_file(device) for device in self.atlas_devices]

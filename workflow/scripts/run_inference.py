@@ -32,5 +32,6 @@ with workflow_job(snakemake.log[0], on_failure=on_failure):
         full_samples=snakemake.params.full_samples,
         layer_select=snakemake.params.layer_select,
         traced_samples=snakemake.params.traced_samples,
+        quantization=snakemake.params.quantization,
         log=sys.stderr,
     )

@@ -86,7 +86,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
           export: str | Path | None = None, kernels: bool = True, log=sys.stderr,
           deployed_export: str | Path | None = None, observe: bool = True,
           replay: dict | None = None, full_samples=None,
-          layer_select: list[str] | None = None, traced_samples: str = "all") -> None:
+          layer_select: list[str] | None = None, traced_samples: str = "all",
+          quantization: dict | None = None) -> None:
     """Run all repeats of one (model, device), each in a process of its own (fresh, or
     forked from a pre-imported parent: bitdrift.run.workers), and write the record.
 
@@ -108,6 +109,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
     ``layer_select`` (analysis.layer_select): the layers recorded, by name or Keras class
     (None: all). ``traced_samples`` (analysis.traced_samples): "all", or "full" for a
     traced repeat of the batches holding the full samples alone (traced_batch_numbers).
+    ``quantization``: how the workflow quantized the model (bitdrift.plan.Plan.quantization),
+    written into the record's fingerprint with the float model's digest.
     The record is written a layer at a time as the repeats are merged."""
     model_format = check_before_repeats(model_path, dataset_path, samples, out)
     from bitdrift import formats
@@ -188,7 +191,7 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                                  device=device, model_path=model_path,
                                  dataset_path=dataset_path, samples=samples, layers=layers,
                                  export=export, deployed_export=deployed_export,
-                                 replay=replay, log=log)
+                                 replay=replay, quantization=quantization, log=log)
             writer.set_attrs(attrs)
             if traced is not None:
                 writer.set_kernels(traced)

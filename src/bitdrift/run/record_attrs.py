@@ -22,7 +22,7 @@ from bitdrift.record.writer import RecordWriter
 def record_attrs(writer: RecordWriter, meta: dict, weights: dict, classes, expected,
                  full: list[int], selected: set[int], deployed: bool, *, model_name,
                  device_name, device, model_path, dataset_path, samples, layers, export,
-                 deployed_export, replay, log) -> dict:
+                 deployed_export, replay, log, quantization=None) -> dict:
     """The record's root attributes, the checks among them made from the values the
     record holds (read back from ``writer``, a layer at a time)."""
     layer_names = [name for position, (name, _) in enumerate(meta["layers"])
@@ -62,9 +62,14 @@ def record_attrs(writer: RecordWriter, meta: dict, weights: dict, classes, expec
         print(finding, file=log, flush=True)
     from bitdrift.run.devices import emulation_host
 
+    fingerprint = emulation_host(meta["fingerprint"])
+    if quantization is not None and fingerprint is not None:
+        # the model is the quantizer's output: how it was made, from which float model
+        fingerprint["quantization"] = {
+            **quantization, "model_sha256": model_digest(quantization["model_file"])}
     attrs = {
         "model": model_name, "device": device_name, "backend": device["backend"],
-        "precision": device["precision"], "fingerprint": emulation_host(meta["fingerprint"]),
+        "precision": device["precision"], "fingerprint": fingerprint,
         "model_sha256": model_digest(model_path), "input_sha256": input_sha256(sample_images),
         "accelerator": device["accelerator"], "batch_size": device["batch_size"],
         "repeats": device["repeats"], "device_config": json.dumps(device, sort_keys=True),

@@ -1,0 +1,139 @@
+"""How far a quantized model lies from its float model (config key models.NAME.quantize):
+per device that ran both, per output and per layer whose name the float model's record
+holds too, the signal-to-quantization-noise ratio (SQNR, dB) and the largest error, in
+units of the tensor's quantization scale where the quantized graph fixes one (static
+quantization's QuantizeLinear; dynamic quantization computes it per batch, unknown here),
+and the predicted labels (argmax over the last axis) that change."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+COLUMNS = ["model", "float_model", "device", "layer", "quantized_layer", "samples",
+           "sqnr_db", "largest_error", "scale", "largest_error_in_scales", "labels",
+           "changed_labels"]
+QUANTIZE_INPUT = "_QuantizeLinear_Input"  # ONNX Runtime's name of a graph output's producer
+# ONNX Runtime's QDQ name of a tensor X after its QuantizeLinear-DequantizeLinear pair: X
+# as the quantized model passes it on (X itself may differ in meaning: the quantizer drops
+# a Relu after a Conv, whose QuantizeLinear clips at zero, and X is then the Conv's output)
+DEQUANTIZED = "_DequantizeLinear_Output"
+
+
+def sqnr_db(reference, quantized) -> float:
+    """10 log10(sum reference^2 / sum (reference - quantized)^2), in float64; inf where the
+    two are equal, -inf where the reference is all zeros and they differ."""
+    reference = np.asarray(reference, np.float64)
+    noise = reference - np.asarray(quantized, np.float64)
+    signal, error = float(np.sum(reference ** 2)), float(np.sum(noise ** 2))
+    if error == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / error)
+
+
+def largest_error(reference, quantized) -> float:
+    return float(np.max(np.abs(np.asarray(reference, np.float64)
+                               - np.asarray(quantized, np.float64)), initial=0.0))
+
+
+def changed_labels(reference, quantized) -> tuple[int, int]:
+    """(labels, how many changed): the argmax over the last axis of each."""
+    before, after = np.argmax(reference, axis=-1), np.argmax(quantized, axis=-1)
+    return int(before.size), int(np.count_nonzero(before != after))
+
+
+def tensor_scales(model_path) -> dict[str, float]:
+    """{tensor name: its quantization scale} of the tensors a QuantizeLinear of the
+    quantized ONNX graph quantizes with a constant scalar scale; the graph's output
+    (which ONNX Runtime's QDQ format renames to NAME_QuantizeLinear_Input) under its own
+    name."""
+    import onnx
+    from onnx import numpy_helper
+
+    from bitdrift.record.hdf5 import OUTPUT
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    scales = {}
+    for node in graph.node:
+        if node.op_type != "QuantizeLinear" or len(node.input) < 2:
+            continue
+        scale = constants.get(node.input[1])
+        if scale is not None and scale.size == 1:
+            scales[node.input[0].removesuffix(QUANTIZE_INPUT)] = float(scale.reshape(()))
+    if len(graph.output) == 1 and graph.output[0].name in scales:  # the final output
+        scales[OUTPUT] = scales[graph.output[0].name]
+    return scales
+
+
+def compare_records(float_record, quantized_record, scales: dict[str, float],
+                    float_model: str) -> list[dict]:
+    """The rows of one device: its quantized model's record against its float model's,
+    per layer both hold by name (the final output as `output`, its scale the graph
+    output's: tensor_scales; a QDQ model's X as DequantizeLinear passes it on, where its
+    record holds that), over the samples whose values both hold (the first repeat)."""
+    from bitdrift.record.hdf5 import OUTPUT
+
+    samples = [sample for sample in quantized_record.value_samples
+               if sample in float_record.value_samples]
+    if not samples:
+        return []
+    first = samples[0]
+    float_layers = float_record.layer_labels(first)
+    held = quantized_record.layer_labels(first)
+    rows = []
+    for layer in quantized_record.layers(first):
+        if layer.label not in float_layers:
+            continue
+        name = OUTPUT if layer.final else layer.name
+        compared = name + DEQUANTIZED if name + DEQUANTIZED in held else name
+        reference = np.stack([float_record.tensor(sample, name).values[0]
+                              for sample in samples])
+        quantized = np.stack([quantized_record.tensor(sample, compared).values[0]
+                              for sample in samples])
+        if reference.shape != quantized.shape:
+            continue  # the same name, another tensor
+        scale = scales.get(name)
+        largest = largest_error(reference, quantized)
+        row = {"model": quantized_record.model, "float_model": float_model,
+               "device": quantized_record.device, "layer": name,
+               "quantized_layer": compared, "samples": len(samples),
+               "sqnr_db": sqnr_db(reference, quantized), "largest_error": largest,
+               "scale": scale, "largest_error_in_scales": largest / scale if scale else None,
+               "labels": None, "changed_labels": None}
+        if layer.final:
+            row["labels"], row["changed_labels"] = changed_labels(reference, quantized)
+        rows.append(row)
+    return rows
+
+
+def quantization_error_table(pairs) -> list[dict]:
+    """The rows of every (float model name, float record path, quantized record path,
+    quantized model file) in ``pairs``."""
+    from bitdrift.record.reader import Record, read_failure
+
+    rows = []
+    for float_model, float_path, quantized_path, model_file in pairs:
+        if read_failure(float_path) is not None or read_failure(quantized_path) is not None:
+            continue  # a device that failed: device_failures.csv says why
+        scales = tensor_scales(model_file)
+        with Record(float_path) as float_record, Record(quantized_path) as quantized:
+            rows += compare_records(float_record, quantized, scales, float_model)
+    return rows
+
+
+def write_quantization_error_table(pairs, out) -> None:
+    """quantization_error_table's rows as a CSV (and HTML), written atomically."""
+    from bitdrift.atomic import write_csv
+
+    rows = quantization_error_table(pairs)
+    write_csv(rows, out, columns=COLUMNS)
+    outputs = [row for row in rows if row["changed_labels"] is not None]
+    print(f"bitdrift: {len(rows)} tensors of quantized models compared with their float "
+          f"models; predicted labels changed: "
+          + (", ".join(f"{row['model']} on {row['device']} {row['changed_labels']}/"
+                       f"{row['labels']}" for row in outputs) or "none compared")
+          + f"; wrote {out}")

@@ -1,0 +1,84 @@
+"""A quantized model as a step of the workflow (config key models.NAME.quantize): its
+settings completed with ONNX Runtime's defaults and checked when the config is read,
+each error naming the key; its file and inputs (bitdrift.paths) and its runs (bitdrift.plan)
+as any ONNX model's; a model quantized already is a `file` like any other."""
+
+import copy
+
+import pytest
+
+from bitdrift import paths
+from bitdrift.backends.exported.onnx_quantization import quantize_model
+from bitdrift.config import validate_config
+from bitdrift.errors import ConfigError
+from bitdrift.inputs.examples import onnx_cnn
+from bitdrift.plan import Plan
+
+DEVICES = {"ort": {"accelerator": "cpu", "backend": "onnxruntime"},
+           "tf": {"accelerator": "cpu", "backend": "tensorflow"}}
+CONFIG = {"samples": [0, 1], "devices": DEVICES,
+          "models": {"net": {"file": "net.onnx", "inputs": "net.npy"},
+                     "net_int8": {"quantize": {"model": "net", "weight_type": "QUInt8"}}}}
+
+
+def validated(change=None):
+    config = copy.deepcopy(CONFIG)
+    if change:
+        change(config["models"])
+    return validate_config(config)
+
+
+def test_the_settings_are_completed_and_the_model_runs_where_onnx_runs():
+    config = validated()
+    # ONNX Runtime's defaults, written out here: dynamic, no per-channel, 8-bit range
+    assert config["models"]["net_int8"]["quantize"] == {
+        "model": "net", "method": "dynamic", "weight_type": "QUInt8",
+        "per_channel": False, "reduce_range": False}
+    assert paths.model_file(config, "net_int8") == "results/quantized/net_int8.onnx"
+    assert paths.model_inputs_file(config, "net_int8") == "net.npy"
+    plan = Plan(config)
+    assert plan.model_devices("net_int8") == ["ort"]
+    assert plan.quantization("net_int8") == {**config["models"]["net_int8"]["quantize"],
+                                             "model_file": "net.onnx"}
+    assert plan.quantization("net") is None
+    assert "results/quantized/net_int8.onnx" in plan.rule_made_files()
+    # the distance to the float model: a target, on the devices that run both
+    assert plan.quantization_error_pairs() == [
+        ("net", "results/inference/net/ort.h5", "results/inference/net_int8/ort.h5",
+         "results/quantized/net_int8.onnx")]
+    assert "results/tables/quantization_error.csv" in plan.core_targets()
+
+
+@pytest.mark.parametrize("change,key", [
+    (lambda m: m["net_int8"]["quantize"].update(fromat="QDQ"),
+     "models.net_int8.quantize.fromat"),
+    (lambda m: m["net_int8"]["quantize"].update(format="QOperator"),  # static alone
+     "models.net_int8.quantize.format"),
+    (lambda m: m["net_int8"]["quantize"].update(per_channel="yes"),
+     "models.net_int8.quantize.per_channel"),
+    (lambda m: m["net_int8"]["quantize"].update(method="dynamical"),
+     "models.net_int8.quantize.method"),
+    (lambda m: m["net_int8"]["quantize"].update(model="nett"),
+     "models.net_int8.quantize.model"),
+    (lambda m: m.update(net={"file": "net.pt2", "inputs": "net.npy"}),
+     "models.net_int8.quantize.model"),
+    (lambda m: m["net_int8"].update(inputs="other.npy"), "models.net_int8.inputs"),
+    (lambda m: m["net_int8"].update(file="net.onnx"), "models.net_int8"),
+])
+def test_a_wrong_quantization_is_one_line_naming_the_key(change, key):
+    with pytest.raises(ConfigError) as raised:
+        validated(change)
+    message = str(raised.value)
+    assert message.startswith(f"config key {key}:") and "\n" not in message, message
+
+
+def test_a_model_quantized_already_is_a_file_that_onnx_runtime_runs(tmp_path):
+    onnx_cnn.write(tmp_path / "cnn.onnx", tmp_path / "cnn.npy", samples=4)
+    quantized = tmp_path / "mine_int8.onnx"
+    quantize_model(tmp_path / "cnn.onnx", quantized, {"method": "dynamic"})
+    config = validate_config({"samples": [0, 1], "devices": copy.deepcopy(DEVICES),
+                              "models": {"mine": {"file": str(quantized),
+                                                  "inputs": str(tmp_path / "cnn.npy")}}})
+    plan = Plan(config)
+    assert plan.model_format("mine") == "onnx" and plan.model_devices("mine") == ["ort"]
+    assert plan.quantization("mine") is None  # used as it is, quantized by its user
