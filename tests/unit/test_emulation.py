@@ -234,7 +234,7 @@ def serve_mirror(tmp_path, packages, suite="bookworm"):
 STAND_IN = b"#!/bin/sh\necho stand-in for qemu-x86_64 \"$@\"\n"
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def own_cache(tmp_path, monkeypatch):
     """The stand-in mirrors' packages are kept in a cache of the test's own, never in the
     user's (bitdrift.emulation.cache)."""
@@ -243,7 +243,7 @@ def own_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def debian_mirror(tmp_path):
+def debian_mirror(tmp_path, own_cache):
     """bookworm's layout: qemu-user is dynamic (a package without the emulator here),
     qemu-user-static holds usr/bin/qemu-x86_64-static (its payload a stand-in script)."""
     url, write_index, server = serve_mirror(tmp_path, [
@@ -255,7 +255,7 @@ def debian_mirror(tmp_path):
     server.shutdown()
 
 
-def test_install_qemu_reads_trixies_layout(tmp_path):
+def test_install_qemu_reads_trixies_layout(tmp_path, own_cache):
     """From trixie on, qemu-user itself holds the static emulators (usr/bin/qemu-x86_64)
     and qemu-user-static is a transitional package without them: the static build is
     taken from qemu-user."""
