@@ -67,6 +67,140 @@ def test_a_package_the_index_lacks_is_named():
         aarch64.resolve(index, ("broken",))
 
 
+def _hand_built_site(site):
+    """A small site of wheels' files: a module, an executable, a library link, a folder
+    link (pip's layout); {path: bytes} of its files, read back by the test as the truth."""
+    (site / "pkg" / "libs").mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("VALUE = 1\n")
+    (site / "pkg" / "libs" / "libx.so.1").write_bytes(bytes(range(256)) * 40)
+    (site / "pkg" / "libs" / "libx.so").symlink_to("libx.so.1")
+    (site / "bin").mkdir()
+    (site / "bin" / "tool").write_text("#!/bin/sh\n")
+    (site / "bin" / "tool").chmod(0o755)
+    (site / "pkg-1.0.dist-info").mkdir()
+    (site / "pkg-1.0.dist-info" / "RECORD").write_text("pkg/__init__.py,,\n")
+    (site / "alias").symlink_to("pkg", target_is_directory=True)
+
+
+def _tree(site):
+    """{path: bytes, or the target of a link} and the executable files of ``site``."""
+    tree, executable = {}, set()
+    for top, folders, names in os.walk(site):
+        for name in (*names, *folders):
+            path = os.path.join(top, name)
+            relative = os.path.relpath(path, site)
+            if os.path.islink(path):
+                tree[relative] = "-> " + os.readlink(path)
+            elif os.path.isfile(path):
+                tree[relative] = open(path, "rb").read()
+                if os.access(path, os.X_OK):
+                    executable.add(relative)
+    return tree, executable
+
+
+PINS = {"wheels": ["numpy==2.0.0"], "runtimes": ["onnxruntime"], "platforms": ["x"],
+        "python": "cp311"}
+
+
+def test_a_built_site_is_kept_and_taken_back_by_the_same_pins_only(tmp_path, monkeypatch,
+                                                                  capsys):
+    """A site kept in the user's cache (XDG_CACHE_HOME) comes back file for file, links as
+    links, executables executable; other pins find nothing. The SHA-256 each file is kept
+    with is the one hashlib gives its bytes."""
+    import hashlib
+
+    from bitdrift.emulation import cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _hand_built_site(tmp_path / "built")
+    truth = _tree(tmp_path / "built")
+    entry = cache.keep_site(PINS, tmp_path / "built")
+    assert entry.parent.parent == tmp_path / "cache" / "bitdrift"
+    kept = json.loads((entry / cache.HASHES).read_text())
+    assert kept["files"]["pkg/libs/libx.so.1"] == hashlib.sha256(
+        bytes(range(256)) * 40).hexdigest()
+    assert kept["files"]["alias"] == "-> pkg"
+    assert cache.take_site(PINS, tmp_path / "taken") == entry
+    assert _tree(tmp_path / "taken") == truth
+    assert (tmp_path / "taken" / "alias").is_symlink()
+    assert cache.take_site({**PINS, "wheels": ["numpy==2.0.1"]}, tmp_path / "other") is None
+    assert not (tmp_path / "other").exists()
+    assert capsys.readouterr().err == ""
+
+
+DAMAGES = {
+    "a changed byte": lambda entry: _change_byte(entry / "site" / "pkg" / "libs" / "libx.so.1"),
+    "a file removed": lambda entry: (entry / "site" / "bin" / "tool").unlink(),
+    "a file added": lambda entry: (entry / "site" / "pkg" / "extra.py").write_text(""),
+    "a link retargeted": lambda entry: _retarget(entry / "site" / "pkg" / "libs" / "libx.so"),
+    "its hashes unreadable": lambda entry: (entry / "hashes.json").write_text("{"),
+}
+
+
+def _change_byte(path, offset=1000):
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(b"\xff")
+
+
+def _retarget(link):
+    link.unlink()
+    link.symlink_to("__init__.py")
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_cached_site_is_said_in_one_line_and_built_anew(tmp_path, monkeypatch,
+                                                                  capsys, damage):
+    """A kept site whose bytes, files, links or record changed since is not taken: one line
+    names the entry and what is wrong, the entry is removed (the next build keeps a new
+    one) and nothing is left where the site goes."""
+    from bitdrift.emulation import cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _hand_built_site(tmp_path / "built")
+    entry = cache.keep_site(PINS, tmp_path / "built")
+    DAMAGES[damage](entry)
+    assert cache.take_site(PINS, tmp_path / "taken") is None
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"bitdrift: the cached aarch64 site {entry} is damaged (")
+    assert line.endswith("); building it anew")
+    assert not entry.exists() and not (tmp_path / "taken").exists()
+
+
+def test_debian_packages_are_kept_by_their_sha256_and_a_damaged_one_fetched_again(
+        tmp_path, monkeypatch, capsys):
+    """A package fetched once comes from the cache while it matches the SHA-256 the index
+    gives (the mirror's copy gone meanwhile); one damaged since is said in one line and
+    fetched again; a download that does not match is refused and not kept."""
+    import hashlib
+
+    from bitdrift.emulation import cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    payload = b"!<arch>\n" + bytes(range(200))
+    sha256 = hashlib.sha256(payload).hexdigest()
+    mirror = tmp_path / "mirror.deb"
+    mirror.write_bytes(payload)
+    url = f"file://{mirror}"
+    assert cache.fetch_deb(url, sha256, "install-aarch64") == payload
+    mirror.unlink()
+    assert cache.fetch_deb(url, sha256, "install-aarch64") == payload
+    kept = tmp_path / "cache" / "bitdrift" / "debs" / sha256[:2] / f"{sha256}.deb"
+    _change_byte(kept, 10)
+    with pytest.raises(InstallError, match=f"cannot fetch {url}"):
+        cache.fetch_deb(url, sha256, "install-aarch64")
+    assert capsys.readouterr().err.splitlines() == [
+        f"bitdrift: the cached {kept} does not match its SHA-256 (damaged); fetching it again"]
+    mirror.write_bytes(payload[:-1] + b"x")
+    with pytest.raises(InstallError, match=f"install-aarch64: {url} does not match the "
+                                           "SHA-256 of its index"):
+        cache.fetch_deb(url, sha256, "install-aarch64")
+    assert not kept.exists() and not list(kept.parent.iterdir())
+    mirror.write_bytes(payload)
+    assert cache.fetch_deb(url, sha256, "install-aarch64") == payload
+    assert kept.read_bytes() == payload
+
+
 def _stand_in_qemu(folder, version):
     (folder / "bin").mkdir(parents=True)
     qemu = folder / "bin" / "qemu-aarch64"

@@ -235,7 +235,15 @@ STAND_IN = b"#!/bin/sh\necho stand-in for qemu-x86_64 \"$@\"\n"
 
 
 @pytest.fixture
-def debian_mirror(tmp_path):
+def own_cache(tmp_path, monkeypatch):
+    """The stand-in mirrors' packages are kept in a cache of the test's own, never in the
+    user's (bitdrift.emulation.cache)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "bitdrift"
+
+
+@pytest.fixture
+def debian_mirror(tmp_path, own_cache):
     """bookworm's layout: qemu-user is dynamic (a package without the emulator here),
     qemu-user-static holds usr/bin/qemu-x86_64-static (its payload a stand-in script)."""
     url, write_index, server = serve_mirror(tmp_path, [
@@ -247,7 +255,7 @@ def debian_mirror(tmp_path):
     server.shutdown()
 
 
-def test_install_qemu_reads_trixies_layout(tmp_path):
+def test_install_qemu_reads_trixies_layout(tmp_path, own_cache):
     """From trixie on, qemu-user itself holds the static emulators (usr/bin/qemu-x86_64)
     and qemu-user-static is a transitional package without them: the static build is
     taken from qemu-user."""
@@ -297,6 +305,36 @@ def test_install_qemu_refuses_a_package_that_does_not_match_the_index(debian_mir
     with pytest.raises(InstallError, match="lacks .*bin/qemu-aarch64"):
         write_index()
         install_qemu(tmp_path / "env", targets=("aarch64",), mirror=mirror)
+
+
+def test_install_qemu_takes_a_package_it_fetched_before_from_the_cache(debian_mirror,
+                                                                         tmp_path, capsys):
+    """A second install takes the package fetched by the first from the user's cache while
+    it matches the index's SHA-256: the mirror's copy, replaced meanwhile by other bytes,
+    is not read. A cached copy damaged since is said in one line and fetched again (here
+    the mirror's other bytes, refused)."""
+    import hashlib
+
+    from bitdrift.emulation import cache
+    from bitdrift.emulation.qemu import install_qemu
+    from bitdrift.errors import InstallError
+
+    mirror, payload, _ = debian_mirror
+    install_qemu(tmp_path / "first", mirror=mirror)
+    (deb,) = (tmp_path / "mirror").rglob("qemu-user-static_*.deb")
+    sha256 = hashlib.sha256(deb.read_bytes()).hexdigest()
+    kept = cache.folder() / "debs" / sha256[:2] / f"{sha256}.deb"
+    assert kept.read_bytes() == deb.read_bytes()
+    deb.write_bytes(b"other bytes")
+    install_qemu(tmp_path / "second", mirror=mirror)
+    assert (tmp_path / "second" / "bin" / "qemu-x86_64").read_bytes() == payload
+    kept.write_bytes(kept.read_bytes()[:-1])
+    with pytest.raises(InstallError, match="does not match the SHA-256"):
+        install_qemu(tmp_path / "third", mirror=mirror)
+    said = [line for line in capsys.readouterr().err.splitlines()  # not the server's log
+            if line.startswith("bitdrift:")]
+    assert said == [f"bitdrift: the cached {kept} does not match its SHA-256 (damaged); "
+                    "fetching it again"]
 
 
 def _host_flags() -> set:

@@ -3,7 +3,9 @@ root of Debian's arm64 packages (its ``python3.11`` and the C/C++ runtime the wh
 and a site of aarch64 wheels from PyPI at the host's versions, run under ``qemu-aarch64
 -L ROOT``. It lives in this environment (``.venv/share/bitdrift/aarch64``), is built once
 by ``bitdrift install-aarch64`` and is complete only once its manifest is written (a
-build cut off midway leaves nothing that looks installed).
+build cut off midway leaves nothing that looks installed). What a build fetches and the
+site it makes are kept in the user's cache for the next environment
+(bitdrift.emulation.cache).
 
 QEMU 7.2 (Debian bookworm) crashes in LiteRT's interpreter and ONNX Runtime's import
 (segmentation faults, measured on neoverse-n1 and max); QEMU 10 (trixie) runs both, so an
@@ -144,20 +146,20 @@ def unpack_deb(data: bytes, name: str, root: Path) -> None:
 
 def build_root(root: Path, mirror: str, suite: str = ROOT_SUITE) -> list[str]:
     """Debian's arm64 python3.11 and the libraries the wheels link, unpacked into
-    ``root``, each package checked against the index's SHA-256. Returns name=version."""
+    ``root``, each package checked against the index's SHA-256 (kept in the user's cache,
+    bitdrift.emulation.cache). Returns name=version."""
     import lzma
 
+    from bitdrift.emulation.cache import fetch_deb
     from bitdrift.emulation.qemu import _fetch
 
     index = parse_index(lzma.decompress(_fetch(
         f"{mirror}/dists/{suite}/main/binary-arm64/Packages.xz")).decode("utf-8", "replace"))
     packages = resolve(index)
     for fields in packages:
-        data = _fetch(f"{mirror}/{fields['Filename']}")
-        if hashlib.sha256(data).hexdigest() != fields.get("SHA256"):
-            raise InstallError(f"install-aarch64: {fields['Filename']} does not match the "
-                               f"SHA-256 of {suite}'s index (a broken download or mirror)")
-        unpack_deb(data, fields["Filename"], root)
+        deb = fetch_deb(f"{mirror}/{fields['Filename']}", fields.get("SHA256", ""),
+                        "install-aarch64")
+        unpack_deb(deb, fields["Filename"], root)
     if not (root / PYTHON).is_file() and not (root / PYTHON).is_symlink():
         raise InstallError(f"install-aarch64: the root lacks {PYTHON}")
     return [f"{fields['Package']}={fields.get('Version', '')}" for fields in packages]
@@ -180,6 +182,28 @@ def requirements(runtimes=DEFAULT_RUNTIMES) -> list[str]:
             raise InstallError(f"install-aarch64: this environment has no {name}, whose "
                                "version the aarch64 wheel must match; install it here first")
     return pins
+
+
+def site_pins(runtimes) -> dict:
+    """What the site of ``runtimes`` is built from: a site of the very same pins is the
+    same site (the key of the user's cache of sites)."""
+    return {"wheels": requirements(runtimes), "runtimes": sorted(runtimes),
+            "platforms": list(PLATFORMS), "python": "cp311"}
+
+
+def take_or_build_site(site: Path, runtimes) -> None:
+    """The aarch64 site of ``runtimes``: hard-linked from the user's cache where a site of
+    the same pins is kept whole, else built (build_site) and kept there."""
+    from bitdrift.emulation import cache
+
+    pins = site_pins(runtimes)
+    entry = cache.take_site(pins, site)
+    if entry is None:
+        build_site(site, runtimes)
+        cache.keep_site(pins, site)
+    else:
+        print(f"bitdrift: the aarch64 wheels taken from the cache ({entry}: the same pins)",
+              file=sys.stderr)
 
 
 def build_site(site: Path, runtimes=DEFAULT_RUNTIMES, index_url: str | None = None) -> None:
@@ -228,7 +252,8 @@ def install(prefix: Path | str | None = None, mirror: str | None = None,
             runtimes=DEFAULT_RUNTIMES, force: bool = True) -> dict:
     """QEMU (aarch64, 10 or newer), the arm64 root and the aarch64 site with ``runtimes``
     (and those a build there already held), into ``prefix``; built beside and moved into
-    place whole, one build at a time (a lock beside it). Without ``force`` a complete,
+    place whole, one build at a time (a lock beside it); the site taken from the user's
+    cache where one of the same pins is kept. Without ``force`` a complete,
     current build with these runtimes is kept."""
     unknown = sorted(set(runtimes) - set(RUNTIMES))
     if unknown:
@@ -270,7 +295,7 @@ def install(prefix: Path | str | None = None, mirror: str | None = None,
         with work_folder(target) as work:
             partial = work / target.name
             packages = build_root(partial / "root", mirror)
-            build_site(partial / "site", runtimes)
+            take_or_build_site(partial / "site", runtimes)
             manifest = {"packages": packages, "wheels": requirements(runtimes),
                         "installed": site_versions(partial / "site"),
                         "runtimes": list(runtimes), "qemu": qemu_version("qemu-aarch64")}
