@@ -130,3 +130,25 @@ def test_atlas_list_writes_the_list_into_a_document(tmp_path, capsys):
                                                            default_folder())
     assert main(["atlas", "list", "--doc", str(tmp_path / "none.md")]) == 2
     assert "none.md: cannot be read" in capsys.readouterr().err
+
+
+def test_the_shipped_atlas_and_reference_model_are_package_data():
+    """A wheel carries the reference model and the atlas (pyproject's package-data globs,
+    relative to the package): each shipped file matches one."""
+    import fnmatch
+    import json
+    import re
+
+    from bitdrift.inputs import reference_set
+
+    # read by hand: tomllib is Python 3.11's, and the project runs on 3.10 too
+    globs = json.loads(re.search(r"^\[tool\.setuptools\.package-data\]\nbitdrift = (\[.*\])$",
+                                 (ROOT / "pyproject.toml").read_text(), re.MULTILINE)[1])
+    package = ROOT / "src" / "bitdrift"
+    shipped = [path for path in reference_set.FOLDER.rglob("*")
+               if path.is_file() and path.suffix not in (".py", ".pyc")]
+    assert len(shipped) >= 3 + len(read_atlas(default_folder()).entries)
+    for path in shipped:
+        name = path.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in globs), \
+            f"{name} is not in pyproject.toml's [tool.setuptools.package-data]"
