@@ -152,6 +152,8 @@ def test_a_kernel_build_string_is_no_software_difference(tmp_path):
                        "other hardware and software (tensorflow 2.21.0 vs 2.19.0, libc "
                        "glibc 2.36 vs glibc 2.39)"]
     assert all(row.same_as_this for row in rows)
+    assert sorted(row.differs for row in rows if row.machine != THIS_MACHINE) == [
+        "", "", "tensorflow 2.19.0 (here 2.21.0), glibc 2.39 (here 2.36)"]
     named = " ".join(row.differs + row.difference for row in rows)
     assert "v657" not in named and "os " not in named
 

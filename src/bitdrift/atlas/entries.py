@@ -573,9 +573,17 @@ def compare(this: list[dict] | None, atlas: Atlas) -> list[Row]:
             rows.append(Row(device, label, processor(entry["machine"], part), cls, same, first,
                             difference, remaining, label=labels[label]))
     for row in rows:
-        row.differs = ", ".join(f"{name} {theirs} (here {'none' if ours is None else ours})"
+        row.differs = ", ".join(_versus(name, ours, theirs)
                                 for name, (ours, theirs) in differs.get(row.machine, {}).items())
     return rows
+
+
+def _versus(name: str, ours, theirs) -> str:
+    """A version of another machine against this machine's: "torch 2.11.0 (here 2.13.0)";
+    the C library's value names it ("glibc 2.39 (here 2.36)")."""
+    if name == "libc" and ours and theirs and str(ours).split()[0] == str(theirs).split()[0]:
+        return f"{theirs} (here {str(ours).split(maxsplit=1)[-1]})"
+    return f"{name} {theirs} (here {'none' if ours is None else ours})"
 
 
 def arithmetic_os(platform: str | None) -> dict[str, str]:
@@ -675,7 +683,7 @@ def machines_by_devices(rows: list[Row]):
 
 
 MACHINE_COLUMN = "machine"
-DIFFERS_COLUMN = "versions that differ (this machine's in brackets)"
+DIFFERS_COLUMN = "versions that differ from this machine's"
 
 
 def agreeing(rows: list[Row]) -> list[str]:
