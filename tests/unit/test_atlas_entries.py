@@ -210,9 +210,9 @@ def test_each_bad_entry_is_left_out_with_one_line(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert len(err.strip().splitlines()) == 6 and all(
         line.startswith("bitdrift: warning: ") for line in err.strip().splitlines())
-    assert out.startswith("1 machine(s) of the atlas ran some of this machine's 1 atlas "
-                          "device(s) (1 real, 0 emulated by QEMU); 1 give this machine's bits "
-                          "on every device both ran: AMD EPYC Zen 4 (fam 25 model 17).\n")
+    assert out.startswith("1 machine of the atlas ran this machine's atlas devices (1 real, 0 "
+                          "emulated by QEMU); 1 gives this machine's bits on every device both "
+                          "ran: AMD EPYC Zen 4 (fam 25 model 17).\n")
     assert out.rstrip().splitlines()[-1].split() == [
         "AMD", "EPYC", "Zen", "4", "(fam", "25", "model", "17)", "same", "bits", "none"]
 
@@ -315,9 +315,9 @@ def test_gpu_machines_driver_is_software_and_the_findings_section(tmp_path):
     sections = dict(findings({"atlas": tmp_path / "atlas.csv",
                               "atlas_refused": tmp_path / "refused.csv"}, {}))
     [summary, explained, table] = sections[ATLAS_HEADING]
-    assert summary == ("2 machine(s) of the atlas ran some of this machine's 2 atlas device(s) "
-                       "(2 real, 0 emulated by QEMU); 1 give this machine's bits on every "
-                       f"device both ran: {zen4} with NVIDIA H100 80GB HBM3.")
+    assert summary == ("2 machines of the atlas ran this machine's atlas devices (2 real, 0 "
+                       "emulated by QEMU); 1 gives this machine's bits on every device both "
+                       f"ran: {zen4} with NVIDIA H100 80GB HBM3.")
     assert explained.startswith('A cell: "same bits" on every layer and sample, or ')
     # the other driver of the same H100: software only, named once; the H200: apart at dense
     assert table.values.tolist() == [
@@ -350,8 +350,9 @@ def test_the_findings_table_holds_four_devices_at_most_per_table():
     assert first.values.tolist() == [["Other CPU", "same bits", "parts at `conv2d`, 15 bits left",
                                       "same bits", "parts at `conv2d`, 15 bits left",
                                       "torch 2.11 (here 2.13)"]]
-    assert items[0].startswith("1 machine(s) of the atlas ran some of this machine's 6 atlas "
-                               "device(s) (1 real, 0 emulated by QEMU); 0 give this machine's")
+    assert items[0] == ("1 machine of the atlas ran this machine's atlas devices (1 real, 0 "
+                        "emulated by QEMU); 0 give this machine's bits on every device both "
+                        "ran.")
 
 
 def test_no_device_ran_the_reference_model(tmp_path):
@@ -369,3 +370,16 @@ def test_no_device_ran_the_reference_model(tmp_path):
 
     assert section(table, pd.DataFrame()) == ["No device ran the reference model."]
     assert pd.read_csv(tmp_path / "t.csv").empty and (tmp_path / "f.png").stat().st_size
+
+
+def test_many_agreeing_machines_are_counted_not_named():
+    from bitdrift.report.findings.atlas import atlas as section
+
+    rows = [atlas_entries.Row("d1", THIS_MACHINE, "CPU", 1, True, "", "none", 23.0,
+                              label="here")]
+    rows += [atlas_entries.Row("d1", f"m{n}.json.gz", "CPU", 1, True, "", "other hardware",
+                               23.0, label=f"Intel Xeon Emerald Rapids (fam 6 model 207) #{n}")
+             for n in range(5)]
+    [summary, _, table] = section(atlas_entries.rows_table(rows), pd.DataFrame())
+    assert summary.endswith("; 5 give this machine's bits on every device both ran.")
+    assert table["d1"].tolist() == ["same bits"] * 5

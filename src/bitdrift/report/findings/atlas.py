@@ -9,7 +9,11 @@ ATLAS_HEADING = "This machine among the machines measured"
 # Device columns per table: a row of four cells ("parts at `conv2d`, 15 bits left"), the
 # machine's label and the versions that differ stays within about 300 characters
 DEVICES_PER_TABLE = 4
-LISTED = 5  # the machines that agree are named up to this many, else counted
+NAMED_CHARS = 140  # the machines that agree are named within this many characters, else counted
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def atlas(table: pd.DataFrame, refused: pd.DataFrame) -> list[str | pd.DataFrame]:
@@ -35,11 +39,12 @@ def atlas(table: pd.DataFrame, refused: pd.DataFrame) -> list[str | pd.DataFrame
                    if column not in (MACHINE_COLUMN, DIFFERS_COLUMN)]
         emulated = int(grid[MACHINE_COLUMN].str.startswith(EMULATED).sum())
         same = agreeing(rows)
-        named = (": " + "; ".join(same)) if 0 < len(same) <= LISTED else ""
+        named = "; ".join(same)
         items.append(
-            f"{len(grid)} machine(s) of the atlas ran some of this machine's {len(devices)} "
-            f"atlas device(s) ({len(grid) - emulated} real, {emulated} emulated by QEMU); "
-            f"{len(same)} give this machine's bits on every device both ran{named}.")
+            f"{_count(len(grid), 'machine')} of the atlas ran this machine's atlas devices "
+            f"({len(grid) - emulated} real, {emulated} emulated by QEMU); {len(same)} "
+            f"{'gives' if len(same) == 1 else 'give'} this machine's bits on every device "
+            "both ran" + (f": {named}." if same and len(named) <= NAMED_CHARS else "."))
         if len(grid):
             items.append("A cell: \"same bits\" on every layer and sample, or the first "
                          "layer whose bits differ and the mantissa bits the final outputs "
