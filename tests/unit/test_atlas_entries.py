@@ -43,11 +43,11 @@ def flipped(values, bit):
 
 
 def record(path, device, cpu, values, tensorflow="2.21.0", model=MODEL, accelerator=None,
-           platform="Linux-6-x86_64"):
+           platform="Linux-6-x86_64", python="3.11.7"):
     """A record of ``device`` on a machine of ``cpu``: two equal repeats of each tensor."""
     fingerprint = {"hostname": "h", "platform": platform, "cpu": cpu,
                    "accelerator": accelerator or {"accelerator": "cpu"},
-                   "versions": {"python": "3.11.7", "tensorflow": tensorflow}}
+                   "versions": {"python": python, "tensorflow": tensorflow}}
     write_record(path, {"model": "atlas_reference", "device": device, "backend": "tensorflow",
                         "precision": "float32", "fingerprint": fingerprint,
                         "model_sha256": model, "input_sha256": "i" * 64,
@@ -112,9 +112,18 @@ def test_compare_names_the_first_layer_and_software_against_hardware(tmp_path):
     assert apart.remaining_precision == 23.0 and apart.cls == 3  # the output agrees
     same = next(r for r in hardware if r.same_as_this)  # other CPU and version, same bits
     assert same.cls == 1 and same.difference.startswith("other hardware and software")
-    lines = atlas_entries.summary_lines(rows)
-    assert len(lines) == 1 and "from layer dense on (software only" in lines[0]
-    assert "Intel Xeon E5-2680 v3 family 6 model 63" in lines[0]
+    # read as machines x devices: the cells and the versions named once per machine
+    grid = atlas_entries.machines_by_devices(rows)
+    assert grid.columns.tolist() == ["machine", "d1", atlas_entries.DIFFERS_COLUMN]
+    assert grid.values.tolist() == [
+        ["AMD EPYC Zen 4 (fam 25 model 17)", "parts at `dense`, 18 bits left",
+         "tensorflow 2.20.0 (here 2.21.0)"],
+        # two entries of one CPU: told apart by the version they differ in
+        ["Intel Xeon E5-2680 v3 Haswell-EP (fam 6 model 63), tensorflow 2.19.0", "same bits",
+         "tensorflow 2.19.0 (here 2.21.0)"],
+        ["Intel Xeon E5-2680 v3 Haswell-EP (fam 6 model 63), tensorflow 2.21.0",
+         "parts at `conv2d`, 23 bits left", "none"]]
+    assert atlas_entries.agreeing(rows) == [grid.values[1][0]]
     # the table read back gives the same rows (what the findings read)
     atlas_entries.rows_table(rows).to_csv(tmp_path / "atlas.csv", index=False)
     assert atlas_entries.rows_from_table(pd.read_csv(tmp_path / "atlas.csv")) == rows
@@ -143,8 +152,25 @@ def test_a_kernel_build_string_is_no_software_difference(tmp_path):
                        "other hardware and software (tensorflow 2.21.0 vs 2.19.0, libc "
                        "glibc 2.36 vs glibc 2.39)"]
     assert all(row.same_as_this for row in rows)
-    lines = atlas_entries.summary_lines(rows)
-    assert "v657" not in " ".join(lines) and "os " not in " ".join(lines)
+    assert sorted(row.differs for row in rows if row.machine != THIS_MACHINE) == [
+        "", "", "tensorflow 2.19.0 (here 2.21.0), glibc 2.39 (here 2.36)"]
+    named = " ".join(row.differs + row.difference for row in rows)
+    assert "v657" not in named and "os " not in named
+
+
+def test_python_numpy_and_h5py_are_no_arithmetic_difference(tmp_path):
+    """The interpreter's version computes nothing of the model: never named as a software
+    difference, the runtime's version is."""
+    here = tensors(1)
+    atlas = tmp_path / "atlas"
+    add([record(tmp_path / "b.h5", "d1", HASWELL, here, python="3.12.3")], atlas)
+    this = atlas_entries.entries_from_records([record(tmp_path / "a.h5", "d1", ZEN4, here)])
+    [_, other] = compare(this, read_atlas(atlas))
+    assert (other.difference, other.differs) == ("other hardware", "")
+    assert atlas_entries.version_differences(
+        {"versions": {"python": "3.11.7", "numpy": "2.4", "h5py": "3.14", "torch": "2.13"}},
+        {"versions": {"python": "3.12.3", "numpy": "2.5", "h5py": "3.16", "torch": "2.11"}}) \
+        == {"torch": ("2.13", "2.11")}
 
 
 def write_entry(path, entry):
@@ -184,7 +210,11 @@ def test_each_bad_entry_is_left_out_with_one_line(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert len(err.strip().splitlines()) == 6 and all(
         line.startswith("bitdrift: warning: ") for line in err.strip().splitlines())
-    assert out == "d1: same bits as AMD EPYC family 25 model 17\n"
+    assert out.startswith("1 machine of the atlas ran this machine's atlas devices (1 real, 0 "
+                          "emulated by QEMU); 1 gives this machine's bits on every device both "
+                          "ran: AMD EPYC Zen 4 (fam 25 model 17).\n")
+    assert out.rstrip().splitlines()[-1].split() == [
+        "AMD", "EPYC", "Zen", "4", "(fam", "25", "model", "17)", "same", "bits", "none"]
 
 
 def test_add_never_overwrites_an_entry_silently(tmp_path, capsys):
@@ -259,31 +289,70 @@ def test_gpu_machines_driver_is_software_and_the_findings_section(tmp_path):
 
     atlas = tmp_path / "atlas"
     h100 = gpu("NVIDIA H100 80GB HBM3", "570.1")
-    add([record(tmp_path / "h100.h5", "torch_gpu", ZEN4, tensors(1), accelerator=h100)], atlas)
+    here = [record(tmp_path / "h100.h5", "torch_gpu", ZEN4, tensors(1), accelerator=h100),
+            record(tmp_path / "h100_cpu.h5", "torch_1thread", ZEN4, tensors(3))]
     h200 = tensors(1)
     h200[0]["dense"] = flipped(h200[0]["dense"], 3)
     add([record(tmp_path / "h200.h5", "torch_gpu", ZEN4, h200,
-                accelerator=gpu("NVIDIA H200", "570.1"))], atlas)
+                accelerator=gpu("NVIDIA H200", "570.1")),
+         record(tmp_path / "h200_cpu.h5", "torch_1thread", ZEN4, tensors(3))], atlas)
     [(_, entry)] = add([record(tmp_path / "h100b.h5", "torch_gpu", ZEN4, tensors(1),
                                accelerator=gpu("NVIDIA H100 80GB HBM3", "580.2"))], atlas)
     assert entry["machine"]["gpus"] == [{"accelerator": "gpu", "compute_capability": "9.0",
                                          "gpu_count": 1, "gpu_name": "NVIDIA H100 80GB HBM3"}]
     assert entry["software"]["versions"]["driver_version"] == "580.2"
-    this = atlas_entries.entries_from_records([tmp_path / "h100.h5"])
+    this = atlas_entries.entries_from_records(here)
     rows = compare(this, read_atlas(atlas))
+    # a GPU machine's CPU device ran on its host CPU, its GPU device on the GPU
+    ran_on = {(row.label, row.device): row.name for row in rows}
+    zen4 = "AMD EPYC Zen 4 (fam 25 model 17)"
+    assert ran_on[(f"{zen4} with NVIDIA H200", "torch_1thread")] == zen4
+    assert ran_on[(f"{zen4} with NVIDIA H200", "torch_gpu")] == "NVIDIA H200"
+    assert not any(".json.gz" in row.label for row in rows)
     atlas_entries.rows_table(rows).to_csv(tmp_path / "atlas.csv", index=False)
     pd.DataFrame(columns=list(atlas_entries.REFUSED_COLUMNS)).to_csv(
         tmp_path / "refused.csv", index=False)
     sections = dict(findings({"atlas": tmp_path / "atlas.csv",
                               "atlas_refused": tmp_path / "refused.csv"}, {}))
-    [summary, line] = sections[ATLAS_HEADING]
-    assert summary.startswith("The atlas holds 3 machine(s): ")
-    # the other driver of the same H100: software only, named; the H200: apart at dense
-    assert line.startswith("torch_gpu: same bits as NVIDIA H100 80GB HBM3 on AMD EPYC family "
-                           "25 model 17 [")
-    assert "(software only, same hardware (driver_version 570.1 vs 580.2))" in line
-    assert "apart from NVIDIA H200 on AMD EPYC family 25 model 17 from layer dense on " \
-        "(other hardware; 23 bits remain in the final output)" in line
+    [summary, explained, table] = sections[ATLAS_HEADING]
+    assert summary == ("2 machines of the atlas ran this machine's atlas devices (2 real, 0 "
+                       "emulated by QEMU); 1 gives this machine's bits on every device both "
+                       f"ran: {zen4} with NVIDIA H100 80GB HBM3.")
+    assert explained.startswith('A cell: "same bits" on every layer and sample, or ')
+    # the other driver of the same H100: software only, named once; the H200: apart at dense
+    assert table.values.tolist() == [
+        [f"{zen4} with NVIDIA H100 80GB HBM3", "same bits", "not run",
+         "driver_version 580.2 (here 570.1)"],
+        [f"{zen4} with NVIDIA H200", "parts at `dense`, 23 bits left", "same bits", "none"]]
+    assert table.columns.tolist() == ["machine", "torch_gpu", "torch_1thread",
+                                      atlas_entries.DIFFERS_COLUMN]
+    # a table's line, as Markdown writes it: its cells and the bars between them
+    assert all(len(line) < 300 for line in [summary, explained, *(
+        "| " + " | ".join(map(str, row)) + " |" for row in table.values)])
+
+
+def test_the_findings_table_holds_four_devices_at_most_per_table():
+    """Many devices: a table per four (lines of a readable length), the versions that differ
+    in the first; every machine in each."""
+    from bitdrift.report.findings.atlas import atlas as section
+
+    devices = [f"device_{n}" for n in range(6)]
+    rows = [atlas_entries.Row(d, THIS_MACHINE, "CPU", 1, True, "", "none", 23.0, label="here")
+            for d in devices]
+    rows += [atlas_entries.Row(d, "b.json.gz", "CPU", 1 + n % 2, n % 2 == 0,
+                               "" if n % 2 == 0 else "conv2d", "other hardware", 15.0,
+                               label="Other CPU", differs="torch 2.11 (here 2.13)")
+             for n, d in enumerate(devices)]
+    items = section(atlas_entries.rows_table(rows), pd.DataFrame())
+    first, second = items[2:]
+    assert first.columns.tolist() == ["machine", *devices[:4], atlas_entries.DIFFERS_COLUMN]
+    assert second.columns.tolist() == ["machine", *devices[4:]]
+    assert first.values.tolist() == [["Other CPU", "same bits", "parts at `conv2d`, 15 bits left",
+                                      "same bits", "parts at `conv2d`, 15 bits left",
+                                      "torch 2.11 (here 2.13)"]]
+    assert items[0] == ("1 machine of the atlas ran this machine's atlas devices (1 real, 0 "
+                        "emulated by QEMU); 0 give this machine's bits on every device both "
+                        "ran.")
 
 
 def test_no_device_ran_the_reference_model(tmp_path):
@@ -295,8 +364,22 @@ def test_no_device_ran_the_reference_model(tmp_path):
                            "backend": "tensorflow"}, "out of memory")
     atlas = tmp_path / "atlas"
     add([record(tmp_path / "a.h5", "d1", ZEN4, tensors(1))], atlas)
-    lines, table = atlas_entries.compare_records([failed], read_atlas(atlas),
-                                                 table=tmp_path / "t.csv")
+    table = atlas_entries.compare_records([failed], read_atlas(atlas), table=tmp_path / "t.csv")
     plot_atlas(table, tmp_path / "f.pdf")
-    assert lines == ["No device ran the reference model here."]
+    from bitdrift.report.findings.atlas import atlas as section
+
+    assert section(table, pd.DataFrame()) == ["No device ran the reference model."]
     assert pd.read_csv(tmp_path / "t.csv").empty and (tmp_path / "f.png").stat().st_size
+
+
+def test_many_agreeing_machines_are_counted_not_named():
+    from bitdrift.report.findings.atlas import atlas as section
+
+    rows = [atlas_entries.Row("d1", THIS_MACHINE, "CPU", 1, True, "", "none", 23.0,
+                              label="here")]
+    rows += [atlas_entries.Row("d1", f"m{n}.json.gz", "CPU", 1, True, "", "other hardware",
+                               23.0, label=f"Intel Xeon Emerald Rapids (fam 6 model 207) #{n}")
+             for n in range(5)]
+    [summary, _, table] = section(atlas_entries.rows_table(rows), pd.DataFrame())
+    assert summary.endswith("; 5 give this machine's bits on every device both ran.")
+    assert table["d1"].tolist() == ["same bits"] * 5

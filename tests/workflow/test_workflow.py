@@ -131,7 +131,8 @@ def test_this_machine_among_the_machines_measured(run):
             assert bool(row["same_bits_as_this_machine"].iloc[0]) == expected, name
     findings = (workdir / "results/findings.md").read_text()
     assert "## This machine among the machines measured" in findings
-    assert "- tf_1thread: same bits as " in findings
+    assert "of the atlas ran this machine's atlas devices" in findings
+    assert set(table["label"]) and not any(".json" in label for label in table["label"])
     assert (workdir / "results/figures/atlas.png").stat().st_size > 0
 
 

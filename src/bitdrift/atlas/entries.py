@@ -435,24 +435,30 @@ def _dropped(a: dict, b: dict) -> int | None:
 
 
 def version_differences(a: dict, b: dict) -> dict[str, tuple]:
-    """Library versions (and OS) two devices' machines differ in: {name: (a's, b's)}."""
-    found = {}
-    for name in sorted(a["versions"].keys() | b["versions"].keys()):
-        if a["versions"].get(name) != b["versions"].get(name):
-            found[name] = (a["versions"].get(name), b["versions"].get(name))
-    return found
+    """The versions (and runtime settings) two devices' machines differ in, of those that
+    can change arithmetic (bitdrift.atlas.machines.arithmetic): {name: (a's, b's)}."""
+    from bitdrift.atlas.machines import arithmetic
+
+    ours, theirs = arithmetic(a["versions"]), arithmetic(b["versions"])
+    return {name: (ours.get(name), theirs.get(name))
+            for name in sorted(ours.keys() | theirs.keys())
+            if ours.get(name) != theirs.get(name)}
 
 
 @dataclass
 class Row:
     device: str
-    machine: str  # entry file name, or THIS_MACHINE
-    name: str  # the machine in words
+    machine: str  # entry file name (an identifier, never shown as a name), or THIS_MACHINE
+    name: str  # what the device ran on, in words: the GPU, else the (host) CPU
     cls: int  # class of this device across machines, numbered by first appearance
     same_as_this: bool | None  # None: this machine did not run the device
     first_difference: str  # first layer (model order) whose digest differs from this one
     difference: str  # hardware / software (versions named) / hardware and software
     remaining_precision: float | None  # final outputs against this machine's, in bits
+    label: str = ""  # the machine in words (bitdrift.atlas.machines.machine_label)
+    # the versions of the machine that can change arithmetic and differ from this
+    # machine's, named once per machine ("torch 2.11.0+cu130 (here 2.13.0+cpu)")
+    differs: str = ""
 
 
 # Config keys of a device that say where it runs, not what it computes: an emulated CPU is
@@ -475,17 +481,67 @@ def _first_difference(a: dict, b: dict) -> str:
     return ""
 
 
+def _software_differences(a_entry: dict, a: dict, b_entry: dict, b: dict) -> dict:
+    """{name: (a's, b's)}: the versions of two machines' runs of a device that can change
+    arithmetic: the runtime's, the driver's, the C library (arithmetic_os), and QEMU's
+    where both were emulated."""
+    versions = version_differences(a, b)
+    ours, theirs = (arithmetic_os(entry["software"].get("os")) for entry in (a_entry, b_entry))
+    for name in dict.fromkeys([*ours, *theirs]):
+        if ours.get(name) != theirs.get(name):
+            versions[name] = (ours.get(name), theirs.get(name))
+    qemu = [str(entry["software"].get("qemu") or "").split(" ")[0] for entry in (a_entry, b_entry)]
+    if all(qemu) and qemu[0] != qemu[1]:
+        versions["qemu"] = tuple(qemu)
+    return versions
+
+
+def _entry_software(entry: dict) -> dict:
+    """An entry's software that can change arithmetic: the versions every device agrees
+    on, the C library, QEMU."""
+    from bitdrift.atlas.machines import arithmetic
+
+    software = entry["software"]
+    return {**arithmetic(software.get("versions", {})), **arithmetic_os(software.get("os")),
+            **({"qemu": str(software["qemu"]).split(" ")[0]} if software.get("qemu") else {})}
+
+
+def _labels(machines: list[tuple[str, dict]]) -> dict[str, str]:
+    """{machine: label}; entries of one hardware (other versions) told apart by the
+    versions they differ in, else numbered."""
+    from bitdrift.atlas.machines import machine_label
+
+    labels = {name: machine_label(entry["machine"]) for name, entry in machines
+              if name != THIS_MACHINE}
+    entries = dict(machines)
+    for label in {label for label in labels.values() if list(labels.values()).count(label) > 1}:
+        group = [name for name in labels if labels[name] == label]
+        software = {name: _entry_software(entries[name]) for name in group}
+        keys = sorted({key for found in software.values() for key in found
+                       if len({json.dumps(s.get(key)) for s in software.values()}) > 1})
+        for number, name in enumerate(group, 1):
+            apart = ", ".join(f"{key} {software[name].get(key)}" for key in keys)
+            labels[name] = f"{label}, {apart}" if apart else f"{label} ({number})"
+    this = next((entry for name, entry in machines if name == THIS_MACHINE), None)
+    if this is not None:
+        labels[THIS_MACHINE] = machine_label(this["machine"])
+    return labels
+
+
 def compare(this: list[dict] | None, atlas: Atlas) -> list[Row]:
     """Per device (name and configuration), the class of every machine across the
     machines: this machine's entries first, on the devices it ran (``this`` None: the
     atlas's entries among themselves, on every device)."""
     from bitdrift.analysis.remaining_precision import MANTISSA_BITS
+    from bitdrift.atlas.machines import processor
 
     machines = [(THIS_MACHINE, entry) for entry in this or []] + list(atlas.entries.items())
+    labels = _labels(machines)
     devices: dict[str, None] = {}
     for _, entry in machines[:len(this)] if this else machines:
         devices.update(dict.fromkeys(entry["devices"]))
     rows = []
+    differs: dict[str, dict] = {}  # machine -> {name: (this machine's, its)}
     for device in devices:
         runs = [(label, entry, entry["devices"][device]) for label, entry in machines
                 if device in entry["devices"]]
@@ -507,13 +563,27 @@ def compare(this: list[dict] | None, atlas: Atlas) -> list[Row]:
                     _first_difference(own_part, part) if configured
                     else "configured otherwise")
                 difference = _kind_of_difference(own_entry, own_part, entry, part)
+                if label != THIS_MACHINE:
+                    differs.setdefault(label, {}).update(
+                        _software_differences(own_entry, own_part, entry, part))
                 dropped = _dropped(own_part, part)
-                form = next(iter(part["outputs"].values()))["format"]
-                remaining = None if dropped is None else \
-                    float(max(MANTISSA_BITS[form] - dropped, 0))
-            rows.append(Row(device, label, machine_name(entry["machine"]), cls, same, first,
-                            difference, remaining))
+                remaining = None if dropped is None else float(max(
+                    MANTISSA_BITS[next(iter(part["outputs"].values()))["format"]] - dropped,
+                    0))
+            rows.append(Row(device, label, processor(entry["machine"], part), cls, same, first,
+                            difference, remaining, label=labels[label]))
+    for row in rows:
+        row.differs = ", ".join(_versus(name, ours, theirs)
+                                for name, (ours, theirs) in differs.get(row.machine, {}).items())
     return rows
+
+
+def _versus(name: str, ours, theirs) -> str:
+    """A version of another machine against this machine's: "torch 2.11.0 (here 2.13.0)";
+    the C library's value names it ("glibc 2.39 (here 2.36)")."""
+    if name == "libc" and ours and theirs and str(ours).split()[0] == str(theirs).split()[0]:
+        return f"{theirs} (here {str(ours).split(maxsplit=1)[-1]})"
+    return f"{name} {theirs} (here {'none' if ours is None else ours})"
 
 
 def arithmetic_os(platform: str | None) -> dict[str, str]:
@@ -537,12 +607,7 @@ def _kind_of_difference(a_entry: dict, a: dict, b_entry: dict, b: dict) -> str:
     """What differs between two machines' runs of a device: the hardware, and the
     software versions named."""
     hardware = a_entry["machine"] != b_entry["machine"]
-    versions = version_differences(a, b)
-    ours, theirs = (arithmetic_os(entry["software"].get("os"))
-                    for entry in (a_entry, b_entry))
-    for name in dict.fromkeys([*ours, *theirs]):
-        if ours.get(name) != theirs.get(name):
-            versions[name] = (ours.get(name), theirs.get(name))
+    versions = _software_differences(a_entry, a, b_entry, b)
     named = ", ".join(f"{name} {old} vs {new}" for name, (old, new) in versions.items())
     if hardware and versions:
         return f"other hardware and software ({named})"
@@ -553,56 +618,80 @@ def _kind_of_difference(a_entry: dict, a: dict, b_entry: dict, b: dict) -> str:
     return "none"
 
 
-ROW_COLUMNS = ("device", "machine", "name", "class", "same_bits_as_this_machine",
-               "first_differing_layer", "difference", "remaining_precision")
+# atlas.csv: the readable columns first (the report shows the table as it is), the entry's
+# file name (an identifier) last
+ROW_COLUMNS = ("device", "label", "name", "same_bits_as_this_machine", "first_differing_layer",
+               "remaining_precision", "differs", "class", "difference", "machine")
 
 
 def rows_table(rows: list[Row]):
     import pandas as pd
 
-    return pd.DataFrame([(r.device, r.machine, r.name, r.cls, r.same_as_this,
-                          r.first_difference, r.difference, r.remaining_precision)
+    return pd.DataFrame([(r.device, r.label, r.name, r.same_as_this, r.first_difference,
+                          r.remaining_precision, r.differs, r.cls, r.difference, r.machine)
                          for r in rows], columns=list(ROW_COLUMNS))
 
 
-def summary_lines(rows: list[Row]) -> list[str]:
-    """Per device, in words: the machines that give this machine's bits, and where the
-    others part from it first."""
-    lines = []
-    entries = {}  # name -> entry files: a machine is named by its entry where names repeat
-    for row in rows:
-        if row.machine != THIS_MACHINE:
-            entries.setdefault(row.name, set()).add(row.machine)
+# What a cell of the machines x devices table says (cell_text); NOT_RUN where a machine did
+# not run the device
+SAME_BITS = "same bits"
+NOT_RUN = "not run"
+CONFIGURED_OTHERWISE = "configured otherwise"
 
-    def named(row: Row) -> str:
-        return row.name if len(entries[row.name]) == 1 else f"{row.name} [{row.machine}]"
 
-    for device in dict.fromkeys(row.device for row in rows):
-        own = [r for r in rows if r.device == device]
-        if not any(r.machine == THIS_MACHINE for r in own):
+def cell_text(row: Row) -> str:
+    """A machine's run of a device against this machine's, in a few words: "same bits",
+    or where it parts and the mantissa bits the final outputs still share ("parts at
+    `conv2d`, 15 bits left")."""
+    if row.same_as_this or row.machine == THIS_MACHINE:
+        return SAME_BITS
+    if row.first_difference == CONFIGURED_OTHERWISE:
+        return CONFIGURED_OTHERWISE
+    where = "other layers" if row.first_difference == "layers differ" else \
+        f"parts at `{row.first_difference}`"
+    left = "final outputs not comparable" if row.remaining_precision is None else \
+        f"{row.remaining_precision:g} bits left"
+    return f"{where}, {left}"
+
+
+def machine_order(rows: list[Row]) -> list[str]:
+    """The machines of ``rows``: this machine first, then the real machines, then the
+    emulated ones, each by label."""
+    from bitdrift.atlas.machines import EMULATED
+
+    labels = {row.machine: row.label for row in rows}
+    return sorted(labels, key=lambda machine: (
+        machine != THIS_MACHINE, labels[machine].startswith(EMULATED), labels[machine]))
+
+
+def machines_by_devices(rows: list[Row]):
+    """The other machines (rows, by label) by this machine's devices (columns): each
+    cell's text (cell_text; NOT_RUN where the machine did not run the device), and the
+    column "versions that differ" (Row.differs)."""
+    import pandas as pd
+
+    devices = list(dict.fromkeys(row.device for row in rows if row.machine == THIS_MACHINE))
+    cells = {(row.machine, row.device): cell_text(row) for row in rows}
+    found = []
+    for machine in machine_order(rows):
+        if machine == THIS_MACHINE:
             continue
-        others = [r for r in own if r.machine != THIS_MACHINE]
-        same = [r for r in others if r.same_as_this]
-        apart = [r for r in others if not r.same_as_this]
-        if not others:
-            lines.append(f"{device}: no other machine in the atlas ran it")
-            continue
-        text = f"{device}: same bits as " + (
-            ", ".join(named(r) + (f" ({r.difference})" if r.difference != "none" else "")
-                      for r in same) if same else "no other machine")
-        if apart:
-            text += "; apart from " + ", ".join(
-                f"{named(r)} "
-                + ("(configured otherwise)" if r.first_difference == "configured otherwise"
-                   else f"from layer {r.first_difference} on ({r.difference}; "
-                   f"{_bits(r.remaining_precision)})") for r in apart)
-        lines.append(text)
-    return lines
+        row = next(r for r in rows if r.machine == machine)
+        found.append([row.label, *(cells.get((machine, device), NOT_RUN) for device in devices),
+                      row.differs or "none"])
+    return pd.DataFrame(found, columns=[MACHINE_COLUMN, *devices, DIFFERS_COLUMN])
 
 
-def _bits(remaining: float | None) -> str:
-    return "final outputs not comparable" if remaining is None else \
-        f"{remaining:g} bits remain in the final output"
+MACHINE_COLUMN = "machine"
+DIFFERS_COLUMN = "versions that differ from this machine's"
+
+
+def agreeing(rows: list[Row]) -> list[str]:
+    """The labels of the other machines that give this machine's bits on every device
+    both ran."""
+    return [next(r.label for r in rows if r.machine == machine)
+            for machine in machine_order(rows) if machine != THIS_MACHINE
+            and all(r.same_as_this for r in rows if r.machine == machine)]
 
 
 def rows_from_table(table) -> list[Row]:
@@ -619,7 +708,9 @@ def rows_from_table(table) -> list[Row]:
                 else str(row["same_bits_as_this_machine"]).lower() == "true",
                 text(row["first_differing_layer"]), text(row["difference"]),
                 None if optional(row["remaining_precision"]) is None
-                else float(row["remaining_precision"]))
+                else float(row["remaining_precision"]),
+                # a table of an earlier bitdrift has no label: the device's processor
+                label=text(row.get("label", row["name"])), differs=text(row.get("differs")))
             for _, row in table.iterrows()]
 
 
@@ -627,26 +718,25 @@ REFUSED_COLUMNS = ("entry", "reason")
 
 
 def compare_records(paths: list[str | Path], atlas: Atlas, table=None, refused_table=None,
-                    ) -> tuple[list[str], pd.DataFrame]:
+                    ) -> pd.DataFrame:
     """This machine (its records of the reference model) among the atlas's machines: the
-    table, the refused entries; the lines in words and the table (bitdrift.report.figures.machines
-    draws it: plot_atlas)."""
+    table (rows_table; empty where no device ran the reference model here) and the refused
+    entries, written where asked; the table returned (bitdrift.report.findings.atlas says it
+    in words, bitdrift.report.figures.machines draws it)."""
     import pandas as pd
 
     from bitdrift.atomic import write_csv
 
     this = entries_from_records(paths)
     # no device ran the reference model here (every record a failure record): no rows
-    rows = compare(this, atlas) if this else []
-    found = rows_table(rows)
+    found = rows_table(compare(this, atlas) if this else [])
     if table:
         write_csv(found, table)
     if refused_table:
         write_csv(pd.DataFrame([(line.split(": ", 1)[0], line.split(": ", 1)[-1])
                                   for line in atlas.refused], columns=list(REFUSED_COLUMNS)),
                     refused_table)
-    return (summary_lines(rows) if rows else ["No device ran the reference model here."],
-            found)
+    return found
 
 
 @dataclass

@@ -117,20 +117,48 @@ def compare_with_atlas(files, atlas=None, out=None, refused_out=None,
                        figure_out=None) -> None:
     """This machine's records of the reference model against the atlas's machines (the
     folder ``atlas``, else the one shipped): the table, the entries refused, the figure."""
-    from bitdrift.atlas.entries import compare_records
+    import pandas as pd
 
-    lines, table = compare_records(files, _read_atlas(atlas), table=out,
-                                   refused_table=refused_out)
+    from bitdrift.atlas.entries import compare_records
+    from bitdrift.report.findings.atlas import atlas as in_words
+
+    table = compare_records(files, _read_atlas(atlas), table=out, refused_table=refused_out)
     if figure_out:
         from bitdrift.report.figures.machines import plot_atlas
 
         plot_atlas(table, figure_out)
-    for line in lines:
-        print(line)
+    # the findings' words and table (the refused entries were warned of above)
+    for item in in_words(table, pd.DataFrame()):
+        print(item.to_string(index=False) if isinstance(item, pd.DataFrame) else item)
 
 
 def cmd_atlas_compare(args) -> int:
     compare_with_atlas(args.files, args.atlas, args.out, args.refused_out, args.figure_out)
+    return 0
+
+
+def cmd_atlas_list(args) -> int:
+    """The atlas's machines as a Markdown table; with --doc, written into that document
+    between its markers instead (docs/atlas.md's list)."""
+    from pathlib import Path
+
+    from bitdrift.atlas.entries import default_folder
+    from bitdrift.atlas.machines import machines_list, replace_list
+
+    folder = args.atlas or default_folder()
+    lines = machines_list(_read_atlas(folder).entries, folder)
+    if not args.doc:
+        print("\n".join(lines))
+        return 0
+    from bitdrift.atomic import write_bytes
+
+    doc = Path(args.doc)
+    try:
+        text = doc.read_text()
+    except OSError as error:
+        raise ConfigError(f"--doc {doc}: cannot be read ({error.strerror})") from error
+    write_bytes(doc, replace_list(text, lines, str(doc)).encode())
+    print(f"{doc}: the list of {len(lines) - 2} machine(s) written")
     return 0
 
 
@@ -173,7 +201,7 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_atlas)
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB",
                              help="add: this machine's entry; compare: this machine with "
-                             "the atlas")
+                             "the atlas; list: the machines it holds")
     atlas_help = ("the atlas folder (default: the one shipped with bitdrift, "
                   "bitdrift/reference_set/atlas)")
     q = verbs.add_parser("add", help="write this machine's entry from its records of the "
@@ -192,3 +220,9 @@ def add_commands(sub) -> None:
     q.add_argument("--figure-out", help="figure (PDF, and PNG beside it): machines x devices, "
                    "colour = class across machines")
     q.set_defaults(verb_func=cmd_atlas_compare)
+    q = verbs.add_parser("list", help="the atlas's machines as a Markdown table (label, real "
+                         "or emulated, devices, size, entry)")
+    q.add_argument("--atlas", help=atlas_help)
+    q.add_argument("--doc", help="a document (docs/atlas.md) whose generated list of machines "
+                   "is replaced by this one, instead of printing it")
+    q.set_defaults(verb_func=cmd_atlas_list)

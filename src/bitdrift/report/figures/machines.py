@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -71,12 +72,69 @@ def plot_generations(eqc: pd.DataFrame, devices: dict, out: str | Path) -> None:
     save_figure(figure, out)
 
 
+# What a cell of the atlas figure says about a machine's run of a device, the same in every
+# column (the legend's entries, in order), and its colour
+CELL_KINDS = ("this machine", "same bits as this machine",
+              "differs: first differing layer, bits left in the final output",
+              "configured otherwise", "not run there")
+THIS, SAME, DIFFERS, CONFIGURED, NOT_RUN = range(len(CELL_KINDS))
+CELL_COLOURS = ("#4e79a7", "#8cd17d", "#f28e2b", "#b07aa1", "#eeeeee")
+LAYER_CHARS = 12  # a layer's name in a cell, cut beyond this
+
+
+class AtlasGrid(NamedTuple):
+    machines: list[str]  # row labels: this machine first ("this machine: ..."), by label
+    devices: list[str]  # columns: this machine's devices
+    kinds: np.ndarray  # (machines, devices): index into CELL_KINDS
+    texts: list[list[str]]  # what each cell says
+
+
+def atlas_grid(table: pd.DataFrame) -> AtlasGrid:
+    """The atlas table (atlas.csv, bitdrift.atlas.entries.rows_table) as the figure draws
+    it: a row per machine by its label, a column per device of this machine, each cell
+    one of CELL_KINDS, whose meaning does not depend on the column."""
+    from bitdrift.atlas.entries import (
+        CONFIGURED_OTHERWISE,
+        THIS_MACHINE,
+        machine_order,
+        rows_from_table,
+    )
+
+    rows = rows_from_table(table)
+    order = machine_order(rows)
+    devices = list(dict.fromkeys(row.device for row in rows if row.machine == THIS_MACHINE))
+    by_cell = {(row.machine, row.device): row for row in rows}
+    labels = {row.machine: row.label for row in rows}
+    kinds = np.full((len(order), len(devices)), NOT_RUN)
+    texts = [["–"] * len(devices) for _ in order]
+    for i, machine in enumerate(order):
+        for j, device in enumerate(devices):
+            row = by_cell.get((machine, device))
+            if row is None:
+                continue
+            if machine == THIS_MACHINE:
+                kinds[i, j], texts[i][j] = THIS, "here"
+            elif row.same_as_this:
+                kinds[i, j], texts[i][j] = SAME, "same"
+            elif row.first_difference == CONFIGURED_OTHERWISE:
+                kinds[i, j], texts[i][j] = CONFIGURED, "config"
+            else:
+                layer = row.first_difference
+                layer = layer if len(layer) <= LAYER_CHARS else layer[:LAYER_CHARS - 1] + "…"
+                bits = "?" if row.remaining_precision is None else \
+                    f"{row.remaining_precision:g}"
+                kinds[i, j], texts[i][j] = DIFFERS, f"{layer}\n{bits} bits"
+    names = [f"this machine: {labels[m]}" if m == THIS_MACHINE else labels[m] for m in order]
+    return AtlasGrid(names, devices, kinds, texts)
+
+
 def plot_atlas(table: pd.DataFrame, out: str | Path) -> None:
     """This machine among the machines measured (bitdrift.atlas.entries): a row per
-    machine (this one first), a column per device of the reference model; a cell's number
-    and colour are the device's class across the machines (1: this machine's where it ran
-    the device), grey where a machine did not run the device."""
-    from bitdrift.atlas.entries import THIS_MACHINE
+    machine by its label (this one first), a column per device of this machine; a cell's
+    colour says the same in every column (CELL_KINDS): same bits as this machine, or
+    differs (the first differing layer and the bits left in the final output written in
+    it), or not run there."""
+    from matplotlib.patches import Patch
 
     if table.empty:  # every device of the reference model failed here: the figure says so
         figure, axis = plt.subplots(figsize=(6, 1.5))
@@ -85,30 +143,36 @@ def plot_atlas(table: pd.DataFrame, out: str | Path) -> None:
                   "failures)", ha="center", va="center", fontsize=9)
         save_figure(figure, out)
         return
-    machines = list(dict.fromkeys(table["machine"]))
-    devices = list(dict.fromkeys(table["device"]))
-    names = dict(zip(table["machine"], table["name"], strict=False))
-    labels = [textwrap.fill(f"this machine: {names[m]}" if m == THIS_MACHINE else names[m], 44)
-              + ("" if m == THIS_MACHINE else f"\n[{m}]") for m in machines]
-    cells = {(row.machine, row.device): int(row["class"]) for _, row in table.iterrows()}
-    colours = plt.get_cmap("tab10")
-    figure, axis = plt.subplots(figsize=(max(0.55 * len(devices) + 4.5, 9.0),
-                                         0.55 * len(machines) + 2.6))
-    for i, machine in enumerate(machines):
-        for j, device in enumerate(devices):
-            cls = cells.get((machine, device))
-            colour = (0.93, 0.93, 0.93) if cls is None else colours((cls - 1) % 10)
-            axis.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=colour, edgecolor="white"))
-            axis.text(j + 0.5, i + 0.5, "–" if cls is None else str(cls), ha="center",
-                      va="center", fontsize=7, color="grey" if cls is None else "black")
-    axis.set_xlim(0, len(devices))
-    axis.set_ylim(len(machines), 0)
-    axis.set_xticks(np.arange(len(devices)) + 0.5, devices, rotation=60, ha="right",
+    grid = atlas_grid(table)
+    rows, columns = len(grid.machines), len(grid.devices)
+    width = max(0.62 * columns + 4.2, 8.0)
+    height = 0.36 * rows + 2.6
+    figure, axis = plt.subplots(figsize=(width, height))
+    for i in range(rows):
+        for j in range(columns):
+            kind = grid.kinds[i, j]
+            axis.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=CELL_COLOURS[kind],
+                                         edgecolor="white"))
+            axis.text(j + 0.5, i + 0.5, grid.texts[i][j], ha="center", va="center",
+                      fontsize=5.5, color="grey" if kind == NOT_RUN else
+                      "white" if kind == THIS else "black")
+    axis.set_xlim(0, columns)
+    axis.set_ylim(rows, 0)
+    axis.set_xticks(np.arange(columns) + 0.5, grid.devices, rotation=45, ha="right",
                     fontsize=7)
-    axis.set_yticks(np.arange(len(machines)) + 0.5, labels, fontsize=7)
-    axis.set_xlabel("device (runtime and settings) running the reference model")
-    axis.set_title("This machine among the machines measured: each device's class across "
-                   "machines\n(one colour in a column = the same bits on every layer and "
-                   "sample; – = not run there)", fontsize=9, loc="right")
-    figure.tight_layout()
+    axis.set_yticks(np.arange(rows) + 0.5, [textwrap.fill(name, 48) for name in grid.machines],
+                    fontsize=7)
+    axis.tick_params(length=0)
+    axis.set_xlabel("device of this machine (runtime and settings) running the reference "
+                    "model", fontsize=8)
+    present = sorted(set(grid.kinds.ravel()) | {SAME, DIFFERS})
+    figure.legend([Patch(facecolor=CELL_COLOURS[k], edgecolor="grey") for k in present],
+                  [CELL_KINDS[k] for k in present], loc="lower center", fontsize=7,
+                  ncol=2 if width < 12 else len(present), frameon=False)
+    figure.suptitle(textwrap.fill(
+        "This machine among the machines measured: each device on each machine against "
+        "this machine's bits (every layer, every sample); one colour means the same in "
+        "every column", int(width * 11)), fontsize=9)
+    # room at the bottom for the legend's rows (about a quarter inch each)
+    figure.tight_layout(rect=(0, (0.6 if width < 12 else 0.35) / height, 1, 1))
     save_figure(figure, out)

@@ -152,8 +152,9 @@ def restructured_text(sections, figure=None) -> str:
     (the EQC figure's PNG) is shown after the classes."""
     import re
 
-    def literal(sentence: str) -> str:  # reST's literal is double backticks
-        return re.sub(r"`([^`]+)`", r"``\1``", sentence)
+    def literal(sentence) -> str:  # reST's literal is double backticks
+        # str(): a table (DataFrame) item as its text, until tables are written as tables
+        return re.sub(r"`([^`]+)`", r"``\1``", str(sentence))
 
     out = [TITLE, "=" * len(TITLE), "", PREAMBLE, ""]
     for heading, sentences in sections:
