@@ -162,7 +162,9 @@ def plot_maxpool_training(table: pd.DataFrame, out) -> None:
     betas = sorted(final["beta"].unique())
     rates = table.groupby("beta")["learning_rate"].first()
     names = {b: f"β={b:g}\n(lr {rates[b]:g})" for b in betas}
-    seeds = final["seed"].nunique()
+    per_beta = final.groupby("beta")["seed"].nunique()
+    seeds = int(per_beta.min())  # the fewest seeds of any β decides what can be said
+    seeds_text = f"{seeds}" if seeds == per_beta.max() else f"{seeds}–{int(per_beta.max())}"
     for k, beta in enumerate(betas):
         values = final[final["beta"] == beta]["test_accuracy"].to_numpy(float)
         left.scatter(np.full(len(values), k), values, s=18, color="k", zorder=3)
@@ -172,8 +174,9 @@ def plot_maxpool_training(table: pd.DataFrame, out) -> None:
                       textcoords="offset points", ha="center", va="top", fontsize=7)
     left.set_xticks(range(len(betas)), [names[b] for b in betas], fontsize=8)
     left.set_xlim(-0.6, len(betas) - 0.4)
-    left.set_xlabel(f"β; {seeds} seed{'s' if seeds != 1 else ''} each, bar and number = "
-                    "mean, then the seeds' range", fontsize=8)
+    plural = "s" if per_beta.max() != 1 else ""
+    left.set_xlabel(f"β; {seeds_text} seed{plural} each, bar and number = mean, then the "
+                    "seeds' range", fontsize=8)
     left.set_ylabel(f"test accuracy after epoch {int(table['epoch'].max())}")
     for beta, rows in table.groupby("beta"):
         curve = rows.groupby("epoch")["test_accuracy"].agg(["mean", "min", "max"])
@@ -181,10 +184,11 @@ def plot_maxpool_training(table: pd.DataFrame, out) -> None:
                    label=names[beta].replace("\n", " "))
         right.fill_between(curve.index, curve["min"], curve["max"], alpha=0.2)
     right.set_ylim(0, 1.02)
+    right.tick_params(labelleft=True)  # the shared axis would hide them
     right.set_xlabel("epoch")
     right.set_ylabel("test accuracy (mean; band: the seeds' range)")
     right.legend(fontsize=8, loc="lower right")
-    caution = ("" if seeds >= 3 else f" With {seeds} seed{'s' if seeds != 1 else ''} per β "
+    caution = ("" if seeds >= 3 else f" With {seeds_text} seed{plural} per β "
                "the run-to-run spread is not measured: differences between β within the "
                "seeds' ranges are not a finding.")
     figure.suptitle("Training with the hybrid-β MaxPool Jacobian\n"
