@@ -364,3 +364,7 @@ def test_spread_figures_name_the_devices_of_a_cross_device_row(tmp_path):
     assert "Nothing to show" not in text
     alone = summary[summary["scope"] != "all"]  # one run per group: no spread
     assert "Nothing to show" in figure_text(plot_churn, alone, folder=tmp_path)
+    from bitdrift.studies.variance.figures import plot_ensemble_disagreement
+
+    assert "Nothing to show: no ensemble" in figure_text(plot_ensemble_disagreement, summary,
+                                                         folder=tmp_path)

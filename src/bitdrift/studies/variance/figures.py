@@ -306,7 +306,8 @@ def plot_ensemble_disagreement(summary: pd.DataFrame, out) -> None:
     if rows.empty:
         axes[0][0].text(0.5, 0.5, "no ensemble in the config", ha="center",
                         transform=axes[0][0].transAxes)
-    fig.suptitle("Ensemble disagreement with and without momentum (hardware proposal, "
+    fig.suptitle(("Nothing to show: no ensemble in the config\n" if rows.empty else "")
+                 + "Ensemble disagreement with and without momentum (hardware proposal, "
                  "Figure S4)\nn = members, step = effective step lr / (1 - momentum), acc = "
                  "their mean test accuracy; the lr x (1 - m) plan has plain SGD's step",
                  fontsize=9)
