@@ -39,7 +39,8 @@ def make_celeba(folder, rows):
 
 def write_run(path, *, plan="p", arm="a", device="cpu", run=0, predictions, labels,
               weights, seconds=1.0, switches=None, study="plan", learning_rate=0.01,
-              accuracy=None, loss=0.5, attributes=None, classes=None, init_sha256=None):
+              accuracy=None, loss=0.5, attributes=None, classes=None, init_sha256=None,
+              spec=None):
     """A run file in the format bitdrift.studies.variance.runs writes. The initial weights'
     digest follows the init switch unless given: one for a fixed init, one per run else."""
     classes = classes or int(max(np.max(predictions), np.max(labels)) + 1)
@@ -62,7 +63,25 @@ def write_run(path, *, plan="p", arm="a", device="cpu", run=0, predictions, labe
             if accuracy is None else accuracy, "test_loss": loss, "dataset_sha256": "abc",
             "init_sha256": init_sha256 or (
                 "init-fixed" if switches["init"] == "fixed" else f"init-run-{run}")})
+        if spec is not None:
+            handle.attrs["spec"] = json.dumps(spec)
     return path
+
+
+def figure_text(plot, *args, folder) -> str:
+    """The text a plotting function draws: ``plot(*args, out)`` with ``out`` an SVG whose
+    text stays text (matplotlib's svg.fonttype "none"), the SVG's <text> contents joined
+    by newlines, XML entities decoded."""
+    import html
+    import re
+
+    import matplotlib
+
+    out = Path(folder) / f"{plot.__name__}.svg"
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        plot(*args, out)
+    texts = re.findall(r"<text\b[^>]*>(.*?)</text>", out.read_text(), flags=re.S)
+    return "\n".join(html.unescape(re.sub(r"<[^>]+>", "", text)) for text in texts)
 
 
 def snakemake(workdir, *args, configfile, timeout=1200, executor=("--cores", "2"), env=None,

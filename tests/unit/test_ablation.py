@@ -210,3 +210,40 @@ def test_adding_a_device_the_ablation_does_not_read_leaves_its_params_alone():
     assert after == before
     assert set(before["devices"]) == {"a", "b", "c", "a_float16", "a_float64", "b_float16",
                                       "b_float64"}
+
+
+def _layers_table(counts: dict[str, list[int]], devices: int = 3):
+    """A hand-built ablation_layers table: one sample, three layers, a variant per key of
+    ``counts`` with its number of classes per layer."""
+    import pandas as pd
+
+    rows = [{"base": "small", "variant": variant, "model": f"small_{variant}",
+             "activation": "relu", "pooling": "max", "trained": True, "sample": 0,
+             "layer": layer, "position": position, "layer_class": layer_class,
+             "n_devices": devices, "n_eqc": count, "remaining_precision": 10 + position,
+             "significant_bits_mean": 20.0}
+            for variant, per_layer in counts.items()
+            for position, ((layer, layer_class), count) in enumerate(zip(
+                (("conv", "Conv2D"), ("relu", "Activation"), ("pool", "MaxPooling2D")),
+                per_layer, strict=True))]
+    return pd.DataFrame(rows)
+
+
+def test_class_counts_equal_everywhere_are_said_in_the_title_not_drawn_flat(tmp_path):
+    """Issue 64: five variants at 3 classes of 3 devices on every layer drew one flat line;
+    the count goes into the title, and only a count that varies gets its panel."""
+    from bitdrift.studies.ablation.figures import class_count_note, plot_ablation_layers
+    from tests.utils import figure_text
+
+    flat = _layers_table({"base": [3, 3, 3], "sigmoid": [3, 3, 3]})
+    assert class_count_note(flat) == ("every layer of every variant: 3 classes among 3 "
+                                      "devices (each device its own bits)")
+    assert "agree bit for bit" in class_count_note(_layers_table({"base": [1, 1, 1]}))
+    assert class_count_note(_layers_table({"base": [3, 3, 3], "sigmoid": [3, 1, 3]})) is None
+    text = figure_text(plot_ablation_layers, flat, folder=tmp_path)
+    assert "classes: every layer of every variant: 3 classes among 3 devices" in text
+    assert "number of classes" not in text
+    varied = figure_text(plot_ablation_layers,
+                         _layers_table({"base": [3, 3, 3], "sigmoid": [3, 1, 3]}),
+                         folder=tmp_path)
+    assert "number of classes" in varied and "every layer of every variant" not in varied

@@ -200,3 +200,21 @@ def test_normpool_zero_gradient_must_stay_in_the_clarke_jacobian():
     pool = NormPool2d(kernel_size=3)
     with pytest.raises(ValueError, match="kernel size 3"):
         set_program(torch.nn.Sequential(pool), Program(norm_zero_grad=0.5))
+
+
+def test_training_figure_says_what_beta_is_and_when_the_spread_is_unmeasured(tmp_path):
+    from bitdrift.studies.maxpool.figures import plot_maxpool_training
+    from tests.utils import figure_text
+
+    rows = [{"beta": beta, "seed": seed, "learning_rate": 0.2, "epoch": epoch,
+             "test_accuracy": 0.5 + 0.1 * epoch + 0.01 * seed}
+            for beta in (0.0, 1.0) for seed in (0, 1) for epoch in (1, 2)]
+    text = figure_text(plot_maxpool_training, pd.DataFrame(rows), folder=tmp_path)
+    assert "β sets which gradient backprop takes" in text.replace("\n", " ")
+    assert "With 2 seeds per β the run-to-run spread is not measured" in \
+        text.replace("\n", " ")
+    assert "0.70–0.71" in text  # the two seeds' final accuracies: 0.5 + 0.2 + 0.01 x seed
+    three = pd.DataFrame([{**row, "seed": 2} for row in rows if row["seed"] == 0] + rows)
+    assert "not measured" not in figure_text(plot_maxpool_training, three, folder=tmp_path)
+    empty = figure_text(plot_maxpool_training, pd.DataFrame(columns=rows[0]), folder=tmp_path)
+    assert "nothing to show" in empty

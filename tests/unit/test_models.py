@@ -146,6 +146,24 @@ def test_medium_cnn_has_six_conv_bn_blocks_of_kernel_x(kernel_size):
     assert tuple(model.output.shape[1:]) == (100,)
 
 
+def test_medium_cnn_with_1x1_kernels_cannot_tell_an_image_from_its_mirror_image():
+    """Why the default config times kernel 2, not Zhuang's 1: with 1x1 kernels only the
+    2x2 max pools (symmetric) mix pixels, so a mirrored or upside-down 32x32 image gives
+    the same logits; 2x2 kernels see the order of neighbouring pixels."""
+    rng = np.random.default_rng(0)
+    image = rng.random((1, 32, 32, 3), dtype=np.float32)
+    for mirrored in (image[:, :, ::-1], image[:, ::-1, ::-1]):
+        logits = {}
+        for kernel_size in (1, 2):
+            keras.utils.set_random_seed(0)
+            model = build_model(keras, {"architecture": "medium_cnn", "kernel_size": kernel_size,
+                                        "width": 0.25}, (32, 32, 3), 10)
+            logits[kernel_size] = [keras.ops.convert_to_numpy(model(x, training=False))
+                                   for x in (image, np.ascontiguousarray(mirrored))]
+        np.testing.assert_allclose(*logits[1], rtol=1e-5, atol=1e-6)
+        assert np.abs(logits[2][0] - logits[2][1]).max() > 1e-3
+
+
 def test_resnet_v2_follows_the_keras_example_depth():
     for depth, blocks in ((11, 1), (29, 3)):
         model = build_model(keras, {"architecture": "resnet_v2", "depth": depth},

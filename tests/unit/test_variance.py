@@ -318,3 +318,53 @@ def test_seed_ratio_interval_brackets_the_ratio():
     assert low <= ratio <= high and 0 < low < high
     assert ratio_interval(np.full(4, 0.7), different[:4]) == (0.0, 0.0)  # no spread: 0
     assert all(np.isnan(ratio_interval([0.5], different)))
+
+
+def test_determinism_cost_names_the_model_timed_and_how_well_it_learned(tmp_path):
+    """Each cost row carries the plan's architecture and kernel size (from the run files'
+    spec) and each arm's mean test accuracy, and the figure shows them: a model that
+    learned nothing (issue 64: kernel 1 at 27-35 %) is seen on the row that times it."""
+    from bitdrift.studies.variance.figures import plot_determinism_cost
+    from tests.utils import figure_text
+
+    spec = {"architecture": "medium_cnn", "kernel_size": 3, "width": 0.25}
+    det = {"init": "fixed", "data_order": "fixed", "augmentation": "fixed",
+           "dropout": "fixed", "deterministic": True}
+    labels = [0, 1, 1, 0]
+    files = [write_run(tmp_path / "fast.h5", plan="kernel_3", arm="algo_impl", spec=spec,
+                       predictions=[0, 1, 1, 0], labels=labels, weights=[1, 0]),
+             write_run(tmp_path / "slow.h5", plan="kernel_3", arm="algo", spec=spec,
+                       predictions=[0, 1, 0, 0], labels=labels, weights=[1, 0], switches=det,
+                       seconds=2.0)]
+    cost = training_tables(files)["determinism_cost"]
+    row = cost.iloc[0]
+    assert (row["architecture"], row["kernel_size"]) == ("medium_cnn", 3)
+    # accuracies counted by hand: 4 of 4 and 3 of 4 predictions equal the labels
+    assert (row["accuracy_default"], row["accuracy_deterministic"]) == (1.0, 0.75)
+    text = figure_text(plot_determinism_cost, cost, folder=tmp_path)
+    assert "kernel_3 on cpu: small (medium_cnn, 3x3 convolutions)" in text
+    assert "ALGO vs ALGO+IMPL: test accuracy 75 % vs 100 %; n = 1 + 1 runs" in text
+    assert "Nothing to show" in figure_text(plot_determinism_cost, cost.iloc[:0],
+                                            folder=tmp_path)
+
+
+def test_spread_figures_name_the_devices_of_a_cross_device_row(tmp_path):
+    """A row pooling a plan's devices names them ("devices: CONTROL" named none); with no
+    group of two runs the title says there is nothing to show."""
+    from bitdrift.studies.variance.figures import plot_churn
+    from tests.utils import figure_text
+
+    common = {"arm": "control", "plan": "devices", "labels": [0, 1], "weights": [1, 0]}
+    files = [write_run(tmp_path / f"{device}.h5", device=device, predictions=predictions,
+                       **common)
+             for device, predictions in (("tf_a", [0, 1]), ("tf_b", [1, 1]))]
+    summary = training_tables(files)["summary"]
+    text = figure_text(plot_churn, summary, folder=tmp_path)
+    assert "devices: CONTROL on 2 devices:\ntf_a, tf_b" in text
+    assert "Nothing to show" not in text
+    alone = summary[summary["scope"] != "all"]  # one run per group: no spread
+    assert "Nothing to show" in figure_text(plot_churn, alone, folder=tmp_path)
+    from bitdrift.studies.variance.figures import plot_ensemble_disagreement
+
+    assert "Nothing to show: no ensemble" in figure_text(plot_ensemble_disagreement, summary,
+                                                         folder=tmp_path)

@@ -24,41 +24,93 @@ def _variant_label(row) -> str:
     return f"{name} ({row['activation']}, {row['pooling']}pool{trained})"
 
 
+# Variants draw with their own marker, so that lines lying on one another stay told apart
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def class_count_note(part: pd.DataFrame) -> str | None:
+    """When every layer of every variant splits the devices into the same number of
+    classes, the sentence that says so (a panel of flat lines would show nothing more);
+    None when the count varies."""
+    counts, devices = part["n_eqc"].unique(), part["n_devices"].unique()
+    if len(counts) != 1 or len(devices) != 1:
+        return None
+    count, devices = int(counts[0]), int(devices[0])
+    if count == devices:
+        return (f"every layer of every variant: {count} classes among {devices} devices "
+                "(each device its own bits)")
+    if count == 1:
+        return f"every layer of every variant: 1 class, the {devices} devices agree bit for bit"
+    return f"every layer of every variant: {count} classes among {devices} devices"
+
+
 def plot_ablation_layers(layers: pd.DataFrame, out) -> None:
     """Per base model (columns): remaining precision (top) and number of classes (bottom)
     per layer, one line per variant, mean over samples; statistical significant bits as
-    dotted lines beside remaining precision."""
+    dotted lines beside remaining precision. Where the number of classes is the same at
+    every layer of every variant, the title says it and no panel of flat lines is drawn;
+    else the lines of the variants are set slightly apart so that equal ones stay visible."""
     plt = _pyplot()
     bases = list(dict.fromkeys(layers["base"])) or [""]
-    fig, axes = plt.subplots(2, len(bases), figsize=(7.5 * len(bases), 7.5), squeeze=False,
-                             sharex="col", layout="constrained")
+    parts = {base: layers[(layers["base"] == base) & (layers["layer"] != OUTPUT)]
+             for base in bases}
+    notes = {base: class_count_note(part) if len(part) else None
+             for base, part in parts.items()}
+    counts_drawn = any(notes[base] is None and len(parts[base]) for base in bases)
+    rows = 2 if counts_drawn else 1
+    fig, axes = plt.subplots(rows, len(bases), figsize=(7.5 * len(bases), 3.0 + 3.6 * rows),
+                             squeeze=False, sharex="col", layout="constrained")
+    handles = {}
     for column, base in enumerate(bases):
-        part = layers[(layers["base"] == base) & (layers["layer"] != OUTPUT)]
-        top, bottom = axes[0, column], axes[1, column]
-        for _, rows in part.groupby("variant", sort=False):
-            mean = rows.groupby(["position", "layer"], sort=True)[
-                ["remaining_precision", "n_eqc", "significant_bits_mean"]].mean().reset_index()
-            line, = top.plot(mean["position"], mean["remaining_precision"], marker="o", ms=3)
-            top.plot(mean["position"], mean["significant_bits_mean"], ls=":",
-                     color=line.get_color())
-            bottom.plot(mean["position"], mean["n_eqc"], marker="o", ms=3,
-                        color=line.get_color(), label=_variant_label(rows.iloc[0]))
+        part = parts[base]
+        top = axes[0, column]
+        bottom = axes[1, column] if rows == 2 else None
         if part.empty:
             top.text(0.5, 0.5, "no ablation records", ha="center", transform=top.transAxes)
+            top.set_title(f"{base}: nothing to show, no ablation records", fontsize=9)
             continue
+        variants = list(dict.fromkeys(part["variant"]))
+        for index, (_, rows_of) in enumerate(part.groupby("variant", sort=False)):
+            mean = rows_of.groupby(["position", "layer"], sort=True)[
+                ["remaining_precision", "n_eqc", "significant_bits_mean"]].mean().reset_index()
+            label = _variant_label(rows_of.iloc[0])
+            marker = MARKERS[index % len(MARKERS)]
+            line, = top.plot(mean["position"], mean["remaining_precision"], marker=marker,
+                             ms=4, label=label)
+            handles.setdefault(label, line)
+            top.plot(mean["position"], mean["significant_bits_mean"], ls=":",
+                     color=line.get_color())
+            if bottom is not None and notes[base] is None:
+                # A fifth of a class apart at most: equal counts stay readable as integers
+                offset = 0.2 * (index - (len(variants) - 1) / 2) / max(len(variants) - 1, 1)
+                bottom.plot(mean["position"], mean["n_eqc"] + offset, marker=marker, ms=4,
+                            color=line.get_color())
         sequence = part.drop_duplicates("position").sort_values("position")
         top.set_ylim(-3.5, 23.5)  # room for the layer arrows at the foot
         mark_layer_kinds(top, sequence)
         devices = int(part["n_devices"].max())
-        top.set_title(f"{base}: {devices} devices, mean over {part['sample'].nunique()} "
-                      "samples\nsolid: remaining precision; dotted: significant bits (CNH)",
-                      fontsize=9)
+        title = (f"{base}: {devices} devices, mean over {part['sample'].nunique()} samples\n"
+                 "solid: remaining precision; dotted: significant bits (CNH)")
+        if notes[base]:
+            title += f"\nclasses: {notes[base]}"
+        top.set_title(title, fontsize=9)
         top.set_ylabel("remaining precision (bits)")
-        bottom.legend(fontsize=7, loc="lower right")
-        bottom.set_ylabel("number of classes")
+        labelled = top if bottom is None or notes[base] else bottom
+        labelled.set_xticks(sequence["position"], sequence["layer"], rotation=90, fontsize=6)
+        labelled.tick_params(labelbottom=True)  # a shared axis hides them above a panel
+        if bottom is None:
+            continue
+        if notes[base]:
+            bottom.axis("off")
+            bottom.text(0.5, 0.5, f"classes: {notes[base]}", ha="center", fontsize=9,
+                        transform=bottom.transAxes)
+            continue
+        bottom.set_ylabel("number of classes\n(variants set apart by up to 0.1)")
         bottom.set_ylim(0.5, devices + 0.5)
         bottom.set_yticks(range(1, devices + 1))
-        bottom.set_xticks(sequence["position"], sequence["layer"], rotation=90, fontsize=6)
+    if handles:
+        fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=2,
+                   fontsize=8)
     fig.suptitle("Activation and pooling ablation (Schlögl et al., Figures SUP-4..7)\n"
                  "red up arrows: activation layers; blue down arrows: pooling layers",
                  fontsize=10)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 
@@ -23,12 +25,25 @@ def _arm(arm: str) -> str:
     return ARM_LABELS.get(arm, arm)
 
 
-def _label(row) -> str:
-    scope = "" if row["scope"] == "all" else f" @{row['scope']}"
+def _devices_of(summary: pd.DataFrame, plan: str, arm: str) -> list[str]:
+    """The devices an all-devices row of ``plan`` and ``arm`` pools (its per-device rows)."""
+    rows = summary[(summary["plan"] == plan) & (summary["arm"] == arm)
+                   & (summary["scope"] != "all")]
+    return list(dict.fromkeys(rows["scope"]))
+
+
+def _label(row, summary: pd.DataFrame | None = None) -> str:
+    """``plan: ARM on device``; an all-devices row names its devices (from ``summary``)."""
+    if row["scope"] == "all":
+        devices = [] if summary is None else _devices_of(summary, row["plan"], row["arm"])
+        where = (f" on {len(devices)} devices:\n" + ", ".join(devices)) if devices \
+            else " on all its devices"
+    else:
+        where = f" on {row['scope']}"
     # A degenerate group (models at chance, diverged training) is named as such.
     flag = row.get("flag", "")
     flag = f" [{flag}: not a finding]" if isinstance(flag, str) and flag else ""
-    return f"{row['plan']}: {_arm(row['arm'])}{scope}{flag}"
+    return f"{row['plan']}: {_arm(row['arm'])}{where}{flag}"
 
 
 def _plans(summary: pd.DataFrame) -> pd.DataFrame:
@@ -41,15 +56,22 @@ def _save(fig, out) -> None:
     save_figure(fig, out)
 
 
-def _bars(ax, rows: pd.DataFrame, column: str, title: str, scale: float = 1.0) -> None:
+def _bars(ax, rows: pd.DataFrame, column: str, title: str, scale: float = 1.0,
+          summary: pd.DataFrame | None = None) -> None:
+    """One horizontal bar per row, its value written just beyond the bar's end (on white,
+    not over the bar's colour)."""
     values = rows[column].to_numpy(dtype=float) * scale
     positions = np.arange(len(rows))
     ax.barh(positions, np.nan_to_num(values), color="tab:blue")
+    top = np.nanmax(values) if np.isfinite(values).any() else 0.0
+    room = top * 0.02 if top > 0 else 0.02
     for position, value in zip(positions, values, strict=True):
-        ax.text(0, position, " n/a" if np.isnan(value) else f" {value:.3g}", va="center",
-                fontsize=7)
-    ax.set_yticks(positions, [_label(r) for _, r in rows.iterrows()], fontsize=7)
-    ax.set_title(title, fontsize=9)
+        ax.text((0 if np.isnan(value) else value) + room, position,
+                "n/a" if np.isnan(value) else f"{value:.3g}", va="center", fontsize=7,
+                color="black")
+    ax.set_xlim(0, top * 1.22 if top > 0 else 1)  # room for the value beyond the longest bar
+    ax.set_yticks(positions, [_label(r, summary) for _, r in rows.iterrows()], fontsize=7)
+    ax.set_title(textwrap.fill(title, 36), fontsize=9)  # narrow panels: titles would meet
 
 
 # What the arms mean, on the figures that show them (Zhuang et al.; Morin & Willetts)
@@ -62,18 +84,23 @@ ARMS_CAPTION = ("Arms: ALGO = seeds of initialisation, data order, augmentation 
 
 def _bar_panels(summary: pd.DataFrame, panels, title: str, out) -> None:
     """One horizontal bar panel per (column, title, scale), the plans' arms as rows; the
-    arms explained below."""
-    import textwrap
-
+    arms explained below. Without a group of two runs or more the title says there is
+    nothing to show."""
     plt = _pyplot()
     rows = _plans(summary)
+    lines = sum(1 + _label(r, summary).count("\n") for _, r in rows.iterrows())
     # Narrow panels: three of them stay about 1,200 px wide in the report (was 1,700).
     fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels) + 2.2,
-                                                      1.2 + 0.32 * max(len(rows), 1)),
+                                                      1.2 + 0.32 * max(lines, 1)),
                              sharey=True, layout="constrained")
     for ax, (column, panel_title, scale) in zip(axes, panels, strict=True):
-        _bars(ax, rows, column, panel_title, scale)
+        _bars(ax, rows, column, panel_title, scale, summary)
     axes[0].invert_yaxis()  # shared y: once for all panels, first row on top
+    if rows.empty:
+        title = ("Nothing to show: no arm of a plan has two runs or more, so there is no "
+                 "spread\n" + title)
+        for ax in axes:
+            ax.set_yticks([])
     fig.suptitle(title, fontsize=8)
     fig.supxlabel(textwrap.fill(ARMS_CAPTION, 40 * len(panels) + 40), fontsize=7, x=0.01,
                   ha="left")
@@ -98,8 +125,6 @@ def plot_training_variance(summary: pd.DataFrame, ratios: pd.DataFrame, out) -> 
             text += "; 0: the same-seed runs were bit-identical on this machine"
         return textwrap.fill(text, 110)
 
-    import textwrap
-
     notes = [note(r) for _, r in ratios.iterrows()]
     _bar_panels(summary, [("sd_accuracy", "sd of test accuracy (%)", 100),
                           ("sd_loss", "sd of test loss", 1)],
@@ -117,34 +142,61 @@ def plot_churn(summary: pd.DataFrame, out) -> None:
         "Model stability under each source of noise", out)
 
 
+def _seconds(value) -> str:
+    return "?" if pd.isna(value) else f"{float(value):.2g} s"
+
+
+def _percent(value) -> str:
+    return "?" if pd.isna(value) else f"{100 * float(value):.0f} %"
+
+
+def _model_timed(row) -> str:
+    """What a determinism-cost row timed: its model, with the architecture and kernel size
+    where the table has them (older tables do not)."""
+    architecture = row.get("architecture")
+    text = f"{row['model']}"
+    if isinstance(architecture, str) and architecture and architecture != row["model"]:
+        text += f" ({architecture}"
+        kernel = row.get("kernel_size")
+        text += f", {int(kernel)}x{int(kernel)} convolutions)" if pd.notna(kernel) else ")"
+    return text
+
+
+def _cost_label(row) -> str:
+    """Three lines: plan, device and model; the arms' test accuracy; runs and epoch times."""
+    arms = f"{_arm(row['arm_deterministic'])} vs {_arm(row['arm_default'])}"
+    accuracy = ""
+    if pd.notna(row.get("accuracy_deterministic", np.nan)):
+        accuracy = (f"test accuracy {_percent(row['accuracy_deterministic'])} vs "
+                    f"{_percent(row.get('accuracy_default'))}; ")
+    flag = f" [{row['flag']}]" if isinstance(row.get("flag"), str) and row["flag"] else ""
+    return (f"{row['plan']} on {row['device']}: {_model_timed(row)}{flag}\n"
+            f"{arms}: {accuracy}n = {row.get('runs_deterministic', '?')} + "
+            f"{row.get('runs_default', '?')} runs\nepoch "
+            f"{_seconds(row.get('epoch_seconds_deterministic'))} vs "
+            f"{_seconds(row.get('epoch_seconds_default'))}")
+
+
 def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
     """Overhead of deterministic training per plan (model, kernel size) and device: the
     deterministic arm's wall time as a percentage of the default arm's (log scale, 100 % =
     no cost). A ratio with a 95 % bootstrap interval over the arms' runs is a bar with its
     interval; one without (fewer than MIN_RUNS_FOR_INTERVAL runs in an arm) is a hollow
-    grey point, and the title says that its noise is not measured."""
-    import textwrap
-
+    grey point, and the title says that its noise is not measured. Each row names the model
+    timed and its arms' test accuracy."""
     from bitdrift.studies.variance.stats import MIN_RUNS_FOR_INTERVAL
 
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 2.0 + 0.4 * max(len(cost), 1)), sharey=True,
-                             layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 2.4 + 0.62 * max(len(cost), 1)),
+                             sharey=True, layout="constrained")
     positions = np.arange(len(cost))
-
-    def seconds(value):
-        return "?" if pd.isna(value) else f"{float(value):.2g} s"
-
-    labels = [f"{r['plan']} @{r['device']}\n({_arm(r['arm_deterministic'])} vs "
-              f"{_arm(r['arm_default'])}, n = {r.get('runs_deterministic', '?')} + "
-              f"{r.get('runs_default', '?')} runs; epoch "
-              f"{seconds(r.get('epoch_seconds_deterministic'))} vs "
-              f"{seconds(r.get('epoch_seconds_default'))})"
-              + (f" [{r['flag']}]" if isinstance(r.get("flag"), str) and r["flag"] else "")
-              for _, r in cost.iterrows()]
+    labels = [_cost_label(row) for _, row in cost.iterrows()]
     with_interval = np.zeros(len(cost), dtype=bool)
     for ax, column, title in ((axes[0], "epoch_percent_of_default", "per epoch (mean)"),
                               (axes[1], "step_percent_of_default", "per step (median)")):
+        if cost.empty:  # no scale to set on an empty axis
+            ax.set_axis_off()
+            continue
         # Zhuang et al.'s view: deterministic time as a percentage of the default time.
         values = cost[column].to_numpy(dtype=float)
         unit = column.split("_")[0]
@@ -185,7 +237,7 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
                       fontsize=8)
         ax.set_title(f"time of deterministic ops, {title}", fontsize=9)
     if cost.empty:
-        takeaway = "No pair of arms that differ only in op determinism."
+        takeaway = "Nothing to show: no pair of arms that differ only in op determinism."
     elif not with_interval.any():
         takeaway = (f"No finding: every pair has fewer than {MIN_RUNS_FOR_INTERVAL} runs per "
                     "arm, so each percentage compares single wall-clock measurements whose "
@@ -200,8 +252,11 @@ def plot_determinism_cost(cost: pd.DataFrame, out) -> None:
     else:
         takeaway = ("Error bars: 95 % bootstrap over the arms' runs (run-to-run variance "
                     "included); a grey bar's interval holds 100 %: no cost beyond the noise.")
-    fig.suptitle("Cost of deterministic ops (wall clock)\n" + textwrap.fill(takeaway, 130),
-                 fontsize=9)
+    rows = ("Rows: plan on device: the model timed (Zhuang et al. vary the convolutions' "
+            "kernel size, Figure 9b); the arms' test accuracy, deterministic vs default "
+            "(a model that did not learn times nothing a user trains); runs; mean epoch.")
+    fig.suptitle("Cost of deterministic ops (wall clock)\n" + textwrap.fill(takeaway, 130)
+                 + ("" if cost.empty else "\n" + textwrap.fill(rows, 130)), fontsize=9)
     if cost.empty:
         axes[0].text(0.5, 0.5, "no pair of arms differing only in op determinism",
                      transform=axes[0].transAxes, ha="center")
@@ -251,7 +306,8 @@ def plot_ensemble_disagreement(summary: pd.DataFrame, out) -> None:
     if rows.empty:
         axes[0][0].text(0.5, 0.5, "no ensemble in the config", ha="center",
                         transform=axes[0][0].transAxes)
-    fig.suptitle("Ensemble disagreement with and without momentum (hardware proposal, "
+    fig.suptitle(("Nothing to show: no ensemble in the config\n" if rows.empty else "")
+                 + "Ensemble disagreement with and without momentum (hardware proposal, "
                  "Figure S4)\nn = members, step = effective step lr / (1 - momentum), acc = "
                  "their mean test accuracy; the lr x (1 - m) plan has plain SGD's step",
                  fontsize=9)

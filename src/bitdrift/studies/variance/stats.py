@@ -365,7 +365,11 @@ DETERMINISM_COST_COLUMNS = [
     # 95 % percentile bootstrap of the ratio over the arms' runs (each run's mean steady
     # epoch, median step), so run-to-run variance is in it; NaN (no interval) with fewer
     # than MIN_RUNS_FOR_INTERVAL runs in an arm.
-    "epoch_ratio_low", "epoch_ratio_high", "step_ratio_low", "step_ratio_high"]
+    "epoch_ratio_low", "epoch_ratio_high", "step_ratio_low", "step_ratio_high",
+    # What was timed, so a reader sees that the models learned: the plan's architecture
+    # and kernel size (from the run files' spec; empty and NaN where they do not say) and
+    # each arm's mean test accuracy
+    "architecture", "kernel_size", "accuracy_default", "accuracy_deterministic"]
 # Fewer runs than this per arm: no interval (a bootstrap over 2 values has 3 outcomes).
 MIN_RUNS_FOR_INTERVAL = 3
 
@@ -390,9 +394,13 @@ def determinism_cost(summary: pd.DataFrame, runs: list[dict] | None = None) -> p
     746 % = 7.46x); ``overhead`` = ratio - 1. Wall clock, not GPU kernel time. With the
     ``runs`` (read_run dicts), each ratio gets a bootstrap interval over the arms' runs
     (at least MIN_RUNS_FOR_INTERVAL each; else none: the runs' own epochs would show the
-    timing noise of one process, not the variance between runs)."""
+    timing noise of one process, not the variance between runs). Each row also names what
+    was timed (architecture, kernel size, from the runs) and how well the arms' models
+    learned (mean test accuracy): the time of a model that learned nothing measures nothing
+    a user trains."""
     rows = []
     timings = _timings(runs)
+    specs = {run["plan"]: run.get("spec") or {} for run in runs or []}
     devices = summary[summary["scope"] != "all"]
     for (plan, scope), group in devices.groupby(["plan", "scope"], sort=False):
         for _, fast in group[~group["deterministic"]].iterrows():
@@ -404,7 +412,11 @@ def determinism_cost(summary: pd.DataFrame, runs: list[dict] | None = None) -> p
                        "arm_default": fast["arm"], "arm_deterministic": slow["arm"],
                        "runs_default": int(fast["runs"]),
                        "runs_deterministic": int(slow["runs"]),
-                       "flag": fast["flag"] or slow["flag"]}
+                       "flag": fast["flag"] or slow["flag"],
+                       "architecture": specs.get(plan, {}).get("architecture", ""),
+                       "kernel_size": specs.get(plan, {}).get("kernel_size", np.nan),
+                       "accuracy_default": fast.get("mean_accuracy", np.nan),
+                       "accuracy_deterministic": slow.get("mean_accuracy", np.nan)}
                 for unit, column in (("epoch", "mean_epoch_seconds"),
                                      ("step", "median_step_seconds")):
                     ratio = slow[column] / fast[column]
