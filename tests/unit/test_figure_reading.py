@@ -253,3 +253,15 @@ def test_a_class_table_where_nothing_parts_says_so_in_its_title(tmp_path):
     assert "nothing parts them" in title
     empty = plot_eqc_table(_class_table({}), tmp_path / "empty.pdf")
     assert "nothing to show" in empty.texts[0].get_text()
+
+
+def test_a_panel_note_goes_where_no_line_runs():
+    """Lines along 0 and 1 across the panel: the corners at top and bottom hold points,
+    the middle of the left side none."""
+    from bitdrift.report.figures.divergence import NOTE_PLACES, _free_corner
+
+    part = _apart({0: [(f"l{k}", 0.0, 0.0) for k in range(4)],
+                   1: [(f"l{k}", 1.0, 1.0) for k in range(4)]})
+    assert _free_corner(part) == NOTE_PLACES[3][0] == (0.02, 0.5, "left", "center")
+    rising = _apart({0: [("a", 0.0, 0.0), ("b", 0.0, 0.0), ("c", 0.9, 0.9), ("d", 0.9, 0.9)]})
+    assert _free_corner(rising) == NOTE_PLACES[0][0]  # top left, above the low start

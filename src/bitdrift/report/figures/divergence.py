@@ -34,6 +34,27 @@ def _panel_note(part: pd.DataFrame, precision: str, pairs: int) -> str:
     return ""
 
 
+# Where a panel's note may go, in axes fractions: the anchor (x, y, ha, va) and the part
+# of the panel it covers (x from, x to, share from, share to), tried in this order
+NOTE_PLACES = [((0.02, 0.97, "left", "top"), (0.0, 0.55, 0.55, 1.05)),
+               ((0.98, 0.13, "right", "bottom"), (0.45, 1.0, 0.0, 0.5)),
+               ((0.02, 0.13, "left", "bottom"), (0.0, 0.55, 0.0, 0.5)),
+               ((0.02, 0.5, "left", "center"), (0.0, 0.55, 0.25, 0.75)),
+               ((0.98, 0.97, "right", "top"), (0.45, 1.0, 0.55, 1.05))]
+
+
+def _free_corner(part: pd.DataFrame) -> tuple:
+    """Where a note covers the fewest points of the panel's lines (the first such place
+    in NOTE_PLACES)."""
+    positions = part["position"]
+    span = max(positions.max() - positions.min(), 1)
+    x = pd.concat([(positions - positions.min()) / span] * 2).to_numpy()
+    y = pd.concat([part["share_apart"], part["share_apart_so_far"]]).to_numpy()
+    covered = [int(((x >= x0) & (x <= x1) & (y >= y0) & (y <= y1)).sum())
+               for _, (x0, x1, y0, y1) in NOTE_PLACES]
+    return NOTE_PLACES[covered.index(min(covered))][0]
+
+
 def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str | Path):
     """Per layer position, the share of device pairs already apart (at that layer or any
     before: a pale band) and apart at the layer (a line), one panel per model and declared
@@ -99,7 +120,7 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
             "nan", "").iloc[:1]).split() if "left_out_devices" in part else []
         flat = part["share_apart_so_far"].max() == 0
         agreeing += flat
-        heading = [f"{model}{label}: {pairs} device pairs",
+        heading = [f"{model}{label}: {pairs} device pair{'' if pairs == 1 else 's'}",
                    *([samples_label(groups[0], n_samples)] if len(groups) == 1
                      and n_samples > 1 else [])]
         if flat:
@@ -113,15 +134,9 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
                       frameon=False, handlelength=1.6)
         note = _panel_note(part, precision, pairs)
         if note:
-            # top left, where rising lines are not, unless they start high: bottom right
-            early = part[part["position"] <= part["position"].quantile(0.4)]
-            late = part[part["position"] >= part["position"].quantile(0.5)]
-            low = early["share_apart_so_far"].max() > 0.55 \
-                and late["share_apart"].min() > 0.45
-            ax.text(0.98 if low else 0.02, 0.13 if low else 0.97,
-                    textwrap.fill(note, max(int(11 * panel_inches), 26)),
-                    transform=ax.transAxes, ha="right" if low else "left",
-                    va="bottom" if low else "top", fontsize=8,
+            x, y, ha, va = _free_corner(part)
+            ax.text(x, y, textwrap.fill(note, max(int(11 * panel_inches), 26)),
+                    transform=ax.transAxes, ha=ha, va=va, fontsize=8,
                     bbox={"facecolor": "white", "edgecolor": "0.8", "alpha": 0.9})
     axes[0][0].set_ylabel("share of device pairs apart", fontsize=10)
     title = "Where devices part ways: per layer, the share of device pairs of one precision " \

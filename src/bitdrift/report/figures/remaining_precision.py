@@ -107,8 +107,9 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path):
             mark_layer_kinds(top, layers)
         top.set_ylabel("remaining precision (bits)", fontsize=10)
         precision = str(part["precision"].iloc[0]) if "precision" in part else "float32"
-        devices = (f"all {int(part['n_devices'].max())} {precision} devices"
-                   if "n_devices" in part else "all devices")
+        count = int(part["n_devices"].max()) if "n_devices" in part else 0
+        devices = (f"all {count} {precision} devices" if count > 1 else
+                   f"its one {precision} device" if count == 1 else "all devices")
         output = part[part["layer"] == "output"].sort_values("sample")
         takeaway = ""
         if len(output):
@@ -124,7 +125,11 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path):
                              "alone (dashed): "
                              + "/".join("?" if pd.isna(v) else str(int(v)) for v in alone)
                              + " bits")
-        if single:
+        lone = "n_devices" in part and part["n_devices"].max() <= 1
+        if lone:
+            takeaway = (f"Nothing to show: one {precision} device, none to compare it "
+                        f"with. {takeaway}")
+        elif single:
             takeaway = (f"The devices share no recorded layer but the output: drawn per "
                         f"sample, no layers to follow. {takeaway}")
         characters = int(13 * (inches[k] * scale + 2.4))
@@ -146,6 +151,9 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path):
                    frameon=False, handlelength=2.2)
         bottom.set_ylabel("equivalence classes", fontsize=10)
         bottom.yaxis.get_major_locator().set_params(integer=True)  # counts
+        counts = pd.to_numeric(part["n_eqc"], errors="coerce")
+        if counts.notna().any():  # a whole number of classes either side: no 0.96 tick
+            bottom.set_ylim(max(counts.min() - 1, 0), counts.max() + 1)
         if single:
             bottom.set_xlabel("test sample (the output: the one layer all record)",
                               fontsize=9)
