@@ -20,8 +20,9 @@ KIND_ROW = -0.07
 SAMPLE_COLOURS = ["black", "tab:orange", "tab:cyan", "tab:pink", "tab:olive", "tab:brown"]
 
 
-def _panel_note(part: pd.DataFrame, precision: str, pairs: int) -> str:
-    """Why a panel is flat, or why it starts high: the reader cannot see it."""
+def _panel_note(part: pd.DataFrame, first_label: str) -> str:
+    """Why a panel is flat, or why it starts high: the reader cannot see it. The first
+    layer is named as on the axis (``first_label``)."""
     first = part[part["position"] == part["position"].min()]
     if part["layer"].nunique() == 1:  # the final output alone: no layer to part at
         return (f"{part['share_apart'].max():.0%} of pairs differ at the final output; no "
@@ -29,7 +30,7 @@ def _panel_note(part: pd.DataFrame, precision: str, pairs: int) -> str:
                 "known (divergence.csv: no layers recorded)")
     if first["share_apart"].max() > 0:
         return (f"{first['share_apart'].max():.0%} of pairs already differ at the first "
-                f"layer ({first['layer'].iloc[0]}): the same input gives other bits, so "
+                f"layer ({first_label}): the same input gives other bits, so "
                 "the layer's own arithmetic differs (kernel, summation order or format)")
     return ""
 
@@ -132,7 +133,7 @@ def plot_divergence(apart: pd.DataFrame, layer_classes: pd.DataFrame, out: str |
         if len(groups) > 1:  # beside the panel: inside, it covered lines
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
                       frameon=False, handlelength=1.6)
-        note = _panel_note(part, precision, pairs)
+        note = _panel_note(part, labels[0])
         if note:
             x, y, ha, va = _free_corner(part)
             ax.text(x, y, textwrap.fill(note, max(int(11 * panel_inches), 26)),

@@ -153,7 +153,8 @@ def plot_remaining_precision(table: pd.DataFrame, out: str | Path):
         bottom.yaxis.get_major_locator().set_params(integer=True)  # counts
         counts = pd.to_numeric(part["n_eqc"], errors="coerce")
         if counts.notna().any():  # a whole number of classes either side: no 0.96 tick
-            bottom.set_ylim(max(counts.min() - 1, 0), counts.max() + 1)
+            # bars (one layer) start at 0, or their lengths would mislead
+            bottom.set_ylim(0 if single else max(counts.min() - 1, 0), counts.max() + 1)
         if single:
             bottom.set_xlabel("test sample (the output: the one layer all record)",
                               fontsize=9)
