@@ -397,7 +397,7 @@ def test_the_divergence_figure_of_a_model_with_a_compiled_device_shows_its_layer
     assert [tick.get_text() for tick in ax.get_xticklabels()] == ["fc", "act", "output"]
     said = " ".join(text.get_text() for text in ax.texts).replace("\n", " ")
     assert "first layer (fc)" in said and "(output)" not in said
-    assert "inductor" in ax.get_title()
+    assert "inductor" in ax.get_title(loc="left")
     assert (tmp_path / "divergence.png").is_file()
 
 

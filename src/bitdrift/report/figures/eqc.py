@@ -226,64 +226,127 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
     save_figure(figure, out)
 
 
-def plot_eqc_table(table: pd.DataFrame, out: str | Path) -> None:
+CLASS_SHADE = "#e8eef7"  # the class columns' background: apart from what describes a device
+TABLE_FONT = 9
+
+
+def class_header(column: str) -> str:
+    """A class column's header: ``cifar10_small#6`` reads `class on #6`; its model is
+    named once above its columns (or in the title when it is the only one)."""
+    return f"class on\n#{column.rpartition('#')[2]}"
+
+
+def plot_eqc_table(table: pd.DataFrame, out: str | Path):
     """Tables SUP-1/SUP-2: devices (rows, sorted by settings group) with what they are and
-    their class per (model, sample); a class's first occurrence in a column in bold, a cell
-    equal to its left neighbour faded, `*` non-deterministic. A column with one value for
-    every device is named once in the title instead; the title says whether the settings
-    groups explain the classes."""
+    their class per (model, sample), the class columns shaded and headed `class on sample
+    #n`; a class's first occurrence in a column in bold, a cell equal to its left neighbour
+    faded, `*` non-deterministic. The settings group stands beside the device as G1, G2,
+    ... (a label, not a class). A column with one value for every device is named once in
+    the title instead; the title says whether the settings groups explain the classes, and
+    says so when there is nothing to show. Returns the figure (saved and closed)."""
     class_columns = [c for c in table.columns if "#" in c]
     described = [c for c in table.columns if c not in class_columns]
     constant = [c for c in described if c not in ("device", "settings_group")
                 and table[c].astype(str).nunique() <= 1]
-    columns = [c for c in described if c not in constant] + class_columns
-    cells = table[columns].astype(str).to_numpy()
-    characters = [max(len(str(c)), table[c].astype(str).str.len().max()) + 2
-                  for c in columns]
-    width = 1.2 + 0.07 * sum(characters)
-    rows_inches, note_inches, title_inches = 0.24 * (len(table) + 1), 0.75, 0.75
-    height = rows_inches + note_inches + title_inches + 0.1
-    figure = plt.figure(figsize=(max(width, 7), height))
-    width = max(width, 7)
-    # The table fills its axes (bbox), and the axes the canvas between title and notes.
-    axes = figure.add_axes([0.01, (note_inches + 0.05) / height, 0.98, rows_inches / height])
-    axes.axis("off")
-    same = "; ".join(f"{c} {table[c].astype(str).iloc[0] or '(none)'}" for c in constant)
+    described = [c for c in described if c not in constant]
+    # Beside the device it names a group of devices; beside the classes it read as one
+    if "settings_group" in described:
+        described.remove("settings_group")
+        described.insert(min(1, len(described)), "settings_group")
+    columns = described + class_columns
+    shown = table[columns].astype(str).copy()
+    if "settings_group" in shown:
+        shown["settings_group"] = "G" + shown["settings_group"]
+    cells = shown.to_numpy()
+    models = list(dict.fromkeys(c.rpartition("#")[0] for c in class_columns))
+    headers = [class_header(c) if c in class_columns
+               else "settings\ngroup" if c == "settings_group" else c for c in columns]
+    characters = [max(max(len(line) for line in header.split("\n")),
+                      shown[c].str.len().max() if len(shown) else 0) + 2
+                  for header, c in zip(headers, columns, strict=True)]
+    inch_per_character = TABLE_FONT * 0.66 / 72
+    width = max(0.3 + inch_per_character * sum(characters), 8.0)
+    row_inches = TABLE_FONT * 2.1 / 72
+    rows_inches = row_inches * (len(table) + 2)  # the header is two lines
+    wrap = int(width / (TABLE_FONT * 0.55 / 72))
+    same = "; ".join(f"{c} {table[c].astype(str).iloc[0] or '(none)'}" for c in constant) \
+        if len(table) else ""
     # Do the settings explain the classes? Every settings group one class in each column
     mixed = [group for group, part in table.groupby("settings_group")
              if any(part[c].astype(str).str.rstrip("*").nunique() > 1 for c in class_columns)] \
         if "settings_group" in table and class_columns else []
-    counts = ", ".join(f"{c}: {table[c].astype(str).str.rstrip('*').nunique()}"
-                       for c in class_columns)
-    takeaway = (f"{len(table)} devices in {table['settings_group'].nunique()} settings groups; "
-                f"classes per column ({counts}). " if "settings_group" in table else "") + (
-        "Each settings group is one class in every column: the settings shown explain the "
-        "classes." if not mixed else
-        f"Settings group(s) {', '.join(map(str, mixed))} hold devices of several classes: "
-        "something the settings do not record differs.")
-    figure.text(0.01, 1 - 0.05 / height, "\n".join(
-        ["Equivalence classes per device, with the settings that separate the rows",
-         *textwrap.wrap(takeaway + (f" Every device: {same}." if same else ""),
-                        int(width * 14))]), fontsize=8.5, va="top")
-    figure.text(0.01, 0.05 / height, "\n".join(textwrap.wrap(
-        "settings_group: devices with equal values of the attributes that explain the "
-        "classes (explain.csv; device_classes.csv); a number of its own, not a class. "
-        "model#n: the device's equivalence class on test sample n (equal numbers: "
-        "bit-identical outputs); bold: the first device of a class in its column; faded: "
-        "the same class as in the column to its left; * non-deterministic (its class is its "
-        "majority output over the repeats)", int(width * 14))), fontsize=8, va="bottom")
-    drawn = axes.table(cellText=cells, colLabels=columns, cellLoc="center",
+    numbers = {c: table[c].astype(str).str.rstrip("*").nunique() for c in class_columns}
+    counts = "; ".join(f"{model}: " + "/".join(str(n) for c, n in numbers.items()
+                                               if c.rpartition("#")[0] == model)
+                       for model in models)
+    if not len(table) or not class_columns:
+        title = "Equivalence classes per device: nothing to show, no device has a class"
+        takeaway = ""
+    elif all(n == 1 for n in numbers.values()):
+        title = ("Equivalence classes per device: nothing parts them, every device gives "
+                 "the same bits on every sample")
+        takeaway = f"{len(table)} devices."
+    else:
+        title = "Equivalence classes per device, with the settings that separate the rows"
+        takeaway = (f"{len(table)} devices in {table['settings_group'].nunique()} settings "
+                    f"groups; classes on the samples shown ({counts}). "
+                    if "settings_group" in table
+                    else "") + (
+            "Each settings group is one class in every column: the settings shown explain "
+            "the classes." if not mixed else
+            f"Settings group(s) {', '.join(f'G{g}' for g in mixed)} hold devices of several "
+            "classes: something the settings do not record differs.")
+    lines = [title, *textwrap.wrap(takeaway + (f" Every device: {same}." if same else ""),
+                                   wrap)]
+    note = textwrap.wrap(
+        "settings group: devices with equal values of the attributes that explain the "
+        "classes (settings_group in eqc_table.csv; explain.csv; device_classes.csv), a "
+        "label of its own, not a class. Class on sample #n (shaded): the device's "
+        "equivalence class on test sample n (equal numbers: bit-identical outputs); bold: "
+        "the first device of a class in its column; faded: the same class as in the column "
+        "to its left; * non-deterministic (its class is its majority output over the "
+        "repeats).", wrap)
+    band_inches = 0.3  # the models' names over their class columns
+    title_inches = 0.2 + 0.2 * len(lines) + band_inches
+    note_inches = 0.1 + 0.17 * len(note)
+    height = rows_inches + note_inches + title_inches + 0.1
+    figure = plt.figure(figsize=(width, height))
+    figure.text(0.01, 1 - 0.05 / height, lines[0], fontsize=11, va="top", fontweight="bold")
+    figure.text(0.01, 1 - 0.3 / height, "\n".join(lines[1:]), fontsize=10, va="top")
+    figure.text(0.01, 0.05 / height, "\n".join(note), fontsize=9, va="bottom")
+    if not len(table):
+        save_figure(figure, out, bbox_inches="tight")
+        return figure
+    # The table fills its axes (bbox), and the axes the canvas between title and notes.
+    axes = figure.add_axes([0.01, (note_inches + 0.05) / height, 0.98, rows_inches / height])
+    axes.axis("off")
+    drawn = axes.table(cellText=cells, colLabels=headers, cellLoc="center",
                        colWidths=[n / sum(characters) for n in characters], bbox=[0, 0, 1, 1])
     drawn.auto_set_font_size(False)
-    drawn.set_fontsize(7)
+    drawn.set_fontsize(TABLE_FONT)
+    edges = np.cumsum([0, *characters]) / sum(characters)
+    for model in models:  # its name once, over the span of its columns
+        span = [k for k, c in enumerate(columns) if c in class_columns
+                and c.rpartition("#")[0] == model]
+        left, right = edges[span[0]], edges[span[-1] + 1]
+        above = 1 + 0.06 / rows_inches
+        axes.annotate("", (left + 0.002, above), (right - 0.002, above),
+                      xycoords="axes fraction", arrowprops={"arrowstyle": "-", "lw": 1.2})
+        axes.text((left + right) / 2, above + 0.02 / rows_inches, model, ha="center",
+                  va="bottom", fontsize=TABLE_FONT + 0.5, fontweight="bold",
+                  transform=axes.transAxes)
     for k, column in enumerate(columns):
-        drawn[0, k].set_text_props(fontweight="bold")
+        header = drawn[0, k]
+        header.set_text_props(fontweight="bold")
+        header.set_height(2 * header.get_height())
         if column not in class_columns:
             continue
+        header.set_facecolor(CLASS_SHADE)
         seen = set()
         for row in range(len(table)):
             value = cells[row, k].rstrip("*")
             cell = drawn[row + 1, k]
+            cell.set_facecolor(CLASS_SHADE)
             if value not in seen:
                 seen.add(value)
                 cell.set_text_props(fontweight="bold")
@@ -291,3 +354,4 @@ def plot_eqc_table(table: pd.DataFrame, out: str | Path) -> None:
             if previous in class_columns and cells[row, k] == cells[row, k - 1]:
                 cell.set_text_props(color="0.6")
     save_figure(figure, out, bbox_inches="tight")
+    return figure
