@@ -47,15 +47,29 @@ HASWELL = {"cpu": {"brand": "Intel Core Processor (Haswell)", "flags": ["avx", "
            "emulation": {"model": "Haswell-v4", "qemu": "7.2"}}
 
 
+def _sentences(items) -> list[str]:
+    """A section's sentences (its items that are not tables)."""
+    return [item for item in items if isinstance(item, str)]
+
+
+def _frames(items) -> list[pd.DataFrame]:
+    return [item for item in items if isinstance(item, pd.DataFrame)]
+
+
 def test_findings_say_what_the_tables_hold(tmp_path):
     sections = dict(findings(_tables(tmp_path), {"a": FINGERPRINT, "haswell": HASWELL}))
-    classes = sections["Equivalence classes"]
+    classes = _sentences(sections["Equivalence classes"])
     # sample 0: {a, b}, c, d -> 3 classes; sample 1: {a, b}, {c, d} -> 2
-    assert "m, float32: 3/2 classes among 4 devices on test samples #0, #1 (final output)." \
-        in classes
-    assert "m, float32: bit for bit identical on every sample: {a, b}. In a class of their " \
-        "own: c, d." in classes
-    assert any(line.startswith("m, bfloat16: 1/1 classes among 1 devices") for line in classes)
+    assert "m, float32: 3/2 classes among 4 float32 devices on test samples #0, #1 (final " \
+        "output)." in classes
+    # the devices identical on every sample: a table, a group a row
+    (identical,) = _frames(sections["Equivalence classes"])
+    assert identical.to_dict("records") == [
+        {"precision": "float32", "on every sample": "2 devices, identical", "devices": "a, b"},
+        {"precision": "float32", "on every sample": "each in a class of its own",
+         "devices": "c, d"}]
+    assert any(line.startswith("m, bfloat16: 1/1 classes among 1 bfloat16 device ")
+               for line in classes)
     (reduced,) = sections["Devices computing below their declared format"]
     assert reduced.startswith("c (m) declares float32 but computes bfloat16-like: 7.6 "
                               "effective bits at worst, in 1 of 2 checked layers (conv)")
@@ -143,18 +157,21 @@ def test_devices_left_out_and_a_lone_device_are_said_and_nothing_else_changes(tm
         "Skipped for model m: tensorflow, torch cannot run a LiteRT .tflite flatbuffer "
         "(devices tf_1, tf_2, torch_1).",
         "Skipped for model n: tensorflow cannot run an ONNX model (device tf_1)."]
-    assert noted["Equivalence classes"] == [
+    assert noted["Equivalence classes"][:2] == [
         "Only one device runs model m (a): nothing to compare.",
-        "Only one device runs model o (a): nothing to compare.",
-        *dict(plain)["Equivalence classes"]]
+        "Only one device runs model o (a): nothing to compare."]
+    # the rest as without the notes (its table compared as the text it renders)
+    assert markdown([("classes", noted["Equivalence classes"][2:])]) \
+        == markdown([("classes", dict(plain)["Equivalence classes"])])
     assert markdown(findings(_tables(tmp_path), {"a": FINGERPRINT}, planned={})) \
         == markdown(plain)
 
 
 def test_the_replay_count_leaves_out_what_was_not_revealed_or_replayed():
     """Five Dense layers by hand: two reproduced, one that differs, one whose order was not
-    revealed, one not replayed (float64): "2 of the 3", and each is said of its device."""
-    from bitdrift.report.findings.orders import orders
+    revealed, one not replayed (float64): "2 of the 3", and each device's cell says its
+    order and the replay's verdict."""
+    from bitdrift.report.findings.orders import ORDERS_LEGEND, orders
 
     table = pd.DataFrame({
         "model": ["m"] * 5, "device": ["a", "b", "c", "d", "e"], "layer": ["dense"] * 5,
@@ -163,24 +180,23 @@ def test_the_replay_count_leaves_out_what_was_not_revealed_or_replayed():
         "replay": ["bit-identical with FMA", "bit-identical without FMA",
                    "differs: 3 of 10 values bit-identical at best (with FMA)",
                    "the runtime computes in bfloat16", "not replayed: float64"]})
-    lines = orders(table)
+    count, legend, grid = orders(table)
     assert "gives the record's bits for 2 of the 3 (device, layer) pairs it replayed (1 with " \
-        "no revealed order, 1 not replayed)." in lines[0]
-    assert lines[1] == (
-        "m, layer `dense` (sums of 11 terms): a, b, c and e sum sequentially, in index order, "
-        "the bias added last; numpy's replay in that order gives the bits of a with FMA and "
-        "the bits of b without FMA; reproduces only 3 of 10 values at best (with FMA) for c "
-        "(the kernel rounds some node otherwise than any arithmetic the replay tried, or sums "
-        "in another tree than the one revealed); was not run for e computing in float64 (the "
-        "replay is float32 only).")
-    assert lines[2] == ("m, layer `dense` (sums of 11 terms): the order of d was not "
-                        "revealed (the runtime computes in bfloat16).")
+        "no revealed order, 1 not replayed)." in count
+    assert legend == ORDERS_LEGEND
+    assert grid.to_dict("list") == {
+        "device": ["a", "b", "c", "d", "e"],
+        "dense (11 terms)": ["sequential, bias last: same, FMA",
+                             "sequential, bias last: same, no FMA",
+                             "sequential, bias last: 3/10 values",
+                             "not revealed (the runtime computes in bfloat16)",
+                             "sequential, bias last: not run (float64)"]}
 
 
 def test_the_fused_product_is_said_with_the_devices_that_fuse_it():
-    """accumulation_orders.csv's fused_product: devices that fuse other products where two
-    meet are said apart, each with its product; ``either`` says the values do not tell; a
-    table written before the column reads as before."""
+    """accumulation_orders.csv's fused_product: each device's cell names the product it
+    fuses where two meet; ``either`` says the values do not tell; a table written before
+    the column reads as before."""
     from bitdrift.report.findings.orders import orders
 
     table = pd.DataFrame({
@@ -188,24 +204,20 @@ def test_the_fused_product_is_said_with_the_devices_that_fuse_it():
         "terms": [11] * 4, "order": ["sequential, bias last"] * 4,
         "replay": ["bit-identical with FMA"] * 3 + ["bit-identical without FMA"],
         "fused_product": ["lower index", "higher index", "either", None]})
-    (line,) = orders(table)[1:]
-    assert line == (
-        "m, layer `dense` (sums of 11 terms): a, b, c and d sum sequentially, in index order, "
-        "the bias added last; numpy's replay in that order gives the bits of a with FMA (the "
-        "product of lower index fused where two meet) and the bits of b with FMA (the product "
-        "of higher index fused where two meet) and the bits of c with FMA (either product "
-        "fused where two meet: the values do not tell which) and the bits of d without FMA.")
-    assert orders(table.drop(columns="fused_product"))[1].endswith(
-        "gives the bits of a, b and c with FMA and the bits of d without FMA.")
+    grid = orders(table)[-1]
+    assert list(grid["dense (11 terms)"]) == [
+        "sequential, bias last: same, FMA (lower index)",
+        "sequential, bias last: same, FMA (higher index)",
+        "sequential, bias last: same, FMA (either)",
+        "sequential, bias last: same, no FMA"]
+    assert list(orders(table.drop(columns="fused_product"))[-1]["dense (11 terms)"]) == \
+        ["sequential, bias last: same, FMA"] * 3 + ["sequential, bias last: same, no FMA"]
 
 
-def test_each_order_sentence_names_model_layer_and_devices():
-    """One device at three layers in three orders, and one summing with FMA at one layer
-    and without at another: every sentence names its model and layer, a device is named
-    once per layer, and no table label ("other (height", "replay not replayed") is left
-    in a sentence."""
-    import re
-
+def test_the_orders_table_has_a_row_per_device_and_a_column_per_layer():
+    """Two devices at three layers, in orders of every kind: the table's rows are the
+    devices, its columns the layers with their terms, each cell the order and the
+    replay's verdict; an order by batch row is named as such, without its rows."""
     from bitdrift.report.findings.orders import orders
 
     rows = [("conv2d", 28, "t", "sequential, bias last", "bit-identical without FMA"),
@@ -219,16 +231,16 @@ def test_each_order_sentence_names_model_layer_and_devices():
     table = pd.DataFrame([{"model": "m", "layer": layer, "terms": terms, "device": device,
                            "order": order, "replay": replay}
                           for layer, terms, device, order, replay in rows])
-    lines = orders(table)[1:]
-    assert len(lines) == len(rows)
-    for line, (layer, terms, device, _, _) in zip(lines, rows, strict=True):
-        assert line.startswith(f"m, layer `{layer}` (sums of {terms} terms): {device} sums ")
-        assert not re.search(r"height|replay not|not replayed|by batch row:", line), line
-    assert "in 4 interleaved partial sums, the bias added last" in lines[1]
-    assert "14 additions deep" in lines[3] and "383 of 384 values" in lines[3]
-    assert "was not run (it computes in float16; the replay is float32 only)" in lines[4]
-    assert "by batch row (rows 0-5: sequentially, in index order, the bias added last; " \
-        "rows 6-7: in 2 interleaved partial sums, the bias added last)" in lines[5]
+    grid = orders(table)[-1]
+    assert list(grid.columns) == ["device", "conv2d (28 terms)", "dense_1 (321 terms)",
+                                  "dense_2 (129 terms)"]
+    assert grid.set_index("device").to_dict("index") == {
+        "t": {"conv2d (28 terms)": "sequential, bias last: same, no FMA",
+              "dense_1 (321 terms)": "sequential, bias last: same, FMA",
+              "dense_2 (129 terms)": "blocks of 16, bias first: not run (float16)"},
+        "u": {"conv2d (28 terms)": "4 interleaved lanes, bias last: same, FMA",
+              "dense_1 (321 terms)": "other (height 14), bias last: 383/384 values",
+              "dense_2 (129 terms)": "varies by batch row: same, FMA"}}
 
 
 def test_a_tie_at_the_fewest_agreeing_labels_is_named_as_a_tie():
@@ -337,7 +349,8 @@ def test_kernel_pairs_tied_with_the_third_commonest_are_all_named():
 
 def test_an_explanation_says_when_it_is_weak_confounded_or_not_unique():
     """An explain row by hand: weak, its kernel attribute splitting the devices as two
-    others do, two alternative sets; the sentence says each, in words."""
+    others do, two alternative sets; the sentences say each, in words (what splits the
+    devices alike in a sentence of its own: a long list would make a long line)."""
     from bitdrift.report.findings.classes import explanations
 
     table = pd.DataFrame([{"model": "m", "sample": 0, "layer": "output", "attributes":
@@ -347,8 +360,8 @@ def test_an_explanation_says_when_it_is_weak_confounded_or_not_unique():
     assert explanations(table) == [
         "m, samples #0: the classes are determined by `threads`, `kernel.dense_1` (exact "
         "search; weak: one of these attributes has a value only one device holds; "
-        "`kernel.dense_1` splits the devices as `kernel.dense_2` and `order.d` do; "
-        "explain.csv lists 2 other sets of as many attributes that do as well)."]
+        "explain.csv lists 2 other sets of as many attributes that do as well).",
+        "m: `kernel.dense_1` splits the devices as `kernel.dense_2` and `order.d` do."]
 
 
 def test_an_order_that_varies_by_position_reads_as_words():
@@ -390,7 +403,7 @@ BIG_DEVICES = [f"{backend}_{variant}" for backend in ("tf", "torch", "ort")
                                "2threads_float64", "fast_math")]
 BIG_LAYERS = [f"conv{stage}_block{block}_{index}_conv" for stage in (2, 3, 4, 5)
               for block in range(1, 7) for index in (1, 2, 3)][:49] + ["predictions"]
-LONGEST = 1000  # characters a findings line may hold, whatever the run's size
+LONGEST = 300  # characters a line of findings.md may hold, whatever the run's size (issue 64)
 
 
 def _big_eqc(counts: dict) -> pd.DataFrame:
@@ -421,7 +434,8 @@ def test_classes_on_100_samples_are_counted_not_listed():
     eqc = _big_eqc(dict.fromkeys(BIG_SAMPLES, 3))
     samples = len(set(eqc["sample"]))
     line = classes(eqc, precisions)[0]
-    assert line == (f"resnet50, float32: 3 classes among {len(BIG_DEVICES)} devices on each "
+    assert line == (f"resnet50, float32: 3 classes among {len(BIG_DEVICES)} float32 devices "
+                    "on each "
                     f"of the {samples} test samples (final output; each sample's classes, "
                     "device by device, in results/tables/eqc.csv).")
     # 2 classes on 12 samples, 4 on 3 (#5, #50, #95), 3 on the others
@@ -436,7 +450,8 @@ def test_classes_on_100_samples_are_counted_not_listed():
     line = lines[0]
     assert len(line) < LONGEST
     assert line.startswith(f"resnet50, float32: {min(found.values())} to "
-                           f"{max(found.values())} classes among {len(BIG_DEVICES)} devices "
+                           f"{max(found.values())} classes among {len(BIG_DEVICES)} float32 "
+                           "devices "
                            f"over the {len(found)} test samples (final output): {common} on "
                            f"{len(by_count[common])} of them, ")
     two = by_count[2]
@@ -448,8 +463,9 @@ def test_classes_on_100_samples_are_counted_not_listed():
     # three devices always together: named, with every other device
     together = _big_eqc(dict.fromkeys(BIG_SAMPLES, len(BIG_DEVICES)))
     together.loc[together["device"].isin(BIG_DEVICES[1:3]), "eqc"] = 1
-    text = "\n".join(classes(together, precisions))
+    text = markdown([("classes", classes(together, precisions))])
     assert all(device in text for device in BIG_DEVICES)
+    assert max(map(len, text.splitlines())) <= LONGEST
 
 
 def test_an_explanation_on_100_samples_groups_its_attributes_by_prefix():
@@ -472,21 +488,26 @@ def test_an_explanation_on_100_samples_groups_its_attributes_by_prefix():
         "search": "exact", "unexplained_devices": "", "alternatives": "",
         "confounded": "backend=" + "+".join(others), "weak": True,
         "nondeterministic_devices": ""} for sample in BIG_SAMPLES])
-    (line,) = explanations(table)
-    assert len(line) < LONGEST, len(line)
+    (line, confounded) = explanations(table)
+    assert len(line) <= LONGEST and len(confounded) <= LONGEST, (len(line), len(confounded))
     samples = table["sample"].nunique()
     assert line.startswith(f"resnet50, {samples} samples (#0, #1, #2, #3, #4 … and "
                            f"{samples - 5} more): the classes are determined by `backend`")
     per_prefix = {prefix: sum(name.startswith(prefix + ".") for name in others)
                   for prefix in ("kernel", "order", "versions")}
-    assert f"`kernel.*` at {per_prefix['kernel']} layers (`{kernels[0]}`, `{kernels[1]}`, " \
-        f"`{kernels[2]}` … and {per_prefix['kernel'] - 3} more)" in line
-    assert f"`order.*` at {per_prefix['order']} layers (`{orders[0]}`" in line
-    assert f"{per_prefix['versions']} `versions.*` attributes (" + \
-        ", ".join(f"`{name}`" for name in versions) + ")" in line
-    assert "`graph_optimization_level`, `threads`, " in line
+    # what splits the devices as `backend` does: a sentence of its own, a group of one
+    # prefix counted with one example
+    assert confounded.startswith("resnet50: `backend` splits the devices as ")
+    assert f"`kernel.*` at {per_prefix['kernel']} layers (`{kernels[0]}` … and " \
+        f"{per_prefix['kernel'] - 1} more)" in confounded
+    assert f"`order.*` at {per_prefix['order']} layers (`{orders[0]}`" in confounded
+    assert f"{per_prefix['versions']} `versions.*` attributes (`{versions[0]}` … and " \
+        f"{per_prefix['versions'] - 1} more)" in confounded
+    assert "`graph_optimization_level`, `threads`, " in confounded
     # every "N more" is what its list left out
-    for shown, more in re.findall(r"\(((?:`[^`]+`, )+`[^`]+`) … and (\d+) more\)", line):
+    left_out = re.findall(r"\(((?:`[^`]+`, )*`[^`]+`) … and (\d+) more\)", confounded)
+    assert len(left_out) == 3
+    for shown, more in left_out:
         prefix = shown.split("`")[1].split(".")[0]
         assert shown.count("`") // 2 + int(more) == per_prefix[prefix]
 
@@ -556,50 +577,34 @@ def _devices_said(sentence: str) -> list[str]:
     return re.split(r", | and ", said)
 
 
-def test_the_orders_of_50_layers_and_30_devices_are_said_once_per_shape():
-    """Layers where the same devices sum alike are one sentence (their number, a few
-    named, the rest counted); the sentences kept are at most ORDER_SENTENCES and one per
-    device otherwise unnamed; the one replay that differs is kept; what is left out is
-    counted exactly: its sentences, and its (device, layer) pairs with those said adding
-    up to the table's rows."""
-    import re
+def test_the_orders_of_50_layers_and_30_devices_are_a_row_per_device():
+    """Over ORDER_COLUMNS layers the table has a row per device: its layers, its commonest
+    orders with their layers counted, how many replayed layers the replay reproduces (the
+    truth counted from the rows) and the layers it does not; every line short."""
+    from bitdrift.report.findings.document import markdown
+    from bitdrift.report.findings.orders import orders
 
-    from bitdrift.report.findings.orders import ORDER_SENTENCES, orders
-
-    table, sentences = _big_orders()
+    table, _ = _big_orders()
     lines = orders(table)
-    assert all(len(line) < LONGEST for line in lines), max(map(len, lines))
     replayed = table[~table["replay"].str.startswith("not replayed")]
     same = replayed["replay"].str.startswith("bit-identical").sum()
     assert f"gives the record's bits for {same} of the {len(replayed)} (device, layer) " \
         "pairs" in lines[0]
-    said, tail = lines[1:-1], lines[-1]
-    # the replay that differs, a's and b's sentences of many layers, then the first of one
-    # layer each (layers 0 to 2: every device but the last, seen at the last layer alone):
-    # one sentence more names it
-    assert len(said) == ORDER_SENTENCES + 1
-    assert any(re.search(rf"\b{BIG_DEVICES[-1]} sums\b", line) for line in said)
-    text = "\n".join(lines)
-    assert all(re.search(rf"\b{device}\b", text) for device in set(table["device"]))
-    everywhere_but_7 = len(BIG_LAYERS) - 1
-    (sequential,) = [line for line in said
-                     if line.startswith(f"resnet50, {everywhere_but_7} layers (")]
-    assert _devices_said(sequential) == BIG_DEVICES[:10]
-    assert "sum sequentially, in index order, the bias added last; numpy's replay in that " \
-        f"order gives their bits with FMA (at {everywhere_but_7 - 1} of them the search or the " \
-        "replay covered part of the output" in sequential  # not at the Dense predictions
-    assert _left_out(sequential) == everywhere_but_7 - 5
-    (differs,) = [line for line in said if "reproduces only 3 of 10 values" in line]
-    assert differs.startswith(f"resnet50, layer `{BIG_LAYERS[7]}` (sums of {65 + 64 * 7} "
-                              "terms)")
-    more, pairs = map(int, re.fullmatch(
-        r"resnet50: … and (\d+) more \(order, devices\) sentences, at (\d+) \(device, layer\) "
-        r"pairs; every layer in results/tables/accumulation_orders\.csv\.", tail).groups())
-    assert more == sentences - len(said)
-    layers_of = [1 if " layer `" in line.split(":")[0]
-                 else int(re.match(r"resnet50, (\d+) layers", line)[1]) for line in said]
-    assert pairs + sum(count * len(_devices_said(line))
-                       for count, line in zip(layers_of, said, strict=True)) == len(table)
+    summary = lines[-1].set_index("device")
+    assert list(summary.index) == list(dict.fromkeys(table["device"]))
+    for device, rows in table.groupby("device"):
+        reproduced = rows["replay"].str.startswith("bit-identical")
+        assert summary.loc[device, "layers"] == len(rows)
+        assert summary.loc[device, "replay gives the record's bits"] == \
+            f"{reproduced.sum()} of {len(rows)}"
+        assert summary.loc[device, "not reproduced at"] == ", ".join(rows.loc[~reproduced,
+                                                                          "layer"])
+    # family a sums sequentially at every layer; b in blocks of 128 at its 25 even layers
+    assert summary.loc[BIG_DEVICES[0], "orders (layers)"] == \
+        f"sequential, bias last ({len(BIG_LAYERS)})"
+    assert summary.loc[BIG_DEVICES[10], "orders (layers)"].startswith(
+        f"blocks of 128, bias last ({(len(BIG_LAYERS) + 1) // 2}); ")
+    assert max(map(len, markdown([("orders", lines)]).splitlines())) <= LONGEST
 
 
 def test_long_lists_elsewhere_are_cut_and_counted():
@@ -636,8 +641,8 @@ def test_long_lists_elsewhere_are_cut_and_counted():
 
 
 def test_the_findings_of_a_big_run_stay_short_and_valid(tmp_path):
-    """Every table at the size of issue 52 through findings(): no line over LONGEST
-    characters, every device named, a '*' only inside a literal, and the report's text
+    """Every table at the size of issue 52 through findings(): no line of the Markdown
+    over LONGEST characters (issue 64), every device named, a '*' only inside a literal, and the report's text
     valid reStructuredText (docutils at warning level)."""
     import re
 
@@ -660,9 +665,8 @@ def test_the_findings_of_a_big_run_stay_short_and_valid(tmp_path):
         paths[name] = tmp_path / f"{name}.csv"
         table.to_csv(paths[name], index=False)
     sections = findings(paths, {BIG_DEVICES[0]: FINGERPRINT})
-    lines = [line for _, said in sections for line in said]
-    assert max(map(len, lines)) < LONGEST
     text = markdown(sections)
+    assert max(map(len, text.splitlines())) <= LONGEST
     assert all(re.search(rf"\b{device}\b", text) for device in BIG_DEVICES)
     assert "*" not in re.sub(r"`[^`]*`", "", text.split("\n", 1)[1])
     publish_parts(restructured_text(sections), writer="html",
