@@ -642,8 +642,8 @@ def test_long_lists_elsewhere_are_cut_and_counted():
 
 def test_the_findings_of_a_big_run_stay_short_and_valid(tmp_path):
     """Every table at the size of issue 52 through findings(): no line of the Markdown
-    over LONGEST characters (issue 64), every device named, a '*' only inside a literal, and the report's text
-    valid reStructuredText (docutils at warning level)."""
+    over LONGEST characters (issue 64), every device named, a '*' only inside a literal,
+    and the report's text valid reStructuredText (docutils at warning level)."""
     import re
 
     from docutils.core import publish_parts
@@ -742,3 +742,194 @@ def test_the_findings_command_writes_the_studies_sections(tmp_path):
     text = out.read_text()
     assert text.index("## Devices that failed") < text.index("## Forensic probes") \
         < text.index("## Batch invariance")
+
+
+# -- the answer first (issue 64) ------------------------------------------------------------
+def _nudged(values, index: int, ulps: int):
+    """``values`` with element ``index`` moved by ``ulps`` units in the last place."""
+    import numpy as np
+
+    bits = values.copy().view(np.uint32 if values.dtype == np.float32 else np.uint16)
+    bits[index] += ulps
+    return bits.view(values.dtype)
+
+
+def _answer_run(make_record, tmp_path):
+    """Four float32 devices and two float16 ones over two samples, by hand: a and b
+    identical, c 40 ulps apart at one element of sample 0, d 3 ulps apart on sample 1;
+    e and f float16, f's largest logit on sample 1 set to 0 (its label changes). The
+    tables written as the run writes them, from the same outputs (numpy); returns
+    (table paths, records, {device: {sample: output}})."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    base = {sample: rng.random(5).astype(np.float32) + 0.5 for sample in (0, 1)}
+    outputs = {"a": base, "b": base,
+               "c": {0: _nudged(base[0], 2, 40), 1: base[1]},
+               "d": {0: base[0], 1: _nudged(base[1], 4, 3)},
+               "e": {sample: values.astype(np.float16) for sample, values in base.items()}}
+    changed = base[1].astype(np.float16)
+    changed[np.argmax(changed)] = 0
+    outputs["f"] = {0: outputs["e"][0], 1: changed}
+    precision = {device: "float16" if device in "ef" else "float32" for device in outputs}
+    records = [make_record(device, {sample: np.stack([values, values])
+                                    for sample, values in found.items()},
+                           model="m", precision=precision[device])
+               for device, found in outputs.items()]
+    rows = []
+    for sample in (0, 1):  # a class per distinct byte string, numbered by first appearance
+        seen: dict[bytes, int] = {}
+        for device, found in outputs.items():
+            key = found[sample].tobytes() + precision[device].encode()
+            rows.append({"model": "m", "sample": sample, "device": device,
+                         "eqc": seen.setdefault(key, len(seen) + 1), "deterministic": True})
+    settings = {"a": (1, "tf"), "b": (1, "tf"), "c": (2, "tf"), "d": (1, "tf"),
+                "e": (1, "torch"), "f": (2, "torch")}
+    tables = {
+        "eqc": pd.DataFrame(rows),
+        "eqc_layers": pd.DataFrame([{"model": "m", "sample": 0, "layer": "dense",
+                                     "device": device, "precision": kind}
+                                    for device, kind in precision.items()]),
+        "device_classes": pd.DataFrame([{"model": "m", "device": device, "device_class": 1,
+                                         "threads": threads, "backend": backend}
+                                        for device, (threads, backend) in settings.items()]),
+        "explain": pd.DataFrame([{"model": "m", "sample": sample, "layer": "output",
+                                  "attributes": "threads;backend", "determined": True,
+                                  "search": "exact"} for sample in (0, 1)]),
+        # an ONNX model's argmax check: no TensorFlow reference, nothing checked
+        "argmax_agreement": pd.DataFrame([{"model": "m", "device": device, "images": None,
+                                           "agreeing": None, "share": None}
+                                          for device in outputs])}
+    paths = {}
+    for name, table in tables.items():
+        paths[name] = tmp_path / f"{name}.csv"
+        table.to_csv(paths[name], index=False)
+    return paths, records, outputs, tables
+
+
+def test_the_answer_opens_the_findings_with_what_numpy_counts(make_record, tmp_path):
+    """Per model, first: the classes of the main precision and of every precision, the
+    fewest mantissa bits two devices share and which two, the samples whose predicted
+    label changes between devices and which device leaves the common label, and the
+    setting that splits the most pairs of devices in different classes; each number
+    recounted here with numpy from the outputs and tables built by hand."""
+    import itertools
+    import re
+
+    import numpy as np
+    from docutils.core import publish_parts
+    from docutils.utils import Reporter
+
+    from bitdrift.report.findings.answer import HEADING, final_outputs
+
+    paths, records, outputs, tables = _answer_run(make_record, tmp_path)
+    sections = findings(paths, {}, outputs=final_outputs(records))
+    assert sections[0][0] == HEADING
+    classes, bits, labels, setting = sections[0][1]
+    eqc = tables["eqc"]
+    float32 = eqc[eqc["device"].isin(list("abcd"))]
+    per_sample = float32.groupby("sample")["eqc"].nunique()
+    every = eqc.groupby("sample")["eqc"].nunique()
+    # as built: float32 the same count on both samples, every precision one more on #1
+    assert per_sample.nunique() == 1 and list(every) == [every[0], every[0] + 1]
+    assert classes == (f"m: {per_sample.iloc[0]} classes on each of the 2 samples among its "
+                       "4 float32 devices (bit-identical final outputs form a class); "
+                       f"counting every precision (float32, float16), {every[0]} to "
+                       f"{every[1]} classes per sample ({every[0]} on 1 of the 2 samples) "
+                       "among all 6 devices.")
+
+    def dropped(x, y) -> int:  # the highest differing bit, by Python's integers
+        view = np.uint32 if x.dtype == np.float32 else np.uint16
+        return max(int(v).bit_length() for v in (x.view(view) ^ y.view(view)))
+
+    worst = {pair: max(dropped(outputs[pair[0]][s], outputs[pair[1]][s]) for s in (0, 1))
+             for pair in itertools.combinations("abcd", 2)}
+    fewest = 23 - max(worst.values())
+    found = re.match(r"m: the most bits lost: (\w) and (\w) share (\d+) of float32's 23 "
+                     r"mantissa bits on sample #(\d)", bits)
+    assert int(found[3]) == fewest and worst[(found[1], found[2])] == max(worst.values())
+    assert dropped(outputs[found[1]][int(found[4])], outputs[found[2]][int(found[4])]) \
+        == max(worst.values())
+    half = max(0, 10 - max(dropped(outputs["e"][s], outputs["f"][s]) for s in (0, 1)))
+    assert bits.endswith(f"; within each other precision, the fewest shared: float16 {half} "
+                         "of 10.")
+    argmax = {device: {s: int(np.argmax(found[s].astype(np.float64))) for s in (0, 1)}
+              for device, found in outputs.items()}
+    moved = [s for s in (0, 1) if len({argmax[d][s] for d in outputs}) > 1]
+    assert moved == [1]
+    assert labels == ("m: the predicted label (argmax of the final output) differs between "
+                      "devices on 1 of the 2 recorded samples (#1); off the most devices' "
+                      "label: f (1).")
+    # the pairs of devices in different classes each setting splits, by numpy
+    signature = eqc.pivot_table(index="device", columns="sample", values="eqc").loc[
+        list(outputs)].to_numpy()
+    apart = np.triu((signature[:, None, :] != signature[None, :, :]).any(axis=2), 1)
+    split = {}
+    for name in ("threads", "backend"):
+        values = tables["device_classes"].set_index("device").loc[list(outputs), name]
+        values = values.astype(str).to_numpy()
+        split[name] = int((apart & (values[:, None] != values[None, :])).sum())
+    best = max(split, key=split.get)
+    assert setting == (f"m: the setting that tells the most classes apart: `{best}`, which "
+                       f"splits {split[best]} of the {int(apart.sum())} pairs of devices in "
+                       "different classes; `threads` and `backend` together determine every "
+                       "class (explain.csv).")
+    # an ONNX model's labels: compared between its devices, not "not checked"
+    assert dict(sections)["Predicted labels"] == [labels]
+    text = markdown(sections)
+    assert text.index("## In short") < text.index("## Machine")
+    assert max(map(len, text.splitlines())) <= LONGEST
+    html = publish_parts(restructured_text(sections), writer="html",
+                         settings_overrides={"halt_level": Reporter.WARNING_LEVEL})["body"]
+    assert html.index("In short") < html.index("Machine")
+
+
+def test_identical_devices_lose_no_bits_and_keep_their_labels(make_record, tmp_path):
+    """Two devices with the same bits: no bit lost, no label changed, one class, nothing
+    to explain; an output of one value per sample names no label."""
+    import numpy as np
+
+    from bitdrift.report.findings.answer import answer, final_outputs
+
+    same = {0: np.array([[0.25, 0.5]], np.float32)}
+    records = [make_record(device, same, model="m") for device in ("a", "b")]
+    eqc = pd.DataFrame([{"model": "m", "sample": 0, "device": device, "eqc": 1}
+                        for device in ("a", "b")])
+    lines = answer(eqc, {"a": "float32", "b": "float32"}, pd.DataFrame(), pd.DataFrame(),
+                   final_outputs(records))
+    assert lines[1:] == [
+        "m: the most bits lost: none; every float32 device gives the same bits on every "
+        "sample.",
+        "m: the predicted label (argmax of the final output) is the same on all 2 devices "
+        "on each of the 1 recorded samples.",
+        "m: one class: no setting to explain."]
+    scalar = [make_record(device, {0: np.array([[0.5]], np.float32)}, model="r")
+              for device in ("a", "b")]
+    (_, _, labels, _) = answer(eqc.assign(model="r"), {}, pd.DataFrame(), pd.DataFrame(),
+                               final_outputs(scalar))
+    assert labels == ("r: predicted labels not compared: the final output's last axis holds "
+                      "one value (no argmax).")
+
+
+def test_a_table_in_a_section_renders_as_markdown_and_as_rest():
+    """A section's DataFrame: a Markdown pipe table and a reST list-table whose cells read
+    as the DataFrame's, markup characters and list-like starts included; a named index
+    comes first."""
+    import html
+    import re
+
+    from docutils.core import publish_parts
+    from docutils.utils import Reporter
+
+    frame = pd.DataFrame({"device": ["tf_1", "ort|2", "x"],
+                          "conv_1": ["- sequential *a*", "1. `b`", None]}).set_index("device")
+    sections = [("Orders", ["before", frame, "after"])]
+    text = markdown(sections)
+    assert "- before\n\n| device | conv_1 |\n|---|---|\n| tf_1 | - sequential *a* |\n" \
+        "| ort\\|2 | 1. `b` |\n| x |  |\n\n- after" in text
+    body = publish_parts(restructured_text(sections), writer="html",
+                         settings_overrides={"halt_level": Reporter.WARNING_LEVEL})["body"]
+    cells = [html.unescape(re.sub(r"<[^>]+>", "", cell)).strip()
+             for cell in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", body, re.S)]
+    assert cells == ["device", "conv_1", "tf_1", "- sequential *a*", "ort|2", "1. `b`",
+                     "x", ""]

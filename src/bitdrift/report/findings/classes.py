@@ -19,8 +19,9 @@ from bitdrift.report.findings.text import (
 
 def _class_counts(per_sample: pd.Series, devices: str) -> str:
     """How many classes the devices form on each sample (``per_sample``: sample -> count;
-    ``devices``: what they count, ``21 float32 devices``), as a sentence's middle: each count in full up to LISTED samples; more: the range, each
-    count with its number of samples, the samples of the rarer counts."""
+    ``devices``: what they count, ``21 float32 devices``), as a sentence's middle: each
+    count in full up to LISTED samples; more: the range, each count with its number of
+    samples, the samples of the rarer counts."""
     if len(per_sample) <= LISTED:
         counts = "/".join(str(per_sample[sample]) for sample in sorted(per_sample.index))
         return (f"{counts} classes among {devices} on test samples "
