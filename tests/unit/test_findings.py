@@ -796,6 +796,12 @@ def _answer_run(make_record, tmp_path):
         "explain": pd.DataFrame([{"model": "m", "sample": sample, "layer": "output",
                                   "attributes": "threads;backend", "determined": True,
                                   "search": "exact"} for sample in (0, 1)]),
+        # c computes below its declared format
+        "effective_precision": pd.DataFrame([{"model": "m", "device": device,
+                                              "precision": "float32", "layer": "dense",
+                                              "reduced": device == "c", "format": "float32",
+                                              "effective_bits": 10.0 if device == "c" else 23}
+                                             for device in "abcd"]),
         # an ONNX model's argmax check: no TensorFlow reference, nothing checked
         "argmax_agreement": pd.DataFrame([{"model": "m", "device": device, "images": None,
                                            "agreeing": None, "share": None}
@@ -825,7 +831,7 @@ def test_the_answer_opens_the_findings_with_what_numpy_counts(make_record, tmp_p
     paths, records, outputs, tables = _answer_run(make_record, tmp_path)
     sections = findings(paths, {}, outputs=final_outputs(records))
     assert sections[0][0] == HEADING
-    classes, bits, labels, setting = sections[0][1]
+    classes, bits, other_precisions, labels, setting = sections[0][1]
     eqc = tables["eqc"]
     float32 = eqc[eqc["device"].isin(list("abcd"))]
     per_sample = float32.groupby("sample")["eqc"].nunique()
@@ -850,9 +856,16 @@ def test_the_answer_opens_the_findings_with_what_numpy_counts(make_record, tmp_p
     assert int(found[3]) == fewest and worst[(found[1], found[2])] == max(worst.values())
     assert dropped(outputs[found[1]][int(found[4])], outputs[found[2]][int(found[4])]) \
         == max(worst.values())
+    # c, which computes below its format, is of the farthest pair: the others' said too
+    assert "c" in found.group(1, 2)
+    rest = {pair: bits for pair, bits in worst.items() if "c" not in pair}
+    other = re.search(r"; without c, which computes below the declared format, (\w) and (\w) "
+                      r"share (\d+) on sample #\d\.$", bits)
+    assert int(other[3]) == 23 - max(rest.values())
+    assert rest[other.group(1, 2)] == max(rest.values())
     half = max(0, 10 - max(dropped(outputs["e"][s], outputs["f"][s]) for s in (0, 1)))
-    assert bits.endswith(f"; within each other precision, the fewest shared: float16 {half} "
-                         "of 10.")
+    assert other_precisions == ("m: the fewest bits shared within each other precision: "
+                                f"float16 {half} of 10.")
     argmax = {device: {s: int(np.argmax(found[s].astype(np.float64))) for s in (0, 1)}
               for device, found in outputs.items()}
     moved = [s for s in (0, 1) if len({argmax[d][s] for d in outputs}) > 1]
@@ -897,6 +910,7 @@ def test_identical_devices_lose_no_bits_and_keep_their_labels(make_record, tmp_p
                         for device in ("a", "b")])
     lines = answer(eqc, {"a": "float32", "b": "float32"}, pd.DataFrame(), pd.DataFrame(),
                    final_outputs(records))
+    assert len(lines) == 4
     assert lines[1:] == [
         "m: the most bits lost: none; every float32 device gives the same bits on every "
         "sample.",

@@ -22,8 +22,8 @@ HEADING = "In short"
 @dataclass
 class Farthest:
     """The two devices of one precision whose final outputs share the fewest leading
-    mantissa bits on some sample: the remaining precision of all the precision's devices
-    (the i* of a set is its largest pairwise i*, bitdrift.analysis.remaining_precision)."""
+    mantissa bits on some sample: the remaining precision of the devices (the i* of a set
+    is its largest pairwise i*, bitdrift.analysis.remaining_precision)."""
 
     bits: int  # mantissa bits they share (0: sign or exponent differ)
     mantissa: int
@@ -36,12 +36,28 @@ class Farthest:
 class ModelOutputs:
     """What the answer reads of one model's records: each device's precision, its
     predicted label per sample (the argmax of the final output's last axis, a tuple where
-    the output has several rows; None where the last axis holds one value), and the
-    farthest pair of each precision of two devices or more."""
+    the output has several rows; None where the last axis holds one value), and per float
+    format of two devices or more, each pair's most dropped bits over the samples and the
+    first sample where it drops them: {format: {(a, b): (dropped, sample)}}."""
 
     precisions: dict[str, str] = field(default_factory=dict)
     labels: dict[int, dict[str, tuple | None]] = field(default_factory=dict)
-    farthest: dict[str, Farthest] = field(default_factory=dict)
+    pairs: dict[str, dict[tuple[str, str], tuple[int, int]]] = field(default_factory=dict)
+
+    def farthest(self, float_format: str, leave_out=()) -> Farthest | None:
+        """The pair of ``float_format`` that drops the most bits (the first of equals),
+        devices in ``leave_out`` left out; None where fewer than two devices remain."""
+        from bitdrift.analysis.remaining_precision import MANTISSA_BITS
+
+        pairs = {pair: found for pair, found in self.pairs.get(float_format, {}).items()
+                 if not set(pair) & set(leave_out)}
+        if not pairs:
+            return None
+        pair = max(pairs, key=lambda pair: pairs[pair][0])
+        dropped, sample = pairs[pair]
+        mantissa = MANTISSA_BITS[float_format]
+        return Farthest(bits=max(mantissa - dropped, 0), mantissa=mantissa, devices=pair,
+                        sample=sample, sign_or_exponent=dropped > mantissa)
 
 
 def final_outputs(records) -> dict[str, ModelOutputs]:
@@ -89,18 +105,13 @@ def final_outputs(records) -> dict[str, ModelOutputs]:
             for float_format, devices in by_format.items():
                 if len(devices) < 2 or float_format not in MANTISSA_BITS:
                     continue
-                mantissa = MANTISSA_BITS[float_format]
-                worst = None  # (dropped bits, pair, sample): the first of the most
-                for sample in samples:
-                    for a, b in itertools.combinations(devices, 2):
+                pair_bits = outputs.pairs.setdefault(float_format, {})
+                for a, b in itertools.combinations(devices, 2):
+                    for sample in samples:  # the first sample of the most dropped bits
                         dropped = dropped_bits(representative[a][sample],
                                                representative[b][sample], float_format)
-                        if worst is None or dropped > worst[0]:
-                            worst = (dropped, (a, b), sample)
-                dropped, pair, sample = worst
-                outputs.farthest[float_format] = Farthest(
-                    bits=max(mantissa - dropped, 0), mantissa=mantissa, devices=pair,
-                    sample=sample, sign_or_exponent=dropped > mantissa)
+                        if (a, b) not in pair_bits or dropped > pair_bits[(a, b)][0]:
+                            pair_bits[(a, b)] = (dropped, sample)
     finally:
         for record in opened:
             record.close()
@@ -154,25 +165,43 @@ def _classes_line(model: str, rows: pd.DataFrame, precisions: dict[str, str]) ->
     return line + "."
 
 
-def _bits_line(model: str, outputs: ModelOutputs) -> str | None:
-    if not outputs.farthest:
-        return None
+def _shared(found: Farthest, kind: str) -> str:
+    a, b = found.devices
+    return (f"{a} and {b} share {found.bits} of {kind}'s {found.mantissa} mantissa bits on "
+            f"sample #{found.sample}"
+            + (" (they differ in sign or exponent)" if found.sign_or_exponent else ""))
+
+
+def _bits_lines(model: str, outputs: ModelOutputs, reduced=()) -> list[str]:
+    """The most bits two devices of the main precision lose, and which two; where one of
+    them computes below its declared format (``reduced``: the effective-precision check),
+    the most among the others too. The other precisions' fewest shared bits on a line of
+    their own."""
+    if not outputs.pairs:
+        return []
     main = _main_precision(outputs.precisions)
-    first = outputs.farthest.get(main) or next(iter(outputs.farthest.values()))
-    kind = main if main in outputs.farthest else next(iter(outputs.farthest))
+    kind = main if main in outputs.pairs else next(iter(outputs.pairs))
+    first = outputs.farthest(kind)
     if first.bits == first.mantissa:
-        line = (f"{model}: the most bits lost: none; every {kind} device gives the same "
-                "bits on every sample")
+        lines = [f"{model}: the most bits lost: none; every {kind} device gives the same bits "
+                 "on every sample."]
     else:
-        a, b = first.devices
-        line = (f"{model}: the most bits lost: {a} and {b} share {first.bits} of {kind}'s "
-                f"{first.mantissa} mantissa bits on sample #{first.sample}"
-                + (" (they differ in sign or exponent)" if first.sign_or_exponent else ""))
-    others = [f"{name} {found.bits} of {found.mantissa}"
-              for name, found in outputs.farthest.items() if name != kind]
+        line = f"{model}: the most bits lost: {_shared(first, kind)}"
+        below = [device for device in first.devices if device in set(reduced)]
+        if below:
+            rest = outputs.farthest(kind, leave_out=reduced)
+            line += (f"; without {and_list(below)}, which "
+                     + ("computes" if len(below) == 1 else "compute")
+                     + " below the declared format, "
+                     + (f"{rest.devices[0]} and {rest.devices[1]} share {rest.bits} on sample "
+                        f"#{rest.sample}" if rest else "no two devices are left"))
+        lines = [line + "."]
+    others = [f"{name} {found.bits} of {found.mantissa}" for name, found in
+              ((name, outputs.farthest(name)) for name in outputs.pairs if name != kind)]
     if others:
-        line += "; within each other precision, the fewest shared: " + ", ".join(others)
-    return line + "."
+        lines.append(f"{model}: the fewest bits shared within each other precision: "
+                     + ", ".join(others) + ".")
+    return lines
 
 
 def labels_line(model: str, outputs: ModelOutputs) -> str | None:
@@ -248,17 +277,24 @@ def _setting_line(model: str, rows: pd.DataFrame, explain: pd.DataFrame,
 
 
 def answer(eqc: pd.DataFrame, precisions: dict[str, str], explain: pd.DataFrame,
-           settings: pd.DataFrame, outputs: dict[str, ModelOutputs] | None) -> list[str]:
-    """At most four lines per model (classes, bits, labels, setting), each said where its
-    table or records are there."""
+           settings: pd.DataFrame, outputs: dict[str, ModelOutputs] | None,
+           effective: pd.DataFrame | None = None) -> list[str]:
+    """At most five lines per model (classes, bits and the other precisions' bits,
+    labels, setting), each said where its table or records are there; ``effective``: the
+    effective-precision check (effective_precision.csv), whose reduced devices the bits
+    line names."""
     lines: list[str] = []
     outputs = outputs or {}
+    effective = effective if effective is not None else pd.DataFrame()
+    reduced = set(effective.loc[effective["reduced"].astype(str).str.lower() == "true",
+                                "device"].astype(str)) \
+        if {"reduced", "device"} <= set(effective.columns) else set()
     models = list(dict.fromkeys([*(eqc["model"] if not eqc.empty else []), *outputs]))
     for model in models:
         rows = eqc[eqc["model"] == model] if not eqc.empty else eqc
         found = outputs.get(model)
         said = [_classes_line(model, rows, precisions) if len(rows) else None,
-                _bits_line(model, found) if found else None,
+                *(_bits_lines(model, found, reduced) if found else []),
                 labels_line(model, found) if found else None,
                 _setting_line(model, rows, explain, settings) if len(rows) else None]
         lines += [line for line in said if line]

@@ -84,7 +84,8 @@ def findings(tables: dict, fingerprints: dict, study_sections=(),
     ran = sorted(set(eqc["device"])) if not eqc.empty else []
     skipped, lone = planned_devices(planned or {})
     sections = [(ANSWER_HEADING, answer(eqc, precisions, read["explain"],
-                                        read["device_classes"], outputs))]
+                                        read["device_classes"], outputs,
+                                        read["effective_precision"]))]
     sections.append(("Machine", (machine(fingerprint) if fingerprint else ["No record ran."])
                  + [f"Devices that ran: {len(ran)}; failed: {len(read['device_failures'])}."]
                  + skipped + emulated(fingerprints)))
