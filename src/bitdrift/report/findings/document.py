@@ -41,8 +41,9 @@ class StudySection(NamedTuple):
     # the tables it reads (results/tables/NAME.csv); the section is written where each
     # is there and not empty (the study has run)
     tables: tuple[str, ...]
-    # its sentences from those tables (DataFrames, in the order of ``tables``)
-    sentences: Callable[..., list[str]]
+    # its items from those tables (DataFrames, in the order of ``tables``): sentences, or
+    # DataFrames written as tables
+    sentences: Callable[..., list]
     # its place among the studies' sections, which follow the core's
     place: int
 
