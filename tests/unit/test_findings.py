@@ -359,8 +359,8 @@ def test_an_explanation_says_when_it_is_weak_confounded_or_not_unique():
                            "alternatives": "threads;kernel.conv2d|backend;threads"}])
     assert explanations(table) == [
         "m, samples #0: the classes are determined by `threads`, `kernel.dense_1` (exact "
-        "search; weak: one of these attributes has a value only one device holds; "
-        "explain.csv lists 2 other sets of as many attributes that do as well).",
+        "search; weak: a value of one of them only one device holds; 2 other sets do as "
+        "well: explain.csv).",
         "m: `kernel.dense_1` splits the devices as `kernel.dense_2` and `order.d` do."]
 
 
@@ -610,6 +610,7 @@ def test_the_orders_of_50_layers_and_30_devices_are_a_row_per_device():
 def test_long_lists_elsewhere_are_cut_and_counted():
     """First divergences at 40 layers, 20 kernel pairs tied at the third, a device below its
     format at 54 layers: each list shows a few and counts the rest exactly."""
+    import re
     from collections import Counter
 
     from bitdrift.report.findings.classes import reduced_precision
@@ -636,8 +637,17 @@ def test_long_lists_elsewhere_are_cut_and_counted():
                                "layer": f"conv{index}", "reduced": True, "format": "bfloat16",
                                "effective_bits": 7.5} for index in range(54)])
     (line,) = reduced_precision(effective)
-    assert f"in 54 of 54 checked layers (conv0, conv1, conv2, conv3, conv4 … and {54 - SHOWN} " \
-        "more)." in line
+    # as many layers named as fit in a short line, the rest counted
+    named, more = re.search(r"in 54 of 54 checked layers \((.*) … and (\d+) more\)\.",
+                            line).groups()
+    assert named.split(", ") == [f"conv{index}" for index in range(54 - int(more))]
+    assert len(line) <= LONGEST
+    # names of an ONNX model's length: fewer of them
+    long = effective.assign(layer=[f"__block__attention__query__MatMul_output_{index}"
+                                   for index in range(54)])
+    (line,) = reduced_precision(long)
+    named, more = re.search(r"checked layers \((.*) … and (\d+) more\)\.", line).groups()
+    assert len(named.split(", ")) + int(more) == 54 and len(line) <= LONGEST
 
 
 def test_the_findings_of_a_big_run_stay_short_and_valid(tmp_path):
@@ -790,8 +800,10 @@ def _answer_run(make_record, tmp_path):
         "eqc_layers": pd.DataFrame([{"model": "m", "sample": 0, "layer": "dense",
                                      "device": device, "precision": kind}
                                     for device, kind in precision.items()]),
+        # another model's attribute is empty here (the table holds every model's)
         "device_classes": pd.DataFrame([{"model": "m", "device": device, "device_class": 1,
-                                         "threads": threads, "backend": backend}
+                                         "threads": threads, "backend": backend,
+                                         "inductor_options": None}
                                         for device, (threads, backend) in settings.items()]),
         "explain": pd.DataFrame([{"model": "m", "sample": sample, "layer": "output",
                                   "attributes": "threads;backend", "determined": True,

@@ -193,8 +193,10 @@ def test_the_table_counts_what_the_records_hold(tmp_path):
     assert dense[(3, "changed")] == dense[(3, "same")]  # instrumented: one class
     lines = observer(pd.DataFrame(rows))
     assert "2 of 3" not in lines[0] and "1 of 2 checked devices" in lines[0]
-    assert len(lines) == 2 and lines[1].startswith("changed (net): the deployed model")
-    assert "1 of 2 samples" in lines[1] and "instrumented program" in lines[1]
+    assert len(lines) == 3 and "instrumented program" in lines[1]
+    (changed,) = lines[2].to_dict("records")  # a row per device whose deployed model differs
+    assert changed["device"] == "changed" and changed["model"] == "net"
+    assert changed["samples differing"] == "1 of 2"
     for record in records:
         record.close()
 
@@ -438,6 +440,7 @@ def test_the_observer_sentence_says_what_each_instrumented_run_exposed(tmp_path)
         "output per Keras layer; 1 of 1 whose instrumented run exposed every tensor of the "
         ".tflite file; 0 of 1 whose instrumented run exposed every module call of the .pt2 "
         "program.")
-    assert "(every module call of the .pt2 program exposed)" in lines[1]
+    assert list(lines[2]["instrumented run exposed"]) == ["every module call of the .pt2 "
+                                                          "program"]
     for record in records:
         record.close()

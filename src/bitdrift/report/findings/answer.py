@@ -251,13 +251,16 @@ def _setting_line(model: str, rows: pd.DataFrame, explain: pd.DataFrame,
     if settings.empty or "model" not in settings:
         return None
     mine = settings[settings["model"] == model].set_index("device")
-    names = [column for column in mine.columns if column not in ("model", "device_class")]
+    # the table holds every model's attributes: another model's are empty here
+    names = [column for column in mine.columns if column not in ("model", "device_class")
+             and mine[column].notna().any()]
+    mine = mine[names].map(lambda value: "" if pd.isna(value) else str(value))
     signature = signature[signature.index.isin(mine.index)]
     if not names or len(signature) < 2:
         return None
     apart = sum(1 for a, b in itertools.combinations(signature.index, 2)
                 if signature[a] != signature[b])
-    split = {name: _pairs_split(signature, mine[name].astype(str)) for name in names}
+    split = {name: _pairs_split(signature, mine[name]) for name in names}
     best = max(names, key=lambda name: split[name])  # the first of the most
     line = (f"{model}: the setting that tells the most classes apart: `{best}`, which splits "
             f"{split[best]} of the {apart} pairs of devices in different classes")
@@ -268,11 +271,13 @@ def _setting_line(model: str, rows: pd.DataFrame, explain: pd.DataFrame,
         together = list(dict.fromkeys(name for cell in final["attributes"].astype(str)
                                       for name in cell.split(";") if name and name != "nan"))
         determined = final["determined"].astype(str).str.lower().eq("true")
-        if len(together) > 1 and len(together) <= 4:
+        what = ("every class" if determined.all() else
+                f"the classes of {int(determined.sum())} of {len(final)} samples")
+        if 1 < len(together) <= 4:
             line += (f"; {and_list([f'`{name}`' for name in together])} together determine "
-                     + ("every class" if determined.all() else
-                        f"the classes of {int(determined.sum())} of {len(final)} samples")
-                     + " (explain.csv)")
+                     f"{what} (explain.csv)")
+        elif len(together) > 4:
+            line += f"; explain.csv's {len(together)} settings together determine {what}"
     return line + "."
 
 

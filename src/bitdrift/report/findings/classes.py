@@ -11,6 +11,7 @@ from bitdrift.report.findings.text import (
     SHOWN,
     and_list,
     first_listed,
+    first_within,
     largest_kept,
     sample_names,
     samples_phrase,
@@ -143,7 +144,7 @@ def explanations(explain: pd.DataFrame) -> list[str]:
         first = rows.iloc[0]
         caveats = [f"{first['search']} search"]
         if str(first.get("weak", "")).lower() == "true":
-            caveats.append("weak: one of these attributes has a value only one device holds")
+            caveats.append("weak: a value of one of them only one device holds")
         # "name=other+other;...": attributes that split the devices as the chosen one
         # does, each said in a sentence after the set's
         confounded = []
@@ -157,8 +158,9 @@ def explanations(explain: pd.DataFrame) -> list[str]:
         alternatives = [item for item in str(first.get("alternatives") or "").split("|")
                         if item and item != "nan"]
         if alternatives:
-            caveats.append(f"explain.csv lists {len(alternatives)} other sets of as many "
-                           "attributes that do as well")
+            caveats.append(f"{len(alternatives)} other "
+                           + ("set does" if len(alternatives) == 1 else "sets do")
+                           + " as well: explain.csv")
         lines.append(f"{model}, {samples_phrase(rows)}: the classes are "
                      f"{'determined' if determined else 'not fully determined'} by {named} "
                      f"({'; '.join(caveats)}).")
@@ -196,7 +198,7 @@ def reduced_precision(effective: pd.DataFrame) -> list[str]:
                      f"{' and '.join(f + '-like' for f in formats)}: "
                      f"{rows['effective_bits'].min():.1f} effective bits at worst, in "
                      f"{len(rows)} of {len(effective[effective['device'] == device])} "
-                     f"checked layers ({first_listed(rows['layer'].astype(str))}).")
+                     f"checked layers ({first_within(rows['layer'].astype(str))}).")
     return lines + note
 
 

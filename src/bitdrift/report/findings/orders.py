@@ -8,7 +8,7 @@ import re
 import pandas as pd
 
 from bitdrift.record.orders import EITHER_FUSED
-from bitdrift.report.findings.text import first_listed
+from bitdrift.report.findings.text import first_within
 
 # How an order label of accumulation_orders.csv
 # (bitdrift.analysis.accumulation.names.summary) reads in a sentence; a label not listed is
@@ -188,13 +188,16 @@ def _device_summary(rows: pd.DataFrame) -> pd.DataFrame:
         named = [f"{order} ({count})" for order, count in counts.iloc[:_ORDERS_SHOWN].items()]
         if len(counts) > _ORDERS_SHOWN:
             named.append(f"… {len(counts) - _ORDERS_SHOWN} more")
+        hidden = part.loc[part["order"] == "not revealed", "replay"].str.split(":").str[0]
+        if len(hidden):  # why, the commonest reason
+            named.append(f"not revealed ({len(hidden)}: {_cut(hidden.mode().iloc[0], 80)})")
         run = revealed[~revealed["replay"].str.startswith("not replayed")]
         same = run["replay"].str.startswith("bit-identical")
         missed = list(run.loc[~same, "layer"].astype(str))
-        out.append({"device": device, "layers": len(part),
-                    "orders (layers)": "; ".join(named) or "not revealed",
-                    "replay gives the record's bits": f"{int(same.sum())} of {len(run)}",
-                    "not reproduced at": first_listed(missed, listed=3, shown=2)})
+        out.append({"device": device, "layers": len(part), "orders (layers)": "; ".join(named),
+                    "replay gives the record's bits": f"{int(same.sum())} of {len(run)}"
+                    if len(run) else "not run",
+                    "not reproduced at": first_within(missed, 60)})
     return pd.DataFrame(out)
 
 
