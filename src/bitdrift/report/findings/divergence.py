@@ -42,10 +42,10 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
                                           errors="coerce").fillna(0)[0])
         lines.append(f"{row['model']}: of {row['first_divergences']} first divergences the "
                      f"recorded kernels differ at {row['kernels_differ']}, the same kernels "
-                     f"with other settings (threads, batch) at "
+                     f"in other threads or batch at "
                      f"{row['same_kernels_other_settings']}, {row['unexplained']} unexplained"
-                     + (f", {row['untraced']} involve a runtime that names no kernels "
-                        "(untraced)" if untraced else "")
+                     + (f", {row['untraced']} involve a runtime naming no kernels"
+                        if untraced else "")
                      + (f", {deployed_only} part only at the deployed model's final output, "
                         "every recorded layer agreeing"
                         + _deployed_cause(parted[parted["model"] == row["model"]])
