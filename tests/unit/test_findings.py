@@ -728,11 +728,14 @@ def test_each_study_writes_its_own_section_after_the_cores(tmp_path):
     assert dict(sections)["Forensic probes"] == [
         "Forensic probes on 7 held-out devices: the best probe splits them into 5 classes, "
         "the best natural test sample into 2."]
-    assert dict(sections)["Batch invariance"] == [
-        "Batching, tf: 2 of 5 batch settings change the studied outputs; differences start "
-        "at dense.",
-        "Batching, ort: 0 of 5 batch settings change the studied outputs.",
-        "Batching: greedy decoding diverged on 1 device(s)."]
+    intro, devices, decoding = dict(sections)["Batch invariance"]
+    assert intro == "Batching: per device, the batch settings that change the studied outputs:"
+    assert devices.to_dict("records") == [
+        {"device": "tf", "batch settings that change the studied outputs": "2 of 5",
+         "differences start at": "dense"},
+        {"device": "ort", "batch settings that change the studied outputs": "0 of 5",
+         "differences start at": ""}]
+    assert decoding == "Batching: greedy decoding diverged on 1 device(s)."
     # the core alone writes no study's section, and a study that has not run has none
     assert "Forensic probes" not in dict(findings(tables, {"a": FINGERPRINT}))
     assert "Forensic probes" not in dict(findings(_tables(tmp_path), {"a": FINGERPRINT},
