@@ -30,6 +30,7 @@ class Farthest:
     devices: tuple[str, str]
     sample: int
     sign_or_exponent: bool  # they differ above the mantissa
+    tied: int = 1  # the pairs as far apart, these two among them
 
 
 @dataclass
@@ -57,7 +58,8 @@ class ModelOutputs:
         dropped, sample = pairs[pair]
         mantissa = MANTISSA_BITS[float_format]
         return Farthest(bits=max(mantissa - dropped, 0), mantissa=mantissa, devices=pair,
-                        sample=sample, sign_or_exponent=dropped > mantissa)
+                        sample=sample, sign_or_exponent=dropped > mantissa,
+                        tied=sum(found[0] == dropped for found in pairs.values()))
 
 
 def final_outputs(records) -> dict[str, ModelOutputs]:
@@ -167,9 +169,10 @@ def _classes_line(model: str, rows: pd.DataFrame, precisions: dict[str, str]) ->
 
 def _shared(found: Farthest, kind: str) -> str:
     a, b = found.devices
+    notes = (["they differ in sign or exponent"] if found.sign_or_exponent else []) + (
+        [f"one of {found.tied} pairs as far apart"] if found.tied > 1 else [])
     return (f"{a} and {b} share {found.bits} of {kind}'s {found.mantissa} mantissa bits on "
-            f"sample #{found.sample}"
-            + (" (they differ in sign or exponent)" if found.sign_or_exponent else ""))
+            f"sample #{found.sample}" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def _bits_lines(model: str, outputs: ModelOutputs, reduced=()) -> list[str]:
