@@ -47,9 +47,11 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
                      + (f", {row['untraced']} involve a runtime naming no kernels"
                         if untraced else "")
                      + (f", {deployed_only} part only at the deployed model's final output, "
-                        "every recorded layer agreeing"
-                        + _deployed_cause(parted[parted["model"] == row["model"]])
-                        if deployed_only else "") + ".")
+                        "every recorded layer agreeing" if deployed_only else "") + ".")
+        if deployed_only:  # why, in a sentence of its own: a line stays short
+            lines.append(f"{row['model']}, the {deployed_only} parting at the final output "
+                         "alone" + _deployed_cause(parted[parted["model"] == row["model"]])
+                         + ".")
     return lines or ["No two classes: nothing parts."]
 
 
