@@ -20,12 +20,13 @@ def observer(table: pd.DataFrame) -> list:
              "devices")
     if len(kinds) == 1 and (exposed == kinds[0]).all():
         first += f", each instrumented run exposing {kinds[0]}"
-    elif kinds:  # per instrumentation: the equal ones of those exposing it
-        equal = checked["observer_equal"].astype(str) != "no"
-        first += ": " + "; ".join(
-            f"{int((equal & (exposed == kind)).sum())} of {int((exposed == kind).sum())} "
-            f"whose instrumented run exposed {kind}" for kind in kinds)
     lines: list = [first + "."]
+    if kinds and not (len(kinds) == 1 and (exposed == kinds[0]).all()):
+        # per instrumentation, a line each: the equal ones of those exposing it
+        equal = checked["observer_equal"].astype(str) != "no"
+        lines += [f"Of those whose instrumented run exposed {kind}: "
+                  f"{int((equal & (exposed == kind)).sum())} of {int((exposed == kind).sum())}."
+                  for kind in kinds]
     if len(changed):  # a row per device: the same sentence for each read as a table
         lines.append("Where the deployed model differs from the instrumented run (the table), "
                      "a device's final-output classes are the deployed outputs', its per-layer "
