@@ -453,6 +453,8 @@ rule write_findings:
         eqc=rules.cluster_equivalence_classes.output.final,
         eqc_layers=rules.cluster_equivalence_classes.output.layers,
         explain=rules.explain_equivalence_classes.output.explain,
+        # each device's values of the explaining settings: the answer's one setting
+        device_classes=rules.explain_equivalence_classes.output.classes,
         divergence=rules.locate_divergence.output.table,
         kernel_coverage=rules.tabulate_kernels.output.coverage,
         accumulation_orders=rules.tabulate_kernels.output.orders,

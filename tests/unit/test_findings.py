@@ -47,15 +47,29 @@ HASWELL = {"cpu": {"brand": "Intel Core Processor (Haswell)", "flags": ["avx", "
            "emulation": {"model": "Haswell-v4", "qemu": "7.2"}}
 
 
+def _sentences(items) -> list[str]:
+    """A section's sentences (its items that are not tables)."""
+    return [item for item in items if isinstance(item, str)]
+
+
+def _frames(items) -> list[pd.DataFrame]:
+    return [item for item in items if isinstance(item, pd.DataFrame)]
+
+
 def test_findings_say_what_the_tables_hold(tmp_path):
     sections = dict(findings(_tables(tmp_path), {"a": FINGERPRINT, "haswell": HASWELL}))
-    classes = sections["Equivalence classes"]
+    classes = _sentences(sections["Equivalence classes"])
     # sample 0: {a, b}, c, d -> 3 classes; sample 1: {a, b}, {c, d} -> 2
-    assert "m, float32: 3/2 classes among 4 devices on test samples #0, #1 (final output)." \
-        in classes
-    assert "m, float32: bit for bit identical on every sample: {a, b}. In a class of their " \
-        "own: c, d." in classes
-    assert any(line.startswith("m, bfloat16: 1/1 classes among 1 devices") for line in classes)
+    assert "m, float32: 3/2 classes among 4 float32 devices on test samples #0, #1 (final " \
+        "output)." in classes
+    # the devices identical on every sample: a table, a group a row
+    (identical,) = _frames(sections["Equivalence classes"])
+    assert identical.to_dict("records") == [
+        {"precision": "float32", "on every sample": "2 devices, identical", "devices": "a, b"},
+        {"precision": "float32", "on every sample": "each in a class of its own",
+         "devices": "c, d"}]
+    assert any(line.startswith("m, bfloat16: 1/1 classes among 1 bfloat16 device ")
+               for line in classes)
     (reduced,) = sections["Devices computing below their declared format"]
     assert reduced.startswith("c (m) declares float32 but computes bfloat16-like: 7.6 "
                               "effective bits at worst, in 1 of 2 checked layers (conv)")
@@ -143,18 +157,21 @@ def test_devices_left_out_and_a_lone_device_are_said_and_nothing_else_changes(tm
         "Skipped for model m: tensorflow, torch cannot run a LiteRT .tflite flatbuffer "
         "(devices tf_1, tf_2, torch_1).",
         "Skipped for model n: tensorflow cannot run an ONNX model (device tf_1)."]
-    assert noted["Equivalence classes"] == [
+    assert noted["Equivalence classes"][:2] == [
         "Only one device runs model m (a): nothing to compare.",
-        "Only one device runs model o (a): nothing to compare.",
-        *dict(plain)["Equivalence classes"]]
+        "Only one device runs model o (a): nothing to compare."]
+    # the rest as without the notes (its table compared as the text it renders)
+    assert markdown([("classes", noted["Equivalence classes"][2:])]) \
+        == markdown([("classes", dict(plain)["Equivalence classes"])])
     assert markdown(findings(_tables(tmp_path), {"a": FINGERPRINT}, planned={})) \
         == markdown(plain)
 
 
 def test_the_replay_count_leaves_out_what_was_not_revealed_or_replayed():
     """Five Dense layers by hand: two reproduced, one that differs, one whose order was not
-    revealed, one not replayed (float64): "2 of the 3", and each is said of its device."""
-    from bitdrift.report.findings.orders import orders
+    revealed, one not replayed (float64): "2 of the 3", and each device's cell says its
+    order and the replay's verdict."""
+    from bitdrift.report.findings.orders import ORDERS_LEGEND, orders
 
     table = pd.DataFrame({
         "model": ["m"] * 5, "device": ["a", "b", "c", "d", "e"], "layer": ["dense"] * 5,
@@ -163,24 +180,23 @@ def test_the_replay_count_leaves_out_what_was_not_revealed_or_replayed():
         "replay": ["bit-identical with FMA", "bit-identical without FMA",
                    "differs: 3 of 10 values bit-identical at best (with FMA)",
                    "the runtime computes in bfloat16", "not replayed: float64"]})
-    lines = orders(table)
+    count, legend, grid = orders(table)
     assert "gives the record's bits for 2 of the 3 (device, layer) pairs it replayed (1 with " \
-        "no revealed order, 1 not replayed)." in lines[0]
-    assert lines[1] == (
-        "m, layer `dense` (sums of 11 terms): a, b, c and e sum sequentially, in index order, "
-        "the bias added last; numpy's replay in that order gives the bits of a with FMA and "
-        "the bits of b without FMA; reproduces only 3 of 10 values at best (with FMA) for c "
-        "(the kernel rounds some node otherwise than any arithmetic the replay tried, or sums "
-        "in another tree than the one revealed); was not run for e computing in float64 (the "
-        "replay is float32 only).")
-    assert lines[2] == ("m, layer `dense` (sums of 11 terms): the order of d was not "
-                        "revealed (the runtime computes in bfloat16).")
+        "no revealed order, 1 not replayed)." in count
+    assert legend == ORDERS_LEGEND
+    assert grid.to_dict("list") == {
+        "device": ["a", "b", "c", "d", "e"],
+        "dense (11 terms)": ["sequential, bias last: same, FMA",
+                             "sequential, bias last: same, no FMA",
+                             "sequential, bias last: 3/10 values",
+                             "not revealed (the runtime computes in bfloat16)",
+                             "sequential, bias last: not run (float64)"]}
 
 
 def test_the_fused_product_is_said_with_the_devices_that_fuse_it():
-    """accumulation_orders.csv's fused_product: devices that fuse other products where two
-    meet are said apart, each with its product; ``either`` says the values do not tell; a
-    table written before the column reads as before."""
+    """accumulation_orders.csv's fused_product: each device's cell names the product it
+    fuses where two meet; ``either`` says the values do not tell; a table written before
+    the column reads as before."""
     from bitdrift.report.findings.orders import orders
 
     table = pd.DataFrame({
@@ -188,24 +204,20 @@ def test_the_fused_product_is_said_with_the_devices_that_fuse_it():
         "terms": [11] * 4, "order": ["sequential, bias last"] * 4,
         "replay": ["bit-identical with FMA"] * 3 + ["bit-identical without FMA"],
         "fused_product": ["lower index", "higher index", "either", None]})
-    (line,) = orders(table)[1:]
-    assert line == (
-        "m, layer `dense` (sums of 11 terms): a, b, c and d sum sequentially, in index order, "
-        "the bias added last; numpy's replay in that order gives the bits of a with FMA (the "
-        "product of lower index fused where two meet) and the bits of b with FMA (the product "
-        "of higher index fused where two meet) and the bits of c with FMA (either product "
-        "fused where two meet: the values do not tell which) and the bits of d without FMA.")
-    assert orders(table.drop(columns="fused_product"))[1].endswith(
-        "gives the bits of a, b and c with FMA and the bits of d without FMA.")
+    grid = orders(table)[-1]
+    assert list(grid["dense (11 terms)"]) == [
+        "sequential, bias last: same, FMA (lower index)",
+        "sequential, bias last: same, FMA (higher index)",
+        "sequential, bias last: same, FMA (either)",
+        "sequential, bias last: same, no FMA"]
+    assert list(orders(table.drop(columns="fused_product"))[-1]["dense (11 terms)"]) == \
+        ["sequential, bias last: same, FMA"] * 3 + ["sequential, bias last: same, no FMA"]
 
 
-def test_each_order_sentence_names_model_layer_and_devices():
-    """One device at three layers in three orders, and one summing with FMA at one layer
-    and without at another: every sentence names its model and layer, a device is named
-    once per layer, and no table label ("other (height", "replay not replayed") is left
-    in a sentence."""
-    import re
-
+def test_the_orders_table_has_a_row_per_device_and_a_column_per_layer():
+    """Two devices at three layers, in orders of every kind: the table's rows are the
+    devices, its columns the layers with their terms, each cell the order and the
+    replay's verdict; an order by batch row is named as such, without its rows."""
     from bitdrift.report.findings.orders import orders
 
     rows = [("conv2d", 28, "t", "sequential, bias last", "bit-identical without FMA"),
@@ -219,16 +231,16 @@ def test_each_order_sentence_names_model_layer_and_devices():
     table = pd.DataFrame([{"model": "m", "layer": layer, "terms": terms, "device": device,
                            "order": order, "replay": replay}
                           for layer, terms, device, order, replay in rows])
-    lines = orders(table)[1:]
-    assert len(lines) == len(rows)
-    for line, (layer, terms, device, _, _) in zip(lines, rows, strict=True):
-        assert line.startswith(f"m, layer `{layer}` (sums of {terms} terms): {device} sums ")
-        assert not re.search(r"height|replay not|not replayed|by batch row:", line), line
-    assert "in 4 interleaved partial sums, the bias added last" in lines[1]
-    assert "14 additions deep" in lines[3] and "383 of 384 values" in lines[3]
-    assert "was not run (it computes in float16; the replay is float32 only)" in lines[4]
-    assert "by batch row (rows 0-5: sequentially, in index order, the bias added last; " \
-        "rows 6-7: in 2 interleaved partial sums, the bias added last)" in lines[5]
+    grid = orders(table)[-1]
+    assert list(grid.columns) == ["device", "conv2d (28 terms)", "dense_1 (321 terms)",
+                                  "dense_2 (129 terms)"]
+    assert grid.set_index("device").to_dict("index") == {
+        "t": {"conv2d (28 terms)": "sequential, bias last: same, no FMA",
+              "dense_1 (321 terms)": "sequential, bias last: same, FMA",
+              "dense_2 (129 terms)": "blocks of 16, bias first: not run (float16)"},
+        "u": {"conv2d (28 terms)": "4 interleaved lanes, bias last: same, FMA",
+              "dense_1 (321 terms)": "other (height 14), bias last: 383/384 values",
+              "dense_2 (129 terms)": "varies by batch row: same, FMA"}}
 
 
 def test_a_tie_at_the_fewest_agreeing_labels_is_named_as_a_tie():
@@ -337,7 +349,8 @@ def test_kernel_pairs_tied_with_the_third_commonest_are_all_named():
 
 def test_an_explanation_says_when_it_is_weak_confounded_or_not_unique():
     """An explain row by hand: weak, its kernel attribute splitting the devices as two
-    others do, two alternative sets; the sentence says each, in words."""
+    others do, two alternative sets; the sentences say each, in words (what splits the
+    devices alike in a sentence of its own: a long list would make a long line)."""
     from bitdrift.report.findings.classes import explanations
 
     table = pd.DataFrame([{"model": "m", "sample": 0, "layer": "output", "attributes":
@@ -346,9 +359,9 @@ def test_an_explanation_says_when_it_is_weak_confounded_or_not_unique():
                            "alternatives": "threads;kernel.conv2d|backend;threads"}])
     assert explanations(table) == [
         "m, samples #0: the classes are determined by `threads`, `kernel.dense_1` (exact "
-        "search; weak: one of these attributes has a value only one device holds; "
-        "`kernel.dense_1` splits the devices as `kernel.dense_2` and `order.d` do; "
-        "explain.csv lists 2 other sets of as many attributes that do as well)."]
+        "search; weak: a value of one of them only one device holds; 2 other sets do as "
+        "well: explain.csv).",
+        "m: `kernel.dense_1` splits the devices as `kernel.dense_2` and `order.d` do."]
 
 
 def test_an_order_that_varies_by_position_reads_as_words():
@@ -390,7 +403,7 @@ BIG_DEVICES = [f"{backend}_{variant}" for backend in ("tf", "torch", "ort")
                                "2threads_float64", "fast_math")]
 BIG_LAYERS = [f"conv{stage}_block{block}_{index}_conv" for stage in (2, 3, 4, 5)
               for block in range(1, 7) for index in (1, 2, 3)][:49] + ["predictions"]
-LONGEST = 1000  # characters a findings line may hold, whatever the run's size
+LONGEST = 300  # characters a line of findings.md may hold, whatever the run's size (issue 64)
 
 
 def _big_eqc(counts: dict) -> pd.DataFrame:
@@ -421,7 +434,8 @@ def test_classes_on_100_samples_are_counted_not_listed():
     eqc = _big_eqc(dict.fromkeys(BIG_SAMPLES, 3))
     samples = len(set(eqc["sample"]))
     line = classes(eqc, precisions)[0]
-    assert line == (f"resnet50, float32: 3 classes among {len(BIG_DEVICES)} devices on each "
+    assert line == (f"resnet50, float32: 3 classes among {len(BIG_DEVICES)} float32 devices "
+                    "on each "
                     f"of the {samples} test samples (final output; each sample's classes, "
                     "device by device, in results/tables/eqc.csv).")
     # 2 classes on 12 samples, 4 on 3 (#5, #50, #95), 3 on the others
@@ -436,7 +450,8 @@ def test_classes_on_100_samples_are_counted_not_listed():
     line = lines[0]
     assert len(line) < LONGEST
     assert line.startswith(f"resnet50, float32: {min(found.values())} to "
-                           f"{max(found.values())} classes among {len(BIG_DEVICES)} devices "
+                           f"{max(found.values())} classes among {len(BIG_DEVICES)} float32 "
+                           "devices "
                            f"over the {len(found)} test samples (final output): {common} on "
                            f"{len(by_count[common])} of them, ")
     two = by_count[2]
@@ -448,8 +463,9 @@ def test_classes_on_100_samples_are_counted_not_listed():
     # three devices always together: named, with every other device
     together = _big_eqc(dict.fromkeys(BIG_SAMPLES, len(BIG_DEVICES)))
     together.loc[together["device"].isin(BIG_DEVICES[1:3]), "eqc"] = 1
-    text = "\n".join(classes(together, precisions))
+    text = markdown([("classes", classes(together, precisions))])
     assert all(device in text for device in BIG_DEVICES)
+    assert max(map(len, text.splitlines())) <= LONGEST
 
 
 def test_an_explanation_on_100_samples_groups_its_attributes_by_prefix():
@@ -472,21 +488,26 @@ def test_an_explanation_on_100_samples_groups_its_attributes_by_prefix():
         "search": "exact", "unexplained_devices": "", "alternatives": "",
         "confounded": "backend=" + "+".join(others), "weak": True,
         "nondeterministic_devices": ""} for sample in BIG_SAMPLES])
-    (line,) = explanations(table)
-    assert len(line) < LONGEST, len(line)
+    (line, confounded) = explanations(table)
+    assert len(line) <= LONGEST and len(confounded) <= LONGEST, (len(line), len(confounded))
     samples = table["sample"].nunique()
     assert line.startswith(f"resnet50, {samples} samples (#0, #1, #2, #3, #4 … and "
                            f"{samples - 5} more): the classes are determined by `backend`")
     per_prefix = {prefix: sum(name.startswith(prefix + ".") for name in others)
                   for prefix in ("kernel", "order", "versions")}
-    assert f"`kernel.*` at {per_prefix['kernel']} layers (`{kernels[0]}`, `{kernels[1]}`, " \
-        f"`{kernels[2]}` … and {per_prefix['kernel'] - 3} more)" in line
-    assert f"`order.*` at {per_prefix['order']} layers (`{orders[0]}`" in line
-    assert f"{per_prefix['versions']} `versions.*` attributes (" + \
-        ", ".join(f"`{name}`" for name in versions) + ")" in line
-    assert "`graph_optimization_level`, `threads`, " in line
+    # what splits the devices as `backend` does: a sentence of its own, a group of one
+    # prefix counted with one example
+    assert confounded.startswith("resnet50: `backend` splits the devices as ")
+    assert f"`kernel.*` at {per_prefix['kernel']} layers (`{kernels[0]}` … and " \
+        f"{per_prefix['kernel'] - 1} more)" in confounded
+    assert f"`order.*` at {per_prefix['order']} layers (`{orders[0]}`" in confounded
+    assert f"{per_prefix['versions']} `versions.*` attributes (`{versions[0]}` … and " \
+        f"{per_prefix['versions'] - 1} more)" in confounded
+    assert "`graph_optimization_level`, `threads`, " in confounded
     # every "N more" is what its list left out
-    for shown, more in re.findall(r"\(((?:`[^`]+`, )+`[^`]+`) … and (\d+) more\)", line):
+    left_out = re.findall(r"\(((?:`[^`]+`, )*`[^`]+`) … and (\d+) more\)", confounded)
+    assert len(left_out) == 3
+    for shown, more in left_out:
         prefix = shown.split("`")[1].split(".")[0]
         assert shown.count("`") // 2 + int(more) == per_prefix[prefix]
 
@@ -556,55 +577,40 @@ def _devices_said(sentence: str) -> list[str]:
     return re.split(r", | and ", said)
 
 
-def test_the_orders_of_50_layers_and_30_devices_are_said_once_per_shape():
-    """Layers where the same devices sum alike are one sentence (their number, a few
-    named, the rest counted); the sentences kept are at most ORDER_SENTENCES and one per
-    device otherwise unnamed; the one replay that differs is kept; what is left out is
-    counted exactly: its sentences, and its (device, layer) pairs with those said adding
-    up to the table's rows."""
-    import re
+def test_the_orders_of_50_layers_and_30_devices_are_a_row_per_device():
+    """Over ORDER_COLUMNS layers the table has a row per device: its layers, its commonest
+    orders with their layers counted, how many replayed layers the replay reproduces (the
+    truth counted from the rows) and the layers it does not; every line short."""
+    from bitdrift.report.findings.document import markdown
+    from bitdrift.report.findings.orders import orders
 
-    from bitdrift.report.findings.orders import ORDER_SENTENCES, orders
-
-    table, sentences = _big_orders()
+    table, _ = _big_orders()
     lines = orders(table)
-    assert all(len(line) < LONGEST for line in lines), max(map(len, lines))
     replayed = table[~table["replay"].str.startswith("not replayed")]
     same = replayed["replay"].str.startswith("bit-identical").sum()
     assert f"gives the record's bits for {same} of the {len(replayed)} (device, layer) " \
         "pairs" in lines[0]
-    said, tail = lines[1:-1], lines[-1]
-    # the replay that differs, a's and b's sentences of many layers, then the first of one
-    # layer each (layers 0 to 2: every device but the last, seen at the last layer alone):
-    # one sentence more names it
-    assert len(said) == ORDER_SENTENCES + 1
-    assert any(re.search(rf"\b{BIG_DEVICES[-1]} sums\b", line) for line in said)
-    text = "\n".join(lines)
-    assert all(re.search(rf"\b{device}\b", text) for device in set(table["device"]))
-    everywhere_but_7 = len(BIG_LAYERS) - 1
-    (sequential,) = [line for line in said
-                     if line.startswith(f"resnet50, {everywhere_but_7} layers (")]
-    assert _devices_said(sequential) == BIG_DEVICES[:10]
-    assert "sum sequentially, in index order, the bias added last; numpy's replay in that " \
-        f"order gives their bits with FMA (at {everywhere_but_7 - 1} of them the search or the " \
-        "replay covered part of the output" in sequential  # not at the Dense predictions
-    assert _left_out(sequential) == everywhere_but_7 - 5
-    (differs,) = [line for line in said if "reproduces only 3 of 10 values" in line]
-    assert differs.startswith(f"resnet50, layer `{BIG_LAYERS[7]}` (sums of {65 + 64 * 7} "
-                              "terms)")
-    more, pairs = map(int, re.fullmatch(
-        r"resnet50: … and (\d+) more \(order, devices\) sentences, at (\d+) \(device, layer\) "
-        r"pairs; every layer in results/tables/accumulation_orders\.csv\.", tail).groups())
-    assert more == sentences - len(said)
-    layers_of = [1 if " layer `" in line.split(":")[0]
-                 else int(re.match(r"resnet50, (\d+) layers", line)[1]) for line in said]
-    assert pairs + sum(count * len(_devices_said(line))
-                       for count, line in zip(layers_of, said, strict=True)) == len(table)
+    summary = lines[-1].set_index("device")
+    assert list(summary.index) == list(dict.fromkeys(table["device"]))
+    for device, rows in table.groupby("device"):
+        reproduced = rows["replay"].str.startswith("bit-identical")
+        assert summary.loc[device, "layers"] == len(rows)
+        assert summary.loc[device, "replay gives the record's bits"] == \
+            f"{reproduced.sum()} of {len(rows)}"
+        assert summary.loc[device, "not reproduced at"] == ", ".join(rows.loc[~reproduced,
+                                                                          "layer"])
+    # family a sums sequentially at every layer; b in blocks of 128 at its 25 even layers
+    assert summary.loc[BIG_DEVICES[0], "orders (layers)"] == \
+        f"sequential, bias last ({len(BIG_LAYERS)})"
+    assert summary.loc[BIG_DEVICES[10], "orders (layers)"].startswith(
+        f"blocks of 128, bias last ({(len(BIG_LAYERS) + 1) // 2}); ")
+    assert max(map(len, markdown([("orders", lines)]).splitlines())) <= LONGEST
 
 
 def test_long_lists_elsewhere_are_cut_and_counted():
     """First divergences at 40 layers, 20 kernel pairs tied at the third, a device below its
     format at 54 layers: each list shows a few and counts the rest exactly."""
+    import re
     from collections import Counter
 
     from bitdrift.report.findings.classes import reduced_precision
@@ -631,14 +637,23 @@ def test_long_lists_elsewhere_are_cut_and_counted():
                                "layer": f"conv{index}", "reduced": True, "format": "bfloat16",
                                "effective_bits": 7.5} for index in range(54)])
     (line,) = reduced_precision(effective)
-    assert f"in 54 of 54 checked layers (conv0, conv1, conv2, conv3, conv4 … and {54 - SHOWN} " \
-        "more)." in line
+    # as many layers named as fit in a short line, the rest counted
+    named, more = re.search(r"in 54 of 54 checked layers \((.*) … and (\d+) more\)\.",
+                            line).groups()
+    assert named.split(", ") == [f"conv{index}" for index in range(54 - int(more))]
+    assert len(line) <= LONGEST
+    # names of an ONNX model's length: fewer of them
+    long = effective.assign(layer=[f"__block__attention__query__MatMul_output_{index}"
+                                   for index in range(54)])
+    (line,) = reduced_precision(long)
+    named, more = re.search(r"checked layers \((.*) … and (\d+) more\)\.", line).groups()
+    assert len(named.split(", ")) + int(more) == 54 and len(line) <= LONGEST
 
 
 def test_the_findings_of_a_big_run_stay_short_and_valid(tmp_path):
-    """Every table at the size of issue 52 through findings(): no line over LONGEST
-    characters, every device named, a '*' only inside a literal, and the report's text
-    valid reStructuredText (docutils at warning level)."""
+    """Every table at the size of issue 52 through findings(): no line of the Markdown
+    over LONGEST characters (issue 64), every device named, a '*' only inside a literal,
+    and the report's text valid reStructuredText (docutils at warning level)."""
     import re
 
     from docutils.core import publish_parts
@@ -660,9 +675,8 @@ def test_the_findings_of_a_big_run_stay_short_and_valid(tmp_path):
         paths[name] = tmp_path / f"{name}.csv"
         table.to_csv(paths[name], index=False)
     sections = findings(paths, {BIG_DEVICES[0]: FINGERPRINT})
-    lines = [line for _, said in sections for line in said]
-    assert max(map(len, lines)) < LONGEST
     text = markdown(sections)
+    assert max(map(len, text.splitlines())) <= LONGEST
     assert all(re.search(rf"\b{device}\b", text) for device in BIG_DEVICES)
     assert "*" not in re.sub(r"`[^`]*`", "", text.split("\n", 1)[1])
     publish_parts(restructured_text(sections), writer="html",
@@ -714,11 +728,14 @@ def test_each_study_writes_its_own_section_after_the_cores(tmp_path):
     assert dict(sections)["Forensic probes"] == [
         "Forensic probes on 7 held-out devices: the best probe splits them into 5 classes, "
         "the best natural test sample into 2."]
-    assert dict(sections)["Batch invariance"] == [
-        "Batching, tf: 2 of 5 batch settings change the studied outputs; differences start "
-        "at dense.",
-        "Batching, ort: 0 of 5 batch settings change the studied outputs.",
-        "Batching: greedy decoding diverged on 1 device(s)."]
+    intro, devices, decoding = dict(sections)["Batch invariance"]
+    assert intro == "Batching: per device, the batch settings that change the studied outputs:"
+    assert devices.to_dict("records") == [
+        {"device": "tf", "batch settings that change the studied outputs": "2 of 5",
+         "differences start at": "dense"},
+        {"device": "ort", "batch settings that change the studied outputs": "0 of 5",
+         "differences start at": ""}]
+    assert decoding == "Batching: greedy decoding diverged on 1 device(s)."
     # the core alone writes no study's section, and a study that has not run has none
     assert "Forensic probes" not in dict(findings(tables, {"a": FINGERPRINT}))
     assert "Forensic probes" not in dict(findings(_tables(tmp_path), {"a": FINGERPRINT},
@@ -738,3 +755,213 @@ def test_the_findings_command_writes_the_studies_sections(tmp_path):
     text = out.read_text()
     assert text.index("## Devices that failed") < text.index("## Forensic probes") \
         < text.index("## Batch invariance")
+
+
+# -- the answer first (issue 64) ------------------------------------------------------------
+def _nudged(values, index: int, ulps: int):
+    """``values`` with element ``index`` moved by ``ulps`` units in the last place."""
+    import numpy as np
+
+    bits = values.copy().view(np.uint32 if values.dtype == np.float32 else np.uint16)
+    bits[index] += ulps
+    return bits.view(values.dtype)
+
+
+def _answer_run(make_record, tmp_path):
+    """Four float32 devices and two float16 ones over two samples, by hand: a and b
+    identical, c 40 ulps apart at one element of sample 0, d 3 ulps apart on sample 1;
+    e and f float16, f's largest logit on sample 1 set to 0 (its label changes). The
+    tables written as the run writes them, from the same outputs (numpy); returns
+    (table paths, records, {device: {sample: output}})."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    base = {sample: rng.random(5).astype(np.float32) + 0.5 for sample in (0, 1)}
+    outputs = {"a": base, "b": base,
+               "c": {0: _nudged(base[0], 2, 40), 1: base[1]},
+               "d": {0: base[0], 1: _nudged(base[1], 4, 3)},
+               "e": {sample: values.astype(np.float16) for sample, values in base.items()}}
+    changed = base[1].astype(np.float16)
+    changed[np.argmax(changed)] = 0
+    outputs["f"] = {0: outputs["e"][0], 1: changed}
+    precision = {device: "float16" if device in "ef" else "float32" for device in outputs}
+    records = [make_record(device, {sample: np.stack([values, values])
+                                    for sample, values in found.items()},
+                           model="m", precision=precision[device])
+               for device, found in outputs.items()]
+    rows = []
+    for sample in (0, 1):  # a class per distinct byte string, numbered by first appearance
+        seen: dict[bytes, int] = {}
+        for device, found in outputs.items():
+            key = found[sample].tobytes() + precision[device].encode()
+            rows.append({"model": "m", "sample": sample, "device": device,
+                         "eqc": seen.setdefault(key, len(seen) + 1), "deterministic": True})
+    settings = {"a": (1, "tf"), "b": (1, "tf"), "c": (2, "tf"), "d": (1, "tf"),
+                "e": (1, "torch"), "f": (2, "torch")}
+    tables = {
+        "eqc": pd.DataFrame(rows),
+        "eqc_layers": pd.DataFrame([{"model": "m", "sample": 0, "layer": "dense",
+                                     "device": device, "precision": kind}
+                                    for device, kind in precision.items()]),
+        # another model's attribute is empty here (the table holds every model's)
+        "device_classes": pd.DataFrame([{"model": "m", "device": device, "device_class": 1,
+                                         "threads": threads, "backend": backend,
+                                         "inductor_options": None}
+                                        for device, (threads, backend) in settings.items()]),
+        "explain": pd.DataFrame([{"model": "m", "sample": sample, "layer": "output",
+                                  "attributes": "threads;backend", "determined": True,
+                                  "search": "exact"} for sample in (0, 1)]),
+        # c computes below its declared format
+        "effective_precision": pd.DataFrame([{"model": "m", "device": device,
+                                              "precision": "float32", "layer": "dense",
+                                              "reduced": device == "c", "format": "float32",
+                                              "effective_bits": 10.0 if device == "c" else 23}
+                                             for device in "abcd"]),
+        # an ONNX model's argmax check: no TensorFlow reference, nothing checked
+        "argmax_agreement": pd.DataFrame([{"model": "m", "device": device, "images": None,
+                                           "agreeing": None, "share": None}
+                                          for device in outputs])}
+    paths = {}
+    for name, table in tables.items():
+        paths[name] = tmp_path / f"{name}.csv"
+        table.to_csv(paths[name], index=False)
+    return paths, records, outputs, tables
+
+
+def test_the_answer_opens_the_findings_with_what_numpy_counts(make_record, tmp_path):
+    """Per model, first: the classes of the main precision and of every precision, the
+    fewest mantissa bits two devices share and which two, the samples whose predicted
+    label changes between devices and which device leaves the common label, and the
+    setting that splits the most pairs of devices in different classes; each number
+    recounted here with numpy from the outputs and tables built by hand."""
+    import itertools
+    import re
+
+    import numpy as np
+    from docutils.core import publish_parts
+    from docutils.utils import Reporter
+
+    from bitdrift.report.findings.answer import HEADING, final_outputs
+
+    paths, records, outputs, tables = _answer_run(make_record, tmp_path)
+    sections = findings(paths, {}, outputs=final_outputs(records))
+    assert sections[0][0] == HEADING
+    classes, bits, other_precisions, labels, setting = sections[0][1]
+    eqc = tables["eqc"]
+    float32 = eqc[eqc["device"].isin(list("abcd"))]
+    per_sample = float32.groupby("sample")["eqc"].nunique()
+    every = eqc.groupby("sample")["eqc"].nunique()
+    # as built: float32 the same count on both samples, every precision one more on #1
+    assert per_sample.nunique() == 1 and list(every) == [every[0], every[0] + 1]
+    assert classes == (f"m: {per_sample.iloc[0]} classes on each of the 2 samples among its "
+                       "4 float32 devices (bit-identical final outputs form a class); "
+                       f"counting every precision (float32, float16), {every[0]} to "
+                       f"{every[1]} classes per sample ({every[0]} on 1 of the 2 samples) "
+                       "among all 6 devices.")
+
+    def dropped(x, y) -> int:  # the highest differing bit, by Python's integers
+        view = np.uint32 if x.dtype == np.float32 else np.uint16
+        return max(int(v).bit_length() for v in (x.view(view) ^ y.view(view)))
+
+    worst = {pair: max(dropped(outputs[pair[0]][s], outputs[pair[1]][s]) for s in (0, 1))
+             for pair in itertools.combinations("abcd", 2)}
+    fewest = 23 - max(worst.values())
+    found = re.match(r"m: the most bits lost: (\w) and (\w) share (\d+) of float32's 23 "
+                     r"mantissa bits on sample #(\d)", bits)
+    assert int(found[3]) == fewest and worst[(found[1], found[2])] == max(worst.values())
+    assert dropped(outputs[found[1]][int(found[4])], outputs[found[2]][int(found[4])]) \
+        == max(worst.values())
+    tied = sum(bits == max(worst.values()) for bits in worst.values())
+    # c against a, b and d (which equal a on sample 0)
+    assert tied == 3 and f"(one of {tied} pairs as far apart)" in bits
+    # c, which computes below its format, is of the farthest pair: the others' said too
+    assert "c" in found.group(1, 2)
+    rest = {pair: bits for pair, bits in worst.items() if "c" not in pair}
+    other = re.search(r"; without c, which computes below the declared format, (\w) and (\w) "
+                      r"share (\d+) on sample #\d\.$", bits)
+    assert int(other[3]) == 23 - max(rest.values())
+    assert rest[other.group(1, 2)] == max(rest.values())
+    half = max(0, 10 - max(dropped(outputs["e"][s], outputs["f"][s]) for s in (0, 1)))
+    assert other_precisions == ("m: the fewest bits shared within each other precision: "
+                                f"float16 {half} of 10.")
+    argmax = {device: {s: int(np.argmax(found[s].astype(np.float64))) for s in (0, 1)}
+              for device, found in outputs.items()}
+    moved = [s for s in (0, 1) if len({argmax[d][s] for d in outputs}) > 1]
+    assert moved == [1]
+    assert labels == ("m: the predicted label (argmax of the final output) differs between "
+                      "devices on 1 of the 2 recorded samples (#1); off the most devices' "
+                      "label: f (1).")
+    # the pairs of devices in different classes each setting splits, by numpy
+    signature = eqc.pivot_table(index="device", columns="sample", values="eqc").loc[
+        list(outputs)].to_numpy()
+    apart = np.triu((signature[:, None, :] != signature[None, :, :]).any(axis=2), 1)
+    split = {}
+    for name in ("threads", "backend"):
+        values = tables["device_classes"].set_index("device").loc[list(outputs), name]
+        values = values.astype(str).to_numpy()
+        split[name] = int((apart & (values[:, None] != values[None, :])).sum())
+    best = max(split, key=split.get)
+    assert setting == (f"m: the setting that tells the most classes apart: `{best}`, which "
+                       f"splits {split[best]} of the {int(apart.sum())} pairs of devices in "
+                       "different classes; `threads` and `backend` together determine every "
+                       "class (explain.csv).")
+    # an ONNX model's labels: compared between its devices, not "not checked"
+    assert dict(sections)["Predicted labels"] == [labels]
+    text = markdown(sections)
+    assert text.index("## In short") < text.index("## Machine")
+    assert max(map(len, text.splitlines())) <= LONGEST
+    html = publish_parts(restructured_text(sections), writer="html",
+                         settings_overrides={"halt_level": Reporter.WARNING_LEVEL})["body"]
+    assert html.index("In short") < html.index("Machine")
+
+
+def test_identical_devices_lose_no_bits_and_keep_their_labels(make_record, tmp_path):
+    """Two devices with the same bits: no bit lost, no label changed, one class, nothing
+    to explain; an output of one value per sample names no label."""
+    import numpy as np
+
+    from bitdrift.report.findings.answer import answer, final_outputs
+
+    same = {0: np.array([[0.25, 0.5]], np.float32)}
+    records = [make_record(device, same, model="m") for device in ("a", "b")]
+    eqc = pd.DataFrame([{"model": "m", "sample": 0, "device": device, "eqc": 1}
+                        for device in ("a", "b")])
+    lines = answer(eqc, {"a": "float32", "b": "float32"}, pd.DataFrame(), pd.DataFrame(),
+                   final_outputs(records))
+    assert len(lines) == 4
+    assert lines[1:] == [
+        "m: the most bits lost: none; every float32 device gives the same bits on every "
+        "sample.",
+        "m: the predicted label (argmax of the final output) is the same on all 2 devices "
+        "on each of the 1 recorded samples.",
+        "m: one class: no setting to explain."]
+    scalar = [make_record(device, {0: np.array([[0.5]], np.float32)}, model="r")
+              for device in ("a", "b")]
+    (_, _, labels, _) = answer(eqc.assign(model="r"), {}, pd.DataFrame(), pd.DataFrame(),
+                               final_outputs(scalar))
+    assert labels == ("r: predicted labels not compared: the final output's last axis holds "
+                      "one value (no argmax).")
+
+
+def test_a_table_in_a_section_renders_as_markdown_and_as_rest():
+    """A section's DataFrame: a Markdown pipe table and a reST list-table whose cells read
+    as the DataFrame's, markup characters and list-like starts included; a named index
+    comes first."""
+    import html
+    import re
+
+    from docutils.core import publish_parts
+    from docutils.utils import Reporter
+
+    frame = pd.DataFrame({"device": ["tf_1", "ort|2", "x"],
+                          "conv_1": ["- sequential *a*", "1. `b`", None]}).set_index("device")
+    sections = [("Orders", ["before", frame, "after"])]
+    text = markdown(sections)
+    assert "- before\n\n| device | conv_1 |\n|---|---|\n| tf_1 | - sequential *a* |\n" \
+        "| ort\\|2 | 1. `b` |\n| x |  |\n\n- after" in text
+    body = publish_parts(restructured_text(sections), writer="html",
+                         settings_overrides={"halt_level": Reporter.WARNING_LEVEL})["body"]
+    cells = [html.unescape(re.sub(r"<[^>]+>", "", cell)).strip()
+             for cell in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", body, re.S)]
+    assert cells == ["device", "conv_1", "tf_1", "- sequential *a*", "ort|2", "1. `b`",
+                     "x", ""]

@@ -193,8 +193,10 @@ def test_the_table_counts_what_the_records_hold(tmp_path):
     assert dense[(3, "changed")] == dense[(3, "same")]  # instrumented: one class
     lines = observer(pd.DataFrame(rows))
     assert "2 of 3" not in lines[0] and "1 of 2 checked devices" in lines[0]
-    assert len(lines) == 2 and lines[1].startswith("changed (net): the deployed model")
-    assert "1 of 2 samples" in lines[1] and "instrumented program" in lines[1]
+    assert len(lines) == 3 and "instrumented program" in lines[1]
+    (changed,) = lines[2].to_dict("records")  # a row per device whose deployed model differs
+    assert changed["device"] == "changed" and changed["model"] == "net"
+    assert changed["samples differing"] == "1 of 2"
     for record in records:
         record.close()
 
@@ -346,8 +348,8 @@ def test_pairs_parted_only_at_the_deployed_output_name_the_deployment(tmp_path):
     eqc, _ = eqc_tables(records)
     rows = coverage(records, table, eqc)
     assert rows[0]["deployed_only"] == 2
-    said = divergence(table, pd.DataFrame(rows))[-1]
-    assert "2 part only at the deployed model's final output" in said
+    counted, said = divergence(table, pd.DataFrame(rows))[-2:]
+    assert "2 part only at the deployed model's final output" in counted
     assert "the deployed model of keras (1) gives another final output than its own " \
         "instrumented run" in said
     assert "at 1 neither device's deployed model differs" in said
@@ -432,12 +434,14 @@ def test_the_observer_sentence_says_what_each_instrumented_run_exposed(tmp_path)
                      samples)
         records.append(Record(path))
     lines = observer(pd.DataFrame(observer_table(records)))
-    assert lines[0] == (
+    assert lines[:4] == [
         "The deployed model (final output only) gives the instrumented run's final output "
-        "bit for bit on 2 of 3 checked devices: 1 of 1 whose instrumented run exposed one "
-        "output per Keras layer; 1 of 1 whose instrumented run exposed every tensor of the "
-        ".tflite file; 0 of 1 whose instrumented run exposed every module call of the .pt2 "
-        "program.")
-    assert "(every module call of the .pt2 program exposed)" in lines[1]
+        "bit for bit on 2 of 3 checked devices.",
+        "Of those whose instrumented run exposed one output per Keras layer: 1 of 1.",
+        "Of those whose instrumented run exposed every tensor of the .tflite file: 1 of 1.",
+        "Of those whose instrumented run exposed every module call of the .pt2 program: 0 "
+        "of 1."]
+    assert list(lines[-1]["instrumented run exposed"]) == ["every module call of the .pt2 "
+                                                           "program"]
     for record in records:
         record.close()

@@ -503,7 +503,8 @@ def test_findings_open_the_report_and_name_this_machine(run):
     findings = (workdir / "results/findings.md").read_text()
     eqc = pd.read_csv(workdir / "results/tables/eqc.csv")
     counts = "/".join(str(n) for _, n in sorted(eqc.groupby("sample")["eqc"].nunique().items()))
-    assert f"small, float32: {counts} classes among {eqc['device'].nunique()} devices" in findings
+    assert f"small, float32: {counts} classes among {eqc['device'].nunique()} float32 devices" \
+        in findings
     with open("/proc/cpuinfo") as handle:
         brand = next(line.split(":", 1)[1].strip() for line in handle
                      if line.startswith("model name"))

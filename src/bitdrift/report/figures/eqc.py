@@ -134,8 +134,13 @@ def plot_eqc(eqc: pd.DataFrame, records: list[Record], out: str | Path,
         samples = samples[:MAX_GRID_COLUMNS]
         classes = part.groupby("sample")["eqc"].nunique()
         outside = len(devices) - (len(tree[0]) if tree is not None else 0)
-        title = (f"{model}: {_class_counts_title(classes[samples])} among "
-                 f"{len(devices)} devices"
+        # what the grid counts: every device of every precision at once, where the
+        # findings count each precision apart (issue 64: 13 classes there, 20 here)
+        kinds = list(dict.fromkeys(record.precision for record in by_model.get(model, [])))
+        counted = (f"all {len(devices)} devices, of every precision ({', '.join(kinds)})"
+                   if len(kinds) > 1 else
+                   f"{len(devices)} {kinds[0]} devices" if kinds else f"{len(devices)} devices")
+        title = (f"{model}: {_class_counts_title(classes[samples])} among {counted}"
                  + (f" (first {len(samples)} samples; {left_out} more in eqc.csv)"
                     if left_out else "")
                  + (f"; dendrogram: its {len(tree[0])} {precision} devices" if tree else "")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 
-def observer(table: pd.DataFrame) -> list[str]:
+def observer(table: pd.DataFrame) -> list:
     """The observer check (bitdrift.analysis.observer): devices whose instrumentation changed the
     final output, and what the instrumented runs exposed (the check holds for that)."""
     checked = table[table["observer_equal"].astype(str) != "unchecked"]
@@ -20,29 +20,44 @@ def observer(table: pd.DataFrame) -> list[str]:
              "devices")
     if len(kinds) == 1 and (exposed == kinds[0]).all():
         first += f", each instrumented run exposing {kinds[0]}"
-    elif kinds:  # per instrumentation: the equal ones of those exposing it
+    lines: list = [first + "."]
+    if kinds and not (len(kinds) == 1 and (exposed == kinds[0]).all()):
+        # per instrumentation, a line each: the equal ones of those exposing it
         equal = checked["observer_equal"].astype(str) != "no"
-        first += ": " + "; ".join(
-            f"{int((equal & (exposed == kind)).sum())} of {int((exposed == kind).sum())} "
-            f"whose instrumented run exposed {kind}" for kind in kinds)
-    lines = [first + "."]
-    for row in changed.to_dict("records"):
-        what = str(row.get("instrumented") or "")
-        lines.append(f"{row['device']} ({row['model']}): the deployed model "
-                     f"({row['deployed_program']}) differs from the instrumented run"
-                     + (f" ({what} exposed)" if what and what != "nan" else "")
-                     + f" on {int(row['samples']) - int(row['equal_samples'])} of "
-                     f"{int(row['samples'])} samples: its final-output classes are the "
-                     "deployed outputs', its per-layer analyses describe the instrumented "
-                     "program.")
+        lines += [f"Of those whose instrumented run exposed {kind}: "
+                  f"{int((equal & (exposed == kind)).sum())} of {int((exposed == kind).sum())}."
+                  for kind in kinds]
+    if len(changed):  # a row per device: the same sentence for each read as a table
+        lines.append("Where the deployed model differs from the instrumented run (the table), "
+                     "a device's final-output classes are the deployed outputs', its per-layer "
+                     "analyses describe the instrumented program.")
+        differing = pd.DataFrame([{
+            "device": row["device"], "model": row["model"],
+            "deployed model": row["deployed_program"],
+            "samples differing": f"{int(row['samples']) - int(row['equal_samples'])} of "
+                                 f"{int(row['samples'])}",
+            "instrumented run exposed": "" if str(row.get("instrumented") or "") == "nan"
+            else str(row.get("instrumented") or "")} for row in changed.to_dict("records")])
+        # a table from before the column, or runtimes that say nothing of it: left out
+        lines.append(differing if (differing["instrumented run exposed"] != "").any()
+                     else differing.drop(columns="instrumented run exposed"))
     return lines
+
+
+# The characters of a failure's reason the findings keep: its log and
+# device_failures.csv hold it whole (a runtime's error can run to thousands)
+REASON = 200
 
 
 def failures(table: pd.DataFrame) -> list[str]:
     if table.empty:
         return ["None: every scheduled device ran."]
-    return [f"{row['device']} ({row['model']}): {row['reason']} (log: {row['log']})"
+    return [f"{row['device']} ({row['model']}): {_cut(str(row['reason']))} (log: {row['log']})"
             for row in table.to_dict("records")]
+
+
+def _cut(reason: str) -> str:
+    return reason if len(reason) <= REASON else reason[:REASON - 1].rstrip() + "…"
 
 
 def skipped_devices(model: str, what: str, skipped: dict[str, list[str]]) -> str:

@@ -11,23 +11,25 @@ from bitdrift.report.findings.text import (
     SHOWN,
     and_list,
     first_listed,
+    first_within,
     largest_kept,
     sample_names,
     samples_phrase,
 )
 
 
-def _class_counts(per_sample: pd.Series, devices: int) -> str:
-    """How many classes the devices form on each sample (``per_sample``: sample -> count),
-    as a sentence's middle: each count in full up to LISTED samples; more: the range, each
-    count with its number of samples, the samples of the rarer counts."""
+def _class_counts(per_sample: pd.Series, devices: str) -> str:
+    """How many classes the devices form on each sample (``per_sample``: sample -> count;
+    ``devices``: what they count, ``21 float32 devices``), as a sentence's middle: each
+    count in full up to LISTED samples; more: the range, each count with its number of
+    samples, the samples of the rarer counts."""
     if len(per_sample) <= LISTED:
         counts = "/".join(str(per_sample[sample]) for sample in sorted(per_sample.index))
-        return (f"{counts} classes among {devices} devices on test samples "
+        return (f"{counts} classes among {devices} on test samples "
                 f"{sample_names(per_sample.index)} (final output)")
     where = "each sample's classes, device by device, in results/tables/eqc.csv"
     if per_sample.nunique() == 1:
-        return (f"{per_sample.iloc[0]} classes among {devices} devices on each of the "
+        return (f"{per_sample.iloc[0]} classes among {devices} on each of the "
                 f"{len(per_sample)} test samples (final output; {where})")
     from bitdrift.analysis.eqc import class_count_frequency
 
@@ -38,40 +40,64 @@ def _class_counts(per_sample: pd.Series, devices: int) -> str:
     if len(rarer) > SHOWN:
         left = rarer[SHOWN:]
         parts.append(f"… and {len(left)} more counts on {sum(n for _, n in left)} samples")
-    return (f"{per_sample.min()} to {per_sample.max()} classes among {devices} devices over "
+    return (f"{per_sample.min()} to {per_sample.max()} classes among {devices} over "
             f"the {len(per_sample)} test samples (final output): {', '.join(parts)}; {where}")
 
 
-def classes(eqc: pd.DataFrame, precisions: dict) -> list[str]:
-    """Classes per model and precision, and the devices that agree bit for bit on every
-    sample."""
-    lines = []
+# Devices per row of the table of identical devices: a longer group goes on over rows
+DEVICES_PER_ROW = 6
+
+
+def _group_rows(precision: str, groups: list[list[str]]) -> list[dict]:
+    """Rows of the table of devices that agree bit for bit on every sample: a group per
+    row (its devices DEVICES_PER_ROW at a time), then those in a class of their own."""
+    rows = []
+    together = [members for members in groups if len(members) > 1]
+    alone = [members[0] for members in groups if len(members) == 1]
+    named = [(f"{len(members)} devices, identical", members) for members in together]
+    if alone:
+        named.append(("each in a class of its own", alone))
+    for what, members in named:
+        for start in range(0, len(members), DEVICES_PER_ROW):
+            rows.append({"precision": precision if not start else "",
+                         "on every sample": what if not start else "",
+                         "devices": ", ".join(members[start:start + DEVICES_PER_ROW])})
+    return rows
+
+
+def classes(eqc: pd.DataFrame, precisions: dict) -> list:
+    """Classes per model and precision, and a table of the devices that agree bit for bit
+    on every sample."""
+    lines: list = []
     for model, rows in eqc.groupby("model", sort=False):
         rows = rows.assign(precision=rows["device"].map(precisions).fillna("unknown"))
+        table = []
         for precision, part in rows.groupby("precision", sort=False):
             devices = list(dict.fromkeys(part["device"]))
             per_sample = part.groupby("sample")["eqc"].nunique().sort_index()
-            lines.append(f"{model}, {precision}: {_class_counts(per_sample, len(devices))}.")
+            # the classes of one precision: the counts of the EQC figure's grid, which
+            # holds every precision, are the answer's second count
+            counted = f"{len(devices)} {precision} device{'s' if len(devices) > 1 else ''}"
+            lines.append(f"{model}, {precision}: {_class_counts(per_sample, counted)}.")
             # the same class on every sample: bit for bit identical outputs throughout
             signature = part.pivot_table(index="device", columns="sample", values="eqc",
                                          aggfunc="first")
-            groups = {}
+            groups: dict[tuple, list[str]] = {}
             for device in devices:
                 groups.setdefault(tuple(signature.loc[device]), []).append(device)
-            together = [members for members in groups.values() if len(members) > 1]
-            alone = [members[0] for members in groups.values() if len(members) == 1]
-            if together:
-                lines.append(f"{model}, {precision}: bit for bit identical on every sample: "
-                             + "; ".join("{" + ", ".join(g) + "}" for g in together)
-                             + (f". In a class of their own: {', '.join(alone)}."
-                                if alone else "."))
+            if len(devices) > 1 and all(len(members) == 1 for members in groups.values()):
+                lines.append(f"{model}, {precision}: no two devices agree bit for bit on "
+                             "every sample.")
             elif len(devices) > 1:
-                lines.append(f"{model}, {precision}: no two devices agree bit for bit on every "
-                             "sample.")
+                table += _group_rows(precision, list(groups.values()))
             nondeterministic = part.loc[~part["deterministic"].astype(bool), "device"].unique()
             if len(nondeterministic):
                 lines.append(f"{model}, {precision}: not deterministic across repeats: "
-                             f"{', '.join(nondeterministic)}.")
+                             f"{first_listed(nondeterministic)}.")
+        if table:
+            lines.append(f"{model}: the devices bit for bit identical on every sample, by "
+                         "precision:")
+            lines.append(pd.DataFrame(table))
     return lines
 
 
@@ -92,7 +118,8 @@ def _attributes(names) -> list[str]:
         groups.setdefault(name.split(".", 1)[0] if "." in name else "", []).append(name)
     items = []
     for prefix, members in groups.items():
-        examples = first_listed((f"`{name}`" for name in members), listed=4, shown=3)
+        # one example of a long group: a line of findings.md stays short (issue 64)
+        examples = first_listed((f"`{name}`" for name in members), listed=2, shown=1)
         if not prefix or len(members) == 1:
             items += [f"`{name}`" for name in members]
         elif prefix in _PER_LAYER:
@@ -117,23 +144,27 @@ def explanations(explain: pd.DataFrame) -> list[str]:
         first = rows.iloc[0]
         caveats = [f"{first['search']} search"]
         if str(first.get("weak", "")).lower() == "true":
-            caveats.append("weak: one of these attributes has a value only one device holds")
-        # "name=other+other;...": attributes that split the devices as the chosen one does
+            caveats.append("weak: a value of one of them only one device holds")
+        # "name=other+other;...": attributes that split the devices as the chosen one
+        # does, each said in a sentence after the set's
+        confounded = []
         for group in str(first.get("confounded") or "").split(";"):
             if "=" in group:
                 name, others = group.split("=", 1)
                 others = others.split("+")
-                caveats.append(f"`{name}` splits the devices as "
-                               + and_list(_attributes(others))
-                               + (" does" if len(others) == 1 else " do"))
+                confounded.append(f"{model}: `{name}` splits the devices as "
+                                  + and_list(_attributes(others))
+                                  + (" does." if len(others) == 1 else " do."))
         alternatives = [item for item in str(first.get("alternatives") or "").split("|")
                         if item and item != "nan"]
         if alternatives:
-            caveats.append(f"explain.csv lists {len(alternatives)} other sets of as many "
-                           "attributes that do as well")
+            caveats.append(f"{len(alternatives)} other "
+                           + ("set does" if len(alternatives) == 1 else "sets do")
+                           + " as well: explain.csv")
         lines.append(f"{model}, {samples_phrase(rows)}: the classes are "
                      f"{'determined' if determined else 'not fully determined'} by {named} "
                      f"({'; '.join(caveats)}).")
+        lines += confounded
     if len(shown) < len(found):
         left = [rows for index, (_, rows) in enumerate(found) if index not in shown]
         samples = pd.concat(left)[["model", "sample"]].drop_duplicates()
@@ -167,20 +198,24 @@ def reduced_precision(effective: pd.DataFrame) -> list[str]:
                      f"{' and '.join(f + '-like' for f in formats)}: "
                      f"{rows['effective_bits'].min():.1f} effective bits at worst, in "
                      f"{len(rows)} of {len(effective[effective['device'] == device])} "
-                     f"checked layers ({first_listed(rows['layer'].astype(str))}).")
+                     f"checked layers ({first_within(rows['layer'].astype(str))}).")
     return lines + note
 
 
-def agreement(table: pd.DataFrame) -> list[str]:
+def agreement(table: pd.DataFrame, between: dict[str, str] | None = None) -> list[str]:
     """Per model, on how many test images each runtime's predicted label (the argmax of
     its output) equals TensorFlow's float32 one; the fewest named with every device tied
-    at it."""
-    shares = pd.to_numeric(table["share"], errors="coerce")
+    at it. A model that has no TensorFlow reference (a model file of another format than
+    Keras) is said by ``between`` ({model: its labels compared between its devices on the
+    recorded samples}, bitdrift.report.findings.answer)."""
+    between = between or {}
+    shares = pd.to_numeric(table["share"], errors="coerce") if "share" in table \
+        else pd.Series(dtype=float)
     checked = table[shares.notna()].assign(share=shares[shares.notna()])
-    lines = [f"{model}: not checked on any device (the argmax check compares a Keras "
-             "model's labels with TensorFlow's; TensorFlow's own devices are the reference, "
-             "and a model file of another format has none)."
-             for model in dict.fromkeys(table["model"]) if model not in set(checked["model"])]
+    models = list(dict.fromkeys([*table.get("model", []), *between]))
+    lines = [between.get(model) or f"{model}: no label compared (the argmax check compares a "
+             "Keras model's labels with TensorFlow's, and no record of it was read)."
+             for model in models if model not in set(checked["model"])]
     for model, rows in checked.groupby("model", sort=False):
         images = pd.to_numeric(rows["images"], errors="coerce").astype(int)
         agreeing = pd.to_numeric(rows["agreeing"], errors="coerce") if "agreeing" in rows \

@@ -7,6 +7,9 @@ import pandas as pd
 
 from bitdrift.report.findings.text import LISTED, SHOWN
 
+# The characters the kernel pairs take in their line; the rest counted
+KERNEL_PAIRS_WIDTH = 200
+
 
 def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
     """Where pairs of classes part first, and which kernels differ there."""
@@ -30,26 +33,36 @@ def divergence(table: pd.DataFrame, coverage: pd.DataFrame) -> list[str]:
             if len(pairs):  # the three commonest, and any tied with the third
                 third = pairs.iloc[min(2, len(pairs) - 1)]
                 tied = pairs[pairs >= third]
-                said = [f"`{pair}` ({count})" for pair, count in tied.iloc[:LISTED].items()]
-                if len(tied) > LISTED:  # those left out all count as many as the third
-                    said = said[:SHOWN] + [f"… and {len(tied) - SHOWN} more pairs at "
-                                           f"{third} each"]
+                said = [f"`{pair}` ({count})" for pair, count in tied.items()]
+                # up to LISTED, and as many as a short line holds (kernel names run long)
+                kept = said[:1]
+                for item in said[1:] if len(said) <= LISTED else said[1:SHOWN]:
+                    if len("; ".join([*kept, item])) > KERNEL_PAIRS_WIDTH:
+                        break
+                    kept.append(item)
+                if len(kept) < len(said):
+                    left = tied.iloc[len(kept):]
+                    kept.append(f"… and {len(left)} more pairs"
+                                + (f" at {third} each" if (left == third).all() else
+                                   " (divergence.csv)"))
                 lines.append(f"{model}: kernels at the first divergent layer, most often: "
-                             + "; ".join(said) + ".")
+                             + "; ".join(kept) + ".")
     for row in coverage.to_dict("records"):
         untraced = pd.to_numeric(pd.Series([row["untraced"]]), errors="coerce").fillna(0)[0]
         deployed_only = int(pd.to_numeric(pd.Series([row.get("deployed_only", 0)]),
                                           errors="coerce").fillna(0)[0])
         lines.append(f"{row['model']}: of {row['first_divergences']} first divergences the "
                      f"recorded kernels differ at {row['kernels_differ']}, the same kernels "
-                     f"with other settings (threads, batch) at "
+                     f"in other threads or batch at "
                      f"{row['same_kernels_other_settings']}, {row['unexplained']} unexplained"
-                     + (f", {row['untraced']} involve a runtime that names no kernels "
-                        "(untraced)" if untraced else "")
+                     + (f", {row['untraced']} involve a runtime naming no kernels"
+                        if untraced else "")
                      + (f", {deployed_only} part only at the deployed model's final output, "
-                        "every recorded layer agreeing"
-                        + _deployed_cause(parted[parted["model"] == row["model"]])
-                        if deployed_only else "") + ".")
+                        "every recorded layer agreeing" if deployed_only else "") + ".")
+        if deployed_only:  # why, in a sentence of its own: a line stays short
+            lines.append(f"{row['model']}, the {deployed_only} parting at the final output "
+                         "alone" + _deployed_cause(parted[parted["model"] == row["model"]])
+                         + ".")
     return lines or ["No two classes: nothing parts."]
 
 

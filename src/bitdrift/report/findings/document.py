@@ -5,6 +5,7 @@ reStructuredText (the report's first section, the figure inline)."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -12,6 +13,8 @@ from typing import NamedTuple
 import pandas as pd
 
 from bitdrift import paths
+from bitdrift.report.findings.answer import HEADING as ANSWER_HEADING
+from bitdrift.report.findings.answer import answer, final_outputs, labels_line
 from bitdrift.report.findings.atlas import ATLAS_HEADING, atlas
 from bitdrift.report.findings.checks import failures, observer, planned_devices
 from bitdrift.report.findings.classes import (
@@ -38,8 +41,9 @@ class StudySection(NamedTuple):
     # the tables it reads (results/tables/NAME.csv); the section is written where each
     # is there and not empty (the study has run)
     tables: tuple[str, ...]
-    # its sentences from those tables (DataFrames, in the order of ``tables``)
-    sentences: Callable[..., list[str]]
+    # its items from those tables (DataFrames, in the order of ``tables``): sentences, or
+    # DataFrames written as tables
+    sentences: Callable[..., list]
     # its place among the studies' sections, which follow the core's
     place: int
 
@@ -62,11 +66,14 @@ class _Tables(dict):
 
 
 def findings(tables: dict, fingerprints: dict, study_sections=(),
-             planned=None) -> list[tuple[str, list[str]]]:
-    """(heading, sentences) sections from the tables (``tables``: name -> CSV path) and the
+             planned=None, outputs=None) -> list[tuple[str, list]]:
+    """(heading, items) sections from the tables (``tables``: name -> CSV path) and the
     records' fingerprints ({device: fingerprint}: the first native one names the machine);
-    then the studies' sections (StudySection) whose tables are there. ``planned``: the
-    plan's notes on the devices of each model (bitdrift.plan.Plan.device_plan): devices
+    then the studies' sections (StudySection) whose tables are there. An item is a
+    sentence (str) or a table (DataFrame). The first section is the answer in short
+    (bitdrift.report.findings.answer), its bits and labels from ``outputs``
+    (answer.final_outputs of the records; None: said from the tables alone). ``planned``:
+    the plan's notes on the devices of each model (bitdrift.plan.Plan.device_plan): devices
     left out, for their runtime cannot run the model's format, and models with one device."""
     fingerprint = next((found for found in fingerprints.values()
                         if not found.get("emulation")), None)
@@ -77,9 +84,12 @@ def findings(tables: dict, fingerprints: dict, study_sections=(),
     eqc = read["eqc"]
     ran = sorted(set(eqc["device"])) if not eqc.empty else []
     skipped, lone = planned_devices(planned or {})
-    sections = [("Machine", (machine(fingerprint) if fingerprint else ["No record ran."])
+    sections = [(ANSWER_HEADING, answer(eqc, precisions, read["explain"],
+                                        read["device_classes"], outputs,
+                                        read["effective_precision"]))]
+    sections.append(("Machine", (machine(fingerprint) if fingerprint else ["No record ran."])
                  + [f"Devices that ran: {len(ran)}; failed: {len(read['device_failures'])}."]
-                 + skipped + emulated(fingerprints))]
+                 + skipped + emulated(fingerprints)))
     sections.append(("Equivalence classes", lone + (classes(eqc, precisions) if not eqc.empty
                                                     else ["No classes: no record."])))
     if not read["explain"].empty:
@@ -91,9 +101,11 @@ def findings(tables: dict, fingerprints: dict, study_sections=(),
                                                           read["kernel_coverage"])))
     if not read["accumulation_orders"].empty:
         sections.append(("How the layers sum", orders(read["accumulation_orders"])))
-    if not read["argmax_agreement"].empty:
-        sections.append(("Predicted labels against TensorFlow's",
-                         agreement(read["argmax_agreement"])))
+    between = {model: line for model, line in
+               ((model, labels_line(model, found)) for model, found in (outputs or {}).items())
+               if line}
+    if not read["argmax_agreement"].empty or between:
+        sections.append(("Predicted labels", agreement(read["argmax_agreement"], between)))
     if not read["observer_check"].empty:
         sections.append(("Instrumentation and the deployed model",
                          observer(read["observer_check"])))
@@ -112,26 +124,64 @@ PREAMBLE = ("Written by the run from its own tables (results/tables/): what this
             "showed. Another CPU, runtime version or configuration gives other findings.")
 
 
+def _table_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """A section's table with its index as a first column where the index says something
+    (a named or non-range index), every cell as text on one line."""
+    if frame.index.name is not None or not isinstance(frame.index, pd.RangeIndex):
+        frame = frame.reset_index()
+    return frame.astype(object).where(frame.notna(), "").map(
+        lambda cell: " ".join(str(cell).split()))
+
+
+def markdown_table(frame: pd.DataFrame) -> list[str]:
+    """A DataFrame as a Markdown pipe table (its columns the header), a '|' in a cell
+    escaped."""
+    frame = _table_frame(frame)
+
+    def row(cells) -> str:
+        return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
+
+    return [row(frame.columns), "|" + "|".join("---" for _ in frame.columns) + "|",
+            *(row(cells) for cells in frame.itertuples(index=False))]
+
+
+def _items_markdown(items) -> list[str]:
+    """A section's items: a string is a bullet, a DataFrame a table (blank lines around)."""
+    out = []
+    for item in items:
+        if isinstance(item, pd.DataFrame):
+            out += ([""] if out else []) + markdown_table(item) + [""]
+        else:
+            out.append(f"- {item}")
+    return out
+
+
 def markdown(sections, figure=None, out_path=None) -> str:
     out = [f"# {TITLE}", "", PREAMBLE, ""]
-    for heading, sentences in sections:
-        out += [f"## {heading}", ""] + [f"- {sentence}" for sentence in sentences] + [""]
+    for heading, items in sections:
+        out += [f"## {heading}", ""] + _items_markdown(items)
+        out += [] if out[-1] == "" else [""]
         if figure and heading == FIGURE_AFTER:
             import os
 
             where = os.path.relpath(figure, Path(out_path).parent) if out_path else figure
-            out += [f"![equivalence classes]({where})", "", FIGURE_CAPTION, ""]
+            # a paragraph's lines join: wrapped, the source keeps short lines
+            out += [f"![equivalence classes]({where})", "",
+                    *textwrap.wrap(FIGURE_CAPTION, 100), ""]
     return "\n".join(out)
 
 
 FIGURE_AFTER = "Equivalence classes"  # the section the EQC figure follows
 FIGURE_CAPTION = ("The equivalence classes (eqc.png): a column per test sample, a row per "
-                  "device; equal numbers in a column are bit-identical outputs; a colour "
-                  "follows one group of devices. The dendrogram joins the devices of the "
-                  "analysed precision (float32 by default) by the leading mantissa bits their "
-                  "outputs share (its axis, remaining precision): bit-identical devices join "
-                  "at the format's full mantissa (23 bits in float32), at its right edge, and "
-                  "the further left two groups join, the fewer bits they share.")
+                  "device of every precision; equal numbers in a column are bit-identical "
+                  "outputs, so the grid's classes count every device at once (a device of "
+                  "another precision shares no class with a float32 one), where the lines "
+                  "above count each precision apart; a colour follows one group of devices. "
+                  "The dendrogram joins the devices of the analysed precision (float32 by "
+                  "default) by the leading mantissa bits their outputs share (its axis, "
+                  "remaining precision): bit-identical devices join at the format's full "
+                  "mantissa (23 bits in float32), at its right edge, and the further left "
+                  "two groups join, the fewer bits they share.")
 
 
 def embedded_figure(png) -> list[str]:
@@ -147,19 +197,45 @@ def embedded_figure(png) -> list[str]:
             f'   "><figcaption>{FIGURE_CAPTION}</figcaption></figure>', ""]
 
 
+def _literal(sentence: str) -> str:
+    """Markdown's `code` as reST's literal (double backticks)."""
+    import re
+
+    return re.sub(r"`([^`]+)`", r"``\1``", sentence)
+
+
+def _rst_cell(cell: str) -> str:
+    """A table cell's text as reST that reads as the text: markup characters escaped, and
+    a start that reST would take for a list or an enumeration escaped too."""
+    import re
+
+    cell = re.sub(r"([\\`*_|])", r"\\\1", str(cell))
+    return "\\" + cell if re.match(r"^([-+#]|\d+[.)]|[a-zA-Z][.)]\s)", cell) else cell
+
+
+def rst_table(frame: pd.DataFrame) -> list[str]:
+    """A DataFrame as a reST list-table (its columns the header row)."""
+    frame = _table_frame(frame)
+    out = [".. list-table::", "   :header-rows: 1", ""]
+    for cells in [list(frame.columns), *(list(row) for row in frame.itertuples(index=False))]:
+        for number, cell in enumerate(cells):
+            text = _rst_cell(cell)
+            out.append(f"   {'* -' if number == 0 else '  -'}{' ' + text if text else ''}")
+    return out + [""]
+
+
 def restructured_text(sections, figure=None) -> str:
     """The same sections as reStructuredText, for the report's first screen; ``figure``
     (the EQC figure's PNG) is shown after the classes."""
-    import re
-
-    def literal(sentence) -> str:  # reST's literal is double backticks
-        # str(): a table (DataFrame) item as its text, until tables are written as tables
-        return re.sub(r"`([^`]+)`", r"``\1``", str(sentence))
-
     out = [TITLE, "=" * len(TITLE), "", PREAMBLE, ""]
-    for heading, sentences in sections:
-        out += [heading, "-" * len(heading), ""] + [f"- {literal(sentence)}"
-                                                     for sentence in sentences] + [""]
+    for heading, items in sections:
+        out += [heading, "-" * len(heading), ""]
+        for item in items:
+            if isinstance(item, pd.DataFrame):
+                out += ([""] if out[-1] != "" else []) + rst_table(item)
+            else:
+                out.append(f"- {_literal(item)}")
+        out += [] if out[-1] == "" else [""]
         if figure and heading == FIGURE_AFTER:
             out += embedded_figure(figure)
     return "\n".join(out)
@@ -188,7 +264,8 @@ def write_findings(tables: dict, records, out_markdown, out_rst=None, figure=Non
     Markdown, inline in the report)."""
     from bitdrift.atomic import atomic_output
 
-    sections = findings(tables, fingerprints(records), study_sections, planned)
+    sections = findings(tables, fingerprints(records), study_sections, planned,
+                        final_outputs(records))
     for path, text in ((out_markdown, markdown(sections, figure, out_markdown)),
                        (out_rst, restructured_text(sections, figure) if out_rst else None)):
         if path:

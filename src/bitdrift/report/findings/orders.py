@@ -8,7 +8,7 @@ import re
 import pandas as pd
 
 from bitdrift.record.orders import EITHER_FUSED
-from bitdrift.report.findings.text import and_list, first_listed, largest_kept
+from bitdrift.report.findings.text import first_within
 
 # How an order label of accumulation_orders.csv
 # (bitdrift.analysis.accumulation.names.summary) reads in a sentence; a label not listed is
@@ -111,65 +111,110 @@ def _replay_outcome(replay: str, fused_product: str = "") -> tuple[str, str]:
     return "other", replay
 
 
-def _replay_clause(part: pd.DataFrame) -> str:
-    """What numpy's replay gave for the devices of one order at one layer."""
-    outcomes: dict[tuple, list[str]] = {}
-    for row in part.to_dict("records"):
-        outcomes.setdefault(_replay_outcome(row["replay"], row.get("fused_product", "")),
-                            []).append(str(row["device"]))
-    single = len(outcomes) == 1
-    by_kind: dict[str, list] = {}
-    for (kind, words), devices in outcomes.items():
-        by_kind.setdefault(kind, []).append((words, devices))
-    clauses = []
-    if "same" in by_kind:
-        clauses.append("gives " + " and ".join(
-            (f"{'their' if len(devices) > 1 else 'its'} bits {words}" if single
-             else f"the bits of {and_list(devices)} {words}")
-            for words, devices in by_kind["same"]))
-    for words, devices in by_kind.get("differs", []):
-        clauses.append(f"reproduces only {words}"
-                       + ("" if single else f" for {and_list(devices)}"))
-    if "differs" in by_kind:  # what a mismatch says, and what it does not
-        clauses[-1] += (" (the kernel rounds some node otherwise than any arithmetic the "
-                        "replay tried, or sums in another tree than the one revealed)")
-    if "format" in by_kind:  # float16, bfloat16, float64: the replay is float32's
-        formats = and_list(words for words, _ in by_kind["format"]).replace(" and ", " or ")
-        named = [device for _, devices in by_kind["format"] for device in devices]
-        if single:
-            they = "they compute" if len(named) > 1 else "it computes"
-            clauses.append(f"was not run ({they} in {formats}; the replay is float32 only)")
-        else:
-            who = and_list(named) if len(named) <= 3 else f"the {len(named)}"
-            clauses.append(f"was not run for {who} computing in {formats} (the replay is "
-                           "float32 only)")
-    for words, devices in by_kind.get("skipped", []):
-        clauses.append(f"was not run ({words})" if single
-                       else f"was not run for {and_list(devices)} ({words})")
-    for words, devices in by_kind.get("other", []):
-        clauses.append(f"gave `{words}`" + ("" if single else f" for {and_list(devices)}"))
-    return "; ".join(clauses)
+# A layer per column up to this many layers; more: a row per device summing its layers
+ORDER_COLUMNS = 5
+# The characters a cell keeps of an order's name or a reason (the table holds it whole)
+CELL = 40
+_ORDERS_SHOWN = 3  # a device's commonest orders named in the summary table
+
+
+def _cut(text: str, most: int = CELL) -> str:
+    return text if len(text) <= most else text[:most - 1].rstrip() + "…"
+
+
+def short_order(order: str) -> str:
+    """An order's name as a table cell says it: the positions searched left out (the
+    legend says so), an order that varies by position or by batch row named as such."""
+    order = re.sub(_SAMPLED_ORDER, "", str(order))
+    varies = re.match(r"^varies by position \((\d+) trees", order)
+    if varies:
+        return f"varies by position ({varies[1]} trees)"
+    if order.startswith("by batch row: "):
+        return "varies by batch row"
+    return _cut(order)
+
+
+def replay_verdict(replay: str, fused_product: str = "") -> str:
+    """What numpy's replay gave, as a table cell says it: ``same, FMA``, ``same, no FMA``
+    (the record's bits; the product fused where two meet in brackets), ``264/384 values``
+    (the most it reproduced), ``not run (float16)`` or ``not run (reason)``."""
+    kind, words = _replay_outcome(str(replay).split("; ")[0], "")
+    if kind == "same":
+        fused = f" ({fused_product})" if fused_product and "with FMA" in words else ""
+        return ("same, FMA" if words.startswith("with FMA") else "same, no FMA") + fused
+    if kind == "differs":
+        found = re.match(r"(\d+) of (\d+) values", words)
+        return f"{found[1]}/{found[2]} values"
+    if kind in ("format", "skipped"):
+        return f"not run ({_cut(words, 24)})"
+    return _cut(words, 24)
+
+
+def _cell(row: dict) -> str:
+    if row["order"] == "not revealed":
+        reason = row["replay"].split(":")[0]  # what follows a colon is its detail
+        return f"not revealed ({_cut(reason, 44)})" if reason else "not revealed"
+    return f"{short_order(row['order'])}: {replay_verdict(row['replay'], row['fused_product'])}"
+
+
+ORDERS_LEGEND = ("A cell: the order the runtime revealed, then what numpy's replay in "
+                 "that order gave: `same` (the record's bits, with or without FMA), `n/m "
+                 "values` (only n of m reproduced), `not run` (why); each cell whole in "
+                 "results/tables/accumulation_orders.csv.")
+
+
+def _layer_grid(rows: pd.DataFrame) -> pd.DataFrame:
+    """device x layer: each cell its order and the replay's verdict."""
+    terms = pd.to_numeric(rows["terms"], errors="coerce") if "terms" in rows \
+        else pd.Series(float("nan"), index=rows.index)
+    headers = {}
+    for layer, part in rows.assign(terms=terms).groupby("layer", sort=False):
+        counted = part["terms"].dropna()
+        headers[layer] = f"{layer} ({int(counted.iloc[0])} terms)" if len(counted) else layer
+    grid = rows.assign(cell=[_cell(row) for row in rows.to_dict("records")]).pivot_table(
+        index="device", columns="layer", values="cell", aggfunc="first", sort=False)
+    grid = grid.reindex(index=list(dict.fromkeys(rows["device"])),
+                        columns=list(headers)).fillna("")
+    grid.columns = [headers[layer] for layer in grid.columns]
+    return grid.rename_axis("device").reset_index()
+
+
+def _device_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """A row per device: its layers, its commonest orders, and what the replay gave."""
+    out = []
+    for device, part in rows.groupby("device", sort=False):
+        revealed = part[part["order"] != "not revealed"]
+        counts = revealed["order"].map(short_order).value_counts()
+        named = [f"{order} ({count})" for order, count in counts.iloc[:_ORDERS_SHOWN].items()]
+        if len(counts) > _ORDERS_SHOWN:
+            named.append(f"… {len(counts) - _ORDERS_SHOWN} more")
+        hidden = part.loc[part["order"] == "not revealed", "replay"].str.split(":").str[0]
+        if len(hidden):  # why, the commonest reason
+            named.append(f"not revealed ({len(hidden)}: {_cut(hidden.mode().iloc[0], 80)})")
+        run = revealed[~revealed["replay"].str.startswith("not replayed")]
+        same = run["replay"].str.startswith("bit-identical")
+        missed = list(run.loc[~same, "layer"].astype(str))
+        out.append({"device": device, "layers": len(part), "orders (layers)": "; ".join(named),
+                    "replay gives the record's bits": f"{int(same.sum())} of {len(run)}"
+                    if len(run) else "not run",
+                    "not reproduced at": first_within(missed, 60)})
+    return pd.DataFrame(out)
 
 
 # The end of an order's name where the search looked at a sample of a Conv2D's positions
-# (bitdrift.analysis.accumulation.names.SAMPLED_NAME); a replay cell's verdict is what precedes its
-# first "; " (the rest says what it sampled or left out). Layers that differ in these
-# alone sum alike and are said together.
+# (bitdrift.analysis.accumulation.names.SAMPLED_NAME)
 _SAMPLED_ORDER = r" \(order searched at \d+ of \d+ positions\)$"
-# Sentences per model; more are counted, and every device is still named once. The
-# default run (30 devices, 5 layers) writes 21.
-ORDER_SENTENCES = 30
 
 
-def orders(table: pd.DataFrame) -> list[str]:
-    """How each Dense and Conv2D layer sums: first, per model, how many revealed and
-    replayed (device, layer) pairs numpy's replay reproduces bit for bit; then one
-    sentence per order naming the devices that sum in it and what the replay in that order
-    gave, said once for all the layers where the same devices sum alike. Over
-    ORDER_SENTENCES sentences: those of the most layers, one for each device not named in
-    them, and a count of the rest (accumulation_orders.csv holds every layer)."""
-    lines = []
+def orders(table: pd.DataFrame) -> list:
+    """How each Dense and Conv2D layer sums, per model: how many revealed and replayed
+    (device, layer) pairs numpy's replay reproduces bit for bit, then a table: up to
+    ORDER_COLUMNS layers, device x layer with the order and the replay's verdict in each
+    cell; more layers, a row per device (its orders, the replay's count, the layers it
+    does not reproduce). The items are sentences and DataFrames (document renders both)."""
+    lines: list = []
     table = table.assign(order=table["order"].astype(str), device=table["device"].astype(str),
+                         layer=table["layer"].astype(str),
                          replay=table["replay"].fillna("").astype(str),
                          # tables made before the replay tried both products have none
                          fused_product=(table["fused_product"].fillna("").astype(str)
@@ -178,87 +223,15 @@ def orders(table: pd.DataFrame) -> list[str]:
         hidden = rows["order"] == "not revealed"
         replayed = rows[~hidden & ~rows["replay"].str.startswith("not replayed")]
         same = replayed["replay"].str.startswith("bit-identical")
+        layers = rows["layer"].nunique()
         lines.append(f"{model}: numpy, summing each Dense and Conv2D layer in the order its "
                      f"device's runtime revealed, gives the record's bits for "
                      f"{int(same.sum())} of the {len(replayed)} (device, layer) pairs it "
                      f"replayed ({int(hidden.sum())} with no revealed order, "
-                     f"{len(rows) - int(hidden.sum()) - len(replayed)} not replayed).")
-        # (kind, order or reason, devices, replay clause) -> the layers said in it
-        groups: dict[tuple, list[dict]] = {}
-        for layer, part in rows.groupby("layer", sort=False):
-            terms = pd.to_numeric(part["terms"], errors="coerce").dropna() \
-                if "terms" in part else pd.Series(dtype=float)
-            terms = int(terms.iloc[0]) if len(terms) else None
-            where = f"{model}, layer `{layer}`" + (
-                f" (sums of {terms} terms)" if terms is not None else "")
-            for order, group in part[part["order"] != "not revealed"].groupby(
-                    "order", sort=False):
-                devices = tuple(dict.fromkeys(group["device"]))
-                verdicts = group.assign(replay=group["replay"].str.split("; ").str[0])
-                shape = re.sub(_SAMPLED_ORDER, "", order)
-                run = ~group["replay"].str.startswith("not replayed")
-                key = ("sums", shape, devices, _replay_clause(verdicts))
-                groups.setdefault(key, []).append({
-                    "layer": layer, "terms": terms,
-                    "sentence": f"{where}: {and_list(devices)} "
-                                f"{'sum' if len(devices) > 1 else 'sums'} "
-                                f"{order_phrase(order)}; numpy's replay in that order "
-                                f"{_replay_clause(group)}.",
-                    "part": shape != order or bool((verdicts["replay"]
-                                                    != group["replay"]).any()),
-                    "missed": int((run & ~group["replay"].str.startswith("bit-identical")).sum())})
-            for reason, group in part[part["order"] == "not revealed"].groupby(
-                    "replay", sort=False):
-                devices = tuple(dict.fromkeys(group["device"]))
-                groups.setdefault(("hidden", reason, devices, ""), []).append({
-                    "layer": layer, "terms": terms, "part": False, "missed": 0,
-                    "sentence": f"{where}: the order of {and_list(devices)} was not revealed"
-                                + (f" ({reason})." if reason else ".")})
-        keys = list(groups)
-        # a replay that did not reproduce the record first, then the most layers
-        kept = set(largest_kept([(any(layer["missed"] for layer in groups[key]),
-                              len(groups[key])) for key in keys],
-                            ORDER_SENTENCES, ORDER_SENTENCES))
-        named = {device for index in kept for device in keys[index][2]}
-        for device in dict.fromkeys(rows["device"]):  # each device said once at least
-            if device not in named:
-                index = max((index for index, key in enumerate(keys) if device in key[2]),
-                            key=lambda index: len(groups[keys[index]]))
-                kept.add(index)
-                named.update(keys[index][2])
-        lines += [_orders_sentence(model, keys[index], groups[keys[index]])
-                  for index in sorted(kept)]
-        left = [index for index in range(len(keys)) if index not in kept]
-        if left:
-            pairs = sum(len(keys[index][2]) * len(groups[keys[index]]) for index in left)
-            missed = sum(layer["missed"] for index in left for layer in groups[keys[index]])
-            lines.append(f"{model}: … and {len(left)} more (order, devices) "
-                         f"{'sentence' if len(left) == 1 else 'sentences'}, at {pairs} "
-                         f"(device, layer) {'pair' if pairs == 1 else 'pairs'}"
-                         + (f", {missed} of them not reproduced by the replay" if missed
-                            else "")
-                         + "; every layer in results/tables/accumulation_orders.csv.")
+                     f"{len(rows) - int(hidden.sum()) - len(replayed)} not replayed)"
+                     + ("." if layers <= ORDER_COLUMNS else
+                        f"; over its {layers} layers, a row per device."))
+        lines.append(_layer_grid(rows) if layers <= ORDER_COLUMNS else _device_summary(rows))
+    if lines:  # after the first model's count, before its table
+        lines.insert(1, ORDERS_LEGEND)
     return lines
-
-
-def _orders_sentence(model: str, key: tuple, layers: list[dict]) -> str:
-    """orders' sentence for one (order, devices, replay) at ``layers``: a layer's own
-    sentence, or the layers counted with a few named and their sums' range of terms."""
-    if len(layers) == 1:
-        return layers[0]["sentence"]
-    kind, said, devices, clause = key
-    terms = sorted({layer["terms"] for layer in layers if layer["terms"] is not None})
-    span = "" if not terms else f"; sums of {terms[0]} terms" if len(terms) == 1 else \
-        f"; sums of {terms[0]} to {terms[-1]} terms"
-    names = first_listed(f"`{layer['layer']}`" for layer in layers)
-    where = f"{model}, {len(layers)} layers ({names}{span})"
-    if kind == "hidden":
-        return (f"{where}: the order of {and_list(devices)} was not revealed"
-                + (f" ({said})." if said else "."))
-    part = sum(layer["part"] for layer in layers)
-    note = "" if not part else (
-        f" (at {'each of these layers' if part == len(layers) else f'{part} of them'} the "
-        "search or the replay covered part of the output; how much: "
-        "results/tables/accumulation_orders.csv)")
-    return (f"{where}: {and_list(devices)} {'sum' if len(devices) > 1 else 'sums'} "
-            f"{order_phrase(said)}; numpy's replay in that order {clause}{note}.")

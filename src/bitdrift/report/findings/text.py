@@ -20,6 +20,20 @@ def first_listed(items, listed: int = LISTED, shown: int = SHOWN) -> str:
     return ", ".join(items[:shown]) + f" … and {len(items) - shown} more"
 
 
+def first_within(items, width: int = 120) -> str:
+    """``a, b, c … and N more``: as many items as fit in ``width`` characters (one at
+    least), the rest counted; for names of any length (an ONNX model's layers run to 50
+    characters each)."""
+    items = [str(item) for item in items]
+    said: list[str] = []
+    for item in items:
+        if said and len(", ".join([*said, item])) > width:
+            break
+        said.append(item)
+    left = len(items) - len(said)
+    return ", ".join(said) + (f" … and {left} more" if left else "")
+
+
 def largest_kept(sizes: list, listed: int = LISTED, shown: int = SHOWN) -> list[int]:
     """The indices of the items a list keeps, in their order: all up to ``listed``; more:
     the ``shown`` largest (``sizes``), the first of equal ones."""
