@@ -2,7 +2,8 @@
 default): one line per finished job with jobs done/total and the elapsed time; errors and
 warnings in full, as Snakemake prints them; dry runs as Snakemake prints them. Snakemake's
 full output is one flag away (`--logger-bitdrift-full`) and always in its own log file
-(`.snakemake/log/`, named at the end of the run).
+(`.snakemake/log/`, named at the end of the run). A `--configfile` that is not there is one
+line (missing_config_file), not Snakemake's traceback.
 
 A job that runs longer than `--logger-bitdrift-progress-every` seconds (60) gets a line
 saying where it is: the latest progress line in its log (bitdrift.progress: what tqdm
@@ -14,7 +15,10 @@ inside the bitdrift distribution.
 
 # No `from __future__ import annotations`: the settings' field types must be real types
 # (Snakemake builds its command-line flags from them)
+import ast
 import logging
+import os
+import re
 import sys
 import threading
 import time
@@ -26,6 +30,9 @@ from snakemake_interface_logger_plugins.settings import LogHandlerSettingsBase
 
 # Snakemake's plain messages worth a line in the quiet view (the rest is its chatter)
 KEPT_MESSAGES = ("Nothing to be done", "Complete log", "Will exit after finishing")
+# What Snakemake reads as a config file (JSON or YAML); another word after --configfile is
+# taken for a target written in the wrong place
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 @dataclass
@@ -37,6 +44,29 @@ class LogHandlerSettings(LogHandlerSettingsBase):
         "help": "seconds a job runs before a line says where it is (its latest progress: "
                 "stage, k of n), then at most once per as many seconds while it changes; "
                 "0: never"})
+
+
+def missing_config_file(record: logging.LogRecord) -> str | None:
+    """One line for a `--configfile` that does not exist, or None for any other record.
+    Snakemake reads its config files before the Snakefile (cli.args_to_api builds
+    ConfigSettings, whose load_configfile opens each one), so neither the Snakefile nor
+    bitdrift.config sees this mistake, and Snakemake reports it as its own traceback. The
+    usual cause is a target written after `--configfile`, which takes every later word as
+    a file; the handler sees the error by its class (print_exception's `exception`) and the
+    frame that raised it."""
+    message = str(record.msg or "")
+    if getattr(record, "exception", None) != "FileNotFoundError" or \
+            "load_configfile" not in message:
+        return None
+    # The last line is Python's own: `FileNotFoundError: [Errno 2] No such file or
+    # directory: 'all'`, the name as its repr
+    name = re.search(r"No such file or directory: ('.*'|\".*\")\s*$", message)
+    file = ast.literal_eval(name.group(1)) if name else "?"
+    where = f"bitdrift: config file {file!r} does not exist (in {os.getcwd()})"
+    if file.endswith(CONFIG_SUFFIXES):
+        return f"{where}; check its path (the presets are in config/presets/)"
+    return (f"{where}: --configfile takes every word after it as a config file, so put "
+            "targets first: snakemake --profile profiles/local all --configfile mine.yaml")
 
 
 def job_label(rule: str, wildcards) -> str:
@@ -145,6 +175,10 @@ class LogHandler(LogHandlerBase):
             self.handleError(record)
 
     def handle_record(self, record: logging.LogRecord) -> None:
+        config_mistake = missing_config_file(record)
+        if config_mistake and not (self.settings and self.settings.full):
+            self.write(config_mistake)  # also in a dry run, whose view is otherwise full
+            return
         if self.full:
             self.write_as_snakemake(record)
             return

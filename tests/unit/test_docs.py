@@ -32,3 +32,15 @@ def test_every_relative_link_resolves(page):
         assert file.exists(), f"{page.name}: {target}"
         if anchor and file.suffix == ".md":
             assert anchor in _anchors(file.read_text()), f"{page.name}: {target}"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/configuration.md"])
+def test_the_backends_a_device_takes_are_the_runtimes_bitdrift_has(page):
+    """The `backend:` comment of a page's device example lists bitdrift.runtimes.RUNTIMES,
+    the list the config schema's enum is checked against: none left out, none made up."""
+    from bitdrift.runtimes import RUNTIMES
+
+    listed = re.findall(r"^\s+backend: \w+ +# (.+)$", (ROOT / page).read_text(), re.M)
+    assert listed, f"{page}: no commented `backend:` line"
+    for comment in listed:
+        assert [name.strip() for name in comment.split("|")] == list(RUNTIMES), page
