@@ -150,10 +150,9 @@ def build_root(root: Path, mirror: str, suite: str = ROOT_SUITE) -> list[str]:
     bitdrift.emulation.cache). Returns name=version."""
     import lzma
 
-    from bitdrift.emulation.cache import fetch_deb
-    from bitdrift.emulation.qemu import _fetch
+    from bitdrift.emulation.cache import fetch, fetch_deb
 
-    index = parse_index(lzma.decompress(_fetch(
+    index = parse_index(lzma.decompress(fetch(
         f"{mirror}/dists/{suite}/main/binary-arm64/Packages.xz")).decode("utf-8", "replace"))
     packages = resolve(index)
     for fields in packages:

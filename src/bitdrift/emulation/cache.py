@@ -51,13 +51,26 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+def fetch(url: str, out: Path | None = None) -> bytes | None:
+    """The bytes at ``url``, or written to ``out``; a failure is one line (InstallError)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:
+            if out is None:
+                return response.read()
+            with open(out, "wb") as handle:
+                shutil.copyfileobj(response, handle, 1 << 20)
+    except (OSError, ValueError) as error:  # ValueError: a URL urllib cannot parse
+        raise InstallError(f"cannot fetch {url} ({error})") from error
+    return None
+
+
 def fetch_deb(url: str, sha256: str, command: str) -> bytes:
     """The Debian package at ``url`` whose index gives ``sha256``: the cache's copy when it
     has one that matches, else downloaded, checked and kept there (when the cache can be
     written). A download that does not match is refused in one line naming ``command``
     (InstallError)."""
-    from bitdrift.emulation.qemu import _fetch
-
     kept = folder() / DEBS / sha256[:2] / f"{sha256}.deb"
     if kept.is_file():
         data = kept.read_bytes()
@@ -65,7 +78,7 @@ def fetch_deb(url: str, sha256: str, command: str) -> bytes:
             return data
         _say(f"the cached {kept} does not match its SHA-256 (damaged); fetching it again")
         kept.unlink()
-    data = _fetch(url)
+    data = fetch(url)
     if hashlib.sha256(data).hexdigest() != sha256:
         raise InstallError(f"{command}: {url} does not match the SHA-256 of its index (a "
                            "broken download or mirror)")

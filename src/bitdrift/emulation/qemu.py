@@ -63,20 +63,6 @@ def check_mirror(mirror: str) -> str:
     return str(mirror).rstrip("/")
 
 
-def _fetch(url: str, out: Path | None = None) -> bytes | None:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=120) as response:
-            if out is None:
-                return response.read()
-            with open(out, "wb") as handle:
-                shutil.copyfileobj(response, handle, 1 << 20)
-    except (OSError, ValueError) as error:  # ValueError: a URL urllib cannot parse
-        raise InstallError(f"cannot fetch {url} ({error})") from error
-    return None
-
-
 def index_stanzas(index: str):
     """The fields of each package of a Debian ``Packages`` index, one dict per stanza
     (continuation lines left out)."""
@@ -150,10 +136,10 @@ def install_qemu(prefix: Path | str | None = None, targets=("x86_64",),
     (bitdrift.emulation.cache). Returns {"version", "installed": [paths]}."""
     import lzma
 
-    from bitdrift.emulation.cache import fetch_deb
+    from bitdrift.emulation.cache import fetch, fetch_deb
 
     mirror = check_mirror(mirror)
-    index = lzma.decompress(_fetch(f"{mirror}/dists/{suite}/main/binary-amd64/Packages.xz"))
+    index = lzma.decompress(fetch(f"{mirror}/dists/{suite}/main/binary-amd64/Packages.xz"))
     entry = static_entry(index.decode("utf-8", "replace"))
     bindir = Path(prefix or sys.prefix) / "bin"
     url = f"{mirror}/{entry['Filename']}"
