@@ -965,3 +965,24 @@ def test_a_table_in_a_section_renders_as_markdown_and_as_rest():
              for cell in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", body, re.S)]
     assert cells == ["device", "conv_1", "tf_1", "- sequential *a*", "ort|2", "1. `b`",
                      "x", ""]
+
+
+def test_a_sample_no_set_explains_leaves_the_setting_line_whole():
+    """explain.csv's row of a sample no set of settings explains has no attributes (empty in
+    the CSV, NaN when read): the line still names the setting that splits the most pairs
+    (one pair here, by hand). (A .tflite run's findings failed on it: 'float' object has no attribute 'split'.)"""
+    import io
+
+    from bitdrift.report.findings.answer import _setting_line
+
+    rows = pd.DataFrame([{"model": "m", "sample": sample, "device": device, "eqc": eqc}
+                         for sample in (0, 1) for device, eqc in (("a", 1), ("b", 2))])
+    settings = pd.DataFrame({"model": ["m", "m"], "device": ["a", "b"],
+                             "device_class": [1, 2], "threads": [1, 2]})
+    explain = pd.read_csv(io.StringIO("model,sample,layer,attributes,determined\n"
+                                      "m,0,output,threads,True\n"
+                                      "m,1,output,,False\n"))
+    assert explain["attributes"].isna().sum() == 1
+    line = _setting_line("m", rows, explain, settings)
+    assert line == ("m: the setting that tells the most classes apart: `threads`, which "
+                    "splits 1 of the 1 pairs of devices in different classes.")

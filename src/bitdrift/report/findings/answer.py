@@ -271,8 +271,10 @@ def _setting_line(model: str, rows: pd.DataFrame, explain: pd.DataFrame,
                     & (explain.get("layer", pd.Series("output", index=explain.index))
                        .astype(str) == "output")] if not explain.empty else explain
     if len(final):
-        together = list(dict.fromkeys(name for cell in final["attributes"].astype(str)
-                                      for name in cell.split(";") if name and name != "nan"))
+        # a sample no set explains has no attributes: empty (pandas 3 keeps NaN through
+        # astype(str), so it is filled first)
+        together = list(dict.fromkeys(name for cell in final["attributes"].fillna("")
+                                      .astype(str) for name in cell.split(";") if name))
         determined = final["determined"].astype(str).str.lower().eq("true")
         what = ("every class" if determined.all() else
                 f"the classes of {int(determined.sum())} of {len(final)} samples")
