@@ -970,7 +970,8 @@ def test_a_table_in_a_section_renders_as_markdown_and_as_rest():
 def test_a_sample_no_set_explains_leaves_the_setting_line_whole():
     """explain.csv's row of a sample no set of settings explains has no attributes (empty in
     the CSV, NaN when read): the line still names the setting that splits the most pairs
-    (one pair here, by hand). (A .tflite run's findings failed on it: 'float' object has no attribute 'split'.)"""
+    (one pair here, by hand). A .tflite run's findings failed on it ('float' object has
+    no attribute 'split')."""
     import io
 
     from bitdrift.report.findings.answer import _setting_line
