@@ -51,19 +51,15 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def fetch(url: str, out: Path | None = None) -> bytes | None:
-    """The bytes at ``url``, or written to ``out``; a failure is one line (InstallError)."""
+def fetch(url: str) -> bytes:
+    """The bytes at ``url``; a failure is one line (InstallError)."""
     import urllib.request
 
     try:
         with urllib.request.urlopen(url, timeout=120) as response:
-            if out is None:
-                return response.read()
-            with open(out, "wb") as handle:
-                shutil.copyfileobj(response, handle, 1 << 20)
+            return response.read()
     except (OSError, ValueError) as error:  # ValueError: a URL urllib cannot parse
         raise InstallError(f"cannot fetch {url} ({error})") from error
-    return None
 
 
 def fetch_deb(url: str, sha256: str, command: str) -> bytes:
@@ -143,10 +139,7 @@ def take_site(pins: dict, site: Path) -> Path | None:
         if source.is_symlink():
             copy.symlink_to(os.readlink(source))
             continue
-        try:
-            os.link(source, copy)
-        except OSError:  # another file system, or one without hard links
-            shutil.copy2(source, copy)
+        _link_or_copy(source, copy)
     return entry
 
 
@@ -189,5 +182,5 @@ def keep_site(pins: dict, site: Path) -> Path | None:
 def _link_or_copy(source: str, copy: str) -> None:
     try:
         os.link(source, copy)
-    except OSError:
+    except OSError:  # another file system, or one without hard links
         shutil.copy2(source, copy)
