@@ -115,11 +115,13 @@ def quantization_error_table(pairs) -> list[dict]:
     quantized model file) in ``pairs``."""
     from bitdrift.record.reader import Record, read_failure
 
-    rows = []
+    rows, scales_of = [], {}  # a quantized model's scales, read once for all its devices
     for float_model, float_path, quantized_path, model_file in pairs:
         if read_failure(float_path) is not None or read_failure(quantized_path) is not None:
             continue  # a device that failed: device_failures.csv says why
-        scales = tensor_scales(model_file)
+        if model_file not in scales_of:
+            scales_of[model_file] = tensor_scales(model_file)
+        scales = scales_of[model_file]
         with Record(float_path) as float_record, Record(quantized_path) as quantized:
             rows += compare_records(float_record, quantized, scales, float_model)
     return rows
