@@ -562,10 +562,11 @@ def compare(this: list[dict] | None, atlas: Atlas) -> list[Row]:
                 first = "" if same else (
                     _first_difference(own_part, part) if configured
                     else "configured otherwise")
-                difference = _kind_of_difference(own_entry, own_part, entry, part)
+                versions = _software_differences(own_entry, own_part, entry, part)
+                difference = _kind_of_difference(
+                    own_entry["machine"] != entry["machine"], versions)
                 if label != THIS_MACHINE:
-                    differs.setdefault(label, {}).update(
-                        _software_differences(own_entry, own_part, entry, part))
+                    differs.setdefault(label, {}).update(versions)
                 dropped = _dropped(own_part, part)
                 remaining = None if dropped is None else float(max(
                     MANTISSA_BITS[next(iter(part["outputs"].values()))["format"]] - dropped,
@@ -603,11 +604,9 @@ def arithmetic_os(platform: str | None) -> dict[str, str]:
     return {"os": system, **({"libc": f"{libc[1]} {libc[2]}"} if libc else {})}
 
 
-def _kind_of_difference(a_entry: dict, a: dict, b_entry: dict, b: dict) -> str:
-    """What differs between two machines' runs of a device: the hardware, and the
-    software versions named."""
-    hardware = a_entry["machine"] != b_entry["machine"]
-    versions = _software_differences(a_entry, a, b_entry, b)
+def _kind_of_difference(hardware: bool, versions: dict[str, tuple]) -> str:
+    """What differs between two machines' runs of a device: the hardware (``hardware``:
+    the machines differ), and the software versions named (_software_differences)."""
     named = ", ".join(f"{name} {old} vs {new}" for name, (old, new) in versions.items())
     if hardware and versions:
         return f"other hardware and software ({named})"
