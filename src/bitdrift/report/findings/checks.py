@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from bitdrift.report.findings.text import cut
+
 
 def observer(table: pd.DataFrame) -> list:
     """The observer check (bitdrift.analysis.observer): devices whose instrumentation changed the
@@ -52,12 +54,8 @@ REASON = 200
 def failures(table: pd.DataFrame) -> list[str]:
     if table.empty:
         return ["None: every scheduled device ran."]
-    return [f"{row['device']} ({row['model']}): {_cut(str(row['reason']))} (log: {row['log']})"
-            for row in table.to_dict("records")]
-
-
-def _cut(reason: str) -> str:
-    return reason if len(reason) <= REASON else reason[:REASON - 1].rstrip() + "…"
+    return [f"{row['device']} ({row['model']}): {cut(str(row['reason']), REASON)} "
+            f"(log: {row['log']})" for row in table.to_dict("records")]
 
 
 def skipped_devices(model: str, what: str, skipped: dict[str, list[str]]) -> str:

@@ -8,7 +8,7 @@ import re
 import pandas as pd
 
 from bitdrift.record.orders import EITHER_FUSED
-from bitdrift.report.findings.text import first_within
+from bitdrift.report.findings.text import cut, first_within
 
 # How an order label of accumulation_orders.csv
 # (bitdrift.analysis.accumulation.names.summary) reads in a sentence; a label not listed is
@@ -119,7 +119,7 @@ _ORDERS_SHOWN = 3  # a device's commonest orders named in the summary table
 
 
 def _cut(text: str, most: int = CELL) -> str:
-    return text if len(text) <= most else text[:most - 1].rstrip() + "…"
+    return cut(text, most)
 
 
 def short_order(order: str) -> str:

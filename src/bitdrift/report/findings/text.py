@@ -58,3 +58,8 @@ def samples_phrase(rows: pd.DataFrame) -> str:
     samples = rows["sample"].unique()
     return f"samples {sample_names(samples)}" if len(samples) <= LISTED else \
         f"{len(samples)} samples ({sample_names(samples)})"
+
+
+def cut(text: str, most: int) -> str:
+    """``text`` cut to ``most`` characters, an ellipsis marking the cut."""
+    return text if len(text) <= most else text[:most - 1].rstrip() + "…"
