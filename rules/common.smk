@@ -67,6 +67,7 @@ PROVENANCE_FILES = PLAN.provenance_files()
 EXPECT_ARGUMENTS = PLAN.expect_arguments()
 ATLAS_FOLDER = PLAN.atlas_folder()
 QUANTIZED_MODELS = list(PLAN.quantized_models)
+QUANTIZED_SUFFIXES = sorted(set(paths.QUANTIZED_SUFFIXES.values()))
 QUANTIZATION_ERROR_PAIRS = PLAN.quantization_error_pairs()
 # What each study's rule file (rules/<study>.smk) adds to `all`, and the summaries of a
 # study the findings quote: {name: table path}, where the study has run.
@@ -241,7 +242,8 @@ def float_model_files(wildcards):
 
 
 def quantization_settings(wildcards):
-    """ONNX Runtime's settings of a quantized model, its float model's name left out."""
+    """The quantizer and its settings of a quantized model, its float model's name left
+    out."""
     settings = config["models"][wildcards.model]["quantize"]
     return canonical({key: value for key, value in settings.items() if key != "model"})
 

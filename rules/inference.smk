@@ -109,13 +109,14 @@ rule quantize_model:
     output:
         paths.quantized_model_file(),
     log:
-        "logs/quantize_model/{model}.log",
+        "logs/quantize_model/{model}.{suffix}.log",
     benchmark:
-        "results/benchmarks/quantize_model/{model}.tsv"
-    # ONNX Runtime's quantizer (bitdrift.backends.exported.onnx_quantization): config key
-    # models.{model}.quantize
+        "results/benchmarks/quantize_model/{model}.{suffix}.tsv"
+    # the quantizer config key models.{model}.quantize.tool names
+    # (bitdrift.backends.quantizers), its file's suffix its own
     wildcard_constraints:
         model=_choice(QUANTIZED_MODELS),
+        suffix=_choice(QUANTIZED_SUFFIXES),
     conda:
         "../envs/bitdrift.yaml"
     params:

@@ -229,12 +229,11 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
 
 def check_quantized_models(config: dict) -> None:
     """Each model made by quantization (`quantize`): its float model a model of the config
-    given as an ONNX `file`, no `dataset` or `inputs` of its own (it reads the float
-    model's), and ONNX Runtime's settings checked and completed with its defaults in place
-    (bitdrift.backends.exported.onnx_quantization.checked_settings), each error naming
-    the key."""
-    from bitdrift import formats
-    from bitdrift.backends.exported.onnx_quantization import checked_settings
+    of a format its quantizer (`tool`, bitdrift.backends.quantizers) takes, no `dataset`
+    or `inputs` of its own (it reads the float model's), and the quantizer's settings
+    checked and completed with its defaults in place, each error naming the key."""
+    from bitdrift import formats, paths
+    from bitdrift.backends import quantizers
 
     models = config["models"]
     for name, model in models.items():
@@ -247,16 +246,22 @@ def check_quantized_models(config: dict) -> None:
                                   "model it quantizes")
         settings = dict(model["quantize"])
         source = settings.pop("model")
+
+        def named(setting, key=key):
+            return f"{key}.quantize.{setting}"
+
+        settings = quantizers.checked_settings(settings, named)
+        tool = settings["tool"]
         float_model = models.get(source)
-        if float_model is None or "file" not in float_model:
-            raise ConfigError(f"{key}.quantize.model: {source!r} is not a model of the "
-                              "config given as a `file` (models given so: "
-                              f"{sorted(m for m, spec in models.items() if 'file' in spec)})")
-        if formats.planned_format(float_model["file"]) != "onnx":
-            raise ConfigError(f"{key}.quantize.model: {source!r} ({float_model['file']}) is "
-                              "not an ONNX model; ONNX Runtime's quantizer takes one")
-        model["quantize"] = {"model": source, **checked_settings(
-            settings, named=lambda setting, key=key: f"{key}.quantize.{setting}")}
+        if float_model is None or "quantize" in float_model:
+            raise ConfigError(f"{key}.quantize.model: {source!r} is not a float model of "
+                              f"the config (its models: {sorted(models)})")
+        found = formats.planned_format(paths.model_file(config, source))
+        if found not in quantizers.source_formats(tool):
+            raise ConfigError(f"{key}.quantize.model: {source!r} is a {found} model; the "
+                              f"{tool} quantizer takes "
+                              f"{' or '.join(quantizers.source_formats(tool))}")
+        model["quantize"] = {"model": source, **settings}
 
 
 def check_model_file(name: str, model: dict, samples: list[int], devices: dict) -> None:

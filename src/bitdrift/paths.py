@@ -40,10 +40,15 @@ def inference_seed(model: dict) -> int:
     return model.get("inference_seed", model["train"]["seeds"][0])
 
 
-def quantized_model_file(model="{model}") -> str:
-    """The ONNX model that config key models.MODEL.quantize makes from its float model
-    (rule quantize_model, bitdrift.backends.exported.onnx_quantization)."""
-    return f"{RESULTS}/quantized/{model}.onnx"
+# The suffix of the file each quantizer writes (config key models.NAME.quantize.tool)
+QUANTIZED_SUFFIXES = {"onnxruntime": "onnx", "openvino": "onnx", "litert": "tflite",
+                      "torch": "pt2"}
+
+
+def quantized_model_file(model="{model}", suffix="{suffix}") -> str:
+    """The model that config key models.MODEL.quantize makes from its float model (rule
+    quantize_model, bitdrift.backends.quantizers), with its quantizer's suffix."""
+    return f"{RESULTS}/quantized/{model}.{suffix}"
 
 
 def model_file(config: dict, model: str) -> str:
@@ -53,7 +58,7 @@ def model_file(config: dict, model: str) -> str:
     if "file" in spec:
         return spec["file"]
     if "quantize" in spec:
-        return quantized_model_file(model)
+        return quantized_model_file(model, QUANTIZED_SUFFIXES[spec["quantize"]["tool"]])
     return trained_model_file(model, inference_seed(spec))
 
 

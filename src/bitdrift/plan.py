@@ -212,7 +212,7 @@ class Plan:
         from bitdrift.inputs.examples import EXAMPLES
 
         made = set(self.training_targets())
-        made |= {paths.quantized_model_file(model) for model in self.quantized_models}
+        made |= {paths.model_file(self.config, model) for model in self.quantized_models}
         for example in EXAMPLES:
             suffix = importlib.import_module(f"bitdrift.inputs.examples.{example}").SUFFIX
             made |= {paths.example_model_file(example, suffix.lstrip(".")),

@@ -93,3 +93,13 @@ QUANTIZATION_METHODS = {
     "dynamic": ("method", "weight_type", "per_channel", "reduce_range"),
     "static": tuple(QUANTIZATION_SETTINGS),
 }
+
+# The quantizers (config key models.NAME.quantize.tool; bitdrift.backends.quantizers):
+# {tool: (its module, the float model formats it takes)}; the suffix of the file each
+# writes is in bitdrift.paths.QUANTIZED_SUFFIXES.
+# Each module has checked_settings(settings, named) and quantize_model(model_path, out,
+# settings, inputs_path, named), and imports its runtime only inside them.
+QUANTIZERS = {
+    "onnxruntime": ("bitdrift.backends.exported.onnx_quantization", ("onnx",)),
+}
+DEFAULT_QUANTIZER = "onnxruntime"

@@ -32,7 +32,7 @@ def test_the_settings_are_completed_and_the_model_runs_where_onnx_runs():
     config = validated()
     # ONNX Runtime's defaults, written out here: dynamic, no per-channel, 8-bit range
     assert config["models"]["net_int8"]["quantize"] == {
-        "model": "net", "method": "dynamic", "weight_type": "QUInt8",
+        "model": "net", "tool": "onnxruntime", "method": "dynamic", "weight_type": "QUInt8",
         "per_channel": False, "reduce_range": False}
     assert paths.model_file(config, "net_int8") == "results/quantized/net_int8.onnx"
     assert paths.model_inputs_file(config, "net_int8") == "net.npy"

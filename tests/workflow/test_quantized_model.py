@@ -42,7 +42,7 @@ def quantized_run(tmp_path_factory):
 def test_the_rule_writes_what_quantize_model_writes(quantized_run, tmp_path):
     direct = tmp_path / "direct.onnx"
     quantize_model(quantized_run / "cnn.onnx", direct, SETTINGS, quantized_run / "cnn.npy")
-    made = quantized_run / paths.quantized_model_file("cnn_qdq")
+    made = quantized_run / paths.quantized_model_file("cnn_qdq", "onnx")
     assert made.read_bytes() == direct.read_bytes()
     with Record(quantized_run / paths.record_file("cnn_qdq", DEVICE)) as record:
         said = record.fingerprint["quantization"]

@@ -1,7 +1,7 @@
 from bitdrift.jobs import workflow_job
 
 with workflow_job(snakemake.log[0]):
-    from bitdrift.backends.exported.onnx_quantization import quantize_model
+    from bitdrift.backends.quantizers import quantize_model
 
     quantize_model(
         snakemake.input.model,

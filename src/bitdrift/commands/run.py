@@ -135,14 +135,14 @@ QUANTIZE_HELP = {
 
 
 def cmd_quantize(args) -> None:
-    from bitdrift.backends.exported.onnx_quantization import quantize_model
+    from bitdrift.backends.quantizers import quantize_model
     from bitdrift.runtimes import QUANTIZATION_SETTINGS
 
     given = {key: getattr(args, key) for key in QUANTIZATION_SETTINGS
              if getattr(args, key) is not None}
-    used = quantize_model(args.model_file, args.out, given, args.inputs,
-                          named=lambda key: "--" + key.replace("_", "-"))
-    print(f"bitdrift: wrote {args.out} (ONNX Runtime's quantizer: "
+    used = quantize_model(args.model_file, args.out, {"tool": args.tool, **given},
+                          args.inputs, named=lambda key: "--" + key.replace("_", "-"))
+    print(f"bitdrift: wrote {args.out} ({used.pop('tool')}'s quantizer: "
           f"{', '.join(f'{key} {value}' for key, value in used.items())})")
 
 
@@ -190,12 +190,15 @@ def add_commands(sub) -> None:
     p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
     p.set_defaults(func=cmd_export, writes_data=True)
 
-    from bitdrift.runtimes import QUANTIZATION_SETTINGS
+    from bitdrift.runtimes import DEFAULT_QUANTIZER, QUANTIZATION_SETTINGS, QUANTIZERS
 
-    p = sub.add_parser("quantize", help="quantize an ONNX model with ONNX Runtime's own "
-                       "quantizer (dynamic, or static calibrated on the model's inputs)")
-    p.add_argument("--model-file", required=True, help="the float ONNX model")
-    p.add_argument("--out", required=True, help="the quantized ONNX model to write")
+    p = sub.add_parser("quantize", help="quantize a model with a runtime's own quantizer "
+                       "(dynamic, or static calibrated on the model's inputs)")
+    p.add_argument("--tool", choices=list(QUANTIZERS), default=DEFAULT_QUANTIZER,
+                   help=f"whose quantizer (default {DEFAULT_QUANTIZER}; the options below "
+                   "are ONNX Runtime's)")
+    p.add_argument("--model-file", required=True, help="the float model")
+    p.add_argument("--out", required=True, help="the quantized model to write")
     p.add_argument("--inputs", help="the model's inputs (.npy, or .npz of one array per "
                    "input): static quantization calibrates on them")
     for key, (values, default) in QUANTIZATION_SETTINGS.items():
