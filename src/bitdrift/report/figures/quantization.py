@@ -51,19 +51,20 @@ def _finding(summary, axis_label: dict | None = None) -> str:
                 f"{_db(low)}")
     if summary.parts_at is None:
         both = _db(low) if _db(low) == _db(high) else f"{_db(low)} to {_db(high)}"
-        return (f"all {len(summary.devices)} devices within {PARTS_DB} dB of each other at "
-                f"every layer they share (output {both}): the device does not change this "
+        return (f"the {len(summary.devices)} devices do not part: the lowest at the output "
+                f"({summary.furthest}) falls no more than {PARTS_DB} dB further below the "
+                f"others at any layer (output {both}); the device does not change this "
                 "model's quantization error")
     if not summary.per_layer:
         return (f"{summary.furthest} falls furthest from the float model: {_db(low)} "
                 f"against {_db(high)} at the output")
     first = summary.parts_at == summary.first_layer(summary.furthest)
+    where = (axis_label or {}).get(summary.parts_at, summary.parts_at)
+    how = (f"{summary.parts_by:.1f} dB below the best other device already at its first "
+           "recorded layer" if first else f"its shortfall below the best other device "
+           f"grows by {summary.parts_by:.1f} dB there")
     return (f"{summary.furthest} parts from the other devices at the dashed line "
-            f"({(axis_label or {}).get(summary.parts_at, summary.parts_at)}): "
-            f"{summary.parts_by:.1f} dB below the best other device "
-            + ("already at its first recorded layer" if first else
-               "more than at its layer before")
-            + f"; output {_db(low)} against {_db(high)}")
+            f"({where}): {how}; output {_db(low)} against {_db(high)}")
 
 
 def _drawn_layers(summary, part: pd.DataFrame) -> list[str]:
@@ -161,7 +162,7 @@ def plot_quantization_error(table: pd.DataFrame, out: str | Path):
         save_figure(figure, out)
         return figure
     widths = [max(len(summary.layers), 4) for summary in summaries]
-    width = min(max(7.5, 3.0 + 0.3 * max(widths)), 16.0)
+    width = min(max(9.5, 3.0 + 0.3 * max(widths)), 16.0)
     heights = [5.2 if summary.per_layer else 3.6 for summary in summaries]
     figure, axes = plt.subplots(len(summaries), 1, figsize=(width, sum(heights) + 1.0),
                                 squeeze=False, height_ratios=heights, layout="constrained")

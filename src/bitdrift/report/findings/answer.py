@@ -304,7 +304,8 @@ def answer(eqc: pd.DataFrame, precisions: dict[str, str], explain: pd.DataFrame,
     reduced = set(effective.loc[effective["reduced"].astype(str).str.lower() == "true",
                                 "device"].astype(str)) \
         if {"reduced", "device"} <= set(effective.columns) else set()
-    models = list(dict.fromkeys([*(eqc["model"] if not eqc.empty else []), *outputs]))
+    models = list(dict.fromkeys([*(eqc["model"] if not eqc.empty else []), *outputs,
+                                 *(quantized or {})]))
     for model in models:
         rows = eqc[eqc["model"] == model] if not eqc.empty else eqc
         found = outputs.get(model)

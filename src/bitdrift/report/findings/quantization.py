@@ -40,10 +40,13 @@ def _parts(summary) -> str:
     if len(summary.devices) == 1:
         return "one device: none to part from"
     if summary.parts_at is None:
-        return f"none: every device within {PARTS_DB} dB at every layer"
+        return (f"none: {summary.furthest} falls at most {PARTS_DB} dB further below the "
+                "others at any layer")
     first = summary.parts_at == summary.first_layer(summary.furthest)
-    return (f"`{cut(summary.parts_at, LAYER_WIDTH)}`, {summary.parts_by:.1f} dB below the "
-            "best other device" + (" (its first recorded layer)" if first else ""))
+    return (f"`{cut(summary.parts_at, LAYER_WIDTH)}`, "
+            + (f"{summary.parts_by:.1f} dB below the best other device at its first "
+               "recorded layer" if first else f"{summary.parts_by:.1f} dB further below "
+               "the best other device than at its layer before"))
 
 
 def _scales(summary) -> str:
@@ -100,9 +103,10 @@ def quantization(table: pd.DataFrame) -> list:
         others = [device for device in summary.devices if device != summary.furthest]
         items.append(
             f"{summary.model}: {summary.furthest} parts from {and_list(others)} at "
-            f"`{cut(summary.parts_at, LAYER_WIDTH)}` ({summary.parts_by:.1f} dB further "
-            f"below the best of them) and ends at {_db(summary.output_sqnr[summary.furthest])}"
-            f" dB against {_db(summary.sqnr_range[1])} dB; labels changed: "
+            f"`{cut(summary.parts_at, LAYER_WIDTH)}` (its shortfall below the best of "
+            f"them grows by {summary.parts_by:.1f} dB there) and ends at "
+            f"{_db(summary.output_sqnr[summary.furthest])} dB against "
+            f"{_db(summary.sqnr_range[1])} dB; labels changed: "
             f"{_labels(summary)}.")
     return items
 
