@@ -228,6 +228,26 @@ rule tabulate_quantization_error:
         "../workflow/scripts/tabulate_quantization_error.py"
 
 
+rule plot_quantization_error:
+    input:
+        table=rules.tabulate_quantization_error.output.table,
+    output:
+        pdf=paths.figure_file(paths.QUANTIZATION_ERROR_FIGURE),
+        png=report(
+            paths.figure_png(paths.QUANTIZATION_ERROR_FIGURE),
+            caption="../workflow/report/quantization_error_figure.rst",
+            category="Findings",
+            labels={"kind": "figure", "name": paths.QUANTIZATION_ERROR_FIGURE},
+        ),
+    log:
+        "logs/plot_quantization_error/all.log",
+    localrule: True
+    conda:
+        "../envs/bitdrift.yaml"
+    script:
+        "../workflow/scripts/plot_quantization_error.py"
+
+
 rule tabulate_argmax_agreement:
     input:
         records=record_files,
@@ -449,6 +469,7 @@ rule write_findings:
     input:
         unpack(findings_study_tables),
         unpack(findings_atlas_tables),
+        unpack(findings_quantization_tables),
         records=record_files,
         eqc=rules.cluster_equivalence_classes.output.final,
         eqc_layers=rules.cluster_equivalence_classes.output.layers,

@@ -222,6 +222,11 @@ def atlas_entry_files(wildcards=None):
     )
 
 
+def findings_quantization_tables(wildcards):
+    """The quantized models against their float models, where the config quantizes one."""
+    return PLAN.findings_quantization_tables()
+
+
 def findings_atlas_tables(wildcards):
     """The comparison with the atlas, which the findings quote, where the run makes it."""
     return PLAN.findings_atlas_tables()

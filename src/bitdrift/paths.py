@@ -173,8 +173,9 @@ ATLAS_FIGURE = "atlas"
 
 
 # Each quantized model against its float model, where the config quantizes one
-# (bitdrift.analysis.quantization_error)
+# (bitdrift.analysis.quantization_error): its table and figure
 QUANTIZATION_ERROR_TABLE = "quantization_error"
+QUANTIZATION_ERROR_FIGURE = "quantization_error"
 
 
 def result_file(kind: str, name: str) -> str:

@@ -316,7 +316,8 @@ class Plan:
             targets += [paths.table_file(paths.ATLAS_TABLES[0]),
                         paths.figure_file(paths.ATLAS_FIGURE)]
         if self.quantized_models:
-            targets.append(paths.table_file(paths.QUANTIZATION_ERROR_TABLE))
+            targets += [paths.table_file(paths.QUANTIZATION_ERROR_TABLE),
+                        paths.figure_file(paths.QUANTIZATION_ERROR_FIGURE)]
         if any(self.config["devices"][device].get("emulate")
                for device in self.scheduled_devices):
             targets.append(paths.figure_file(paths.CPU_GENERATIONS_FIGURE))
@@ -343,6 +344,12 @@ class Plan:
 
     def atlas_record_files(self) -> list[str]:
         return [paths.atlas_record_file(device) for device in self.atlas_devices]
+
+    def findings_quantization_tables(self) -> dict[str, str]:
+        """The quantized models against their float models, which the findings quote,
+        where the config quantizes a model."""
+        return {paths.QUANTIZATION_ERROR_TABLE: paths.table_file(
+            paths.QUANTIZATION_ERROR_TABLE)} if self.quantized_models else {}
 
     def findings_atlas_tables(self) -> dict[str, str]:
         """The comparison with the atlas, which the findings quote, where the run makes it."""

@@ -8,8 +8,10 @@ and the predicted labels (argmax over the last axis) that change."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 COLUMNS = ["model", "float_model", "device", "layer", "quantized_layer", "samples",
            "sqnr_db", "largest_error", "scale", "largest_error_in_scales", "labels",
@@ -139,3 +141,119 @@ def write_quantization_error_table(pairs, out) -> None:
           + (", ".join(f"{row['model']} on {row['device']} {row['changed_labels']}/"
                        f"{row['labels']}" for row in outputs) or "none compared")
           + f"; wrote {out}")
+
+
+# -- the table read back: per quantized model, what its devices show ----------------------
+def graph_order(sequences) -> list[str]:
+    """One layer order from each device's layers in graph order (devices record different
+    layers: an optimized graph fuses a MatMul and its Add, an unoptimized one keeps both):
+    the longest sequence, each other layer inserted after the layer it follows in its own
+    device's sequence (first: at the start)."""
+    sequences = [list(dict.fromkeys(sequence)) for sequence in sequences]
+    if not sequences:
+        return []
+    merged = list(max(sequences, key=len))
+    for sequence in sequences:
+        for index, layer in enumerate(sequence):
+            if layer in merged:
+                continue
+            before = next((sequence[k] for k in range(index - 1, -1, -1)
+                           if sequence[k] in merged), None)
+            merged.insert(merged.index(before) + 1 if before is not None else 0, layer)
+    return merged
+
+
+# A device parts from the others where its shortfall grows by more than this: below it,
+# devices differ by round-off (another kernel's float epilogue), not in their integers
+# (0.1 dB: the noise power 2.3 % apart)
+PARTS_DB = 0.1
+
+
+@dataclass
+class ModelSummary:
+    """One quantized model's devices against its float model (rows of
+    quantization_error.csv): each device's SQNR at the final output, the device furthest
+    from the float model (the lowest final SQNR, the first of equals in the table's order)
+    and where it parts from the others: the first layer where its shortfall below the best
+    other device at the same layer grows the most (``parts_by`` dB), None where it grows
+    by PARTS_DB at most (or one device ran); the largest error in scale units over
+    devices and layers (None: no fixed scale, as in dynamic quantization) and the labels
+    each device changes."""
+
+    model: str
+    float_model: str
+    devices: list[str]
+    layers: list[str]  # graph order (graph_order), the final output last
+    output_sqnr: dict[str, float]
+    furthest: str
+    parts_at: str | None
+    parts_by: float
+    largest_in_scales: float | None
+    largest_in_scales_at: tuple[str, str] | None  # (device, layer)
+    labels: dict[str, tuple[int, int]]  # device: (labels, changed)
+    samples: int
+    per_layer: bool  # layers besides the final output were compared
+
+    first_layers: dict[str, str] = field(default_factory=dict)  # device: its first layer
+
+    def first_layer(self, device: str) -> str | None:
+        return self.first_layers.get(device)
+
+    @property
+    def sqnr_range(self) -> tuple[float, float]:
+        return min(self.output_sqnr.values()), max(self.output_sqnr.values())
+
+
+def _shortfall(sqnr: pd.DataFrame, device: str) -> pd.Series:
+    """Per layer (graph order), how many dB ``device``'s SQNR falls below the best other
+    device's at that layer (0 where it is the best; NaN where one of them lacks the
+    layer). Equal tensors (SQNR inf) count as equal."""
+    others = sqnr.drop(columns=device)
+    if others.empty:
+        return pd.Series(np.nan, index=sqnr.index)
+    best, own = others.max(axis=1), sqnr[device]
+    both_inf = np.isinf(best) & np.isinf(own)
+    return (best - own).where(~both_inf, 0.0).clip(lower=0.0)
+
+
+def summarize(table: pd.DataFrame) -> list[ModelSummary]:
+    """quantization_error.csv's rows (a DataFrame) read back, per quantized model in the
+    table's order."""
+    from bitdrift.record.hdf5 import OUTPUT
+
+    summaries = []
+    for model, part in table.groupby("model", sort=False):
+        devices = list(dict.fromkeys(part["device"]))
+        layers = graph_order(part.loc[part["device"] == device, "layer"].astype(str)
+                             for device in devices)
+        if OUTPUT in layers:  # the final output last, whatever the records' order
+            layers = [layer for layer in layers if layer != OUTPUT] + [OUTPUT]
+        sqnr = part.pivot_table(index="layer", columns="device", values="sqnr_db",
+                                aggfunc="first").reindex(index=layers, columns=devices)
+        final = sqnr.loc[OUTPUT] if OUTPUT in sqnr.index else sqnr.ffill().iloc[-1]
+        output_sqnr = {device: float(final[device]) for device in devices
+                       if not pd.isna(final[device])}
+        furthest = min(output_sqnr, key=output_sqnr.get) if output_sqnr else devices[0]
+        shortfall = _shortfall(sqnr, furthest).dropna()
+        growth = shortfall.diff().fillna(shortfall)  # before the first layer: none
+        parts_at, parts_by = None, 0.0
+        if len(growth) and growth.max() > PARTS_DB:
+            parts_at, parts_by = str(growth.idxmax()), float(growth.max())
+        in_scales = pd.to_numeric(part["largest_error_in_scales"], errors="coerce")
+        largest, at = None, None
+        if in_scales.notna().any():
+            row = part.loc[in_scales.idxmax()]
+            largest, at = float(in_scales.max()), (str(row["device"]), str(row["layer"]))
+        outputs = part[pd.to_numeric(part["changed_labels"], errors="coerce").notna()]
+        labels = {str(row["device"]): (int(row["labels"]), int(row["changed_labels"]))
+                  for _, row in outputs.iterrows()}
+        summaries.append(ModelSummary(
+            model=str(model), float_model=str(part["float_model"].iloc[0]),
+            devices=devices, layers=layers, output_sqnr=output_sqnr, furthest=furthest,
+            parts_at=parts_at, parts_by=parts_by, largest_in_scales=largest,
+            largest_in_scales_at=at, labels=labels, samples=int(part["samples"].max()),
+            per_layer=any(layer != OUTPUT for layer in layers),
+            first_layers={device: next(layer for layer in layers
+                                       if not pd.isna(sqnr.at[layer, device]))
+                          for device in devices}))
+    return summaries

@@ -1,7 +1,8 @@
 """The figures, a module per family: the equivalence classes (``eqc``), remaining precision
 per layer (``remaining_precision``), where devices part ways (``divergence``), the kernels
 per layer (``kernels``), the summation orders (``orders``), and the machines: CPU
-generations and the atlas (``machines``); the layer axis they share (``layer_marks``) and
+generations and the atlas (``machines``), quantized models against their float model
+(``quantization``); the layer axis they share (``layer_marks``) and
 the samples drawn as one line where they coincide (``samples``).
 """
 

@@ -1,9 +1,11 @@
 """The answer, first: per model, in at most five lines, how many equivalence classes the
 devices form (and which precisions that counts), the most bits two devices lose and which
 two, whether a predicted label changes between devices, and the setting that tells the
-most classes apart. The classes and the setting are read from the tables (eqc.csv,
-explain.csv, device_classes.csv); the bits and the labels from the records' final outputs
-(:func:`final_outputs`), the outputs the classes compare."""
+most classes apart; a quantized model's distance to its float model on a line of its own.
+The classes and the setting are read from the tables (eqc.csv, explain.csv,
+device_classes.csv); the bits and the labels from the records' final outputs
+(:func:`final_outputs`), the outputs the classes compare; the quantized models' lines from
+quantization_error.csv."""
 
 from __future__ import annotations
 
@@ -288,9 +290,12 @@ def _setting_line(model: str, rows: pd.DataFrame, explain: pd.DataFrame,
 
 def answer(eqc: pd.DataFrame, precisions: dict[str, str], explain: pd.DataFrame,
            settings: pd.DataFrame, outputs: dict[str, ModelOutputs] | None,
-           effective: pd.DataFrame | None = None) -> list[str]:
+           effective: pd.DataFrame | None = None,
+           quantized: dict[str, str] | None = None) -> list[str]:
     """At most five lines per model (classes, bits and the other precisions' bits,
-    labels, setting), each said where its table or records are there; ``effective``: the
+    labels, setting), each said where its table or records are there, and a quantized
+    model's distance to its float model last (``quantized``: {model: line},
+    bitdrift.report.findings.quantization.quantization_answer); ``effective``: the
     effective-precision check (effective_precision.csv), whose reduced devices the bits
     line names."""
     lines: list[str] = []
@@ -299,13 +304,15 @@ def answer(eqc: pd.DataFrame, precisions: dict[str, str], explain: pd.DataFrame,
     reduced = set(effective.loc[effective["reduced"].astype(str).str.lower() == "true",
                                 "device"].astype(str)) \
         if {"reduced", "device"} <= set(effective.columns) else set()
-    models = list(dict.fromkeys([*(eqc["model"] if not eqc.empty else []), *outputs]))
+    models = list(dict.fromkeys([*(eqc["model"] if not eqc.empty else []), *outputs,
+                                 *(quantized or {})]))
     for model in models:
         rows = eqc[eqc["model"] == model] if not eqc.empty else eqc
         found = outputs.get(model)
         said = [_classes_line(model, rows, precisions) if len(rows) else None,
                 *(_bits_lines(model, found, reduced) if found else []),
                 labels_line(model, found) if found else None,
-                _setting_line(model, rows, explain, settings) if len(rows) else None]
+                _setting_line(model, rows, explain, settings) if len(rows) else None,
+                (quantized or {}).get(model)]
         lines += [line for line in said if line]
     return lines or ["No record ran: nothing to answer."]

@@ -26,10 +26,13 @@ from bitdrift.report.findings.classes import (
 from bitdrift.report.findings.divergence import divergence
 from bitdrift.report.findings.machine import emulated, machine
 from bitdrift.report.findings.orders import orders
+from bitdrift.report.findings.quantization import HEADING as QUANTIZATION_HEADING
+from bitdrift.report.findings.quantization import quantization, quantization_answer
 
-# The tables the findings may read: the core's (bitdrift.paths, the one list) and the
-# comparison with the atlas; each is read when a section needs it.
-TABLES = (*paths.CORE_TABLES, *paths.ATLAS_TABLES)
+# The tables the findings may read: the core's (bitdrift.paths, the one list), the
+# comparison with the atlas and the quantized models against their float models; each is
+# read when a section needs it.
+TABLES = (*paths.CORE_TABLES, *paths.ATLAS_TABLES, paths.QUANTIZATION_ERROR_TABLE)
 
 
 class StudySection(NamedTuple):
@@ -84,9 +87,11 @@ def findings(tables: dict, fingerprints: dict, study_sections=(),
     eqc = read["eqc"]
     ran = sorted(set(eqc["device"])) if not eqc.empty else []
     skipped, lone = planned_devices(planned or {})
+    quantized = read[paths.QUANTIZATION_ERROR_TABLE]
     sections = [(ANSWER_HEADING, answer(eqc, precisions, read["explain"],
                                         read["device_classes"], outputs,
-                                        read["effective_precision"]))]
+                                        read["effective_precision"],
+                                        quantization_answer(quantized)))]
     sections.append(("Machine", (machine(fingerprint) if fingerprint else ["No record ran."])
                  + [f"Devices that ran: {len(ran)}; failed: {len(read['device_failures'])}."]
                  + skipped + emulated(fingerprints)))
@@ -106,6 +111,8 @@ def findings(tables: dict, fingerprints: dict, study_sections=(),
                if line}
     if not read["argmax_agreement"].empty or between:
         sections.append(("Predicted labels", agreement(read["argmax_agreement"], between)))
+    if not quantized.empty:
+        sections.append((QUANTIZATION_HEADING, quantization(quantized)))
     if not read["observer_check"].empty:
         sections.append(("Instrumentation and the deployed model",
                          observer(read["observer_check"])))
