@@ -211,3 +211,17 @@ def test_a_model_compared_at_its_output_alone_is_bars_that_say_so(tmp_path):
 def test_a_figure_with_nothing_to_compare_says_so(tmp_path):
     figure = plot_quantization_error(pd.DataFrame(), tmp_path / "q.pdf")
     assert "nothing to compare" in figure.axes[0].texts[0].get_text()
+
+
+def test_a_table_an_earlier_run_left_in_the_folder_is_not_quoted(tmp_path):
+    """The workflow names the tables its run made (write_findings' inputs): a
+    quantization_error.csv an earlier config left in results/tables is not read, while the
+    same folder read whole (`bitdrift findings --tables`) quotes it."""
+    from bitdrift.commands.tables import write_findings_of_run
+
+    _table(_rows()).to_csv(tmp_path / "quantization_error.csv", index=False)
+    given, whole = tmp_path / "given.md", tmp_path / "whole.md"
+    write_findings_of_run([], {"eqc": tmp_path / "eqc.csv"}, given)
+    write_findings_of_run([], tmp_path, whole)
+    assert HEADING not in given.read_text()
+    assert HEADING in whole.read_text()

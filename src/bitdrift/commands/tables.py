@@ -162,8 +162,10 @@ def cmd_failures(args) -> None:
 @outputs_together
 def write_findings_of_run(files, tables, out, rst_out=None, figure=None,
                           study_sections=(), planned=None) -> None:
-    """findings.md (and the report's .rst) from the records and the run's tables in the
-    folder ``tables``; the studies' own sections (bitdrift.report.findings.StudySection,
+    """findings.md (and the report's .rst) from the records and the run's tables: the
+    folder ``tables`` (each table there by its name), or {name: CSV path} (the workflow's
+    inputs: a table the run did not make is absent, never an older run's file left in the
+    folder); the studies' own sections (bitdrift.report.findings.StudySection,
     which the caller gathers from the studies' registry: the core knows no study); the
     workflow's notes on the devices of each model (``planned``: bitdrift.plan)."""
     from pathlib import Path
@@ -171,7 +173,8 @@ def write_findings_of_run(files, tables, out, rst_out=None, figure=None,
     from bitdrift.report.findings import TABLES, write_findings
 
     names = (*TABLES, *(name for section in study_sections for name in section.tables))
-    found = {name: Path(tables) / f"{name}.csv" for name in names}
+    found = {name: tables[name] for name in names if name in tables} \
+        if isinstance(tables, dict) else {name: Path(tables) / f"{name}.csv" for name in names}
     sections = write_findings(found, files, out, rst_out, figure, study_sections, planned)
     print(f"bitdrift: {sum(len(lines) for _, lines in sections)} findings in "
           f"{len(sections)} sections -> {out}", file=sys.stderr)
