@@ -364,6 +364,25 @@ def test_an_explanation_says_when_it_is_weak_confounded_or_not_unique():
         "m: `kernel.dense_1` splits the devices as `kernel.dense_2` and `order.d` do."]
 
 
+def test_an_attribute_split_alike_by_dozens_of_long_names_stays_one_short_line():
+    """Nine long per-layer kernels (fewer than the grouping's ten) split the devices as the
+    explaining one: the line names those that fit in 300 characters, in order, and counts
+    the rest."""
+    from bitdrift.report.findings.classes import explanations
+
+    others = [f"kernel./block/attention/Layer_{index}_output_0" for index in range(9)]
+    table = pd.DataFrame([{"model": "m", "sample": 0, "layer": "output",
+                           "attributes": "graph_optimization_level", "determined": True,
+                           "search": "exact", "weak": False,
+                           "confounded": "graph_optimization_level=" + "+".join(others),
+                           "alternatives": ""}])
+    line = explanations(table)[1]
+    assert len(line) <= 300, line
+    named = [other for other in others if f"`{other}`" in line]
+    assert named == others[:len(named)] and 0 < len(named) < len(others)
+    assert line.endswith(f"and {len(others) - len(named)} more (explain.csv) do.")
+
+
 def test_an_order_that_varies_by_position_reads_as_words():
     """A layer whose pixels sum in two trees (a hand-built map: even columns one tree, odd
     columns the other, one pixel unknown): the sentence counts the trees, names the grid

@@ -10,6 +10,7 @@ from bitdrift.report.findings.text import (
     LISTED,
     SHOWN,
     and_list,
+    cut,
     first_listed,
     first_within,
     largest_kept,
@@ -104,6 +105,9 @@ def classes(eqc: pd.DataFrame, precisions: dict) -> list:
 # How a group of attributes reads when there are many (bitdrift.analysis.explain names them
 # ``kernel.<layer>``, ``order.<layer>``, ``versions.<module>``, ``env.<name>``)
 _PER_LAYER = ("kernel", "order")
+# A findings line's most characters (an attribute that splits the devices as the explaining
+# one does names as many others as fit, and counts the rest)
+LINE_MOST = 300
 
 
 def _attributes(names) -> list[str]:
@@ -151,10 +155,19 @@ def explanations(explain: pd.DataFrame) -> list[str]:
         for group in str(first.get("confounded") or "").split(";"):
             if "=" in group:
                 name, others = group.split("=", 1)
-                others = others.split("+")
-                confounded.append(f"{model}: `{name}` splits the devices as "
-                                  + and_list(_attributes(others))
-                                  + (" does." if len(others) == 1 else " do."))
+                others = _attributes(others.split("+"))
+                start = f"{model}: `{name}` splits the devices as "
+                end = " does." if len(others) == 1 else " do."
+                # as many named as the line holds, the rest counted (a CPU's flags can be
+                # dozens of long names)
+                named_others = others
+                for count in range(len(others), 0, -1):
+                    named_others = others[:count] + (
+                        [f"{len(others) - count} more (explain.csv)"]
+                        if count < len(others) else [])
+                    if len(start + and_list(named_others) + end) <= LINE_MOST:
+                        break
+                confounded.append(cut(start + and_list(named_others) + end, LINE_MOST))
         alternatives = [item for item in str(first.get("alternatives") or "").split("|")
                         if item and item != "nan"]
         if alternatives:
