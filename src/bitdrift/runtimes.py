@@ -101,5 +101,6 @@ QUANTIZATION_METHODS = {
 # settings, inputs_path, named), and imports its runtime only inside them.
 QUANTIZERS = {
     "onnxruntime": ("bitdrift.backends.exported.onnx_quantization", ("onnx",)),
+    "openvino": ("bitdrift.backends.exported.openvino_quantization", ("onnx",)),  # NNCF
 }
 DEFAULT_QUANTIZER = "onnxruntime"

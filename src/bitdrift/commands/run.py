@@ -134,12 +134,20 @@ QUANTIZE_HELP = {
 }
 
 
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(text)  # argparse: "invalid _on_off value"
+    return text == "on"
+
+
 def cmd_quantize(args) -> None:
+    from bitdrift.backends.exported.openvino_quantization import SETTINGS as NNCF_SETTINGS
     from bitdrift.backends.quantizers import quantize_model
     from bitdrift.runtimes import QUANTIZATION_SETTINGS
 
-    given = {key: getattr(args, key) for key in QUANTIZATION_SETTINGS
-             if getattr(args, key) is not None}
+    # the options given, of whichever tool: a tool refuses another's by its option
+    given = {key: getattr(args, key) for key in (*QUANTIZATION_SETTINGS, *NNCF_SETTINGS)
+             if getattr(args, key, None) is not None}
     used = quantize_model(args.model_file, args.out, {"tool": args.tool, **given},
                           args.inputs, named=lambda key: "--" + key.replace("_", "-"))
     print(f"bitdrift: wrote {args.out} ({used.pop('tool')}'s quantizer: "
@@ -196,7 +204,7 @@ def add_commands(sub) -> None:
                        "(dynamic, or static calibrated on the model's inputs)")
     p.add_argument("--tool", choices=list(QUANTIZERS), default=DEFAULT_QUANTIZER,
                    help=f"whose quantizer (default {DEFAULT_QUANTIZER}; the options below "
-                   "are ONNX Runtime's)")
+                   "are ONNX Runtime's, those marked --tool openvino NNCF's)")
     p.add_argument("--model-file", required=True, help="the float model")
     p.add_argument("--out", required=True, help="the quantized model to write")
     p.add_argument("--inputs", help="the model's inputs (.npy, or .npz of one array per "
@@ -209,4 +217,19 @@ def add_commands(sub) -> None:
         else:
             p.add_argument(option, choices=values, help=f"{QUANTIZE_HELP[key]} (ONNX "
                            f"Runtime's default: {default})")
+    from bitdrift.backends.exported import openvino_quantization as nncf_tool
+
+    for key, (values, default) in nncf_tool.SETTINGS.items():
+        option = "--" + key.replace("_", "-")
+        if key not in nncf_tool.HELP:  # a mapping (ignored_scope): the config's alone
+            continue
+        help = f"--tool openvino (NNCF): {nncf_tool.HELP[key]}"
+        if values is int:
+            p.add_argument(option, type=int, help=f"{help} (default {default})")
+        elif values == (True, False):
+            p.add_argument(option, type=_on_off, metavar="{on,off}",
+                           help=f"{help} (default on)")
+        else:
+            p.add_argument(option, choices=[value for value in values if value is not None],
+                           help=help + (f" (default {default})" if default else ""))
     p.set_defaults(func=cmd_quantize, writes_data=True)

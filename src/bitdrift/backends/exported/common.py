@@ -200,7 +200,8 @@ def deployed_session(runtime, path, device: dict, accelerator: dict, name: str):
 # The words of a runtime's message that say an op is missing (cannot_run shows that line)
 OP_WORDS = ("no conversion rule found for operations", "not implemented", "no kernel",
             "could not find an implementation", "unsupported op",
-            "didn't find op for builtin opcode", "unresolved custom op")
+            "didn't find op for builtin opcode", "unresolved custom op",
+            "no suitable implementations")  # OpenVINO's CPU plugin: no kernel for a node
 
 
 def compile_model(runtime, path, device, accelerator, trace, name, shown=None):

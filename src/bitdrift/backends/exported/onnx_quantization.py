@@ -45,13 +45,14 @@ def checked_settings(settings: dict, named=config_key) -> dict:
     return {key: settings.get(key, SETTINGS[key][1]) for key in METHODS[method]}
 
 
-def calibration_reader(model_path, inputs_path):
-    """An onnxruntime CalibrationDataReader over the model's inputs file (a .npy, or a
-    .npz of one array per input): batches of CALIBRATION_BATCH samples (the model's own
-    batch size where it fixes one). The inputs are checked against the model first: a
-    mismatch is one line naming the model, the file and why."""
+def calibration_batches(model_path, inputs_path, batch: int = CALIBRATION_BATCH,
+                        step: str = "static quantization"):
+    """The model's inputs file (a .npy, or a .npz of one array per input) as feeds
+    {input name: array} of ``batch`` samples each (the model's own batch size where it
+    fixes one), for a quantizer's calibration (``step`` names it in errors). The inputs
+    are checked against the model first: a mismatch is one line naming the model, the
+    file and why."""
     import numpy as np
-    from onnxruntime.quantization import CalibrationDataReader
 
     from bitdrift.formats import check_inputs
     from bitdrift.inputs.datasets import NamedInputs, read_inputs, sample_count
@@ -59,34 +60,40 @@ def calibration_reader(model_path, inputs_path):
     try:
         signature = check_inputs(inputs_path, model_path, "onnx")
     except ModelFormatError as error:
-        raise ModelFormatError(f"static quantization of {model_path}: its calibration set "
-                               f"does not fit ({error})") from error
+        raise ModelFormatError(f"{step} of {model_path}: its calibration set does not fit "
+                               f"({error})") from error
     inputs = read_inputs(inputs_path)
     fixed = signature[0].shape[0] if signature and signature[0].shape else None
-    batch = fixed or CALIBRATION_BATCH
+    batch = fixed or batch
     count = sample_count(inputs) // batch * batch if fixed else sample_count(inputs)
     if count == 0:
-        raise ModelFormatError(f"static quantization of {model_path}: {inputs_path} holds "
+        raise ModelFormatError(f"{step} of {model_path}: {inputs_path} holds "
                                f"{sample_count(inputs)} samples, fewer than the model's fixed "
                                f"batch of {fixed}")
+    for start in range(0, count, batch):
+        rows = inputs[start:start + batch]
+        if isinstance(rows, NamedInputs):
+            yield {name: np.ascontiguousarray(array) for name, array in rows.items()}
+        else:
+            yield {signature[0].name: np.ascontiguousarray(rows)}
 
-    def batches():
-        for start in range(0, count, batch):
-            rows = inputs[start:start + batch]
-            if isinstance(rows, NamedInputs):
-                yield {name: np.ascontiguousarray(array) for name, array in rows.items()}
-            else:
-                yield {signature[0].name: np.ascontiguousarray(rows)}
+
+def calibration_reader(model_path, inputs_path):
+    """An onnxruntime CalibrationDataReader over the model's inputs file: batches of
+    CALIBRATION_BATCH samples (calibration_batches; the inputs checked first)."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    first = list(calibration_batches(model_path, inputs_path))  # checked here, not lazily
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self._batches = batches()
+            self._batches = iter(first)
 
         def get_next(self):
             return next(self._batches, None)
 
         def rewind(self):
-            self._batches = batches()
+            self._batches = iter(first)
 
     return Reader()
 

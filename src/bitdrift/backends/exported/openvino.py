@@ -80,7 +80,7 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False):
 
     def describe():
         """The runtime model: each executed node's layer type, primitive (its kernel, ISA
-        and precision: ``brgconv_avx512_bf16``) and runtime precision."""
+        and precision) and runtime precision: ``ov Convolution:brgconv_avx512_amx_i8 u8``."""
         from bitdrift.analysis.kernels import GraphNode, KernelCall
 
         model = compiled.get_runtime_model()
@@ -92,6 +92,9 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False):
                 return info[key].astype(str) if key in info else ""
 
             kind, primitive = value("layerType"), value("primitiveType")
+            # the precision the node computes in (u8/i8 where a quantized model's int8
+            # kernels run: a FullyConnected's primitive may be "undef_I8" alone)
+            precision = value("runtimePrecision")
             converts = kind == "Reorder" and op.get_input_size() and \
                 op.input_value(0).get_element_type() != op.get_output_element_type(0)
             moves_data = kind in LAYOUT_TYPES or (kind == "Reorder" and not converts)
@@ -99,7 +102,8 @@ def compile(path, device: dict, accelerator: dict, trace: bool = False):
             nodes.append(GraphNode(
                 call=None if moves_data else KernelCall(
                     library="openvino", primitive=kind,
-                    implementation=f"ov {kind}:{primitive}", isa=isa),
+                    implementation=f"ov {kind}:{primitive}"
+                    + (f" {precision}" if precision else ""), isa=isa),
                 inputs=tuple((source.get_node().get_friendly_name(), source.get_index())
                              for source in (item.get_source_output() for item in op.inputs())),
                 outputs=tuple((op.get_friendly_name(), index)
