@@ -68,6 +68,7 @@ EXPECT_ARGUMENTS = PLAN.expect_arguments()
 ATLAS_FOLDER = PLAN.atlas_folder()
 QUANTIZED_MODELS = list(PLAN.quantized_models)
 QUANTIZATION_ERROR_PAIRS = PLAN.quantization_error_pairs()
+QUANTIZED_PARTING_MODELS = PLAN.quantized_parting_models()
 # What each study's rule file (rules/<study>.smk) adds to `all`, and the summaries of a
 # study the findings quote: {name: table path}, where the study has run.
 STUDY_TARGETS = []
@@ -224,6 +225,11 @@ def atlas_entry_files(wildcards=None):
 def findings_atlas_tables(wildcards):
     """The comparison with the atlas, which the findings quote, where the run makes it."""
     return PLAN.findings_atlas_tables()
+
+
+def findings_quantized_parting_table(wildcards):
+    """Where quantized devices part, which the findings quote, where the run makes it."""
+    return PLAN.findings_quantized_parting_table()
 
 
 def inference_model_file(wildcards):

@@ -317,6 +317,7 @@ class Plan:
                         paths.figure_file(paths.ATLAS_FIGURE)]
         if self.quantized_models:
             targets.append(paths.table_file(paths.QUANTIZATION_ERROR_TABLE))
+            targets.append(paths.table_file(paths.QUANTIZED_PARTING_TABLE))
         if any(self.config["devices"][device].get("emulate")
                for device in self.scheduled_devices):
             targets.append(paths.figure_file(paths.CPU_GENERATIONS_FIGURE))
@@ -340,6 +341,21 @@ class Plan:
                 for model, settings in self.quantized_models.items()
                 for device in self.devices
                 if self.runs_on(model, device) and self.runs_on(settings["model"], device)]
+
+    def quantized_parting_models(self) -> list[tuple[str, str, list[str]]]:
+        """(quantized model, its file, its records on every device that runs it) per
+        quantized model, in config order: what the table quantized_parting compares pair
+        by pair (bitdrift.analysis.quantized_parting)."""
+        return [(model, paths.model_file(self.config, model),
+                 [paths.record_file(model, device) for device in self.devices
+                  if self.runs_on(model, device)])
+                for model in self.quantized_models]
+
+    def findings_quantized_parting_table(self) -> dict[str, str]:
+        """The table of where quantized devices part, which the findings quote, where the
+        run makes it."""
+        return {paths.QUANTIZED_PARTING_TABLE: paths.table_file(
+            paths.QUANTIZED_PARTING_TABLE)} if self.quantized_models else {}
 
     def atlas_record_files(self) -> list[str]:
         return [paths.atlas_record_file(device) for device in self.atlas_devices]

@@ -6,7 +6,8 @@ One module per section's concept: ``answer`` (the answer in short, first: classe
 lost, labels between devices, the setting that explains most), ``machine`` (the CPU, its
 instruction sets, the emulated devices), ``classes`` (equivalence classes, what explains
 them, reduced precision, the argmax agreement), ``divergence`` (where devices part),
-``orders`` (how the layers sum), ``checks`` (the observer check, the devices that
+``orders`` (how the layers sum), ``quantized_parting`` (where a quantized model's
+devices part, and how their integers do), ``checks`` (the observer check, the devices that
 failed), ``atlas`` (this machine among the machines); ``text`` holds the list-shortening
 helpers they share, and ``document`` reads the tables and the records' fingerprints, puts
 the sections in order and writes them as Markdown and reStructuredText (a section's item:

@@ -26,10 +26,12 @@ from bitdrift.report.findings.classes import (
 from bitdrift.report.findings.divergence import divergence
 from bitdrift.report.findings.machine import emulated, machine
 from bitdrift.report.findings.orders import orders
+from bitdrift.report.findings.quantized_parting import HEADING as PARTING_HEADING
+from bitdrift.report.findings.quantized_parting import quantized_parting
 
 # The tables the findings may read: the core's (bitdrift.paths, the one list) and the
 # comparison with the atlas; each is read when a section needs it.
-TABLES = (*paths.CORE_TABLES, *paths.ATLAS_TABLES)
+TABLES = (*paths.CORE_TABLES, *paths.ATLAS_TABLES, paths.QUANTIZED_PARTING_TABLE)
 
 
 class StudySection(NamedTuple):
@@ -99,6 +101,9 @@ def findings(tables: dict, fingerprints: dict, study_sections=(),
     if not read["divergence"].empty:
         sections.append(("Where devices part", divergence(read["divergence"],
                                                           read["kernel_coverage"])))
+    if not read[paths.QUANTIZED_PARTING_TABLE].empty:
+        sections.append((PARTING_HEADING,
+                         quantized_parting(read[paths.QUANTIZED_PARTING_TABLE])))
     if not read["accumulation_orders"].empty:
         sections.append(("How the layers sum", orders(read["accumulation_orders"])))
     between = {model: line for model, line in

@@ -1,0 +1,319 @@
+"""Where and why two devices' runs of a quantized model part (issue 65): per pair of its
+devices whose final outputs are not bit-identical, the first layer in graph order (of
+those both records hold) whose bits differ, and, where that layer is an integer matmul,
+how the two devices' integers part (bitdrift.analysis.integer.how_they_part) and which
+numpy replay of the layer each device's integers equal bit for bit: exact int32
+accumulation (VNNI, AMX) or AVX2's u8 x s8 pairs summed into saturated int16
+(vpmaddubsw).
+
+The replay reads the layer's uint8/int8 input and its zero point from the record (a
+quantized layer's integers are kept as they are, with their scale and zero point:
+bitdrift.backends.exported.onnx_file.quantization_params) and its weights from the model
+file. A MatMulInteger's int32 output is compared as it is. Where ONNX Runtime has fused
+the MatMulInteger with its dequantization (MatMulIntegerToFloat, DynamicQuantizeMatMul),
+the recorded layer is the float product; each device's accumulators are then recovered
+from it (round((y - bias) / (input scale x weight scale)), exact while they stay below
+2^22) and the verdict says so. Any other first parting layer is named by its op, and
+nothing is replayed.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+COLUMNS = ["model", "first_device", "second_device", "layer", "op", "integer_layer",
+           "samples_apart", "cause", "detail", "first_replay", "second_replay",
+           "overflowing_pairs", "first_kernels", "second_kernels"]
+MATMUL_INTEGER = "MatMulInteger"
+# the float ops between a MatMulInteger and the value a fused node outputs (quantize_dynamic
+# writes Cast -> Mul (scale) -> Add (bias))
+DEQUANTIZING_OPS = ("Cast", "Mul", "Add")
+FEEDS = {"Add": ("Mul", MATMUL_INTEGER, "Cast"), "Mul": ("Cast", MATMUL_INTEGER),
+         "Cast": (MATMUL_INTEGER,)}
+# float32 holds every integer below 2^24; the recovered accumulator is trusted below 2^22
+RECOVERABLE = 1 << 22
+
+
+def _graph(model_file):
+    """(nodes by output name, constants by name) of the ONNX file, every value named as
+    the record names it (bitdrift.record.hdf5's dataset names: "/" as "__")."""
+    import onnx
+    from onnx import numpy_helper
+
+    from bitdrift.record.hdf5 import _sanitize
+
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    constants = {_sanitize(tensor.name): numpy_helper.to_array(tensor)
+                 for tensor in graph.initializer}
+    producer = {}
+    for original in graph.node:
+        node = onnx.NodeProto()
+        node.CopyFrom(original)
+        del node.input[:], node.output[:]
+        node.input.extend(_sanitize(name) for name in original.input)
+        node.output.extend(_sanitize(name) for name in original.output)
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    constants[node.output[0]] = numpy_helper.to_array(attribute.t)
+        for output in node.output:
+            producer[output] = node
+    return producer, constants
+
+
+def matmul_of(layer: str, producer: dict, constants: dict):
+    """(the MatMulInteger node, whether ``layer`` is its output itself, the float32 scale
+    and bias names of the dequantization in between) for a layer that is a MatMulInteger's
+    output or its dequantized product (DEQUANTIZING_OPS back to one); None otherwise."""
+    node = producer.get(layer)
+    chain = []
+    while node is not None and node.op_type in DEQUANTIZING_OPS and len(chain) < 3:
+        chain.append(node)
+        sources = [name for name in node.input if name in producer and
+                   name not in constants and producer[name].op_type != "Constant"]
+        # back along the integer product: Add <- Mul <- Cast <- MatMulInteger (a Mul's
+        # other operand is the scales' product, itself a Mul)
+        wanted = FEEDS[node.op_type]
+        found = [producer[name] for name in sources if producer[name].op_type in wanted]
+        node = found[0] if len(found) == 1 else None
+    if node is None or node.op_type != MATMUL_INTEGER:
+        return None
+    return node, not chain, chain
+
+
+def _value(record, sample: int, name: str, constants: dict):
+    """A value by name: a constant of the file, else the record's layer (first repeat);
+    None where neither holds it."""
+    if name in constants:
+        return np.asarray(constants[name])
+    if name in record.layer_labels(sample):
+        return record.tensor(sample, name).values[0]
+    return None
+
+
+def _bias(chain, constants) -> np.ndarray | None:
+    """The float32 bias the dequantization adds (the Add's constant operand), 0 without an
+    Add; None where the Add's operand is no constant."""
+    for node in chain:
+        if node.op_type == "Add":
+            found = next((constants[name] for name in node.input if name in constants), None)
+            return None if found is None else np.asarray(found, np.float32)
+    return np.zeros((), np.float32)
+
+
+def _scale_product(record, sample, chain, producer, constants):
+    """The float32 scale of the dequantization: the Mul's operand, or where that is a
+    Mul of the input's and the weight's scales (quantize_dynamic), their float32 product."""
+    for node in chain:
+        if node.op_type != "Mul":
+            continue
+        for name in node.input:
+            source = producer.get(name)
+            if source is not None and source.op_type == "Mul":
+                factors = [_value(record, sample, factor, constants)
+                           for factor in source.input]
+                if all(factor is not None for factor in factors):
+                    return np.float32(np.asarray(factors[0], np.float32)
+                                      * np.asarray(factors[1], np.float32))
+            elif name in constants and (source is None or source.op_type != "Cast"):
+                return np.float32(np.asarray(constants[name], np.float32).reshape(-1)[0])
+    return None
+
+
+def layer_replay(records: list, sample: int, name: str, node, direct: bool, chain,
+                 producer, constants):
+    """(the layer (integer.QuantizedLinear), its input rows (M, K) codes, each record's
+    int32 accumulators (M, N), per record whether they were recovered from the float
+    product rather than recorded) for one sample, or a string saying why there is none."""
+    from bitdrift.analysis import integer
+
+    codes_name, weights_name = node.input[0], node.input[1]
+    weights = constants.get(weights_name)
+    if weights is None or weights.ndim != 2:
+        return f"the weights {weights_name} are no constant 2-D matrix of the file"
+    codes = [_value(record, sample, codes_name, constants) for record in records]
+    if any(value is None for value in codes):
+        return f"its input codes {codes_name} are not recorded on every device"
+    if not np.array_equal(codes[0], codes[1]):
+        return f"its input codes {codes_name} differ between the devices"
+
+    def zero_point(index, record):
+        name = node.input[index] if len(node.input) > index else ""
+        if not name:
+            return 0
+        value = _value(record, sample, name, constants)
+        return None if value is None else value
+
+    zero_points = [zero_point(2, record) for record in records]
+    weight_zero_point = zero_point(3, records[0])
+    if any(value is None for value in zero_points) or weight_zero_point is None:
+        return "its zero points are not recorded"
+    if not np.array_equal(zero_points[0], zero_points[1]):
+        return "its input's zero point differs between the devices"
+    rows = np.asarray(codes[0]).reshape(-1, weights.shape[0])
+    input_zero_point = int(np.asarray(zero_points[0]).reshape(-1)[0])
+    layer = integer.QuantizedLinear(weights=weights, input_scale=1.0,
+                                    input_zero_point=input_zero_point, weight_scale=1.0,
+                                    weight_zero_point=np.asarray(weight_zero_point)
+                                    .reshape(-1) if np.size(weight_zero_point) > 1
+                                    else int(np.asarray(weight_zero_point).reshape(-1)[0]))
+    accumulators, recovered = [], []
+    for record in records:
+        # the MatMulInteger's own int32 output where this record holds it (a device
+        # without graph optimisations), else recovered from the fused float product
+        held = direct or node.output[0] in record.layer_labels(sample)
+        recovered.append(not held)
+        values = np.asarray(record.tensor(sample, node.output[0] if held else name)
+                            .values[0])
+        if held:
+            accumulators.append(values.reshape(rows.shape[0], -1).astype(np.int32))
+            continue
+        scale = _scale_product(record, sample, chain, producer, constants)
+        bias = _bias(chain, constants)
+        if scale is None or bias is None:
+            return "the dequantization's scale or bias is not known"
+        found = (values.astype(np.float64) - bias.astype(np.float64)) / np.float64(scale)
+        if np.abs(found).max(initial=0) >= RECOVERABLE:
+            return "its accumulators are too large to be recovered from the float output"
+        accumulators.append(np.rint(found).astype(np.int32).reshape(rows.shape[0], -1))
+    return layer, rows, accumulators, recovered
+
+
+def replay_verdict(matches: list[str], pairs: int, recovered: bool) -> str:
+    """One device's verdict over the samples: which replay its accumulators equal."""
+    from bitdrift.analysis import integer
+
+    what = "its accumulators (recovered from its float output)" if recovered \
+        else "its int32 output"
+    if matches and all(match == integer.EXACT for match in matches):
+        return f"{what} = exact int32 replay bit for bit"
+    if matches and all(match in (integer.SATURATED, "both") for match in matches) and \
+            integer.SATURATED in matches:
+        return f"{what} = saturated-16-bit replay bit for bit, {pairs} pairs overflow"
+    if matches and all(match in (integer.EXACT, "both") for match in matches):
+        return f"{what} = exact int32 replay bit for bit (no pair overflows)"
+    kinds = ", ".join(sorted(set(matches)))
+    return f"{what}: replay matches neither in every sample ({kinds})"
+
+
+def _first_parting(first, second, samples: list[int]):
+    """(the first layer (LayerInfo of ``first``) in graph order both records hold whose
+    bits differ in some sample, those samples); (None, []) where none does."""
+    held = second.layer_labels(samples[0])
+    for info in first.layers(samples[0]):
+        if info.label not in held:
+            continue
+        apart = [sample for sample in samples
+                 if first.digests(sample, info)[0] != second.digests(sample, info.label)[0]]
+        if apart:
+            return info, apart
+    return None, []
+
+
+def _kernels(record, layer: str) -> str:
+    from bitdrift.analysis.kernels import record_signatures
+
+    try:
+        found = record_signatures(record) or {}
+    except Exception as error:  # a record whose kernels cannot be read: said, not fatal
+        return f"unreadable ({type(error).__name__})"
+    return found.get(layer, "")
+
+
+def compare_pair(model: str, first, second, producer: dict, constants: dict) -> dict | None:
+    """The row of one pair of records of a quantized model; None where their final
+    outputs are bit-identical on every sample both hold."""
+    from bitdrift.analysis import integer
+    from bitdrift.record.hdf5 import OUTPUT
+
+    samples = [sample for sample in first.value_samples if sample in second.value_samples]
+    if not samples:
+        return None
+    if all(first.digests(sample, OUTPUT)[0] == second.digests(sample, OUTPUT)[0]
+           for sample in samples):
+        return None
+    row = {"model": model, "first_device": first.device, "second_device": second.device}
+    info, apart = _first_parting(first, second, samples)
+    if info is None:
+        return {**row, "layer": OUTPUT, "op": "", "integer_layer": False, "samples_apart": 0,
+                "cause": "the final output only",
+                "detail": "no recorded layer both hold parts; the final outputs do"}
+    name = OUTPUT if info.final else info.name
+    node = producer.get(name)
+    op = info.class_name or (node.op_type if node is not None else "")
+    row.update({"layer": name, "op": op, "samples_apart": len(apart),
+                "first_kernels": _kernels(first, name),
+                "second_kernels": _kernels(second, name)})
+    found = matmul_of(name, producer, constants) if not info.final else None
+    if found is None:
+        integer_op = node is not None and (node.op_type in ("DynamicQuantizeLinear",
+                                                            "QuantizeLinear", "ConvInteger")
+                                           or node.op_type.startswith("QLinear"))
+        return {**row, "integer_layer": integer_op,
+                "cause": f"an integer layer bitdrift does not replay ({op})" if integer_op
+                else f"the first parting layer is not an integer layer (float op {op})",
+                "detail": "", "first_replay": "", "second_replay": ""}
+    matmul, direct, chain = found
+    row["integer_layer"] = direct
+    if not direct:
+        row["op"] = (f"{op}: dequantized {matmul.op_type} {matmul.output[0]} (fused by the "
+                     f"runtime)")
+    causes, details, matches, pairs, recovered = [], [], ([], []), 0, (False, False)
+    for sample in apart:
+        replayed = layer_replay([first, second], sample, name, matmul, direct, chain,
+                                producer, constants)
+        if isinstance(replayed, str):
+            return {**row, "cause": "not replayed", "detail": replayed,
+                    "first_replay": "", "second_replay": ""}
+        layer, rows, (one, two), recovered = replayed
+        parting = integer.how_they_part(one, two, layer, rows)
+        causes.append(parting.verdict)
+        details.append(f"sample {sample}: {parting.detail}")
+        exact = integer.layer_outputs(layer, rows)
+        saturable = rows.dtype == np.uint8 and layer.weights.dtype == np.int8
+        saturated = integer.layer_outputs(layer, rows, saturated=True) if saturable else exact
+        if saturable:
+            pairs += integer.saturating_pairs(rows, layer.weights)
+        for values, kept in zip((one, two), matches, strict=True):
+            is_exact, is_saturated = (np.array_equal(values, exact),
+                                      np.array_equal(values, saturated))
+            kept.append("both" if is_exact and is_saturated else integer.EXACT if is_exact
+                        else integer.SATURATED if is_saturated else "neither")
+    row.update({"cause": "; ".join(sorted(set(causes))), "detail": details[0],
+                "first_replay": replay_verdict(matches[0], pairs, recovered[0]),
+                "second_replay": replay_verdict(matches[1], pairs, recovered[1]),
+                "overflowing_pairs": pairs})
+    return row
+
+
+def parting_table(models) -> list[dict]:
+    """The rows of every (quantized model, its file, [its records]) in ``models``: a row
+    per pair of devices that ran it and whose final outputs part."""
+    from bitdrift.record.reader import Record, read_failure
+
+    rows = []
+    for model, model_file, paths in models:
+        producer, constants = _graph(model_file)
+        ran = [path for path in paths if read_failure(path) is None]
+        for one, two in itertools.combinations(ran, 2):
+            with Record(one) as first, Record(two) as second:
+                try:
+                    row = compare_pair(model, first, second, producer, constants)
+                except Exception as error:  # one pair's analysis never fails the table
+                    row = {"model": model, "first_device": first.device,
+                           "second_device": second.device, "cause": "not analysed",
+                           "detail": f"{type(error).__name__}: {error}"[:300]}
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
+def write_parting_table(models, out) -> None:
+    """parting_table's rows as a CSV (and HTML), written atomically."""
+    from bitdrift.atomic import write_csv
+
+    rows = [{column: row.get(column) for column in COLUMNS} for row in parting_table(models)]
+    write_csv(rows, out, columns=COLUMNS)
+    print(f"bitdrift: {len(rows)} pairs of quantized devices part; wrote {out}")
