@@ -47,6 +47,11 @@ def test_the_settings_are_completed_and_the_model_runs_where_onnx_runs():
         ("net", "results/inference/net/ort.h5", "results/inference/net_int8/ort.h5",
          "results/quantized/net_int8.onnx")]
     assert "results/tables/quantization_error.csv" in plan.core_targets()
+    assert "results/tables/quantized_parting.csv" in plan.core_targets()
+    assert plan.quantized_parting_models() == [
+        ("net_int8", "results/quantized/net_int8.onnx", ["results/inference/net_int8/ort.h5"])]
+    assert plan.findings_quantized_parting_table() == {
+        "quantized_parting": "results/tables/quantized_parting.csv"}
 
 
 @pytest.mark.parametrize("change,key", [

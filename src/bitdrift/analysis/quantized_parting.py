@@ -42,7 +42,7 @@ def _graph(model_file):
     import onnx
     from onnx import numpy_helper
 
-    from bitdrift.record.hdf5 import _sanitize
+    from bitdrift.record.hdf5 import OUTPUT, _sanitize
 
     graph = onnx.load(str(model_file), load_external_data=False).graph
     constants = {_sanitize(tensor.name): numpy_helper.to_array(tensor)
@@ -60,6 +60,9 @@ def _graph(model_file):
                     constants[node.output[0]] = numpy_helper.to_array(attribute.t)
         for output in node.output:
             producer[output] = node
+    if len(graph.output) == 1 and _sanitize(graph.output[0].name) in producer:
+        # the record's final output, under the name the record gives it
+        producer[OUTPUT] = producer[_sanitize(graph.output[0].name)]
     return producer, constants
 
 
@@ -103,20 +106,41 @@ def _bias(chain, constants) -> np.ndarray | None:
     return np.zeros((), np.float32)
 
 
-def _scale_product(record, sample, chain, producer, constants):
-    """The float32 scale of the dequantization: the Mul's operand, or where that is a
-    Mul of the input's and the weight's scales (quantize_dynamic), their float32 product."""
+def _held(records: list, sample: int, name: str, constants: dict):
+    """(a value by name: a constant of the file, else a recorded layer of the records that
+    hold it (a runtime that fused it away records none), or None; why not, or which
+    devices lack it). Records that both hold it must agree bit for bit."""
+    if not name:
+        return None, "no such input"
+    if name in constants:
+        return np.asarray(constants[name]), ""
+    found = {record.device: _value(record, sample, name, constants) for record in records}
+    held = {device: value for device, value in found.items() if value is not None}
+    if not held:
+        return None, f"{name} is recorded on no device"
+    values = list(held.values())
+    if any(not np.array_equal(values[0], value) for value in values[1:]):
+        return None, f"{name} differs between the devices"
+    lacking = [device for device in found if device not in held]
+    return values[0], (f"{name} from {', '.join(held)}'s record ({', '.join(lacking)}'s "
+                       "graph fused it away)" if lacking else "")
+
+
+def _scale_product(records, sample, chain, producer, constants):
+    """The float32 scale of the dequantization: the Mul's constant operand, or where that
+    operand is a Mul of the input's and the weight's scales (quantize_dynamic), their
+    float32 product; None where unknown."""
     for node in chain:
         if node.op_type != "Mul":
             continue
         for name in node.input:
             source = producer.get(name)
             if source is not None and source.op_type == "Mul":
-                factors = [_value(record, sample, factor, constants)
+                factors = [_held(records, sample, factor, constants)[0]
                            for factor in source.input]
                 if all(factor is not None for factor in factors):
-                    return np.float32(np.asarray(factors[0], np.float32)
-                                      * np.asarray(factors[1], np.float32))
+                    return np.float32(np.asarray(factors[0], np.float32).reshape(-1)[0]
+                                      * np.asarray(factors[1], np.float32).reshape(-1)[0])
             elif name in constants and (source is None or source.op_type != "Cast"):
                 return np.float32(np.asarray(constants[name], np.float32).reshape(-1)[0])
     return None
@@ -126,39 +150,32 @@ def layer_replay(records: list, sample: int, name: str, node, direct: bool, chai
                  producer, constants):
     """(the layer (integer.QuantizedLinear), its input rows (M, K) codes, each record's
     int32 accumulators (M, N), per record whether they were recovered from the float
-    product rather than recorded) for one sample, or a string saying why there is none."""
+    product rather than recorded, notes on values read from one device's record alone)
+    for one sample, or a string saying why there is none."""
     from bitdrift.analysis import integer
 
-    codes_name, weights_name = node.input[0], node.input[1]
-    weights = constants.get(weights_name)
+    weights = constants.get(node.input[1])
     if weights is None or weights.ndim != 2:
-        return f"the weights {weights_name} are no constant 2-D matrix of the file"
-    codes = [_value(record, sample, codes_name, constants) for record in records]
-    if any(value is None for value in codes):
-        return f"its input codes {codes_name} are not recorded on every device"
-    if not np.array_equal(codes[0], codes[1]):
-        return f"its input codes {codes_name} differ between the devices"
-
-    def zero_point(index, record):
-        name = node.input[index] if len(node.input) > index else ""
-        if not name:
-            return 0
-        value = _value(record, sample, name, constants)
-        return None if value is None else value
-
-    zero_points = [zero_point(2, record) for record in records]
-    weight_zero_point = zero_point(3, records[0])
-    if any(value is None for value in zero_points) or weight_zero_point is None:
-        return "its zero points are not recorded"
-    if not np.array_equal(zero_points[0], zero_points[1]):
-        return "its input's zero point differs between the devices"
-    rows = np.asarray(codes[0]).reshape(-1, weights.shape[0])
-    input_zero_point = int(np.asarray(zero_points[0]).reshape(-1)[0])
+        return f"the weights {node.input[1]} are no constant 2-D matrix of the file"
+    codes, note = _held(records, sample, node.input[0], constants)
+    if codes is None:
+        return f"its input codes: {note}"
+    notes = [note] if note else []
+    zero_points = []
+    for index in (2, 3):
+        if len(node.input) <= index or not node.input[index]:
+            zero_points.append(0)
+            continue
+        value, note = _held(records, sample, node.input[index], constants)
+        if value is None:
+            return f"its zero point: {note}"
+        notes += [note] if note else []
+        value = np.asarray(value).reshape(-1)
+        zero_points.append(value.astype(np.int64) if value.size > 1 else int(value[0]))
+    rows = np.asarray(codes).reshape(-1, weights.shape[0])
     layer = integer.QuantizedLinear(weights=weights, input_scale=1.0,
-                                    input_zero_point=input_zero_point, weight_scale=1.0,
-                                    weight_zero_point=np.asarray(weight_zero_point)
-                                    .reshape(-1) if np.size(weight_zero_point) > 1
-                                    else int(np.asarray(weight_zero_point).reshape(-1)[0]))
+                                    input_zero_point=int(np.asarray(zero_points[0])),
+                                    weight_scale=1.0, weight_zero_point=zero_points[1])
     accumulators, recovered = [], []
     for record in records:
         # the MatMulInteger's own int32 output where this record holds it (a device
@@ -170,7 +187,7 @@ def layer_replay(records: list, sample: int, name: str, node, direct: bool, chai
         if held:
             accumulators.append(values.reshape(rows.shape[0], -1).astype(np.int32))
             continue
-        scale = _scale_product(record, sample, chain, producer, constants)
+        scale = _scale_product(records, sample, chain, producer, constants)
         bias = _bias(chain, constants)
         if scale is None or bias is None:
             return "the dequantization's scale or bias is not known"
@@ -178,24 +195,81 @@ def layer_replay(records: list, sample: int, name: str, node, direct: bool, chai
         if np.abs(found).max(initial=0) >= RECOVERABLE:
             return "its accumulators are too large to be recovered from the float output"
         accumulators.append(np.rint(found).astype(np.int32).reshape(rows.shape[0], -1))
-    return layer, rows, accumulators, recovered
+    return layer, rows, accumulators, recovered, notes
 
 
-def replay_verdict(matches: list[str], pairs: int, recovered: bool) -> str:
-    """One device's verdict over the samples: which replay its accumulators equal."""
+def qlinear_replay(records: list, sample: int, node, constants):
+    """(the layer, its input rows (M, K) codes, each record's output codes (M, N), no
+    record's recovered) of a QLinearMatMul (a, a_scale, a_zero_point, b, b_scale,
+    b_zero_point, y_scale, y_zero_point; b a constant) for one sample, or why not."""
+    from bitdrift.analysis import integer
+
+    weights = constants.get(node.input[3])
+    if weights is None or weights.ndim != 2:
+        return f"the weights {node.input[3]} are no constant 2-D matrix of the file"
+    params, notes = [], []
+    for index in (0, 1, 2, 4, 5, 6, 7):
+        value, note = _held(records, sample, node.input[index], constants)
+        if value is None:
+            return f"input {index} of the QLinearMatMul: {note}"
+        params.append(value)
+        notes += [note] if note else []
+    codes = params.pop(0)
+    a_scale, a_zero, b_scale, b_zero, y_scale, y_zero = (np.asarray(value)
+                                                         for value in params)
+
+    def scalar_or_columns(value, kind):
+        value = value.reshape(-1)
+        return value.astype(kind) if value.size > 1 else kind(value[0])
+
+    layer = integer.QuantizedLinear(
+        weights=weights, input_scale=float(a_scale.reshape(-1)[0]),
+        input_zero_point=int(a_zero.reshape(-1)[0]),
+        weight_scale=scalar_or_columns(b_scale, np.float32),
+        weight_zero_point=scalar_or_columns(b_zero, np.int64),
+        output_scale=float(y_scale.reshape(-1)[0]),
+        output_zero_point=int(y_zero.reshape(-1)[0]), output_dtype=y_zero.dtype.type)
+    rows = np.asarray(codes).reshape(-1, weights.shape[0])
+    outputs = [np.asarray(record.tensor(sample, node.output[0]).values[0])
+               .reshape(rows.shape[0], -1) for record in records]
+    return layer, rows, outputs, [False, False], notes
+
+
+def matching_replays(values: np.ndarray, layer, rows: np.ndarray) -> set:
+    """The replays of ``layer`` on ``rows`` that ``values`` equal bit for bit:
+    {(accumulation, rounding or None)} (bitdrift.analysis.integer: exact int32 and, for
+    u8 x s8, the saturated 16-bit pairs; each rounding where the layer requantises)."""
+    from bitdrift.analysis import integer
+
+    paths = [integer.EXACT] + ([integer.SATURATED] if rows.dtype == np.uint8 and
+                               layer.weights.dtype == np.int8 else [])
+    roundings = [None] if layer.output_scale is None else list(integer.ROUNDINGS)
+    return {(path, rounding) for path in paths for rounding in roundings
+            if np.array_equal(values, integer.layer_outputs(
+                layer, rows, path == integer.SATURATED, rounding or integer.HALF_TO_EVEN))}
+
+
+def replay_verdict(matches: list[set], pairs: int, recovered: bool) -> str:
+    """One device's verdict over the parting samples (``matches``: per sample, the replays
+    its integers equal: matching_replays)."""
     from bitdrift.analysis import integer
 
     what = "its accumulators (recovered from its float output)" if recovered \
-        else "its int32 output"
-    if matches and all(match == integer.EXACT for match in matches):
-        return f"{what} = exact int32 replay bit for bit"
-    if matches and all(match in (integer.SATURATED, "both") for match in matches) and \
-            integer.SATURATED in matches:
-        return f"{what} = saturated-16-bit replay bit for bit, {pairs} pairs overflow"
-    if matches and all(match in (integer.EXACT, "both") for match in matches):
-        return f"{what} = exact int32 replay bit for bit (no pair overflows)"
-    kinds = ", ".join(sorted(set(matches)))
-    return f"{what}: replay matches neither in every sample ({kinds})"
+        else "its integers"
+    common = set.intersection(*matches) if matches else set()
+    if not common:
+        matched = sum(bool(found) for found in matches)
+        return (f"{what}: replay matches neither (no replay gives them in "
+                f"{len(matches) - matched} of {len(matches)} samples)")
+    paths = {path for path, _ in common}
+    roundings = sorted({rounding for _, rounding in common if rounding})
+    rounded = f", rounded {' or '.join(roundings)}" if roundings else ""
+    if paths == {integer.SATURATED}:
+        return f"{what} = saturated-16-bit replay{rounded} bit for bit, {pairs} pairs overflow"
+    if integer.SATURATED in paths:
+        return (f"{what} = exact int32 replay{rounded} bit for bit (the saturated 16-bit "
+                "path gives the same: no pair overflows)")
+    return f"{what} = exact int32 replay{rounded} bit for bit"
 
 
 def _first_parting(first, second, samples: list[int]):
@@ -246,8 +320,9 @@ def compare_pair(model: str, first, second, producer: dict, constants: dict) -> 
     row.update({"layer": name, "op": op, "samples_apart": len(apart),
                 "first_kernels": _kernels(first, name),
                 "second_kernels": _kernels(second, name)})
-    found = matmul_of(name, producer, constants) if not info.final else None
-    if found is None:
+    found = matmul_of(name, producer, constants)
+    qlinear = node is not None and node.op_type == "QLinearMatMul"
+    if found is None and not qlinear:
         integer_op = node is not None and (node.op_type in ("DynamicQuantizeLinear",
                                                             "QuantizeLinear", "ConvInteger")
                                            or node.op_type.startswith("QLinear"))
@@ -255,32 +330,35 @@ def compare_pair(model: str, first, second, producer: dict, constants: dict) -> 
                 "cause": f"an integer layer bitdrift does not replay ({op})" if integer_op
                 else f"the first parting layer is not an integer layer (float op {op})",
                 "detail": "", "first_replay": "", "second_replay": ""}
-    matmul, direct, chain = found
-    row["integer_layer"] = direct
-    if not direct:
-        row["op"] = (f"{op}: dequantized {matmul.op_type} {matmul.output[0]} (fused by the "
-                     f"runtime)")
+    row["integer_layer"] = qlinear or found[1]
+    if found is not None and not found[1]:
+        row["op"] = (f"{op}: dequantized {found[0].op_type} {found[0].output[0]} (fused by "
+                     "the runtime)")
     causes, details, matches, pairs, recovered = [], [], ([], []), 0, (False, False)
     for sample in apart:
-        replayed = layer_replay([first, second], sample, name, matmul, direct, chain,
-                                producer, constants)
+        replayed = qlinear_replay([first, second], sample, node, constants) if qlinear \
+            else layer_replay([first, second], sample, name, *found, producer, constants)
         if isinstance(replayed, str):
             return {**row, "cause": "not replayed", "detail": replayed,
                     "first_replay": "", "second_replay": ""}
-        layer, rows, (one, two), recovered = replayed
+        layer, rows, (one, two), recovered, notes = replayed
         parting = integer.how_they_part(one, two, layer, rows)
         causes.append(parting.verdict)
-        details.append(f"sample {sample}: {parting.detail}")
-        exact = integer.layer_outputs(layer, rows)
-        saturable = rows.dtype == np.uint8 and layer.weights.dtype == np.int8
-        saturated = integer.layer_outputs(layer, rows, saturated=True) if saturable else exact
-        if saturable:
+        details.append(f"sample {sample}: {parting.detail}"
+                       + "".join(f"; {note}" for note in dict.fromkeys(notes)))
+        if rows.dtype == np.uint8 and layer.weights.dtype == np.int8:
             pairs += integer.saturating_pairs(rows, layer.weights)
         for values, kept in zip((one, two), matches, strict=True):
-            is_exact, is_saturated = (np.array_equal(values, exact),
-                                      np.array_equal(values, saturated))
-            kept.append("both" if is_exact and is_saturated else integer.EXACT if is_exact
-                        else integer.SATURATED if is_saturated else "neither")
+            kept.append(matching_replays(values, layer, rows))
+    if set(causes) == {integer.IDENTICAL}:
+        # the integers agree (recorded, or recovered from the product): the float
+        # dequantization after them parts
+        return {**row, "integer_layer": False,
+                "cause": f"the first parting layer is not an integer layer (float op "
+                         f"{node.op_type if node is not None else op})",
+                "detail": f"the integers of {found[0].output[0] if found else name} are the "
+                          "same on both devices; the float dequantization after them parts",
+                "first_replay": "", "second_replay": ""}
     row.update({"cause": "; ".join(sorted(set(causes))), "detail": details[0],
                 "first_replay": replay_verdict(matches[0], pairs, recovered[0]),
                 "second_replay": replay_verdict(matches[1], pairs, recovered[1]),

@@ -21,10 +21,11 @@ def quantized_parting(table: pd.DataFrame) -> list:
                 "bit-identical."]
     shown = table[[column for column in SHOWN if column in table.columns]].rename(
         columns=SHOWN)
-    replayed = int(table["first_replay"].fillna("").astype(str).str.contains(
-        "replay bit for bit").sum()) if "first_replay" in table.columns else 0
+    replays = [table[column].fillna("").astype(str).str.contains("bit for bit")
+               for column in ("first_replay", "second_replay") if column in table.columns]
+    replayed = int((replays[0] & replays[1]).sum()) if len(replays) == 2 else 0
     return [f"{len(table)} pair(s) of a quantized model's devices part. Where the first "
             "parting layer is an integer matmul, its integers are replayed in numpy from "
             "the recorded codes and the model's weights (exact int32 against AVX2's "
-            f"saturated 16-bit pairs); {replayed} pair(s) with device A's replayed bit for "
-            "bit.", shown]
+            f"saturated 16-bit pairs): in {replayed} pair(s) each device's integers are one "
+            "replay's bit for bit.", shown]
