@@ -121,14 +121,14 @@ def test_the_core_results_are_what_the_analysis_rules_make():
     assert "table_file(" not in (ROOT / "rules/common.smk").read_text()
 
 
-def test_the_findings_read_the_core_tables_and_the_atlas():
+def test_the_findings_read_the_core_tables_the_atlas_and_the_quantized_parting():
     from bitdrift.report.findings import TABLES
 
     assert set(TABLES) == {"eqc", "eqc_layers", "precision", "explain", "divergence",
                            "effective_precision", "argmax_agreement", "observer_check",
                            "kernels", "kernel_coverage", "accumulation_orders",
                            "flag_groups", "device_classes", "eqc_table", "device_failures",
-                           "atlas", "atlas_refused"}
+                           "atlas", "atlas_refused", "quantized_parting"}
 
 
 def test_a_missing_external_record_stops_the_plan_with_the_command_that_makes_it():
