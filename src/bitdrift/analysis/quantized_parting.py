@@ -1,10 +1,11 @@
 """Where and why two devices' runs of a quantized model part (issue 65): per pair of its
 devices whose final outputs are not bit-identical, the first layer in graph order (of
-those both records hold) whose bits differ, and, where that layer is an integer matmul,
-how the two devices' integers part (bitdrift.analysis.integer.how_they_part) and which
-numpy replay of the layer each device's integers equal bit for bit: exact int32
-accumulation (VNNI, AMX) or AVX2's u8 x s8 pairs summed into saturated int16
-(vpmaddubsw).
+those both records hold) whose bits differ, and, where that layer is an integer matmul
+(a MatMulInteger, a QLinearMatMul), how the two devices' integers part
+(bitdrift.analysis.integer.how_they_part) and which numpy replay of the layer each
+device's integers equal bit for bit: exact int32 accumulation (VNNI, AMX) or AVX2's
+u8 x s8 pairs summed into saturated int16 (vpmaddubsw), and for a requantising layer
+each rounding mode.
 
 The replay reads the layer's uint8/int8 input and its zero point from the record (a
 quantized layer's integers are kept as they are, with their scale and zero point:
@@ -13,8 +14,10 @@ file. A MatMulInteger's int32 output is compared as it is. Where ONNX Runtime ha
 the MatMulInteger with its dequantization (MatMulIntegerToFloat, DynamicQuantizeMatMul),
 the recorded layer is the float product; each device's accumulators are then recovered
 from it (round((y - bias) / (input scale x weight scale)), exact while they stay below
-2^22) and the verdict says so. Any other first parting layer is named by its op, and
-nothing is replayed.
+2^22) and the verdict says so; a value such a graph does not hold (the codes inside a
+DynamicQuantizeMatMul) is read from the other device's record. Where the integers agree
+and the dequantization after them parts, or the first parting layer is any other op,
+it is named by its op and nothing is replayed (a ConvInteger is named, not replayed).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ MATMUL_INTEGER = "MatMulInteger"
 # the float ops between a MatMulInteger and the value a fused node outputs (quantize_dynamic
 # writes Cast -> Mul (scale) -> Add (bias))
 DEQUANTIZING_OPS = ("Cast", "Mul", "Add")
-FEEDS = {"Add": ("Mul", MATMUL_INTEGER, "Cast"), "Mul": ("Cast", MATMUL_INTEGER),
-         "Cast": (MATMUL_INTEGER,)}
+CONV_INTEGER = "ConvInteger"  # named where it parts; its im2col pairing is not replayed
+INTEGER_PRODUCTS = (MATMUL_INTEGER, CONV_INTEGER)
+FEEDS = {"Add": ("Mul", "Cast", *INTEGER_PRODUCTS), "Mul": ("Cast", *INTEGER_PRODUCTS),
+         "Cast": INTEGER_PRODUCTS}
 # float32 holds every integer below 2^24; the recovered accumulator is trusted below 2^22
 RECOVERABLE = 1 << 22
 
@@ -67,9 +72,10 @@ def _graph(model_file):
 
 
 def matmul_of(layer: str, producer: dict, constants: dict):
-    """(the MatMulInteger node, whether ``layer`` is its output itself, the float32 scale
-    and bias names of the dequantization in between) for a layer that is a MatMulInteger's
-    output or its dequantized product (DEQUANTIZING_OPS back to one); None otherwise."""
+    """(the MatMulInteger or ConvInteger node, whether ``layer`` is its output itself,
+    the dequantizing nodes in between, from ``layer`` back) for a layer that is such a
+    node's output or its dequantized product (DEQUANTIZING_OPS back to one); None
+    otherwise."""
     node = producer.get(layer)
     chain = []
     while node is not None and node.op_type in DEQUANTIZING_OPS and len(chain) < 3:
@@ -81,7 +87,7 @@ def matmul_of(layer: str, producer: dict, constants: dict):
         wanted = FEEDS[node.op_type]
         found = [producer[name] for name in sources if producer[name].op_type in wanted]
         node = found[0] if len(found) == 1 else None
-    if node is None or node.op_type != MATMUL_INTEGER:
+    if node is None or node.op_type not in INTEGER_PRODUCTS:
         return None
     return node, not chain, chain
 
@@ -287,13 +293,16 @@ def _first_parting(first, second, samples: list[int]):
 
 
 def _kernels(record, layer: str) -> str:
+    """The kernels the record's traced repeat names for ``layer`` (a dataset name), as
+    bitdrift.analysis.kernels signs them ("ort ms:MatMulIntegerToFloat"); "" without."""
     from bitdrift.analysis.kernels import record_signatures
+    from bitdrift.record.hdf5 import _sanitize
 
     try:
         found = record_signatures(record) or {}
     except Exception as error:  # a record whose kernels cannot be read: said, not fatal
         return f"unreadable ({type(error).__name__})"
-    return found.get(layer, "")
+    return {_sanitize(name): signature for name, signature in found.items()}.get(layer, "")
 
 
 def compare_pair(model: str, first, second, producer: dict, constants: dict) -> dict | None:
@@ -317,23 +326,33 @@ def compare_pair(model: str, first, second, producer: dict, constants: dict) -> 
     name = OUTPUT if info.final else info.name
     node = producer.get(name)
     op = info.class_name or (node.op_type if node is not None else "")
+    # the traced kernels name the final output by the graph's own name
+    kernel_layer = node.output[0] if info.final and node is not None else name
     row.update({"layer": name, "op": op, "samples_apart": len(apart),
-                "first_kernels": _kernels(first, name),
-                "second_kernels": _kernels(second, name)})
+                "first_kernels": _kernels(first, kernel_layer),
+                "second_kernels": _kernels(second, kernel_layer)})
     found = matmul_of(name, producer, constants)
     qlinear = node is not None and node.op_type == "QLinearMatMul"
     if found is None and not qlinear:
         integer_op = node is not None and (node.op_type in ("DynamicQuantizeLinear",
                                                             "QuantizeLinear", "ConvInteger")
                                            or node.op_type.startswith("QLinear"))
+        kernels = (row["first_kernels"], row["second_kernels"])
         return {**row, "integer_layer": integer_op,
                 "cause": f"an integer layer bitdrift does not replay ({op})" if integer_op
                 else f"the first parting layer is not an integer layer (float op {op})",
-                "detail": "", "first_replay": "", "second_replay": ""}
+                "detail": f"another kernel: {kernels[0]} against {kernels[1]}"
+                if all(kernels) and kernels[0] != kernels[1] else "",
+                "first_replay": "", "second_replay": ""}
     row["integer_layer"] = qlinear or found[1]
     if found is not None and not found[1]:
         row["op"] = (f"{op}: dequantized {found[0].op_type} {found[0].output[0]} (fused by "
                      "the runtime)")
+    if found is not None and found[0].op_type == CONV_INTEGER:
+        return {**row, "cause": f"an integer layer bitdrift does not replay ({CONV_INTEGER})",
+                "detail": "a convolution's u8 x s8 pairs follow its kernel's im2col "
+                          "layout, which the replay does not model", "first_replay": "",
+                "second_replay": ""}
     causes, details, matches, pairs, recovered = [], [], ([], []), 0, (False, False)
     for sample in apart:
         replayed = qlinear_replay([first, second], sample, node, constants) if qlinear \

@@ -21,7 +21,13 @@ def quantized_parting(table: pd.DataFrame) -> list:
                 "bit-identical."]
     shown = table[[column for column in SHOWN if column in table.columns]].rename(
         columns=SHOWN)
-    replays = [table[column].fillna("").astype(str).str.contains("bit for bit")
+    if {"first_kernels", "second_kernels"} <= set(table.columns):
+        # the traced kernels where the record holds them ("ort ms:MatMulIntegerToFloat")
+        first, second = (table[column].astype(object).fillna("").astype(str)
+                         for column in ("first_kernels", "second_kernels"))
+        shown.insert(5, "kernels (A / B)", [f"{one} / {two}" if one or two else ""
+                                            for one, two in zip(first, second, strict=True)])
+    replays = [table[column].astype(object).fillna("").astype(str).str.contains("bit for bit")
                for column in ("first_replay", "second_replay") if column in table.columns]
     replayed = int((replays[0] & replays[1]).sum()) if len(replays) == 2 else 0
     return [f"{len(table)} pair(s) of a quantized model's devices part. Where the first "
