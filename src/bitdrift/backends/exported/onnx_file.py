@@ -203,8 +203,11 @@ def open_session(runtime, job: dict, name: str):
     accelerator = runtime.check_accelerator(name, device)
     accelerator["model_format"] = NAME
     trace = bool(job.get("trace"))
-    model, layers, untyped = instrumented(path, integers=True)
-    quantization = quantization_params(load_model(path), layers)
+    # a quantized model's integer layers where the runtime returns them as graph outputs
+    # (ONNX Runtime: INTEGER_LAYERS)
+    model, layers, untyped = instrumented(path, integers=getattr(runtime, "INTEGER_LAYERS",
+                                                                 False))
+    quantization = quantization_params(model, layers)  # the file's nodes and constants
     # A runtime that writes the graph it deploys (ONNX Runtime) has that graph's node
     # outputs exposed instead of the file's: exposing a value of the file (a MatMul's
     # output) stops the fusion that consumes it (MatMul+Add -> Gemm), and the layers would
