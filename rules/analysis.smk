@@ -248,6 +248,32 @@ rule plot_quantization_error:
         "../workflow/scripts/plot_quantization_error.py"
 
 
+rule tabulate_quantized_parting:
+    input:
+        records=[path for entry in QUANTIZED_PARTING_MODELS for path in entry[2]],
+        models=[entry[1] for entry in QUANTIZED_PARTING_MODELS],
+    output:
+        table=paths.table_file(paths.QUANTIZED_PARTING_TABLE),
+        html=report(
+            paths.table_html(paths.QUANTIZED_PARTING_TABLE),
+            caption="../workflow/report/quantized_parting_table.rst",
+            category="Findings",
+            labels={"kind": "table", "name": paths.QUANTIZED_PARTING_TABLE},
+        ),
+    log:
+        "logs/tabulate_quantized_parting/all.log",
+    benchmark:
+        "results/benchmarks/tabulate_quantized_parting/all.tsv"
+    conda:
+        "../envs/bitdrift.yaml"
+    resources:
+        **ANALYSIS_RESOURCES,
+    params:
+        models=QUANTIZED_PARTING_MODELS,
+    script:
+        "../workflow/scripts/tabulate_quantized_parting.py"
+
+
 rule tabulate_argmax_agreement:
     input:
         records=record_files,

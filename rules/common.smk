@@ -69,6 +69,7 @@ ATLAS_FOLDER = PLAN.atlas_folder()
 QUANTIZED_MODELS = list(PLAN.quantized_models)
 QUANTIZED_SUFFIXES = sorted(set(paths.QUANTIZED_SUFFIXES.values()))
 QUANTIZATION_ERROR_PAIRS = PLAN.quantization_error_pairs()
+QUANTIZED_PARTING_MODELS = PLAN.quantized_parting_models()
 # What each study's rule file (rules/<study>.smk) adds to `all`, and the summaries of a
 # study the findings quote: {name: table path}, where the study has run.
 STUDY_TARGETS = []
@@ -223,7 +224,8 @@ def atlas_entry_files(wildcards=None):
 
 
 def findings_quantization_tables(wildcards):
-    """The quantized models against their float models, where the config quantizes one."""
+    """The quantized models' tables (against their float models, where their devices part),
+    where the config quantizes one."""
     return PLAN.findings_quantization_tables()
 
 

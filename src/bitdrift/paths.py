@@ -176,6 +176,9 @@ ATLAS_FIGURE = "atlas"
 # (bitdrift.analysis.quantization_error): its table and figure
 QUANTIZATION_ERROR_TABLE = "quantization_error"
 QUANTIZATION_ERROR_FIGURE = "quantization_error"
+# Per pair of a quantized model's devices that part: the first layer, the cause, the
+# integer replay's verdict (bitdrift.analysis.quantized_parting)
+QUANTIZED_PARTING_TABLE = "quantized_parting"
 
 
 def result_file(kind: str, name: str) -> str:

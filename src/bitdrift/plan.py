@@ -317,7 +317,8 @@ class Plan:
                         paths.figure_file(paths.ATLAS_FIGURE)]
         if self.quantized_models:
             targets += [paths.table_file(paths.QUANTIZATION_ERROR_TABLE),
-                        paths.figure_file(paths.QUANTIZATION_ERROR_FIGURE)]
+                        paths.figure_file(paths.QUANTIZATION_ERROR_FIGURE),
+                        paths.table_file(paths.QUANTIZED_PARTING_TABLE)]
         if any(self.config["devices"][device].get("emulate")
                for device in self.scheduled_devices):
             targets.append(paths.figure_file(paths.CPU_GENERATIONS_FIGURE))
@@ -342,14 +343,24 @@ class Plan:
                 for device in self.devices
                 if self.runs_on(model, device) and self.runs_on(settings["model"], device)]
 
+    def quantized_parting_models(self) -> list[tuple[str, str, list[str]]]:
+        """(quantized model, its file, its records on every device that runs it) per
+        quantized model, in config order: what the table quantized_parting compares pair
+        by pair (bitdrift.analysis.quantized_parting)."""
+        return [(model, paths.model_file(self.config, model),
+                 [paths.record_file(model, device) for device in self.devices
+                  if self.runs_on(model, device)])
+                for model in self.quantized_models]
+
     def atlas_record_files(self) -> list[str]:
         return [paths.atlas_record_file(device) for device in self.atlas_devices]
 
     def findings_quantization_tables(self) -> dict[str, str]:
-        """The quantized models against their float models, which the findings quote,
-        where the config quantizes a model."""
-        return {paths.QUANTIZATION_ERROR_TABLE: paths.table_file(
-            paths.QUANTIZATION_ERROR_TABLE)} if self.quantized_models else {}
+        """The quantized models' tables the findings quote (against their float models,
+        where their devices part), where the config quantizes a model."""
+        return {name: paths.table_file(name) for name in
+                (paths.QUANTIZATION_ERROR_TABLE, paths.QUANTIZED_PARTING_TABLE)} \
+            if self.quantized_models else {}
 
     def findings_atlas_tables(self) -> dict[str, str]:
         """The comparison with the atlas, which the findings quote, where the run makes it."""

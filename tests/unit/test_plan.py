@@ -128,7 +128,7 @@ def test_the_findings_read_the_core_tables_the_atlas_and_the_quantized_models():
                            "effective_precision", "argmax_agreement", "observer_check",
                            "kernels", "kernel_coverage", "accumulation_orders",
                            "flag_groups", "device_classes", "eqc_table", "device_failures",
-                           "atlas", "atlas_refused", "quantization_error"}
+                           "atlas", "atlas_refused", "quantization_error", "quantized_parting"}
 
 
 def test_a_missing_external_record_stops_the_plan_with_the_command_that_makes_it():

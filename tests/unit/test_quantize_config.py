@@ -46,16 +46,20 @@ def test_the_settings_are_completed_and_the_model_runs_where_onnx_runs():
     assert plan.quantization_error_pairs() == [
         ("net", "results/inference/net/ort.h5", "results/inference/net_int8/ort.h5",
          "results/quantized/net_int8.onnx")]
-    assert plan.core_targets()[-2:] == ["results/tables/quantization_error.csv",
-                                        "results/figures/quantization_error.pdf"]
+    assert plan.core_targets()[-3:] == ["results/tables/quantization_error.csv",
+                                        "results/figures/quantization_error.pdf",
+                                        "results/tables/quantized_parting.csv"]
     # the findings quote the table where the config quantizes a model, and only there
     assert plan.findings_quantization_tables() == {
-        "quantization_error": "results/tables/quantization_error.csv"}
+        "quantization_error": "results/tables/quantization_error.csv",
+        "quantized_parting": "results/tables/quantized_parting.csv"}
     unquantized = copy.deepcopy(config)
     del unquantized["models"]["net_int8"]
     assert Plan(unquantized).findings_quantization_tables() == {}
     assert not any("quantization_error" in target
                    for target in Plan(unquantized).core_targets())
+    assert plan.quantized_parting_models() == [
+        ("net_int8", "results/quantized/net_int8.onnx", ["results/inference/net_int8/ort.h5"])]
 
 
 @pytest.mark.parametrize("change,key", [

@@ -71,12 +71,19 @@ def test_truncated_file_is_rejected(tmp_path):
         Record(path).tensor(0, "output")
 
 
-def test_output_must_be_float(tmp_path):
+def test_output_must_be_float_or_a_quantized_layers_integers(tmp_path):
     path = tmp_path / "int.h5"
     write_record(path, {**BASE_ATTRS, "model": "m", "device": "d"},
-                 {0: {"output": np.zeros((1, 3), np.int32)}})
-    with pytest.raises(RecordError, match="non-float"):
+                 {0: {"output": np.zeros((1, 3), np.int64)}})
+    with pytest.raises(RecordError, match="neither float nor a quantized layer's"):
         Record(path).tensor(0, "output")
+    # a quantized layer's codes and accumulators are kept with their own dtype
+    for dtype in (np.uint8, np.int8, np.int32):
+        values = np.array([[0, 127, 5]], dtype)
+        write_record(path, {**BASE_ATTRS, "model": "m", "device": "d"},
+                     {0: {"output": values}})
+        found = Record(path).tensor(0, "output").values
+        assert found.dtype == dtype and found.tolist() == values.tolist()
 
 
 def test_atomic_output_leaves_nothing_when_interrupted(tmp_path):

@@ -27,7 +27,7 @@ from bitdrift.analysis.remaining_precision import (
     as_float64,
     significant_bits,
 )
-from bitdrift.record.hdf5 import DigestOnly, RecordError
+from bitdrift.record.hdf5 import INTEGER_DTYPES, DigestOnly, RecordError
 from bitdrift.record.reader import Record, group_by_model
 
 EQC_COLUMNS = ["model", "sample", "device", "eqc", "deterministic", "distinct_outputs",
@@ -49,7 +49,10 @@ PRECISION_EXTRA_COLUMNS = ["precision", "n_devices", "layer_class", "significant
                            "reduced_precision_devices",
                            # the same over the devices left when those are set aside
                            # (empty where none is flagged): how far one device bounds it
-                           "remaining_precision_without_reduced"]
+                           "remaining_precision_without_reduced",
+                           # why a layer has no remaining precision (a quantized
+                           # layer's integers: bits of a float format only)
+                           "not_analysed"]
 
 
 class OutputKey:
@@ -218,6 +221,7 @@ def _analyse_layer(model, group, sample, info, analysed_precision,
     formats = set()
     shape = None
     analysed_values, reference, reference_name = [], None, "mean of the devices"
+    integers = None  # the integer dtype of a quantized layer's values
     # All devices are read before any is analysed: interleaving HDF5 reads with the
     # NumPy work below made the analysis ~25 % slower (each evicts the other's caches).
     # One label is one dataset name in every record (the final output apart).
@@ -247,7 +251,10 @@ def _analyse_layer(model, group, sample, info, analysed_precision,
                 and analysed_precision != "float64":
             reference = representative.reshape(-1).astype(np.float64)
             reference_name = f"float64 device {record.device}"
-        if record.precision == analysed_precision:
+        if record.precision == analysed_precision and \
+                tensor.float_format in INTEGER_DTYPES:
+            integers = tensor.float_format  # classes on the bits; no float format's bits
+        elif record.precision == analysed_precision:
             if significant:
                 analysed_values.append(as_float64(representative, tensor.float_format)
                                        .reshape(-1))
@@ -260,7 +267,14 @@ def _analyse_layer(model, group, sample, info, analysed_precision,
                     if declared is None:
                         declared = RemainingPrecisionAccumulator(tensor.float_format)
                     declared.add(representative)
-    if accumulator is None:
+    if accumulator is None and integers is not None:
+        # a quantized layer's integers: classes on their bits, as for floats; the remaining
+        # precision is a float format's measure, so the row says why it has none
+        stats = {"remaining_precision": np.nan, "remaining_precision_uncapped": np.nan,
+                 "median_remaining_precision": np.nan, "deviating_fraction": np.nan,
+                 "not_analysed": f"{integers} integers of a quantized layer: remaining "
+                                 "precision is measured on float formats"}
+    elif accumulator is None:
         stats = None
     elif len(formats) > 1:
         # Devices of one nominal precision computed this layer in different formats.
@@ -277,7 +291,7 @@ def _analyse_layer(model, group, sample, info, analysed_precision,
                  "remaining_precision_without_reduced":
                      declared.result()["remaining_precision"]
                      if declared is not None and len(formats) == 1 else None}
-        if significant and len(formats) == 1:
+        if significant and len(formats) == 1 and integers is None:
             stats.update(significant_bits(np.stack(analysed_values), formats.pop(),
                                           reference),
                          significant_bits_reference=reference_name)
@@ -381,7 +395,7 @@ def _precision_row(result: LayerResult) -> dict | None:
     if result.precision is None:
         return None
     return {"significant_bits_mean": None, "significant_bits_min": None,
-            "significant_bits_reference": None,
+            "significant_bits_reference": None, "not_analysed": None,
             "model": result.model, "sample": result.sample, "layer": result.layer,
             "position": result.position, **result.precision,
             "layer_class": result.layer_class}

@@ -142,6 +142,10 @@ class Session:
     # instrumented one, in graph order ({"deployed": [KernelCall as dict], "instrumented":
     # [...]}), so the traced repeat names the deployed graph's kernels where they differ
     deployed_kernels: dict | None = None
+    # A quantized model's integer layers: their scale and zero point where the graph gives
+    # them ({layer: {"scale": [numbers] or {"layer": name}, ...}}, onnx_file.
+    # quantization_params); the record keeps them as the layers' attributes
+    quantization: dict = field(default_factory=dict)
 
 
 def get(name: str):

@@ -16,7 +16,10 @@ Layout (documented in docs/record-format.md):
     /samples/<index>/layers/<layer>
                             dataset (repeats, *layer_shape), attr position (int), attr name
 
-Values are stored with the dtype they were computed in (float16/32/64). bfloat16 has no
+Values are stored with the dtype they were computed in (float16/32/64; a quantized
+model's integer layers as uint8/int8 codes and int32 accumulators, with attributes
+``scale`` and ``zero_point``, or the zero points of a MatMulInteger's operands, where the
+graph gives them, ``scale_layer`` naming the layer holding a per-batch scale). bfloat16 has no
 numpy dtype, so its raw bits are stored as uint16 with the attribute ``bfloat16_raw_bits``.
 
 Format 4: each tensor's dataset holds its distinct repeats once (in order of first
@@ -71,6 +74,8 @@ OUTPUT = "output"
 # output only, the runtime's own graph optimisations) beside the instrumented run's
 DEPLOYED = "deployed"
 OBSERVER_ATTR = "observer_check"
+# A quantized layer's integer outputs, kept with their own dtype (issue 65)
+INTEGER_DTYPES = ("uint8", "int8", "int32")
 SAMPLE_NAME = re.compile(r"0|[1-9][0-9]*")
 
 
@@ -184,8 +189,11 @@ def tensor_of(dataset, path) -> Tensor:
     if is_bf16 and values.dtype != np.uint16:
         raise RecordError(f"{path}: {dataset.name} is marked bfloat16 but is stored as "
                           f"{values.dtype}")
-    if not is_bf16 and values.dtype.kind != "f":
-        raise RecordError(f"{path}: {dataset.name} has non-float dtype {values.dtype}")
+    # a quantized layer's integers are kept as they are (uint8/int8 codes, int32
+    # accumulators); anything else is no tensor of a model
+    if not is_bf16 and values.dtype.kind != "f" and values.dtype.name not in INTEGER_DTYPES:
+        raise RecordError(f"{path}: {dataset.name} has dtype {values.dtype}, neither float "
+                          f"nor a quantized layer's ({', '.join(INTEGER_DTYPES)})")
     if rows is not None and not (len(rows) == len(values) and
                                  np.array_equal(rows, np.arange(len(rows)))):
         values = values[rows]  # each distinct repeat was stored once

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 from bitdrift.errors import RecordError, json_kind
 from bitdrift.record.hdf5 import (
@@ -406,6 +407,21 @@ class Record:
         outside analysis.full_samples)."""
         dataset = self._dataset(sample, layer)
         return not (has_attr(dataset, REPEAT_DIGEST) and dataset.shape[0] == 0)
+
+    def quantization(self, sample: int, layer: str | LayerInfo) -> dict:
+        """A quantized model's integer layer's scale and zero point as the record keeps
+        them ({"scale": array, "zero_point": array, "scale_layer": name, ...}; the zero
+        points of a MatMulInteger's operands as "input_zero_point" and
+        "weight_zero_point"); {} for a float layer or where the graph gives none."""
+        dataset = self._dataset(sample, layer)
+        keys = ("scale", "zero_point", "input_zero_point", "weight_zero_point")
+        found = {}
+        for key in set(dataset.attrs):
+            if key in keys:
+                found[key] = np.asarray(dataset.attrs[key])
+            elif key.endswith("_layer") and key.removesuffix("_layer") in keys:
+                found[key] = _text(dataset.attrs[key])
+        return found
 
     def _dataset(self, sample: int, layer: str | LayerInfo) -> h5py.Dataset:
         """The dataset :meth:`tensor` reads, unread."""

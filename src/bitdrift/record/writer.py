@@ -256,6 +256,30 @@ class RecordWriter:
                                             f"/layers/{_sanitize(name)}")
         return tensor_of(self.file[where], self.path)
 
+    def set_quantization(self, quantization: dict, samples) -> None:
+        """A quantized model's integer layers' scales and zero points as their datasets'
+        attributes, per sample ({layer: {key: [numbers] or {"layer": name}}},
+        bitdrift.backends.exported.onnx_file.quantization_params): a constant as it is; a
+        per-batch value (a DynamicQuantizeLinear's scale) as the name of the layer that
+        holds it (``<key>_layer``) and, where that layer keeps its values, the sample's
+        value in its first repeat."""
+        for sample in samples:
+            layers = self._samples.get(f"{int(sample)}/layers")
+            if layers is None:
+                continue
+            for layer, params in quantization.items():
+                dataset = layers.get(_sanitize(layer))
+                if dataset is None:
+                    continue
+                for key, value in params.items():
+                    if isinstance(value, dict):
+                        dataset.attrs[f"{key}_layer"] = value["layer"]
+                        holder = layers.get(_sanitize(value["layer"]))
+                        if holder is not None and holder.shape[0]:
+                            dataset.attrs[key] = np.asarray(holder[0])
+                    else:
+                        dataset.attrs[key] = np.asarray(value)
+
     def check_disk(self) -> None:
         """OutputError if the disk has refused a write (see _DiskGuard)."""
         if self._guard.error is not None:

@@ -180,6 +180,8 @@ def infer(*, model_name: str, device_name: str, device: dict, model_path: str | 
                                   device["batch_size"], deployed,
                                   Path(traced_job.out) if traced and traced["traced"]
                                   else None, traced_batches)
+            if metas[0].get("quantization"):
+                writer.set_quantization(metas[0]["quantization"], list(samples))
             if traced and traced["traced"]:
                 traced["outputs_match"] = match
                 if not match:

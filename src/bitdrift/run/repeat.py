@@ -178,6 +178,8 @@ def run_repeat(sent: dict) -> None:
             "fingerprint": fingerprint(device, session.accelerator) if first else None,
             "bfloat16": device["precision"] == "bfloat16",
             "deployed_program": session.deployed_program}
+    if session.quantization:  # a quantized model's integer layers' scales, zero points
+        meta["quantization"] = session.quantization
     if session.kernels is not None:  # an exported runtime's description of its graph
         meta["runtime_kernels"] = session.kernels
     # and of its deployed graph (bitdrift.analysis.observer)

@@ -29,12 +29,83 @@ from bitdrift.backends.exported.common import cannot_run, compile_model, run_pro
 from bitdrift.errors import InferenceError
 from bitdrift.formats.onnx import NAME, SUMMING_OPS, file_layers, load_model, value_shapes
 
+# The nodes of a quantized model whose outputs are integers a record keeps as they are
+# (issue 65): quantization, integer matmuls and convolutions, QLinear* ops
+INTEGER_OPS = {"DynamicQuantizeLinear", "QuantizeLinear", "MatMulInteger", "ConvInteger",
+               "MatMulIntegerToFloat", "DynamicQuantizeMatMul"}
+# Where a node's output's scale and zero point come from: (scale, zero point) as
+# ("input", index) or ("output", index) of the node; None where the graph gives none
+QUANTIZATION_PARAMS = {"DynamicQuantizeLinear": (("output", 1), ("output", 2)),
+                       "QuantizeLinear": (("input", 1), ("input", 2)),
+                       "MatMulInteger": (None, None), "ConvInteger": (None, None),
+                       "QLinearConv": (("input", 6), ("input", 7)),
+                       "QLinearMatMul": (("input", 6), ("input", 7))}
 
-def instrumented(path):
+
+def integer_node(node) -> bool:
+    """Whether a node computes integers a quantized model's record keeps (INTEGER_OPS,
+    QLinear*)."""
+    return node.op_type in INTEGER_OPS or node.op_type.startswith("QLinear")
+
+
+def quantization_params(model, layers: list) -> dict:
+    """{integer layer: {"scale": ..., "zero_point": ...}} for the recorded integer outputs
+    of ``model``'s integer nodes: each a constant (a list of numbers, from an initializer
+    or a Constant node) or {"layer": name}, a recorded per-batch value (a
+    DynamicQuantizeLinear's scale and zero-point outputs). A MatMulInteger's or
+    ConvInteger's int32 output has no scale of its own; its operands' zero points are
+    given as "input_zero_point" and "weight_zero_point". Where the graph gives none, the
+    key is left out."""
+    from onnx import numpy_helper
+
+    constants = {tensor.name: numpy_helper.to_array(tensor)
+                 for tensor in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    constants[node.output[0]] = numpy_helper.to_array(attribute.t)
+    recorded = {name for name, _ in layers}
+
+    def source(name):
+        if not name:
+            return None
+        if name in constants:
+            return np.asarray(constants[name]).reshape(-1).tolist()
+        return {"layer": name} if name in recorded else None
+
+    found = {}
+    for node in model.graph.node:
+        if not integer_node(node) or not node.output or node.output[0] not in recorded:
+            continue
+        params = {}
+        if node.op_type in ("MatMulInteger", "ConvInteger"):
+            for key, index in (("input_zero_point", 2), ("weight_zero_point", 3)):
+                value = source(node.input[index]) if len(node.input) > index else [0]
+                if value is not None:
+                    params[key] = value
+        else:
+            where = QUANTIZATION_PARAMS.get(node.op_type, (None, None))
+            for key, place in zip(("scale", "zero_point"), where, strict=True):
+                if place is None:
+                    continue
+                names = node.input if place[0] == "input" else node.output
+                value = source(names[place[1]]) if len(names) > place[1] else None
+                if value is not None:
+                    params[key] = value
+        if params:
+            found[node.output[0]] = params
+    return found
+
+
+def instrumented(path, integers: bool = False):
     """(the model with every node's float output computed from the model's inputs as a
     graph output, [(output name, op type)] in topological order with the final outputs
     last, the values left out because ONNX's shape inference, which gives each value's
-    type, cannot type them)."""
+    type, cannot type them). ``integers``: the integer outputs of integer nodes
+    (integer_node: a quantized model's codes and int32 accumulators) too, with their own
+    dtype, and a DynamicQuantizeLinear's per-batch scale and zero point (scalars, the run
+    gives one per sample)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -62,14 +133,18 @@ def instrumented(path):
     for node in model.graph.node:
         if varying.intersection(node.input):
             varying.update(output for output in node.output if output)
+    integer_types = {TensorProto.UINT8, TensorProto.INT8, TensorProto.INT32}
     layers, added, untyped = [], [], []
     for node in model.graph.node:
+        kept_scalars = integers and node.op_type == "DynamicQuantizeLinear"
         for output in node.output:
             if output and output not in finals and output not in types and \
                     output in varying:
                 untyped.append(output)
-            if not output or output in finals or types.get(output) not in floats or \
-                    output not in varying or output in scalars:
+            wanted = types.get(output) in floats or (
+                integers and integer_node(node) and types.get(output) in integer_types)
+            if not output or output in finals or not wanted or output not in varying or \
+                    (output in scalars and not kept_scalars):
                 continue
             layers.append((output, node.op_type))
             added.append(helper.make_tensor_value_info(output, types[output], None))
@@ -128,7 +203,11 @@ def open_session(runtime, job: dict, name: str):
     accelerator = runtime.check_accelerator(name, device)
     accelerator["model_format"] = NAME
     trace = bool(job.get("trace"))
-    model, layers, untyped = instrumented(path)
+    # a quantized model's integer layers where the runtime returns them as graph outputs
+    # (ONNX Runtime: INTEGER_LAYERS)
+    model, layers, untyped = instrumented(path, integers=getattr(runtime, "INTEGER_LAYERS",
+                                                                 False))
+    quantization = quantization_params(model, layers)  # the file's nodes and constants
     # A runtime that writes the graph it deploys (ONNX Runtime) has that graph's node
     # outputs exposed instead of the file's: exposing a value of the file (a MatMul's
     # output) stops the fusion that consumes it (MatMul+Add -> Gemm), and the layers would
@@ -161,6 +240,8 @@ def open_session(runtime, job: dict, name: str):
     finally:
         os.unlink(instrumented_path)
     recorded = list(layers)  # one per graph output of the instrumented model, in order
+    quantization = {layer: params for layer, params in quantization.items()
+                    if layer in {name for name, _ in recorded}}
 
     def run(batch):
         outputs = compiled(batch)
@@ -168,7 +249,12 @@ def open_session(runtime, job: dict, name: str):
             raise InferenceError(f"device {name!r}: {runtime.NAME} returns {len(outputs)} "
                                  f"outputs of the instrumented {Path(path).name}, which asks "
                                  f"for {len(recorded)}")
-        return list(outputs) if job["layers"] else [outputs[-1]]
+        if not job["layers"]:
+            return [outputs[-1]]
+        # a batch's scalar (a DynamicQuantizeLinear's scale), given once per sample
+        size = len(outputs[-1])
+        return [np.full(size, value) if np.ndim(value) == 0 else value
+                for value in outputs]
 
     def final(batch):
         return compiled(batch)[-1]
@@ -200,7 +286,8 @@ def open_session(runtime, job: dict, name: str):
                    if order_layers else None,
                    accelerator=accelerator, kernels=kernels,
                    deployed=deployed if deployed_run is not None else None,
-                   deployed_program=f"{Path(path).name} on {runtime.NAME}, as given")
+                   deployed_program=f"{Path(path).name} on {runtime.NAME}, as given",
+                   quantization=quantization if job["layers"] else {})
 
 
 def checked_layers(path, recorded: list[str]) -> tuple[dict, dict, dict]:

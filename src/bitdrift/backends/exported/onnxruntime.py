@@ -23,6 +23,9 @@ PIN = "onnxruntime==1.32.0"
 TRAINS = False
 PREFORK = False
 PROVIDERS = {"cpu": "CPUExecutionProvider", "gpu": "CUDAExecutionProvider"}
+# A user's quantized ONNX model's integer node outputs (uint8/int8 codes, int32
+# accumulators) are recorded as they are, beside the float ones (onnx_file.instrumented)
+INTEGER_LAYERS = True
 LEVELS = {"disable_all": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
           "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 

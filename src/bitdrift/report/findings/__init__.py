@@ -7,7 +7,8 @@ lost, labels between devices, the setting that explains most), ``machine`` (the 
 instruction sets, the emulated devices), ``classes`` (equivalence classes, what explains
 them, reduced precision, the argmax agreement), ``divergence`` (where devices part),
 ``orders`` (how the layers sum), ``quantization`` (quantized models against their float
-model), ``checks`` (the observer check, the devices that
+model), ``quantized_parting`` (where a quantized model's devices part, and how their
+integers do), ``checks`` (the observer check, the devices that
 failed), ``atlas`` (this machine among the machines); ``text`` holds the list-shortening
 helpers they share, and ``document`` reads the tables and the records' fingerprints, puts
 the sections in order and writes them as Markdown and reStructuredText (a section's item:

@@ -28,11 +28,14 @@ from bitdrift.report.findings.machine import emulated, machine
 from bitdrift.report.findings.orders import orders
 from bitdrift.report.findings.quantization import HEADING as QUANTIZATION_HEADING
 from bitdrift.report.findings.quantization import quantization, quantization_answer
+from bitdrift.report.findings.quantized_parting import HEADING as PARTING_HEADING
+from bitdrift.report.findings.quantized_parting import quantized_parting
 
 # The tables the findings may read: the core's (bitdrift.paths, the one list), the
-# comparison with the atlas and the quantized models against their float models; each is
-# read when a section needs it.
-TABLES = (*paths.CORE_TABLES, *paths.ATLAS_TABLES, paths.QUANTIZATION_ERROR_TABLE)
+# comparison with the atlas and the quantized models' tables; each is read when a section
+# needs it.
+TABLES = (*paths.CORE_TABLES, *paths.ATLAS_TABLES, paths.QUANTIZATION_ERROR_TABLE,
+          paths.QUANTIZED_PARTING_TABLE)
 
 
 class StudySection(NamedTuple):
@@ -104,6 +107,9 @@ def findings(tables: dict, fingerprints: dict, study_sections=(),
     if not read["divergence"].empty:
         sections.append(("Where devices part", divergence(read["divergence"],
                                                           read["kernel_coverage"])))
+    if not read[paths.QUANTIZED_PARTING_TABLE].empty:
+        sections.append((PARTING_HEADING,
+                         quantized_parting(read[paths.QUANTIZED_PARTING_TABLE])))
     if not read["accumulation_orders"].empty:
         sections.append(("How the layers sum", orders(read["accumulation_orders"])))
     between = {model: line for model, line in
