@@ -101,5 +101,8 @@ QUANTIZATION_METHODS = {
 # settings, inputs_path, named), and imports its runtime only inside them.
 QUANTIZERS = {
     "onnxruntime": ("bitdrift.backends.exported.onnx_quantization", ("onnx",)),
+    # the TFLite converter's post-training quantization of a Keras model, Keras' LiteRT
+    # export's own conversion (a .pt2's litert-torch conversion has no calibrated int8 path)
+    "litert": ("bitdrift.backends.exported.litert_quantization", ("keras",)),
 }
 DEFAULT_QUANTIZER = "onnxruntime"

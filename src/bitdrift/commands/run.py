@@ -134,11 +134,22 @@ QUANTIZE_HELP = {
 }
 
 
+# LiteRT's quantizer's options (bitdrift.backends.exported.litert_quantization.SETTINGS)
+LITERT_QUANTIZE_HELP = {
+    "mode": "--tool litert: full_integer (int8 ops, calibrated on --inputs), "
+            "dynamic_range (int8 weights) or float16 (float16 weights)",
+    "inference_input_type": "--tool litert, full_integer: the file's input type",
+    "inference_output_type": "--tool litert, full_integer: the file's output type",
+}
+
+
 def cmd_quantize(args) -> None:
+    from bitdrift.backends.exported import litert_quantization
     from bitdrift.backends.quantizers import quantize_model
     from bitdrift.runtimes import QUANTIZATION_SETTINGS
 
-    given = {key: getattr(args, key) for key in QUANTIZATION_SETTINGS
+    given = {key: getattr(args, key)
+             for key in (*QUANTIZATION_SETTINGS, *litert_quantization.SETTINGS)
              if getattr(args, key) is not None}
     used = quantize_model(args.model_file, args.out, {"tool": args.tool, **given},
                           args.inputs, named=lambda key: "--" + key.replace("_", "-"))
@@ -196,7 +207,7 @@ def add_commands(sub) -> None:
                        "(dynamic, or static calibrated on the model's inputs)")
     p.add_argument("--tool", choices=list(QUANTIZERS), default=DEFAULT_QUANTIZER,
                    help=f"whose quantizer (default {DEFAULT_QUANTIZER}; the options below "
-                   "are ONNX Runtime's)")
+                   "are ONNX Runtime's, then LiteRT's)")
     p.add_argument("--model-file", required=True, help="the float model")
     p.add_argument("--out", required=True, help="the quantized model to write")
     p.add_argument("--inputs", help="the model's inputs (.npy, or .npz of one array per "
@@ -209,4 +220,9 @@ def add_commands(sub) -> None:
         else:
             p.add_argument(option, choices=values, help=f"{QUANTIZE_HELP[key]} (ONNX "
                            f"Runtime's default: {default})")
+    from bitdrift.backends.exported import litert_quantization
+
+    for key, (values, default) in litert_quantization.SETTINGS.items():
+        p.add_argument("--" + key.replace("_", "-"), choices=values,
+                       help=f"{LITERT_QUANTIZE_HELP[key]} (default: {default})")
     p.set_defaults(func=cmd_quantize, writes_data=True)
