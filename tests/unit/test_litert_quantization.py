@@ -201,3 +201,32 @@ def test_the_quantize_command(models, tmp_path, capsys):
     error = capsys.readouterr().err.strip()
     assert "--weight-type" in error and "\n" not in error
     assert not (tmp_path / "x.tflite").exists()
+
+
+def test_calibrated_on_a_prepared_dataset_the_file_runs_on_its_test_images(models, tmp_path):
+    """The preset's way: the float Keras model reads a dataset (digits, embedded), so its
+    quantized file is calibrated on the test images and run on them, as LiteRT directly
+    gives on those images; a dataset of other images is one line naming both shapes."""
+    import h5py
+
+    from bitdrift.inputs.datasets import load_digits, write_dataset
+
+    digits = tmp_path / "digits.h5"
+    write_dataset(load_digits(), "digits", "digits", digits)
+    path = tmp_path / "digits_int8.tflite"
+    quantize_model(models / "cnn.keras", path, {}, digits)
+    with h5py.File(digits, "r") as handle:
+        images = handle["x_test"][:len(SAMPLES)].astype(np.float32)
+    direct = run_directly(path, images, "xnnpack")
+    recorded, observed = run_as_device(path, digits, tmp_path / "digits.h5.record.h5",
+                                       "xnnpack")
+    assert np.array_equal(recorded.view(np.uint32), direct.view(np.uint32))
+    # not the calibration on the example's own inputs: other scales, other outputs
+    assert not np.array_equal(run_directly(models / "full_integer.tflite", images, "xnnpack"),
+                              direct)
+    small = tmp_path / "small.h5"
+    write_dataset(load_digits(image_size=16), "digits", "digits", small)
+    with pytest.raises(ModelFormatError) as raised:
+        quantize_model(models / "cnn.keras", tmp_path / "small.tflite", {}, small)
+    message = str(raised.value)
+    assert "\n" not in message and "(16, 16, 3)" in message and "(32, 32, 3)" in message

@@ -17,9 +17,12 @@ SUFFIX = ".keras"
 
 def build_model(seed: int = 0):
     """The keras.Model with seeded weights."""
-    from bitdrift import backends
+    import os
 
-    keras = backends.get("tensorflow").import_keras()
+    # any backend builds the same file (numpy weights); TensorFlow where none is loaded yet
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import keras
+
     layers = keras.layers
     inputs = keras.Input(shape=INPUT_SHAPE, name="image")
     x = layers.Conv2D(8, 3, padding="same", name="conv")(inputs)
