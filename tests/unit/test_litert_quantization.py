@@ -106,6 +106,22 @@ def test_each_mode_writes_the_types_it_names_in_the_file(models):
                    if op not in ("QUANTIZE", "DEQUANTIZE")), full
     dynamic = tensor_types(models / "dynamic_range.tflite")
     assert dynamic["FULLY_CONNECTED"] == ["float32", "int8"]
+    # XNNPACK takes the int8 nodes (its QS8 operators), the built-in resolver none
+    from ai_edge_litert import interpreter
+
+    from bitdrift.backends.exported.litert import _delegated
+
+    for resolver, taken in (("AUTO", set(SUMMING)), ("BUILTIN_WITHOUT_DEFAULT_DELEGATES",
+                                                     set())):
+        loaded = interpreter.Interpreter(
+            model_path=str(models / "full_integer.tflite"), num_threads=1,
+            experimental_op_resolver_type=getattr(interpreter.OpResolverType, resolver))
+        runner = loaded.get_signature_runner()
+        (name,) = runner.get_input_details()
+        runner(**{name: np.load(models / "cnn.npy")[:1]})
+        details = loaded._get_ops_details()
+        delegated = {op["op_name"] for op in details if int(op["index"]) in _delegated(details)}
+        assert set(SUMMING) & delegated == taken, (resolver, delegated)
     half = tensor_types(models / "float16.tflite")
     assert half["DEQUANTIZE"] == ["float16", "float32"]
     assert all(half[op] == ["float32"] for op in SUMMING)
