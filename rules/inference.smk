@@ -85,7 +85,8 @@ rule run_inference:
 
 rule example_model:
     output:
-        # the model's format is its example's (an ONNX graph, a torch.export program)
+        # the model's format is its example's (an ONNX graph, a torch.export program, a
+        # Keras archive)
         model=paths.example_model_file(),
         inputs=paths.example_inputs_file(),
     log:
@@ -93,7 +94,7 @@ rule example_model:
     # bitdrift's example models (bitdrift.inputs.examples), built here: no download
     wildcard_constraints:
         example=_choice(EXAMPLES),
-        suffix="onnx|pt2",
+        suffix="onnx|pt2|keras",
     conda:
         "../envs/bitdrift.yaml"
     params:

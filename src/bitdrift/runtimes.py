@@ -102,5 +102,8 @@ QUANTIZATION_METHODS = {
 QUANTIZERS = {
     "onnxruntime": ("bitdrift.backends.exported.onnx_quantization", ("onnx",)),
     "openvino": ("bitdrift.backends.exported.openvino_quantization", ("onnx",)),  # NNCF
+    # the TFLite converter's post-training quantization of a Keras model, Keras' LiteRT
+    # export's own conversion (a .pt2's litert-torch conversion has no calibrated int8 path)
+    "litert": ("bitdrift.backends.exported.litert_quantization", ("keras",)),
 }
 DEFAULT_QUANTIZER = "onnxruntime"

@@ -149,7 +149,7 @@ def test_the_quantize_command(models, tmp_path, capsys):
     option or a calibration set that does not fit in one line with its exit status."""
     out = tmp_path / "u8.onnx"
     assert main(["quantize", "--model-file", str(models / "encoder.onnx"), "--out", str(out),
-                 "--weight-type", "QUInt8", "--per-channel"]) == 0
+                 "--weight-type", "QUInt8", "--per-channel", "on"]) == 0
     assert "weight_type QUInt8" in capsys.readouterr().out
     library = tmp_path / "library.onnx"
     quantize_model(models / "encoder.onnx", library, {"weight_type": "QUInt8",

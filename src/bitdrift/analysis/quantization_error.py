@@ -52,6 +52,10 @@ def tensor_scales(model_path) -> dict[str, float]:
     quantized ONNX graph quantizes with a constant scalar scale; the graph's output
     (which ONNX Runtime's QDQ format renames to NAME_QuantizeLinear_Input) under its own
     name."""
+    from bitdrift import formats
+
+    if formats.detect(model_path) == "tflite":
+        return _tflite_output_scale(model_path)
     import onnx
     from onnx import numpy_helper
 
@@ -69,6 +73,25 @@ def tensor_scales(model_path) -> dict[str, float]:
     if len(graph.output) == 1 and graph.output[0].name in scales:  # the final output
         scales[OUTPUT] = scales[graph.output[0].name]
     return scales
+
+
+def _tflite_output_scale(model_path) -> dict[str, float]:
+    """{output: its scale} of a quantized .tflite whose one output a DEQUANTIZE node
+    writes from an int8 tensor of one scale (LiteRT's full-integer file with float32
+    edges; an int8 output is its own int8 tensor), read from the file; {} otherwise."""
+    from bitdrift.formats.tflite import load_interpreter
+    from bitdrift.record.hdf5 import OUTPUT
+
+    loaded = load_interpreter(model_path)
+    details = {int(detail["index"]): detail for detail in loaded.get_tensor_details()}
+    finals = [int(detail["index"]) for detail in loaded.get_output_details()]
+    if len(finals) != 1:
+        return {}
+    feeding = {int(op["outputs"][0]): int(op["inputs"][0])
+               for op in loaded._get_ops_details() if op["op_name"] == "DEQUANTIZE"}
+    source = feeding.get(finals[0], finals[0])
+    scales = details[source]["quantization_parameters"]["scales"]
+    return {OUTPUT: float(scales[0])} if len(scales) == 1 and scales[0] > 0 else {}
 
 
 def compare_records(float_record, quantized_record, scales: dict[str, float],

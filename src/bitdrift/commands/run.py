@@ -123,30 +123,30 @@ def cmd_export(args) -> None:
     print(f"bitdrift: wrote {', '.join(written)}")
 
 
-QUANTIZE_HELP = {
-    "method": "dynamic: activations quantized at run time; static: calibrated on --inputs",
-    "weight_type": "the weights' 8-bit type",
-    "activation_type": "static: the activations' 8-bit type (dynamic's are uint8)",
-    "per_channel": "a weight scale per output channel",
-    "reduce_range": "7-bit weights",
-    "format": "static: QDQ pairs around the float ops, or QOperator nodes (QLinearMatMul)",
-    "calibrate_method": "static: how the activations' ranges are calibrated",
-}
-
-
 def _on_off(text: str) -> bool:
     if text not in ("on", "off"):
         raise ValueError(text)  # argparse: "invalid _on_off value"
     return text == "on"
 
 
+def _quantizer_settings():
+    """(tool, setting, its values, its default, help) of every quantizer's settings that
+    an option can take (bitdrift.runtimes.QUANTIZERS; a mapping is the config's alone)."""
+    from bitdrift.backends import quantizers
+    from bitdrift.runtimes import QUANTIZERS
+
+    for tool in QUANTIZERS:
+        module = quantizers.module(tool)
+        for key, (values, default) in module.SETTINGS.items():
+            if key in module.HELP:
+                yield tool, key, values, default, module.HELP[key]
+
+
 def cmd_quantize(args) -> None:
-    from bitdrift.backends.exported.openvino_quantization import SETTINGS as NNCF_SETTINGS
     from bitdrift.backends.quantizers import quantize_model
-    from bitdrift.runtimes import QUANTIZATION_SETTINGS
 
     # the options given, of whichever tool: a tool refuses another's by its option
-    given = {key: getattr(args, key) for key in (*QUANTIZATION_SETTINGS, *NNCF_SETTINGS)
+    given = {key: getattr(args, key) for _, key, _, _, _ in _quantizer_settings()
              if getattr(args, key, None) is not None}
     used = quantize_model(args.model_file, args.out, {"tool": args.tool, **given},
                           args.inputs, named=lambda key: "--" + key.replace("_", "-"))
@@ -198,37 +198,28 @@ def add_commands(sub) -> None:
     p.add_argument("--dataset-file", help="dataset HDF5 (default: the workflow's)")
     p.set_defaults(func=cmd_export, writes_data=True)
 
-    from bitdrift.runtimes import DEFAULT_QUANTIZER, QUANTIZATION_SETTINGS, QUANTIZERS
+    from bitdrift.runtimes import DEFAULT_QUANTIZER, QUANTIZERS
 
     p = sub.add_parser("quantize", help="quantize a model with a runtime's own quantizer "
                        "(dynamic, or static calibrated on the model's inputs)")
     p.add_argument("--tool", choices=list(QUANTIZERS), default=DEFAULT_QUANTIZER,
-                   help=f"whose quantizer (default {DEFAULT_QUANTIZER}; the options below "
-                   "are ONNX Runtime's, those marked --tool openvino NNCF's)")
+                   help=f"whose quantizer (default {DEFAULT_QUANTIZER}); each option below "
+                   "names its tool")
     p.add_argument("--model-file", required=True, help="the float model")
     p.add_argument("--out", required=True, help="the quantized model to write")
     p.add_argument("--inputs", help="the model's inputs (.npy, or .npz of one array per "
                    "input): static quantization calibrates on them")
-    for key, (values, default) in QUANTIZATION_SETTINGS.items():
-        option = "--" + key.replace("_", "-")
-        if values == (False, True):
-            p.add_argument(option, action="store_const", const=True, default=None,
-                           help=f"{QUANTIZE_HELP[key]} (ONNX Runtime's default: off)")
-        else:
-            p.add_argument(option, choices=values, help=f"{QUANTIZE_HELP[key]} (ONNX "
-                           f"Runtime's default: {default})")
-    from bitdrift.backends.exported import openvino_quantization as nncf_tool
-
-    for key, (values, default) in nncf_tool.SETTINGS.items():
-        option = "--" + key.replace("_", "-")
-        if key not in nncf_tool.HELP:  # a mapping (ignored_scope): the config's alone
+    seen = set()
+    for tool, key, values, default, text in _quantizer_settings():
+        option, help = "--" + key.replace("_", "-"), f"--tool {tool}: {text}"
+        if key in seen:  # a setting two tools share: the first tool's option
             continue
-        help = f"--tool openvino (NNCF): {nncf_tool.HELP[key]}"
+        seen.add(key)
         if values is int:
             p.add_argument(option, type=int, help=f"{help} (default {default})")
-        elif values == (True, False):
+        elif set(values) == {False, True}:
             p.add_argument(option, type=_on_off, metavar="{on,off}",
-                           help=f"{help} (default on)")
+                           help=f"{help} (default {'on' if default else 'off'})")
         else:
             p.add_argument(option, choices=[value for value in values if value is not None],
                            help=help + (f" (default {default})" if default else ""))

@@ -114,9 +114,19 @@ def check_inputs(inputs_path, model_path, format: str | None = None,
     input's own size; the sample axis is the batch, which each device sets). Inputs
     holding NaN or Inf are refused: a non-finite input propagates through every layer,
     and the classes would compare how runtimes treat NaN, not how they round. Returns the
-    signature."""
-    from bitdrift.inputs.datasets import NamedInputs, read_inputs, sample_count, sample_shape
+    signature. A prepared dataset file in place of the inputs file (a model quantized from
+    a Keras model reads its float model's dataset) is checked by its test images' shape,
+    float32 (bitdrift prepared them, finite)."""
+    from bitdrift.inputs.datasets import (
+        NamedInputs,
+        is_inputs_file,
+        read_inputs,
+        sample_count,
+        sample_shape,
+    )
 
+    if not is_inputs_file(inputs_path):
+        return _check_test_set(inputs_path, model_path, format, samples)
     inputs = read_inputs(inputs_path)
     if samples is not None:
         from bitdrift.inputs.datasets import _check_indices
@@ -147,6 +157,29 @@ def check_inputs(inputs_path, model_path, format: str | None = None,
         _check_array(inputs_path, array, wanted, f"{inputs_path}: array {wanted.name!r} of "
                      f"shape {sample_shape(array)}, but model {model_path} takes input "
                      f"{wanted.describe()}")
+    return expected
+
+
+def _check_test_set(dataset_path, model_path, format, samples) -> list[Input]:
+    """A prepared dataset's test images (float32, NHWC) against the model's one input."""
+    from bitdrift.inputs.datasets import _check_indices, count_test_images, test_image_shape
+
+    shape = test_image_shape(dataset_path)
+    if samples is not None:
+        _check_indices(dataset_path, samples, count_test_images(dataset_path),
+                       "; config key samples")
+    expected = signature(model_path, format)
+    found = f"{dataset_path}: test images of shape ({', '.join(['samples', *map(str, shape)])})" \
+            " float32"
+    takes = "; ".join(i.describe() for i in expected) or "none read"
+    if len(expected) != 1:
+        raise ModelFormatError(f"{found}, but model {model_path} takes {len(expected)} "
+                               f"inputs ({takes}): give its own `inputs` (.npz)")
+    wanted = expected[0]
+    if len(wanted.shape) != len(shape) + 1 or wanted.dtype != "float32" or any(
+            dim is not None and dim != size
+            for dim, size in zip(wanted.shape[1:], shape, strict=True)):
+        raise ModelFormatError(f"{found}, but model {model_path} takes input {takes}")
     return expected
 
 

@@ -48,14 +48,21 @@ SUMMING_OPS = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D", "BATCH_MATMUL"
 def file_tensors(path) -> list[tuple[int, str, str]]:
     """[(tensor index, name, op name)]: every floating-point tensor a node of the main
     graph outputs, in execution order, then the graph's outputs in their order (whatever
-    their dtype). An empty or repeated tensor name takes ``@<index>``, so no two share one."""
+    their dtype). A node computed from constants alone (a float16 file's DEQUANTIZE of
+    its weights) outputs no activation, and is left out. An empty or repeated tensor name
+    takes ``@<index>``, so no two share one."""
     loaded = load_interpreter(path)
     details = {int(detail["index"]): detail for detail in loaded.get_tensor_details()}
     finals = [int(detail["index"]) for detail in loaded.get_output_details()]
     ops = sorted(loaded._get_ops_details(), key=lambda op: int(op["index"]))
     producer = {int(tensor): op["op_name"] for op in ops for tensor in op["outputs"]}
+    # the tensors that depend on the graph's inputs, in execution order
+    live = {int(detail["index"]) for detail in loaded.get_input_details()}
+    for op in ops:
+        if any(int(tensor) in live for tensor in op["inputs"]):
+            live.update(int(tensor) for tensor in op["outputs"])
     found = [int(tensor) for op in ops for tensor in op["outputs"]
-             if int(tensor) >= 0 and int(tensor) not in finals
+             if int(tensor) >= 0 and int(tensor) not in finals and int(tensor) in live
              and np.issubdtype(np.dtype(details[int(tensor)]["dtype"]), np.floating)]
     tensors, seen = [], set()
     for index in [*found, *finals]:

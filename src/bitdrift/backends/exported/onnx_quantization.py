@@ -15,6 +15,16 @@ from bitdrift.runtimes import QUANTIZATION_METHODS, QUANTIZATION_SETTINGS
 
 # {setting: (its values, ONNX Runtime's default)}; the settings each method takes
 SETTINGS, METHODS = QUANTIZATION_SETTINGS, QUANTIZATION_METHODS
+# each setting's help, for `bitdrift quantize --tool onnxruntime`
+HELP = {
+    "method": "dynamic: activations quantized at run time; static: calibrated on --inputs",
+    "weight_type": "the weights' 8-bit type",
+    "activation_type": "static: the activations' 8-bit type (dynamic's are uint8)",
+    "per_channel": "a weight scale per output channel",
+    "reduce_range": "7-bit weights",
+    "format": "static: QDQ pairs around the float ops, or QOperator nodes (QLinearMatMul)",
+    "calibrate_method": "static: how the activations' ranges are calibrated",
+}
 CALIBRATION_BATCH = 16  # samples a calibration step feeds, where the batch axis is free
 
 

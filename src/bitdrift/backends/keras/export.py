@@ -65,9 +65,11 @@ def command_inputs(model: str, backend: str) -> dict:
     return inputs
 
 
-def _probe(model_path):
+def load_model(model_path):
+    """(keras, the model at ``model_path``, uncompiled); ExportError in one line for a file
+    Keras cannot load."""
     from bitdrift import backends
-    from bitdrift.inputs.models import layer_probe, register_layers
+    from bitdrift.inputs.models import register_layers
 
     keras = backends.get("tensorflow").import_keras()
     register_layers(keras)
@@ -76,6 +78,13 @@ def _probe(model_path):
     except Exception as error:  # Keras raises ValueError, OSError, zipfile errors, ...
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ExportError(f"{model_path}: cannot load the model ({first})") from error
+    return keras, model
+
+
+def _probe(model_path):
+    from bitdrift.inputs.models import layer_probe
+
+    keras, model = load_model(model_path)
     probe, layers = layer_probe(keras, model)
     return keras, model, probe, layers
 
@@ -85,21 +94,29 @@ def export_model(model_path: str | Path, format: str, out: str | Path,
     """The model's layer probe in ``format`` (a key of FORMATS), written atomically; and
     the model itself, its final output alone, at ``deployed`` (the observer check)."""
     keras, model, probe, layers = _probe(model_path)
-    keras_format, runtimes = FORMATS[format]
     # Keras exports called models; an open axis (a sequence length) is called at 1
     zeros = np.zeros((1, *(size or 1 for size in model.inputs[0].shape[1:])), np.float32)
     probe(zeros)
     model(zeros)
     for exported, path in ((probe, out), (model, deployed)):
-        if path is None:
-            continue
-        with atomic_output(path) as tmp, _collecting_often():
-            try:
-                exported.export(str(tmp), format=keras_format, verbose=False)
-            except Exception as error:  # a converter's own error types vary by version
-                raise ExportError(_export_failure(error, [layer for layer, _ in layers],
-                                                  " and ".join(runtimes), model_path)) \
-                    from error
+        if path is not None:
+            write_export(exported, format, path, model_path, [layer for layer, _ in layers])
+
+
+def write_export(exported, format: str, path, model_path, layers: list[str],
+                 **converter) -> None:
+    """The called Keras model ``exported`` in ``format`` (a key of FORMATS) at ``path``,
+    written atomically; ``converter``: the converter's own settings, passed on by Keras'
+    export (LiteRT's: optimizations, representative_dataset, target_spec, ...;
+    bitdrift.backends.exported.litert_quantization). A converter's failure is one line
+    naming the layer among ``layers`` it names, and the runtimes."""
+    keras_format, runtimes = FORMATS[format]
+    with atomic_output(path) as tmp, _collecting_often():
+        try:
+            exported.export(str(tmp), format=keras_format, verbose=False, **converter)
+        except Exception as error:  # a converter's own error types vary by version
+            raise ExportError(_export_failure(error, layers, " and ".join(runtimes),
+                                              model_path)) from error
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ tests build them too. One module per example; EXAMPLES is the list.
     python -m bitdrift.inputs.examples torch_cnn OUT.pt2 INPUTS.npy [--samples N]
     python -m bitdrift.inputs.examples onnx_transformer OUT.onnx INPUTS.npy [--samples N]
     python -m bitdrift.inputs.examples torch_transformer OUT.pt2 INPUTS.npy [--samples N]
+    python -m bitdrift.inputs.examples keras_cnn OUT.keras INPUTS.npy [--samples N]
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import importlib
 
 from bitdrift.errors import ConfigError
 
-EXAMPLES = ("onnx_cnn", "torch_cnn", "onnx_transformer", "torch_transformer")
+EXAMPLES = ("onnx_cnn", "torch_cnn", "onnx_transformer", "torch_transformer", "keras_cnn")
 
 
 def write_example(name: str, model_path, inputs_path, samples: int = 16) -> None:
