@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from bitdrift import formats, paths
 from bitdrift.errors import PlanError
+from bitdrift.runtimes import QUANTIZERS
 
 # Resources whose values are names; every other resource is a number.
 TEXT_RESOURCES = frozenset({"slurm_partition", "slurm_account", "constraint", "gres",
@@ -68,9 +69,14 @@ class Plan:
         return self.model_formats.get(model, "keras")
 
     def runs_on(self, model: str, device: str) -> bool:
-        """Whether the device's runtime runs the model's format (a Keras model: every one)."""
-        return self.config["devices"][device]["backend"] in formats.runtimes(
-            self.model_format(model))
+        """Whether the device's runtime runs the model's format (a Keras model: every one);
+        a model the workflow quantized, whether it is one of its quantizer's runtimes."""
+        return self.config["devices"][device]["backend"] in self.model_runtimes(model)
+
+    def model_runtimes(self, model: str) -> tuple[str, ...]:
+        if model in self.quantized_models:
+            return QUANTIZERS[self.quantized_models[model]["tool"]][2]
+        return formats.runtimes(self.model_format(model))
 
     def model_devices(self, model: str) -> list[str]:
         """The devices that run the model (external ones too), in config order."""
@@ -95,8 +101,11 @@ class Plan:
         for model in self.models:
             devices, skipped = self.model_devices(model), self.skipped_devices(model)
             if skipped or len(devices) < 2:
-                planned[model] = {"devices": devices, "skipped": skipped,
-                                  "format": formats.get(self.model_format(model)).WHAT}
+                what = formats.get(self.model_format(model)).WHAT
+                if model in self.quantized_models:
+                    what = (f"{what} quantized by the "
+                            f"{self.quantized_models[model]['tool']} quantizer")
+                planned[model] = {"devices": devices, "skipped": skipped, "format": what}
         return planned
 
     def device_notes(self) -> list[str]:

@@ -95,15 +95,21 @@ QUANTIZATION_METHODS = {
 }
 
 # The quantizers (config key models.NAME.quantize.tool; bitdrift.backends.quantizers):
-# {tool: (its module, the float model formats it takes)}; the suffix of the file each
-# writes is in bitdrift.paths.QUANTIZED_SUFFIXES.
+# {tool: (its module, the float model formats it takes, the runtimes that run what it
+# writes)}; the suffix of the file each writes is in bitdrift.paths.QUANTIZED_SUFFIXES.
+# A quantized model runs on its file's own runtimes alone: converting it (onnx2torch, the
+# ONNX-to-LiteRT path) has no quantized ops; a user's quantized `file` is tried on every
+# runtime of its format, and one that cannot run it fails that device in one line.
 # Each module has checked_settings(settings, named) and quantize_model(model_path, out,
-# settings, inputs_path, named), and imports its runtime only inside them.
+# settings, inputs_path, named), SETTINGS and HELP (the command's options), and imports
+# its runtime only inside them.
 QUANTIZERS = {
-    "onnxruntime": ("bitdrift.backends.exported.onnx_quantization", ("onnx",)),
-    "openvino": ("bitdrift.backends.exported.openvino_quantization", ("onnx",)),  # NNCF
+    "onnxruntime": ("bitdrift.backends.exported.onnx_quantization", ("onnx",),
+                    ("onnxruntime", "openvino")),
+    "openvino": ("bitdrift.backends.exported.openvino_quantization", ("onnx",),  # NNCF
+                 ("onnxruntime", "openvino")),
     # the TFLite converter's post-training quantization of a Keras model, Keras' LiteRT
     # export's own conversion (a .pt2's litert-torch conversion has no calibrated int8 path)
-    "litert": ("bitdrift.backends.exported.litert_quantization", ("keras",)),
+    "litert": ("bitdrift.backends.exported.litert_quantization", ("keras",), ("litert",)),
 }
 DEFAULT_QUANTIZER = "onnxruntime"

@@ -95,3 +95,19 @@ def test_a_model_quantized_already_is_a_file_that_onnx_runtime_runs(tmp_path):
     plan = Plan(config)
     assert plan.model_format("mine") == "onnx" and plan.model_devices("mine") == ["ort"]
     assert plan.quantization("mine") is None  # used as it is, quantized by its user
+
+
+def test_a_quantized_model_runs_on_its_quantizers_runtimes_alone_and_the_plan_says_so():
+    """The float ONNX model runs wherever ONNX runs (here also converted for torch and
+    LiteRT); the model ONNX Runtime quantized runs on ONNX Runtime and OpenVINO alone
+    (converting it has no quantized ops), and the plan names the devices left out and why."""
+    devices = {**DEVICES, "ov": {"accelerator": "cpu", "backend": "openvino"},
+               "eager": {"accelerator": "cpu", "backend": "torch_export"},
+               "lite": {"accelerator": "cpu", "backend": "litert"}}
+    plan = Plan(validate_config({**copy.deepcopy(CONFIG), "devices": devices}))
+    assert {"eager", "lite", "ort", "ov"} <= set(plan.model_devices("net"))
+    assert plan.model_devices("net_int8") == ["ort", "ov"]
+    note = plan.device_plan()["net_int8"]
+    assert note["format"].endswith("quantized by the onnxruntime quantizer")
+    assert sorted(d for group in note["skipped"].values() for d in group) == \
+        ["eager", "lite", "tf"]

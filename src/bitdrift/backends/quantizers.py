@@ -25,6 +25,11 @@ def source_formats(tool: str) -> tuple[str, ...]:
     return QUANTIZERS[tool][1]
 
 
+def runtimes(tool: str) -> tuple[str, ...]:
+    """The runtimes that run what ``tool`` writes."""
+    return QUANTIZERS[tool][2]
+
+
 def checked_settings(settings: dict, named=lambda key: key) -> dict:
     """``settings`` (tool and the tool's own keys, the float model's name left out) with
     the tool's defaults filled in, the tool first; each error names its key."""
