@@ -149,7 +149,11 @@ def _device_part(record) -> tuple[dict, dict]:
                     "format": tensor.float_format, "shape": list(representative.shape),
                     "bits": bits.astype(bits.dtype.newbyteorder("<")).tobytes().hex()}
         digests[str(sample)] = per_layer
-    part = {"config": record.json_attr("device_config", default={}),
+    config = record.json_attr("device_config", default={})
+    quantization = quantized_settings(record)
+    if quantization is not None:
+        config = {**config, QUANTIZE_KEY: quantization}
+    part = {"config": config,
             "backend": record.attr("backend"), "precision": record.precision,
             "accelerator": _accelerator(record.fingerprint),
             "versions": {**(record.fingerprint.get("versions") or {}),
@@ -167,6 +171,40 @@ def _device_part(record) -> tuple[dict, dict]:
     return part, record.fingerprint
 
 
+# A quantized device of an entry: the device that ran the reference model quantized
+# (config key atlas.quantize), named apart from the device's float run, its configuration
+# carrying the quantizer's settings and the quantized file's SHA-256 under QUANTIZE_KEY
+QUANTIZED_DEVICE = "{device}+quantized"
+QUANTIZE_KEY = "quantize"
+# what of a record's fingerprint["quantization"] names the float model, not the settings
+FLOAT_MODEL_KEYS = ("model", "model_file", "model_sha256")
+
+
+def quantized_settings(record) -> dict | None:
+    """How the workflow quantized the record's model (the quantizer and its settings, and
+    the quantized file's SHA-256: two machines whose quantizer wrote other bytes ran other
+    models); None for a record of a float model."""
+    quantization = record.fingerprint.get("quantization")
+    if not quantization:
+        return None
+    return {**{key: value for key, value in quantization.items()
+               if key not in FLOAT_MODEL_KEYS},
+            "model_sha256": record.attr("model_sha256")}
+
+
+def entry_device(record) -> str:
+    """The record's device as an entry names it: DEVICE, or DEVICE+quantized for the
+    quantized reference model."""
+    quantized = record.fingerprint.get("quantization")
+    return QUANTIZED_DEVICE.format(device=record.device) if quantized else record.device
+
+
+def float_model_digest(record) -> str | None:
+    """The SHA-256 of the float model the record's model is, or was quantized from."""
+    quantization = record.fingerprint.get("quantization")
+    return quantization.get("model_sha256") if quantization else record.attr("model_sha256")
+
+
 def entries_from_records(paths: list[str | Path]) -> list[dict]:
     """This machine's entries from its records of the reference model: one per machine
     the records were made on (the host, each emulated CPU)."""
@@ -180,12 +218,15 @@ def entries_from_records(paths: list[str | Path]) -> list[dict]:
     entries: dict[str, dict] = {}
     for record in records:
         with record:
-            if record.attr("model_sha256") != expected:
-                raise AtlasError(f"{record.path}: model digest "
-                                 f"{record.attr('model_sha256')[:12]}... is not the reference "
+            digest = float_model_digest(record)
+            if digest != expected:
+                quantized = " quantized from" if record.fingerprint.get("quantization") else ""
+                raise AtlasError(f"{record.path}: model{quantized} digest "
+                                 f"{str(digest)[:12]}... is not the reference "
                                  f"model's {expected[:12]}... (bitdrift/reference_set); an "
                                  "atlas entry is of the reference model only")
             part, fingerprint = _device_part(record)
+            device = entry_device(record)
         hardware = _hardware(fingerprint)
         software = _software(fingerprint)
         # One entry per hardware and OS: the devices' runtimes are its software versions
@@ -201,16 +242,16 @@ def entries_from_records(paths: list[str | Path]) -> list[dict]:
                 [int(s) for s in record.samples] != entry["reference"]["samples"]:
             raise AtlasError(f"{record.path}: other inputs (input digest or samples) than "
                              f"{next(iter(entry['_paths'].values()))}")
-        if record.device in entry["devices"]:
-            raise AtlasError(f"{record.path}: device {record.device!r} twice (also "
-                             f"{entry['_paths'][record.device]})")
+        if device in entry["devices"]:
+            raise AtlasError(f"{record.path}: device {device!r} twice (also "
+                             f"{entry['_paths'][device]})")
         if _is_gpu(part["accelerator"]):
             gpus = entry["machine"].setdefault("gpus", [])
             gpu = {k: v for k, v in part["accelerator"].items() if k in GPU_HARDWARE}
             if gpu not in gpus:
                 gpus.append(gpu)
-        entry["devices"][record.device] = part
-        entry["_paths"][record.device] = str(record.path)
+        entry["devices"][device] = part
+        entry["_paths"][device] = str(record.path)
     found = []
     for entry in entries.values():
         del entry["_paths"]
