@@ -492,3 +492,45 @@ def test_atlas_quantized_devices_are_the_quantizers_runtimes():
             ({"quantize": {"mode": "int4"}}, "config key atlas.quantize.mode: 'int4' is none")):
         with pytest.raises(ConfigError, match=message):
             validate_config({**config, "atlas": atlas})
+
+
+def test_merge_adds_quantized_devices_to_the_machines_entry(tmp_path, capsys):
+    atlas = tmp_path / "atlas"
+    [(first, before)] = add([record(tmp_path / "f.h5", "d1", ZEN4, tensors(1))], atlas)
+    quantized = record(tmp_path / "q.h5", "d1", ZEN4, tensors(2), model=QUANTIZED,
+                       quantization=FULL_INTEGER)
+    assert main(["atlas", "add", str(quantized), "--atlas", str(atlas)]) == 3
+    assert "already holds this machine and these versions" in capsys.readouterr().err
+    [(path, entry)] = add([quantized], atlas, merge=True)
+    assert sorted(atlas.iterdir()) == [path] and path == first  # the versions are the same
+    assert list(read_entry(path, MODEL)["devices"]) == ["d1", "d1+quantized"]
+    assert read_entry(path)["devices"]["d1"] == before["devices"]["d1"]  # kept as it was
+    with pytest.raises(AtlasError, match=r"already holds device\(s\) d1\+quantized; not "
+                       "merged"):
+        add([quantized], atlas, merge=True)
+
+
+def test_the_quantized_reference_model_is_the_same_bytes_each_time(tmp_path):
+    """The atlas compares a quantized device only where the quantized files' SHA-256 match:
+    the quantizer must write the same bytes for the same versions (here: twice)."""
+    from bitdrift.backends import quantizers
+
+    digests = []
+    for name in ("a.tflite", "b.tflite"):
+        quantizers.quantize_model(reference_set.model_file(), tmp_path / name,
+                                  {"tool": "litert"}, reference_set.inputs_file())
+        digests.append(hashlib.sha256((tmp_path / name).read_bytes()).hexdigest())
+    assert digests[0] == digests[1]
+
+
+def test_the_shipped_atlas_holds_a_quantized_device_of_two_machines():
+    """The shipped entries with litert_xnnpack+quantized: each of the same quantized file,
+    one CPU emulated on two hosts told apart by the host."""
+    atlas = read_atlas(atlas_entries.default_folder(), MODEL)
+    holding = [entry["devices"]["litert_xnnpack+quantized"] for entry in atlas.entries.values()
+               if "litert_xnnpack+quantized" in entry["devices"]]
+    assert len(holding) >= 2
+    assert len({part["config"]["quantize"]["model_sha256"] for part in holding}) == 1
+    labels = {row.label for row in compare(None, atlas)}
+    assert {"emulated Intel Core Haswell (fam 6 model 60) on AMD EPYC",
+            "emulated Intel Core Haswell (fam 6 model 60) on Intel Xeon"} <= labels

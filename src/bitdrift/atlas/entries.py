@@ -255,18 +255,42 @@ def entries_from_records(paths: list[str | Path]) -> list[dict]:
     found = []
     for entry in entries.values():
         del entry["_paths"]
-        # The versions every device that reports a library agrees on; a setting a device
-        # reports among its versions (torch_deterministic, tensorflow_onednn) that differs
-        # between devices stays with the device
-        seen: dict[str, set] = {}
-        for part in entry["devices"].values():
-            for library, version in part["versions"].items():
-                seen.setdefault(library, set()).add(json.dumps(version))
-        entry["software"]["versions"] = {library: json.loads(next(iter(values)))
-                                         for library, values in sorted(seen.items())
-                                         if len(values) == 1}
+        entry["software"]["versions"] = _agreed_versions(entry["devices"])
         found.append(entry)
     return found
+
+
+def _agreed_versions(devices: dict) -> dict:
+    """The versions every device that reports a library agrees on; a setting a device
+    reports among its versions (torch_deterministic, tensorflow_onednn) that differs
+    between devices stays with the device."""
+    seen: dict[str, set] = {}
+    for part in devices.values():
+        for library, version in part["versions"].items():
+            seen.setdefault(library, set()).add(json.dumps(version))
+    return {library: json.loads(next(iter(values))) for library, values in sorted(seen.items())
+            if len(values) == 1}
+
+
+def merged(old: dict, new: dict, path) -> dict:
+    """The entry ``old`` (at ``path``) with the devices of ``new``, an entry of the same
+    machine and versions and of the same inputs: a device of both is refused."""
+    if old["reference"] != new["reference"]:
+        raise AtlasError(f"{path}: an entry of other inputs (input digest or samples); "
+                         "not merged")
+    both = sorted(old["devices"].keys() & new["devices"].keys())
+    if both:
+        raise AtlasError(f"{path}: already holds device(s) {', '.join(both)}; not merged "
+                         "(--replace replaces the entry)")
+    devices = {**old["devices"], **new["devices"]}
+    machine = dict(old["machine"])
+    gpus = [*old["machine"].get("gpus", []),
+            *(gpu for gpu in new["machine"].get("gpus", [])
+              if gpu not in old["machine"].get("gpus", []))]
+    if gpus:
+        machine["gpus"] = gpus
+    return {**old, "machine": machine, "devices": devices,
+            "software": {**old["software"], "versions": _agreed_versions(devices)}}
 
 
 def entry_key(entry: dict) -> str:
@@ -297,11 +321,11 @@ def encode(entry: dict) -> bytes:
                          mtime=0)
 
 
-def add(paths: list[str | Path], folder: str | Path,
-        replace: bool = False) -> list[tuple[Path, dict]]:
+def add(paths: list[str | Path], folder: str | Path, replace: bool = False,
+        merge: bool = False) -> list[tuple[Path, dict]]:
     """Write this machine's entries (one per machine the records were made on) into the
     atlas ``folder``; an entry of the same machine and versions is never overwritten
-    unless ``replace``."""
+    unless ``replace``; ``merge`` adds the records' devices to it (devices it has not)."""
     from bitdrift.atomic import write_bytes
 
     folder = Path(folder)
@@ -321,7 +345,10 @@ def add(paths: list[str | Path], folder: str | Path,
         old = [path for path, other in existing if same_machine_and_versions(entry, other)]
         if target.exists() and target not in old:
             old.append(target)
-        if old and not replace:
+        if old and merge:
+            entry = merged(read_entry(old[0]), entry, old[0])
+            target = folder / entry_file_name(entry)  # its versions may name more libraries
+        elif old and not replace:
             raise AtlasError(f"{old[0]}: the atlas already holds this machine and these "
                              f"versions ({machine_name(entry['machine'])}); not overwritten "
                              "(--replace replaces it)")
@@ -550,13 +577,20 @@ def _entry_software(entry: dict) -> dict:
 def _labels(machines: list[tuple[str, dict]]) -> dict[str, str]:
     """{machine: label}; entries of one hardware (other versions) told apart by the
     versions they differ in, else numbered."""
-    from bitdrift.atlas.machines import machine_label
+    from bitdrift.atlas.machines import brand_words, machine_label
 
     labels = {name: machine_label(entry["machine"]) for name, entry in machines
               if name != THIS_MACHINE}
     entries = dict(machines)
     for label in {label for label in labels.values() if list(labels.values()).count(label) > 1}:
         group = [name for name in labels if labels[name] == label]
+        # one CPU emulated on hosts of other brands: told apart by the host
+        hosts = {name: (entries[name]["machine"].get("emulated") or {}).get("host")
+                 for name in group}
+        if None not in hosts.values() and len(set(hosts.values())) == len(group):
+            for name in group:
+                labels[name] = f"{label} on {brand_words({'brand': hosts[name]})}"
+            continue
         software = {name: _entry_software(entries[name]) for name in group}
         keys = sorted({key for found in software.values() for key in found
                        if len({json.dumps(s.get(key)) for s in software.values()}) > 1})
