@@ -191,6 +191,7 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
         scheduled_device(config, device, "atlas.devices", "the reference model runs on the "
                          "devices the workflow schedules")
     check_quantized_models(config)
+    check_atlas_quantization(config)
     for name, model in config["models"].items():
         if "quantize" in model:
             continue  # it reads its float model's inputs
@@ -262,6 +263,36 @@ def check_quantized_models(config: dict) -> None:
                               f"{tool} quantizer takes "
                               f"{' or '.join(quantizers.source_formats(tool))}")
         model["quantize"] = {"model": source, **settings}
+
+
+def check_atlas_quantization(config: dict) -> None:
+    """The atlas's quantized reference model (atlas.quantize): a quantizer that takes a
+    Keras model, its settings checked and completed with its defaults in place, and
+    atlas.quantized_devices scheduled devices of the quantizer's runtimes."""
+    from bitdrift.backends import quantizers
+    from bitdrift.runtimes import QUANTIZERS
+
+    atlas = config["atlas"]
+
+    def named(setting):
+        return f"config key atlas.quantize.{setting}"
+
+    settings = quantizers.checked_settings({"tool": "litert", **(atlas.get("quantize") or {})},
+                                           named)
+    tool = settings["tool"]
+    if "keras" not in quantizers.source_formats(tool):
+        raise ConfigError(f"{named('tool')}: the {tool} quantizer takes "
+                          f"{' or '.join(quantizers.source_formats(tool))}, not the Keras "
+                          "reference model (litert takes it)")
+    atlas["quantize"] = settings
+    runtimes = QUANTIZERS[tool][2]
+    for device in atlas.get("quantized_devices", []):
+        entry = scheduled_device(config, device, "atlas.quantized_devices", "the quantized "
+                                 "reference model runs on the devices the workflow schedules")
+        if entry["backend"] not in runtimes:
+            raise ConfigError(f"config key atlas.quantized_devices: device {device!r} runs "
+                              f"{entry['backend']}; the {tool} quantizer's model runs on "
+                              f"{', '.join(runtimes)}")
 
 
 def check_model_file(name: str, model: dict, samples: list[int], devices: dict) -> None:

@@ -112,8 +112,17 @@ def record_file(model="{model}", device="{device}") -> str:
 ATLAS_MODEL = "atlas_reference"
 
 
+# ... and quantized (config key atlas.quantize): its records are the atlas entries' quantized
+# devices
+ATLAS_QUANTIZED_MODEL = "atlas_reference_quantized"
+
+
 def atlas_record_file(device="{device}") -> str:
     return record_file(ATLAS_MODEL, device)
+
+
+def atlas_quantized_record_file(device="{device}") -> str:
+    return record_file(ATLAS_QUANTIZED_MODEL, device)
 
 
 def findings_file(suffix: str = "md") -> str:

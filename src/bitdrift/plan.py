@@ -63,6 +63,10 @@ class Plan:
         self.study_models: dict[str, dict] = {}
         self.all_models = list(self.models)
         self.atlas_devices = list(config["atlas"]["devices"])
+        # the reference model quantized (atlas.quantize) on these devices: atlas entries'
+        # quantized devices, kept out of the core's quantization tables
+        self.atlas_quantized_devices = list(config["atlas"].get("quantized_devices", []))
+        self.atlas_quantized: dict[str, dict] = {}
 
     # -- which device runs which model --------------------------------------------------
     def model_format(self, model: str) -> str:
@@ -74,8 +78,9 @@ class Plan:
         return self.config["devices"][device]["backend"] in self.model_runtimes(model)
 
     def model_runtimes(self, model: str) -> tuple[str, ...]:
-        if model in self.quantized_models:
-            return QUANTIZERS[self.quantized_models[model]["tool"]][2]
+        quantized = self.quantizations().get(model)
+        if quantized is not None:
+            return QUANTIZERS[quantized["tool"]][2]
         return formats.runtimes(self.model_format(model))
 
     def model_devices(self, model: str) -> list[str]:
@@ -285,7 +290,7 @@ class Plan:
         from bitdrift.errors import BitdriftError
         from bitdrift.inputs import reference_set
 
-        if not self.atlas_devices:
+        if not self.atlas_devices and not self.atlas_quantized_devices:
             return
         try:
             self.config["models"][paths.ATLAS_MODEL] = {
@@ -294,6 +299,20 @@ class Plan:
         except BitdriftError as error:
             raise PlanError(f"config key atlas.devices: {error}") from None
         self.all_models.append(paths.ATLAS_MODEL)
+        if self.atlas_quantized_devices:
+            # the quantized reference model: made by rule quantize_model like the config's
+            # own quantized models (bitdrift.config.check_atlas_quantization checked it)
+            settings = {"model": paths.ATLAS_MODEL, **self.config["atlas"]["quantize"]}
+            self.config["models"][paths.ATLAS_QUANTIZED_MODEL] = {"quantize": settings}
+            self.atlas_quantized = {paths.ATLAS_QUANTIZED_MODEL: settings}
+            self.model_formats[paths.ATLAS_QUANTIZED_MODEL] = formats.planned_format(
+                paths.model_file(self.config, paths.ATLAS_QUANTIZED_MODEL))
+            self.all_models.append(paths.ATLAS_QUANTIZED_MODEL)
+
+    def quantizations(self) -> dict[str, dict]:
+        """{model: its quantize settings} of every model the workflow quantizes: the
+        config's own and the atlas's quantized reference model."""
+        return {**self.quantized_models, **self.atlas_quantized}
 
     def atlas_folder(self) -> str:
         """The atlas's entries: config key atlas.folder, else the one shipped with bitdrift."""
@@ -319,9 +338,9 @@ class Plan:
         targets = (scheduled_records
                    + [paths.result_file(kind, name) for kind, name in paths.CORE_RESULTS]
                    + [paths.findings_file("md")])
-        if self.atlas_devices:
+        if self.atlas_devices or self.atlas_quantized_devices:
             # this machine among the machines measured: the reference model's records
-            targets += [paths.atlas_record_file(device) for device in self.atlas_devices]
+            targets += self.atlas_record_files()
             targets += [paths.table_file(paths.ATLAS_TABLES[0]),
                         paths.figure_file(paths.ATLAS_FIGURE)]
         if self.quantized_models:
@@ -337,7 +356,7 @@ class Plan:
         """What a record of ``model`` says of its quantization (in its fingerprint): the
         float model's name and file and ONNX Runtime's settings; None for a model the
         workflow did not quantize."""
-        settings = self.quantized_models.get(model)
+        settings = self.quantizations().get(model)
         if settings is None:
             return None
         return {**settings, "model_file": paths.model_file(self.config, settings["model"])}
@@ -362,7 +381,10 @@ class Plan:
                 for model in self.quantized_models]
 
     def atlas_record_files(self) -> list[str]:
-        return [paths.atlas_record_file(device) for device in self.atlas_devices]
+        """The reference model's records, then the quantized reference model's."""
+        return [paths.atlas_record_file(device) for device in self.atlas_devices] + \
+            [paths.atlas_quantized_record_file(device)
+             for device in self.atlas_quantized_devices]
 
     def findings_quantization_tables(self) -> dict[str, str]:
         """The quantized models' tables the findings quote (against their float models,
@@ -374,7 +396,7 @@ class Plan:
     def findings_atlas_tables(self) -> dict[str, str]:
         """The comparison with the atlas, which the findings quote, where the run makes it."""
         return {name: paths.table_file(name) for name in paths.ATLAS_TABLES} \
-            if self.atlas_devices else {}
+            if self.atlas_devices or self.atlas_quantized_devices else {}
 
     # -- what the jobs are given ------------------------------------------------------------
     def dataset_samples(self, dataset: str) -> list[int]:

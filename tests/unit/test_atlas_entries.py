@@ -43,11 +43,16 @@ def flipped(values, bit):
 
 
 def record(path, device, cpu, values, tensorflow="2.21.0", model=MODEL, accelerator=None,
-           platform="Linux-6-x86_64", python="3.11.7"):
-    """A record of ``device`` on a machine of ``cpu``: two equal repeats of each tensor."""
+           platform="Linux-6-x86_64", python="3.11.7", quantization=None):
+    """A record of ``device`` on a machine of ``cpu``: two equal repeats of each tensor;
+    ``quantization``: of the reference model quantized (``model`` the quantized file's
+    digest), as the workflow's fingerprint says it (bitdrift.run.record_attrs)."""
     fingerprint = {"hostname": "h", "platform": platform, "cpu": cpu,
                    "accelerator": accelerator or {"accelerator": "cpu"},
                    "versions": {"python": python, "tensorflow": tensorflow}}
+    if quantization is not None:
+        fingerprint["quantization"] = {"model": "atlas_reference", "model_file": "r.keras",
+                                       "model_sha256": MODEL, **quantization}
     write_record(path, {"model": "atlas_reference", "device": device, "backend": "tensorflow",
                         "precision": "float32", "fingerprint": fingerprint,
                         "model_sha256": model, "input_sha256": "i" * 64,
@@ -383,3 +388,149 @@ def test_many_agreeing_machines_are_counted_not_named():
     [summary, _, table] = section(atlas_entries.rows_table(rows), pd.DataFrame())
     assert summary.endswith("; 5 give this machine's bits on every device both ran.")
     assert table["d1"].tolist() == ["same bits"] * 5
+
+
+FULL_INTEGER = {"tool": "litert", "mode": "full_integer", "inference_input_type": "float32",
+                "inference_output_type": "float32"}
+QUANTIZED = "q" * 64  # the quantized file's SHA-256
+SKYLAKE = {**HASWELL, "brand": "Intel Core i7-6700", "model": 94}
+SAPPHIRE = {**HASWELL, "brand": "Intel Xeon Platinum 8480", "model": 143,
+            "flags": ["avx2", "avx512f", "avx512_vnni", "amx_int8"]}
+
+
+def test_quantized_devices_compare_only_with_the_same_quantization(tmp_path):
+    """A hand-built atlas of the quantized device d1+quantized: one machine with the same
+    bits, one parting at `dense`, one of other quantization settings and one whose
+    quantizer wrote other bytes (neither compared: configured otherwise)."""
+    here = tensors(5)
+    parting = tensors(5)
+    parting[0]["dense"] = flipped(parting[0]["dense"], 1)  # apart from the 2nd layer on
+    parting[0]["output"] = flipped(parting[0]["output"], 6)  # 7 low bits differ: 16 left
+    dynamic = {"tool": "litert", "mode": "dynamic_range"}
+    atlas = tmp_path / "atlas"
+
+    def quantized(name, cpu, values, settings=FULL_INTEGER, model=QUANTIZED):
+        return record(tmp_path / f"{name}.h5", "d1", cpu, values, model=model,
+                      quantization=settings)
+
+    add([quantized("same", HASWELL, tensors(5))], atlas)
+    add([quantized("parting", SKYLAKE, parting)], atlas)
+    add([quantized("settings", SAPPHIRE, tensors(5), settings=dynamic)], atlas)
+    add([quantized("bytes", {**SAPPHIRE, "model": 207}, tensors(5), model="b" * 64)], atlas)
+    this = atlas_entries.entries_from_records([
+        record(tmp_path / "float.h5", "d1", ZEN4, tensors(1)),
+        quantized("here", ZEN4, here)])
+    [entry] = this
+    # the float run and the quantized run of d1 side by side, the quantized one's
+    # configuration its quantizer's settings and the quantized file's digest
+    assert list(entry["devices"]) == ["d1", "d1+quantized"]
+    assert entry["devices"]["d1+quantized"]["config"] == {
+        **CONFIG, "quantize": {**FULL_INTEGER, "model_sha256": QUANTIZED}}
+    assert "quantize" not in entry["devices"]["d1"]["config"]
+    assert entry["devices"]["d1+quantized"]["digests"]["0"] == [
+        digest(here[0][name]) for name in (*LAYERS, "output")]
+    rows = compare(this, read_atlas(atlas))
+    grid = atlas_entries.machines_by_devices(rows)
+    assert grid.columns.tolist() == ["machine", "d1", "d1+quantized",
+                                     atlas_entries.DIFFERS_COLUMN]
+    cells = {row[0]: row[2] for row in grid.values.tolist()}
+    assert cells == {
+        "Intel Xeon E5-2680 v3 Haswell-EP (fam 6 model 63)": "same bits",
+        "Intel Core i7-6700 Skylake (fam 6 model 94)": "parts at `dense`, 16 bits left",
+        "Intel Xeon Platinum 8480 Sapphire Rapids (fam 6 model 143)": "configured otherwise",
+        "Intel Xeon Platinum 8480 Emerald Rapids (fam 6 model 207)": "configured otherwise"}
+    # no machine of the atlas ran the float d1
+    assert {row[1] for row in grid.values.tolist()} == {atlas_entries.NOT_RUN}
+    quantized_rows = {row.label: row for row in rows if row.device == "d1+quantized"}
+    assert quantized_rows["Intel Core i7-6700 Skylake (fam 6 model 94)"].first_difference \
+        == "dense"
+    # classes across machines: this machine's and the same bits one class, each other its own
+    assert sorted(row.cls for row in quantized_rows.values()) == [1, 1, 2, 3, 4]
+    assert atlas_entries.agreeing(rows) == ["Intel Xeon E5-2680 v3 Haswell-EP (fam 6 model 63)"]
+    # the figure draws the quantized device's column
+    plot_atlas(atlas_entries.rows_table(rows), tmp_path / "atlas.pdf")
+    assert (tmp_path / "atlas.pdf").stat().st_size > 0
+
+
+def test_a_quantized_record_of_another_float_model_is_refused(tmp_path):
+    other = record(tmp_path / "a.h5", "d1", ZEN4, tensors(1), model=QUANTIZED,
+                   quantization={**FULL_INTEGER, "model_sha256": "e" * 64})
+    with pytest.raises(AtlasError, match="a.h5: model quantized from digest eeeeeeeeeeee... "
+                       "is not the reference model's"):
+        add([other], tmp_path / "atlas")
+
+
+def test_atlas_quantized_devices_are_the_quantizers_runtimes():
+    import yaml
+
+    from bitdrift import paths
+    from bitdrift.config import validate_config
+    from bitdrift.errors import ConfigError
+    from bitdrift.plan import Plan
+    from tests.utils import ROOT
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    checked = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
+    assert checked["atlas"]["quantize"] == FULL_INTEGER
+    assert checked["atlas"]["quantized_devices"] == ["litert_xnnpack"]
+    plan = Plan(checked)
+    plan.add_atlas_model()
+    assert plan.atlas_record_files()[-1] == paths.atlas_quantized_record_file("litert_xnnpack")
+    assert plan.quantization(paths.ATLAS_QUANTIZED_MODEL)["tool"] == "litert"
+    assert plan.model_devices(paths.ATLAS_QUANTIZED_MODEL) == [
+        device for device, entry in checked["devices"].items()
+        if entry["backend"] == "litert"]
+    # the core's quantization tables stay the config's own models
+    assert paths.ATLAS_QUANTIZED_MODEL not in plan.quantized_models
+    for atlas, message in (
+            ({"quantized_devices": ["tf_2threads"]}, "config key atlas.quantized_devices: "
+             "device 'tf_2threads' runs tensorflow; the litert quantizer's model runs on "
+             "litert"),
+            ({"quantize": {"tool": "onnxruntime"}, "quantized_devices": ["ort_all"]},
+             "config key atlas.quantize.tool: the onnxruntime quantizer takes onnx, not the "
+             "Keras reference model"),
+            ({"quantize": {"mode": "int4"}}, "config key atlas.quantize.mode: 'int4' is none")):
+        with pytest.raises(ConfigError, match=message):
+            validate_config({**config, "atlas": atlas})
+
+
+def test_merge_adds_quantized_devices_to_the_machines_entry(tmp_path, capsys):
+    atlas = tmp_path / "atlas"
+    [(first, before)] = add([record(tmp_path / "f.h5", "d1", ZEN4, tensors(1))], atlas)
+    quantized = record(tmp_path / "q.h5", "d1", ZEN4, tensors(2), model=QUANTIZED,
+                       quantization=FULL_INTEGER)
+    assert main(["atlas", "add", str(quantized), "--atlas", str(atlas)]) == 3
+    assert "already holds this machine and these versions" in capsys.readouterr().err
+    [(path, entry)] = add([quantized], atlas, merge=True)
+    assert sorted(atlas.iterdir()) == [path] and path == first  # the versions are the same
+    assert list(read_entry(path, MODEL)["devices"]) == ["d1", "d1+quantized"]
+    assert read_entry(path)["devices"]["d1"] == before["devices"]["d1"]  # kept as it was
+    with pytest.raises(AtlasError, match=r"already holds device\(s\) d1\+quantized; not "
+                       "merged"):
+        add([quantized], atlas, merge=True)
+
+
+def test_the_quantized_reference_model_is_the_same_bytes_each_time(tmp_path):
+    """The atlas compares a quantized device only where the quantized files' SHA-256 match:
+    the quantizer must write the same bytes for the same versions (here: twice)."""
+    from bitdrift.backends import quantizers
+
+    digests = []
+    for name in ("a.tflite", "b.tflite"):
+        quantizers.quantize_model(reference_set.model_file(), tmp_path / name,
+                                  {"tool": "litert"}, reference_set.inputs_file())
+        digests.append(hashlib.sha256((tmp_path / name).read_bytes()).hexdigest())
+    assert digests[0] == digests[1]
+
+
+def test_the_shipped_atlas_holds_a_quantized_device_of_two_machines():
+    """The shipped entries with litert_xnnpack+quantized: each of the same quantized file,
+    one CPU emulated on two hosts told apart by the host."""
+    atlas = read_atlas(atlas_entries.default_folder(), MODEL)
+    holding = [entry["devices"]["litert_xnnpack+quantized"] for entry in atlas.entries.values()
+               if "litert_xnnpack+quantized" in entry["devices"]]
+    assert len(holding) >= 2
+    assert len({part["config"]["quantize"]["model_sha256"] for part in holding}) == 1
+    labels = {row.label for row in compare(None, atlas)}
+    assert {"emulated Intel Core Haswell (fam 6 model 60) on AMD EPYC",
+            "emulated Intel Core Haswell (fam 6 model 60) on Intel Xeon"} <= labels

@@ -93,11 +93,12 @@ def test_the_figure_of_the_shipped_atlas_is_drawn(tmp_path):
     grid = figure.atlas_grid(table)
     assert grid.machines[0] == "this machine: Intel Xeon Emerald Rapids (fam 6 model 207)"
     assert not any(".json" in name for name in grid.machines)
-    assert len(grid.machines) == len(atlas.entries) + 1 and len(grid.devices) == 30
+    # the 30 default devices and two quantized ones (litert_*+quantized)
+    assert len(grid.machines) == len(atlas.entries) + 1 and len(grid.devices) == 32
     assert (tmp_path / "atlas.png").stat().st_size
 
 
-def test_the_shipped_xeon_entry_holds_the_30_default_devices():
+def test_the_shipped_xeon_entry_holds_the_30_default_devices_and_two_quantized():
     import yaml
 
     from bitdrift.config import validate_config
@@ -108,7 +109,11 @@ def test_the_shipped_xeon_entry_holds_the_30_default_devices():
     assert machines.machine_label(entry["machine"]) == \
         "Intel Xeon Emerald Rapids (fam 6 model 207)"
     config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
-    assert sorted(entry["devices"]) == sorted(config["devices"]) and len(entry["devices"]) == 30
+    quantized = ["litert_builtin+quantized", "litert_xnnpack+quantized"]
+    assert sorted(entry["devices"]) == sorted([*config["devices"], *quantized])
+    assert len(entry["devices"]) == 32
+    assert {entry["devices"][device]["config"]["quantize"]["tool"] for device in quantized} \
+        == {"litert"}
 
 
 def test_docs_list_of_machines_is_the_entries():

@@ -149,7 +149,11 @@ def _device_part(record) -> tuple[dict, dict]:
                     "format": tensor.float_format, "shape": list(representative.shape),
                     "bits": bits.astype(bits.dtype.newbyteorder("<")).tobytes().hex()}
         digests[str(sample)] = per_layer
-    part = {"config": record.json_attr("device_config", default={}),
+    config = record.json_attr("device_config", default={})
+    quantization = quantized_settings(record)
+    if quantization is not None:
+        config = {**config, QUANTIZE_KEY: quantization}
+    part = {"config": config,
             "backend": record.attr("backend"), "precision": record.precision,
             "accelerator": _accelerator(record.fingerprint),
             "versions": {**(record.fingerprint.get("versions") or {}),
@@ -167,6 +171,40 @@ def _device_part(record) -> tuple[dict, dict]:
     return part, record.fingerprint
 
 
+# A quantized device of an entry: the device that ran the reference model quantized
+# (config key atlas.quantize), named apart from the device's float run, its configuration
+# carrying the quantizer's settings and the quantized file's SHA-256 under QUANTIZE_KEY
+QUANTIZED_DEVICE = "{device}+quantized"
+QUANTIZE_KEY = "quantize"
+# what of a record's fingerprint["quantization"] names the float model, not the settings
+FLOAT_MODEL_KEYS = ("model", "model_file", "model_sha256")
+
+
+def quantized_settings(record) -> dict | None:
+    """How the workflow quantized the record's model (the quantizer and its settings, and
+    the quantized file's SHA-256: two machines whose quantizer wrote other bytes ran other
+    models); None for a record of a float model."""
+    quantization = record.fingerprint.get("quantization")
+    if not quantization:
+        return None
+    return {**{key: value for key, value in quantization.items()
+               if key not in FLOAT_MODEL_KEYS},
+            "model_sha256": record.attr("model_sha256")}
+
+
+def entry_device(record) -> str:
+    """The record's device as an entry names it: DEVICE, or DEVICE+quantized for the
+    quantized reference model."""
+    quantized = record.fingerprint.get("quantization")
+    return QUANTIZED_DEVICE.format(device=record.device) if quantized else record.device
+
+
+def float_model_digest(record) -> str | None:
+    """The SHA-256 of the float model the record's model is, or was quantized from."""
+    quantization = record.fingerprint.get("quantization")
+    return quantization.get("model_sha256") if quantization else record.attr("model_sha256")
+
+
 def entries_from_records(paths: list[str | Path]) -> list[dict]:
     """This machine's entries from its records of the reference model: one per machine
     the records were made on (the host, each emulated CPU)."""
@@ -180,12 +218,15 @@ def entries_from_records(paths: list[str | Path]) -> list[dict]:
     entries: dict[str, dict] = {}
     for record in records:
         with record:
-            if record.attr("model_sha256") != expected:
-                raise AtlasError(f"{record.path}: model digest "
-                                 f"{record.attr('model_sha256')[:12]}... is not the reference "
+            digest = float_model_digest(record)
+            if digest != expected:
+                quantized = " quantized from" if record.fingerprint.get("quantization") else ""
+                raise AtlasError(f"{record.path}: model{quantized} digest "
+                                 f"{str(digest)[:12]}... is not the reference "
                                  f"model's {expected[:12]}... (bitdrift/reference_set); an "
                                  "atlas entry is of the reference model only")
             part, fingerprint = _device_part(record)
+            device = entry_device(record)
         hardware = _hardware(fingerprint)
         software = _software(fingerprint)
         # One entry per hardware and OS: the devices' runtimes are its software versions
@@ -201,31 +242,55 @@ def entries_from_records(paths: list[str | Path]) -> list[dict]:
                 [int(s) for s in record.samples] != entry["reference"]["samples"]:
             raise AtlasError(f"{record.path}: other inputs (input digest or samples) than "
                              f"{next(iter(entry['_paths'].values()))}")
-        if record.device in entry["devices"]:
-            raise AtlasError(f"{record.path}: device {record.device!r} twice (also "
-                             f"{entry['_paths'][record.device]})")
+        if device in entry["devices"]:
+            raise AtlasError(f"{record.path}: device {device!r} twice (also "
+                             f"{entry['_paths'][device]})")
         if _is_gpu(part["accelerator"]):
             gpus = entry["machine"].setdefault("gpus", [])
             gpu = {k: v for k, v in part["accelerator"].items() if k in GPU_HARDWARE}
             if gpu not in gpus:
                 gpus.append(gpu)
-        entry["devices"][record.device] = part
-        entry["_paths"][record.device] = str(record.path)
+        entry["devices"][device] = part
+        entry["_paths"][device] = str(record.path)
     found = []
     for entry in entries.values():
         del entry["_paths"]
-        # The versions every device that reports a library agrees on; a setting a device
-        # reports among its versions (torch_deterministic, tensorflow_onednn) that differs
-        # between devices stays with the device
-        seen: dict[str, set] = {}
-        for part in entry["devices"].values():
-            for library, version in part["versions"].items():
-                seen.setdefault(library, set()).add(json.dumps(version))
-        entry["software"]["versions"] = {library: json.loads(next(iter(values)))
-                                         for library, values in sorted(seen.items())
-                                         if len(values) == 1}
+        entry["software"]["versions"] = _agreed_versions(entry["devices"])
         found.append(entry)
     return found
+
+
+def _agreed_versions(devices: dict) -> dict:
+    """The versions every device that reports a library agrees on; a setting a device
+    reports among its versions (torch_deterministic, tensorflow_onednn) that differs
+    between devices stays with the device."""
+    seen: dict[str, set] = {}
+    for part in devices.values():
+        for library, version in part["versions"].items():
+            seen.setdefault(library, set()).add(json.dumps(version))
+    return {library: json.loads(next(iter(values))) for library, values in sorted(seen.items())
+            if len(values) == 1}
+
+
+def merged(old: dict, new: dict, path) -> dict:
+    """The entry ``old`` (at ``path``) with the devices of ``new``, an entry of the same
+    machine and versions and of the same inputs: a device of both is refused."""
+    if old["reference"] != new["reference"]:
+        raise AtlasError(f"{path}: an entry of other inputs (input digest or samples); "
+                         "not merged")
+    both = sorted(old["devices"].keys() & new["devices"].keys())
+    if both:
+        raise AtlasError(f"{path}: already holds device(s) {', '.join(both)}; not merged "
+                         "(--replace replaces the entry)")
+    devices = {**old["devices"], **new["devices"]}
+    machine = dict(old["machine"])
+    gpus = [*old["machine"].get("gpus", []),
+            *(gpu for gpu in new["machine"].get("gpus", [])
+              if gpu not in old["machine"].get("gpus", []))]
+    if gpus:
+        machine["gpus"] = gpus
+    return {**old, "machine": machine, "devices": devices,
+            "software": {**old["software"], "versions": _agreed_versions(devices)}}
 
 
 def entry_key(entry: dict) -> str:
@@ -256,11 +321,11 @@ def encode(entry: dict) -> bytes:
                          mtime=0)
 
 
-def add(paths: list[str | Path], folder: str | Path,
-        replace: bool = False) -> list[tuple[Path, dict]]:
+def add(paths: list[str | Path], folder: str | Path, replace: bool = False,
+        merge: bool = False) -> list[tuple[Path, dict]]:
     """Write this machine's entries (one per machine the records were made on) into the
     atlas ``folder``; an entry of the same machine and versions is never overwritten
-    unless ``replace``."""
+    unless ``replace``; ``merge`` adds the records' devices to it (devices it has not)."""
     from bitdrift.atomic import write_bytes
 
     folder = Path(folder)
@@ -280,7 +345,10 @@ def add(paths: list[str | Path], folder: str | Path,
         old = [path for path, other in existing if same_machine_and_versions(entry, other)]
         if target.exists() and target not in old:
             old.append(target)
-        if old and not replace:
+        if old and merge:
+            entry = merged(read_entry(old[0]), entry, old[0])
+            target = folder / entry_file_name(entry)  # its versions may name more libraries
+        elif old and not replace:
             raise AtlasError(f"{old[0]}: the atlas already holds this machine and these "
                              f"versions ({machine_name(entry['machine'])}); not overwritten "
                              "(--replace replaces it)")
@@ -509,13 +577,20 @@ def _entry_software(entry: dict) -> dict:
 def _labels(machines: list[tuple[str, dict]]) -> dict[str, str]:
     """{machine: label}; entries of one hardware (other versions) told apart by the
     versions they differ in, else numbered."""
-    from bitdrift.atlas.machines import machine_label
+    from bitdrift.atlas.machines import brand_words, machine_label
 
     labels = {name: machine_label(entry["machine"]) for name, entry in machines
               if name != THIS_MACHINE}
     entries = dict(machines)
     for label in {label for label in labels.values() if list(labels.values()).count(label) > 1}:
         group = [name for name in labels if labels[name] == label]
+        # one CPU emulated on hosts of other brands: told apart by the host
+        hosts = {name: (entries[name]["machine"].get("emulated") or {}).get("host")
+                 for name in group}
+        if None not in hosts.values() and len(set(hosts.values())) == len(group):
+            for name in group:
+                labels[name] = f"{label} on {brand_words({'brand': hosts[name]})}"
+            continue
         software = {name: _entry_software(entries[name]) for name in group}
         keys = sorted({key for found in software.values() for key in found
                        if len({json.dumps(s.get(key)) for s in software.values()}) > 1})

@@ -34,7 +34,8 @@ EMULATED = "emulated"
 _NOISE = re.compile(r"\((?:R|TM|tm)\)|\bCPU\b|\bProcessor\b|@.*$|\(.*?\)")
 
 
-def _brand(cpu: dict) -> str:
+def brand_words(cpu: dict) -> str:
+    """A CPU brand without the words that name no model ("Intel Xeon")."""
     brand = _NOISE.sub(" ", str(cpu.get("brand") or "unknown CPU"))
     return " ".join(brand.split()) or "unknown CPU"
 
@@ -50,7 +51,7 @@ def cpu_label(cpu: dict) -> str:
     """A CPU model in words: brand, microarchitecture where known, family and model
     (x86: "AMD EPYC Zen 4 (fam 25 model 17)"); an Arm CPU by its brand (its family is the
     architecture's version, its model a part number)."""
-    brand = _brand(cpu)
+    brand = brand_words(cpu)
     family, model = _number(cpu.get("family")), _number(cpu.get("model"))
     if family is None or model is None or not str(cpu.get("arch") or "X86").upper().startswith(
             ("X86", "AMD64", "I686")):
@@ -114,9 +115,10 @@ def machines_list(entries: dict[str, dict], folder: str | Path) -> list[str]:
     for name, entry in entries.items():
         machine = entry["machine"]
         emulated = machine.get("emulated")
+        host = brand_words({"brand": emulated.get("host")}) if emulated else ""
         how = "real" if not emulated else (
             f"emulated: `{emulated.get('model')}` under QEMU "
-            f"{str(entry['software'].get('qemu') or '?').split()[0]} on {emulated.get('host')}")
+            f"{str(entry['software'].get('qemu') or '?').split()[0]} on {host}")
         devices = sorted(entry["devices"])
         shown = ", ".join(f"`{device}`" for device in devices) if len(devices) <= 3 else \
             f"{len(devices)} devices"

@@ -102,7 +102,8 @@ def cmd_atlas(args) -> int:
 def cmd_atlas_add(args) -> int:
     from bitdrift.atlas.entries import add, default_folder, encode, machine_name
 
-    written = add(args.files, args.atlas or default_folder(), replace=args.replace)
+    written = add(args.files, args.atlas or default_folder(), replace=args.replace,
+                  merge=args.merge)
     if not written:
         raise RecordError("atlas add: no record to make an entry from (every one named is "
                           "a failed device's)")
@@ -210,6 +211,8 @@ def add_commands(sub) -> None:
     q.add_argument("--atlas", help=atlas_help)
     q.add_argument("--replace", action="store_true", help="replace an entry of the same "
                    "machine and versions (refused otherwise)")
+    q.add_argument("--merge", action="store_true", help="add the records' devices to the "
+                   "entry of the same machine and versions (a device it holds is refused)")
     q.set_defaults(verb_func=cmd_atlas_add, writes_data=True)
     q = verbs.add_parser("compare", help="per device, the machines of the atlas that give "
                          "this machine's bits, and where the others part from it first")
