@@ -101,5 +101,6 @@ QUANTIZATION_METHODS = {
 # settings, inputs_path, named), and imports its runtime only inside them.
 QUANTIZERS = {
     "onnxruntime": ("bitdrift.backends.exported.onnx_quantization", ("onnx",)),
+    "torch": ("bitdrift.backends.torch_program.pt2e_quantization", ("pt2",)),
 }
 DEFAULT_QUANTIZER = "onnxruntime"

@@ -196,7 +196,8 @@ def add_commands(sub) -> None:
                        "(dynamic, or static calibrated on the model's inputs)")
     p.add_argument("--tool", choices=list(QUANTIZERS), default=DEFAULT_QUANTIZER,
                    help=f"whose quantizer (default {DEFAULT_QUANTIZER}; the options below "
-                   "are ONNX Runtime's)")
+                   "are ONNX Runtime's; torch's PT2E takes --method (its default static) "
+                   "and --reduce-range (7-bit activations))")
     p.add_argument("--model-file", required=True, help="the float model")
     p.add_argument("--out", required=True, help="the quantized model to write")
     p.add_argument("--inputs", help="the model's inputs (.npy, or .npz of one array per "
