@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from bitdrift.analysis.quantization_error import tensor_scales
 from bitdrift.backends.torch_program.pt2e_quantization import checked_settings, quantize_model
 from bitdrift.cli import main
 from bitdrift.config import validate_config
@@ -22,7 +23,6 @@ from bitdrift.errors import BitdriftError, ConfigError, ModelFormatError
 from bitdrift.inputs.examples import torch_cnn, torch_transformer
 from bitdrift.record.reader import Record
 from bitdrift.run.inference import infer
-
 
 SAMPLES = list(range(4))
 BATCH = 2  # dynamic quantization's activation scale is the batch's: both runs cut the same
@@ -111,8 +111,14 @@ def test_the_quantized_file_runs_on_the_device_as_in_torch_directly(models, quan
             assert any(wanted in name for name in kernels), kernels
         assert not any(name in ("extern_kernels.convolution", "extern_kernels.addmm",
                                 "extern_kernels.mm") for name in kernels), kernels
-    else:  # every module recorded, under the float model's module paths
+    else:  # every module recorded, under the float model's module paths; the scales the
+        # table quantization_error reads are those of recorded layers
         assert "classifier" in layers and len(layers) >= 4
+        scales = tensor_scales(path)
+        if CASES[case][1].get("method") == "dynamic":  # computed per batch: no constant
+            assert scales == {}
+        else:
+            assert scales and set(scales) <= set(layers) and min(scales.values()) > 0
     # and not the float model: its outputs differ, near them
     floats = run_directly(models / f"{model}.pt2", inputs, compiled=False)
     assert not np.array_equal(floats, direct)
@@ -208,7 +214,8 @@ def test_executorch_cannot_run_it_in_one_line(models, quantized):
               layers=True, kernels=False, log=log)
     message = str(raised.value)
     assert "\n" not in message, message
-    assert "'et'" in message and "quantized_decomposed" in message, message
+    assert "'et'" in message and "model 'q'" in message, message
+    assert "quantized_decomposed" in message, message
 
 
 def test_the_quantize_command(models, tmp_path, capsys):
