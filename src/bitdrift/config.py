@@ -193,6 +193,11 @@ def _check_references(config: dict, trained_files: list[str]) -> None:
     check_quantized_models(config)
     check_atlas_quantization(config)
     for name, model in config["models"].items():
+        for device in model.get("devices", []):
+            if device not in config["devices"]:
+                raise ConfigError(f"config key models.{name}.devices: {device!r} is not a "
+                                  f"key of devices ({', '.join(config['devices'])})")
+    for name, model in config["models"].items():
         if "quantize" in model:
             continue  # it reads its float model's inputs
         if ("dataset" in model) == ("inputs" in model):

@@ -73,9 +73,21 @@ class Plan:
         return self.model_formats.get(model, "keras")
 
     def runs_on(self, model: str, device: str) -> bool:
-        """Whether the device's runtime runs the model's format (a Keras model: every one);
-        a model the workflow quantized, whether it is one of its quantizer's runtimes."""
+        """Whether the device runs the model: one the model's `devices` (if it lists any)
+        names, whose runtime runs the model's format (a Keras model: every one); a model
+        the workflow quantized, one of its quantizer's runtimes."""
+        return self.chosen(model, device) and self.runtime_runs(model, device)
+
+    def runtime_runs(self, model: str, device: str) -> bool:
         return self.config["devices"][device]["backend"] in self.model_runtimes(model)
+
+    def chosen(self, model: str, device: str) -> bool:
+        """Whether config key models.MODEL.devices (a quantized model without one: its
+        float model's) leaves the device in (no such key: every device)."""
+        spec = self.config["models"].get(model, {})
+        if "devices" not in spec and "quantize" in spec:
+            spec = self.config["models"].get(spec["quantize"]["model"], {})
+        return device in spec.get("devices", [device])
 
     def model_runtimes(self, model: str) -> tuple[str, ...]:
         quantized = self.quantizations().get(model)
@@ -88,11 +100,12 @@ class Plan:
         return [device for device in self.devices if self.runs_on(model, device)]
 
     def skipped_devices(self, model: str) -> dict[str, list[str]]:
-        """{runtime: its devices} of the devices left out of the model's run: their runtime
-        cannot run the model's format (bitdrift.runtimes.FORMAT_RUNTIMES)."""
+        """{runtime: its devices} of the devices left out of the model's run for their
+        runtime cannot run the model's format (bitdrift.runtimes.FORMAT_RUNTIMES); not
+        those its `devices` list leaves out, by the user's choice."""
         skipped: dict[str, list[str]] = {}
         for device in self.devices:
-            if not self.runs_on(model, device):
+            if self.chosen(model, device) and not self.runtime_runs(model, device):
                 skipped.setdefault(self.config["devices"][device]["backend"], []).append(device)
         return skipped
 

@@ -111,5 +111,7 @@ QUANTIZERS = {
     # the TFLite converter's post-training quantization of a Keras model, Keras' LiteRT
     # export's own conversion (a .pt2's litert-torch conversion has no calibrated int8 path)
     "litert": ("bitdrift.backends.exported.litert_quantization", ("keras",), ("litert",)),
+    "torch": ("bitdrift.backends.torch_program.pt2e_quantization", ("pt2",),
+              ("torch_export", "torch_inductor", "executorch")),
 }
 DEFAULT_QUANTIZER = "onnxruntime"

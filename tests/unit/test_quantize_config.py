@@ -111,3 +111,23 @@ def test_a_quantized_model_runs_on_its_quantizers_runtimes_alone_and_the_plan_sa
     assert note["format"].endswith("quantized by the onnxruntime quantizer")
     assert sorted(d for group in note["skipped"].values() for d in group) == \
         ["eager", "lite", "tf"]
+
+
+def test_a_models_devices_list_keeps_it_to_those_devices_and_its_quantized_model_too():
+    """models.NAME.devices: the float model runs on the devices it names alone; the model
+    quantized from it, without a list of its own, on those of them its quantizer's
+    runtimes run; a device the list leaves out is no 'skipped' note (the user chose it);
+    a name that is no device is refused, naming the key."""
+    devices = {**DEVICES, "ov": {"accelerator": "cpu", "backend": "openvino"},
+               "eager": {"accelerator": "cpu", "backend": "torch_export"}}
+    config = copy.deepcopy(CONFIG)
+    config["devices"] = devices
+    config["models"]["net"]["devices"] = ["ort", "eager"]
+    plan = Plan(validate_config(config))
+    assert plan.model_devices("net") == ["ort", "eager"]
+    assert plan.model_devices("net_int8") == ["ort"]
+    assert "net" not in plan.device_plan()
+    assert plan.device_plan()["net_int8"]["skipped"] == {"torch_export": ["eager"]}
+    config["models"]["net"]["devices"] = ["ort", "gpu0"]
+    with pytest.raises(ConfigError, match=r"models\.net\.devices: 'gpu0' is not a key"):
+        validate_config(config)

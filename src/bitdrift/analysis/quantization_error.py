@@ -51,11 +51,15 @@ def tensor_scales(model_path) -> dict[str, float]:
     """{tensor name: its quantization scale} of the tensors a QuantizeLinear of the
     quantized ONNX graph quantizes with a constant scalar scale; the graph's output
     (which ONNX Runtime's QDQ format renames to NAME_QuantizeLinear_Input) under its own
-    name."""
+    name. A quantized .tflite's output, and a quantized torch.export program's recorded
+    calls (:func:`program_scales`), have their own."""
     from bitdrift import formats
 
-    if formats.detect(model_path) == "tflite":
+    format = formats.detect(model_path)
+    if format == "tflite":
         return _tflite_output_scale(model_path)
+    if format == "pt2":
+        return program_scales(model_path)
     import onnx
     from onnx import numpy_helper
 
@@ -92,6 +96,28 @@ def _tflite_output_scale(model_path) -> dict[str, float]:
     source = feeding.get(finals[0], finals[0])
     scales = details[source]["quantization_parameters"]["scales"]
     return {OUTPUT: float(scales[0])} if len(scales) == 1 and scales[0] > 0 else {}
+
+
+def program_scales(model_path) -> dict[str, float]:
+    """{recorded module call: its output's quantization scale} of a quantized
+    torch.export program (PT2E's convert_pt2e): the constant scale of the
+    ``quantize_per_tensor`` that quantizes the tensor the call hands on, named as the
+    torch devices record it (bitdrift.formats.pt2.module_outputs)."""
+    from bitdrift.formats.pt2 import load_program, module_outputs
+
+    graph = load_program(model_path).module().graph
+    recorded, _ = module_outputs(graph)
+    names: dict[str, str] = {}
+    for call in recorded:
+        names.setdefault(call.node, call.name)
+    scales = {}
+    for node in graph.nodes:
+        if str(node.target) != "quantized_decomposed.quantize_per_tensor.default":
+            continue
+        source, scale = node.args[0], node.args[1]
+        if isinstance(scale, float) and getattr(source, "name", None) in names:
+            scales[names[source.name]] = scale
+    return scales
 
 
 def compare_records(float_record, quantized_record, scales: dict[str, float],

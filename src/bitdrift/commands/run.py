@@ -209,12 +209,15 @@ def add_commands(sub) -> None:
     p.add_argument("--out", required=True, help="the quantized model to write")
     p.add_argument("--inputs", help="the model's inputs (.npy, or .npz of one array per "
                    "input): static quantization calibrates on them")
+    settings = list(_quantizer_settings())
     seen = set()
-    for tool, key, values, default, text in _quantizer_settings():
-        option, help = "--" + key.replace("_", "-"), f"--tool {tool}: {text}"
-        if key in seen:  # a setting two tools share: the first tool's option
+    for tool, key, values, default, text in settings:
+        if key in seen:  # a setting two tools share: one option, its help the first's
             continue
         seen.add(key)
+        others = [other for other, same, *_ in settings if same == key and other != tool]
+        option, help = "--" + key.replace("_", "-"), f"--tool {tool}: {text}" + (
+            f" (also --tool {', '.join(others)})" if others else "")
         if values is int:
             p.add_argument(option, type=int, help=f"{help} (default {default})")
         elif set(values) == {False, True}:

@@ -119,8 +119,12 @@ def load_program(path: str | Path):
     """The ``torch.export.ExportedProgram`` in ``path``, read without running any code the
     file holds (:func:`refuse_code`: a model file is downloaded); ProgramError in one line
     naming the file for one that is missing, damaged, not written by
-    ``torch.export.save``, or that would run code."""
+    ``torch.export.save``, or that would run code. A quantized program (PT2E's
+    convert_pt2e, bitdrift.backends.torch_program.pt2e_quantization) calls torch's own
+    ``quantized_decomposed`` ops, which torch registers only when their module is
+    imported: it is, before the program is read (torch's code, not the file's)."""
     import torch
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
 
     path = Path(path)
     what = "not a readable torch.export program (a .pt2 written by torch.export.save)"
