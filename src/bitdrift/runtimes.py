@@ -15,7 +15,7 @@ RUNTIMES = KERAS_RUNTIMES + EXPORTED_RUNTIMES + PROGRAM_RUNTIMES
 # The device keys that change a runtime's numerics (its knobs), as the schema names them;
 # `explain` takes each as an attribute.
 KNOBS = {"jax": ("xla_flags", "matmul_precision"),
-         "onnxruntime": ("graph_optimization_level",),
+         "onnxruntime": ("graph_optimization_level", "session_config"),
          "openvino": ("execution_mode", "inference_precision_hint"),
          "litert": ("op_resolver",),
          "torch_inductor": ("inductor_options",)}

@@ -77,13 +77,14 @@ def dynamic_inputs(path):
     return inputs
 
 
-def record_on_ort(folder, name, level):
+def record_on_ort(folder, name, level, **settings):
     model, inputs = folder / "dynamic.onnx", folder / "inputs.npy"
     device = validate_config({"models": {"q": {"file": str(model), "inputs": str(inputs)}},
                               "devices": {name: {"accelerator": "cpu",
                                                  "backend": "onnxruntime", "threads": 1,
                                                  "batch_size": 1,
-                                                 "graph_optimization_level": level}},
+                                                 "graph_optimization_level": level,
+                                                 **settings}},
                               "samples": SAMPLES})["devices"][name]
     out = folder / f"{name}.h5"
     with open(folder / f"{name}.log", "w") as log:
@@ -138,6 +139,34 @@ def test_the_integer_layers_are_recorded_as_integers_with_scale_and_zero_point(r
             assert np.array_equal(accumulators, replayed(inputs[sample], host_path()))
             assert not np.array_equal(replayed(inputs[sample], integer.EXACT),
                                       replayed(inputs[sample], integer.SATURATED))
+
+
+def test_ort_s_x64quantprecision_entry_sums_exactly_on_a_cpu_without_vnni(recorded):
+    """ONNX Runtime's int8 option session.x64quantprecision (a device's session_config) on
+    an emulated Haswell (AVX2, no VNNI), the graph fused (MatMulIntegerToFloat): without it
+    the u8 x s8 pairs saturate in int16; with it the outputs are those of the exact int32
+    sums (numpy: the exact replay's accumulators x the scales + the bias, in float32), bit
+    for bit. (Unfused, at disable_all, the entry changes nothing: MatMulInteger saturates.)"""
+    folder, inputs, _ = recorded
+    found = {}
+    for name, entries in (("haswell", {}), ("haswell_precise",
+                                            {"session.x64quantprecision": "1"})):
+        path = record_on_ort(folder, name, "all", emulate="Haswell-v4",
+                             **({"session_config": entries} if entries else {}))
+        with Record(path) as record:
+            found[name] = [record.tensor(sample, "output").values[0] for sample in SAMPLES]
+
+    def expected(sample, path):
+        _, scale, _ = dynamic_quantize(inputs[sample])
+        return replayed(inputs[sample], path).astype(np.float32) * (scale * WEIGHT_SCALE) \
+            + BIAS
+
+    for sample in SAMPLES:
+        assert np.array_equal(found["haswell"][sample], expected(sample, integer.SATURATED))
+        assert np.array_equal(found["haswell_precise"][sample],
+                              expected(sample, integer.EXACT))
+        assert not np.array_equal(expected(sample, integer.EXACT),
+                                  expected(sample, integer.SATURATED))
 
 
 def test_recording_every_layer_leaves_the_final_output_as_a_plain_run_gives_it(recorded):

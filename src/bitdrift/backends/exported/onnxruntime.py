@@ -57,7 +57,9 @@ INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 9, 12, 13}  # ONNX TensorProto: (u)int8..64, 
 
 
 def _options(ort, device: dict):
-    """The device's session options: optimisation level, threads, determinism."""
+    """The device's session options: optimisation level, threads, determinism, and its
+    session configuration entries (``session_config``: ONNX Runtime's own keys, e.g. its
+    int8 options)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(
         ort.GraphOptimizationLevel, LEVELS[device.get("graph_optimization_level") or "all"])
@@ -66,6 +68,8 @@ def _options(ort, device: dict):
     options.inter_op_num_threads = 1
     if device.get("deterministic"):
         options.use_deterministic_compute = True
+    for key, value in sorted((device.get("session_config") or {}).items()):
+        options.add_session_config_entry(key, value)
     return options
 
 
@@ -188,7 +192,7 @@ options = ort.SessionOptions()
 options.graph_optimization_level = ort.GraphOptimizationLevel.{level}
 {threads}options.inter_op_num_threads = 1
 options.use_deterministic_compute = {deterministic}
-session = ort.InferenceSession(str(HERE / "layer.onnx"), options,
+{entries}session = ort.InferenceSession(str(HERE / "layer.onnx"), options,
                                providers=[{provider!r}])
 out = np.concatenate([session.run(None, {{"x": x[start:start + BATCH]}})[0]
                       for start in range(0, len(x), BATCH)])
@@ -201,6 +205,8 @@ def script_code(device: dict, layer) -> str:
         level=LEVELS[device.get("graph_optimization_level") or "all"],
         threads=f"options.intra_op_num_threads = {threads}\n" if threads else "",
         deterministic=bool(device.get("deterministic")),
+        entries="".join(f"options.add_session_config_entry({key!r}, {value!r})\n"
+                        for key, value in sorted((device.get("session_config") or {}).items())),
         provider=PROVIDERS[device["accelerator"]])
 
 
