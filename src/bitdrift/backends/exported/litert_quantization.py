@@ -47,23 +47,10 @@ def checked_settings(settings: dict, named=config_key) -> dict:
     """``settings`` with the defaults filled in; ConfigError in one line naming the setting
     (``named(key)``) for an unknown key, a value not allowed, or a type setting given to a
     mode other than full_integer."""
-    settings = dict(settings or {})
-    mode = settings.get("mode", SETTINGS["mode"][1])
-    if mode not in SETTINGS["mode"][0]:
-        raise ConfigError(f"{named('mode')}: {mode!r} is none of "
-                          f"{', '.join(SETTINGS['mode'][0])}")
-    for key, value in settings.items():
-        if key not in SETTINGS:
-            raise ConfigError(f"{named(key)}: unknown setting of LiteRT's quantizer (known: "
-                              f"{', '.join(SETTINGS)})")
-        if key not in MODES[mode]:
-            raise ConfigError(f"{named(key)}: a setting of mode full_integer only, not of "
-                              f"{mode}")
-        allowed = SETTINGS[key][0]
-        if value not in allowed or type(value) is not type(allowed[0]):
-            raise ConfigError(f"{named(key)}: {value!r} is none of "
-                              f"{', '.join(map(repr, allowed))}")
-    return {key: settings.get(key, SETTINGS[key][1]) for key in MODES[mode]}
+    from bitdrift.backends.quantizers import checked_choices
+
+    return checked_choices(settings, SETTINGS, named, "LiteRT's quantizer",
+                           scope=("mode", MODES))
 
 
 def representative_dataset(model_path, model, inputs_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bitdrift.backends.quantizers import calibration_batches, checked_choices
 from bitdrift.errors import ConfigError, ModelFormatError
 from bitdrift.runtimes import QUANTIZATION_METHODS, QUANTIZATION_SETTINGS
 
@@ -36,56 +37,8 @@ def checked_settings(settings: dict, named=config_key) -> dict:
     """``settings`` with ONNX Runtime's defaults filled in; ConfigError in one line naming
     the setting (``named(key)``: a config key, a command's option) for an unknown key, a
     value not allowed, or a static-only setting given to dynamic quantization."""
-    settings = dict(settings or {})
-    method = settings.get("method", SETTINGS["method"][1])
-    if method not in SETTINGS["method"][0]:
-        raise ConfigError(f"{named('method')}: {method!r} is none of "
-                          f"{', '.join(SETTINGS['method'][0])}")
-    for key, value in settings.items():
-        if key not in SETTINGS:
-            raise ConfigError(f"{named(key)}: unknown quantization setting (known: "
-                              f"{', '.join(SETTINGS)})")
-        if key not in METHODS[method]:
-            raise ConfigError(f"{named(key)}: a setting of static quantization only, not "
-                              f"of {method}")
-        allowed = SETTINGS[key][0]
-        if value not in allowed or type(value) is not type(allowed[0]):
-            raise ConfigError(f"{named(key)}: {value!r} is none of "
-                              f"{', '.join(map(repr, allowed))}")
-    return {key: settings.get(key, SETTINGS[key][1]) for key in METHODS[method]}
-
-
-def calibration_batches(model_path, inputs_path, batch: int = CALIBRATION_BATCH,
-                        step: str = "static quantization"):
-    """The model's inputs file (a .npy, or a .npz of one array per input) as feeds
-    {input name: array} of ``batch`` samples each (the model's own batch size where it
-    fixes one), for a quantizer's calibration (``step`` names it in errors). The inputs
-    are checked against the model first: a mismatch is one line naming the model, the
-    file and why."""
-    import numpy as np
-
-    from bitdrift.formats import check_inputs
-    from bitdrift.inputs.datasets import NamedInputs, read_inputs, sample_count
-
-    try:
-        signature = check_inputs(inputs_path, model_path, "onnx")
-    except ModelFormatError as error:
-        raise ModelFormatError(f"{step} of {model_path}: its calibration set does not fit "
-                               f"({error})") from error
-    inputs = read_inputs(inputs_path)
-    fixed = signature[0].shape[0] if signature and signature[0].shape else None
-    batch = fixed or batch
-    count = sample_count(inputs) // batch * batch if fixed else sample_count(inputs)
-    if count == 0:
-        raise ModelFormatError(f"{step} of {model_path}: {inputs_path} holds "
-                               f"{sample_count(inputs)} samples, fewer than the model's fixed "
-                               f"batch of {fixed}")
-    for start in range(0, count, batch):
-        rows = inputs[start:start + batch]
-        if isinstance(rows, NamedInputs):
-            yield {name: np.ascontiguousarray(array) for name, array in rows.items()}
-        else:
-            yield {signature[0].name: np.ascontiguousarray(rows)}
+    return checked_choices(settings, SETTINGS, named, "ONNX Runtime's quantizer",
+                           scope=("method", METHODS))
 
 
 def calibration_reader(model_path, inputs_path):
@@ -93,7 +46,8 @@ def calibration_reader(model_path, inputs_path):
     CALIBRATION_BATCH samples (calibration_batches; the inputs checked first)."""
     from onnxruntime.quantization import CalibrationDataReader
 
-    first = list(calibration_batches(model_path, inputs_path))  # checked here, not lazily
+    first = list(calibration_batches(model_path, inputs_path, "onnx",
+                                     CALIBRATION_BATCH))  # checked here, not lazily
 
     class Reader(CalibrationDataReader):
         def __init__(self):

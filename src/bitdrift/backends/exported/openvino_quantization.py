@@ -77,10 +77,10 @@ def calibration_dataset(model_path, inputs_path):
     are checked against the model first (a mismatch is one line naming both)."""
     import nncf
 
-    from bitdrift.backends.exported.onnx_quantization import calibration_batches
+    from bitdrift.backends.quantizers import calibration_batches
 
-    return nncf.Dataset(list(calibration_batches(model_path, inputs_path, batch=1,
-                                                 step="NNCF's quantization")))
+    return nncf.Dataset(list(calibration_batches(model_path, inputs_path, "onnx", 1,
+                                                 "NNCF's quantization")))
 
 
 def quantize_model(model_path, out, settings: dict | None = None, inputs_path=None,

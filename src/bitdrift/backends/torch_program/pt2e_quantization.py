@@ -43,49 +43,22 @@ def config_key(key: str) -> str:
 def checked_settings(settings: dict, named=config_key) -> dict:
     """``settings`` with the quantizer's defaults filled in; ConfigError in one line
     naming the setting (``named(key)``) for an unknown key or a value not allowed."""
-    settings = dict(settings or {})
-    for key, value in settings.items():
-        if key not in SETTINGS:
-            raise ConfigError(f"{named(key)}: not a setting of the torch quantizer (known: "
-                              f"{', '.join(SETTINGS)})")
-        allowed = SETTINGS[key][0]
-        if value not in allowed or type(value) is not type(allowed[0]):
-            raise ConfigError(f"{named(key)}: {value!r} is none of "
-                              f"{', '.join(map(repr, allowed))}")
-    return {key: settings.get(key, default) for key, (_, default) in SETTINGS.items()}
+    from bitdrift.backends.quantizers import checked_choices
+
+    return checked_choices(settings, SETTINGS, named, "the torch quantizer")
 
 
 def calibration_batches(model_path, signature, inputs_path) -> list[list]:
     """The model's inputs file as calibration batches (lists of tensors in the program's
-    input order) of CALIBRATION_BATCH samples, or the program's fixed batch. The inputs
-    are checked against the model first: a mismatch is one line naming the model, the file
-    and why."""
-    import numpy as np
-
+    input order) of CALIBRATION_BATCH samples, or the program's fixed batch
+    (bitdrift.backends.quantizers.calibration_batches: the inputs checked first, a
+    mismatch one line naming the model, the file and why)."""
+    from bitdrift.backends import quantizers
     from bitdrift.backends.torch_program.program import to_tensor
-    from bitdrift.formats import check_inputs
-    from bitdrift.inputs.datasets import NamedInputs, read_inputs, sample_count
 
-    try:
-        check_inputs(inputs_path, model_path, "pt2")
-    except ModelFormatError as error:
-        raise ModelFormatError(f"quantization of {model_path}: its calibration set does not "
-                               f"fit ({error})") from error
-    inputs = read_inputs(inputs_path)
-    fixed = signature[0].shape[0] if signature and signature[0].shape else None
-    batch = fixed or CALIBRATION_BATCH
-    count = sample_count(inputs) // batch * batch if fixed else sample_count(inputs)
-    if count == 0:
-        raise ModelFormatError(f"quantization of {model_path}: {inputs_path} holds "
-                               f"{sample_count(inputs)} samples, fewer than the model's fixed "
-                               f"batch of {fixed}")
-    batches = []
-    for start in range(0, count, batch):
-        rows = inputs[start:start + batch]
-        arrays = [rows[spec.name] for spec in signature] \
-            if isinstance(rows, NamedInputs) else [rows]
-        batches.append([to_tensor(np.ascontiguousarray(array)) for array in arrays])
-    return batches
+    return [[to_tensor(feed[spec.name]) for spec in signature]
+            for feed in quantizers.calibration_batches(model_path, inputs_path, "pt2",
+                                                       CALIBRATION_BATCH, "quantization")]
 
 
 def dynamic_shapes(signature):
