@@ -139,7 +139,8 @@ def _per_sample(counts: pd.Series) -> str:
 
     if counts.nunique() == 1:
         each = "the sample" if len(counts) == 1 else f"each of the {len(counts)} samples"
-        return f"{counts.iloc[0]} classes on {each}"
+        count = counts.iloc[0]
+        return f"{count} class{'' if count == 1 else 'es'} on {each}"
     common, times = next(iter(class_count_frequency(counts).items()))
     return (f"{counts.min()} to {counts.max()} classes per sample ({common} on {times} of "
             f"the {len(counts)} samples)")
