@@ -40,6 +40,8 @@ LONGEST_FIRST = [  # by a serial run's --durations (Intel Xeon, 2 cores, 2026-11
     "session_run",  # test_slurm, test_workflow_drills, test_workflow: about 12 min
     "tests/unit/test_aarch64.py",  # building the Arm userland: about 10 min
     "tests/workflow/test_presets.py",  # the your_model preset whole: about 9 min
+    # one run of the three quantizers' models (ExecuTorch, LiteRT): about 5 min
+    "tests/workflow/test_quantized_models.py",
     "tests/unit/test_emulation.py",
     "tests/unit/test_forkserver.py",
     "tests/unit/test_inference.py",
@@ -49,6 +51,7 @@ LONGEST_FIRST = [  # by a serial run's --durations (Intel Xeon, 2 cores, 2026-11
     "tests/unit/test_transformer_layers.py",
     "tests/workflow/test_tflite_model.py",
     "tests/workflow/test_ablation.py",
+    "tests/unit/test_pt2e_quantization.py",  # Inductor compiles: about 2 min
 ]
 
 

@@ -40,6 +40,12 @@ def models(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def float_outputs(models):
+    """The float Keras model's outputs on the example's inputs (Keras, float32), run once."""
+    return run_directly_keras(models / "cnn.keras", np.load(models / "cnn.npy"))
+
+
 def run_directly(path, inputs, resolver):
     from ai_edge_litert import interpreter
 
@@ -72,7 +78,8 @@ def run_as_device(path, inputs_path, out, resolver, checked=None):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("resolver", sorted(RESOLVERS))
-def test_the_quantized_file_runs_on_the_device_as_in_litert_directly(models, mode, resolver):
+def test_the_quantized_file_runs_on_the_device_as_in_litert_directly(models, mode, resolver,
+                                                                      float_outputs):
     path, inputs = models / f"{mode}.tflite", np.load(models / "cnn.npy")
     direct = run_directly(path, inputs, resolver)
     recorded, observed = run_as_device(path, models / "cnn.npy",
@@ -81,7 +88,7 @@ def test_the_quantized_file_runs_on_the_device_as_in_litert_directly(models, mod
     assert np.array_equal(recorded.view(np.uint32), direct.view(np.uint32))
     assert observed["equal"]
     # and not the float model's outputs (Keras, float32): near them
-    floats = run_directly_keras(models / "cnn.keras", inputs)
+    floats = float_outputs
     assert not np.array_equal(floats, direct)
     assert np.corrcoef(floats.ravel(), direct.ravel())[0, 1] > 0.95
 
