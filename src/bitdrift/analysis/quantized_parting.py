@@ -388,11 +388,14 @@ def compare_pair(model: str, first, second, producer: dict, constants: dict) -> 
 def parting_table(models) -> list[dict]:
     """The rows of every (quantized model, its file, [its records]) in ``models``: a row
     per pair of devices that ran it and whose final outputs part."""
+    from bitdrift.formats import detect
     from bitdrift.record.reader import Record, read_failure
 
     rows = []
     for model, model_file, paths in models:
-        producer, constants = _graph(model_file)
+        # the integer replay reads an ONNX graph; a .tflite's or a .pt2's integers are not
+        # in its records (their runtimes do not expose them): named, never replayed
+        producer, constants = _graph(model_file) if detect(model_file) == "onnx" else ({}, {})
         ran = [path for path in paths if read_failure(path) is None]
         for one, two in itertools.combinations(ran, 2):
             with Record(one) as first, Record(two) as second:
