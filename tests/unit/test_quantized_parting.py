@@ -273,8 +273,16 @@ def test_a_pair_parting_by_saturation_is_named_and_each_device_replayed(recorded
         ("ort_disable_all", "other_cpu"), ("ort_all", "other_cpu")}
     items = quantized_parting(table)
     assert "2 pair(s)" in items[0] and "in 2 pair(s) each device's" in items[0]
-    # the fused graph's first layer in common with the other is its final output
+    # the fused graph's first layer in common with the other is its final output; each
+    # group names its pair and what the replay found of each device's integers
     assert list(items[1]["first parting layer"]) == ["acc", "output"]
+    assert list(items[1]["pairs"]) == ["1: ort_disable_all / other_cpu",
+                                       "1: ort_all / other_cpu"]
+    paths = {integer.EXACT: "exact int32", integer.SATURATED: "saturated 16-bit"}
+    for cell, host in zip(items[1]["integers, by the numpy replay"], ("ort_disable_all",
+                                                                       "ort_all"),
+                          strict=True):
+        assert f"{paths[host_path()]}" in cell.split(f": {host}")[0].rsplit("; ", 1)[-1]
     sections = dict(findings({"quantized_parting": folder / "quantized_parting.csv"}, {}))
     assert HEADING in sections
 

@@ -340,7 +340,9 @@ def compare_pair(model: str, first, second, producer: dict, constants: dict) -> 
         kernels = (row["first_kernels"], row["second_kernels"])
         return {**row, "integer_layer": integer_op,
                 "cause": f"an integer layer bitdrift does not replay ({op})" if integer_op
-                else f"the first parting layer is not an integer layer (float op {op})",
+                else "the first parting layer is not an integer layer (" + (
+                    f"float op {op})" if op else "the record names no op: its integers, if "
+                    "any, are not exposed)"),
                 "detail": f"another kernel: {kernels[0]} against {kernels[1]}"
                 if all(kernels) and kernels[0] != kernels[1] else "",
                 "first_replay": "", "second_replay": ""}
