@@ -368,3 +368,18 @@ def test_a_pair_parting_by_rounding_is_named_with_each_mode(tmp_path):
                                     "or fixed_point_single_rounding or half_away_from_zero "
                                     f"{same}")
     assert row["overflowing_pairs"] == 0
+
+
+def test_a_requantising_layers_verdicts_read_in_the_findings_with_their_rounding():
+    """The analysis' verdict of a QLinearMatMul names its rounding ("exact int32 replay,
+    rounded half_to_even bit for bit"); the findings' column keeps it as exact int32 (or
+    saturated, with its overflow count), and a verdict of neither replay as such."""
+    from bitdrift.report.findings.quantized_parting import _verdict
+
+    assert _verdict("its integers = exact int32 replay, rounded half_to_even bit for bit") \
+        == "exact int32"
+    assert _verdict("its integers = saturated-16-bit replay, rounded half_away bit for "
+                    "bit, 12 pairs overflow") == "saturated 16-bit (12 pairs overflow)"
+    assert _verdict("its integers: replay matches neither (no replay gives them)") == \
+        "neither replay"
+    assert _verdict("") == ""

@@ -171,7 +171,12 @@ def quantization_error_table(pairs) -> list[dict]:
         if read_failure(float_path) is not None or read_failure(quantized_path) is not None:
             continue  # a device that failed: device_failures.csv says why
         if model_file not in scales_of:
-            scales_of[model_file] = tensor_scales(model_file)
+            try:
+                scales_of[model_file] = tensor_scales(model_file)
+            except Exception as error:  # no scales: the errors in scales stay empty
+                print(f"bitdrift: {model_file}: no quantization scales read "
+                      f"({type(error).__name__}: {error})"[:300])
+                scales_of[model_file] = {}
         scales = scales_of[model_file]
         with Record(float_path) as float_record, Record(quantized_path) as quantized:
             rows += compare_records(float_record, quantized, scales, float_model)
@@ -282,6 +287,8 @@ def summarize(table: pd.DataFrame) -> list[ModelSummary]:
         final = sqnr.loc[OUTPUT] if OUTPUT in sqnr.index else sqnr.ffill().iloc[-1]
         output_sqnr = {device: float(final[device]) for device in devices
                        if not pd.isna(final[device])}
+        if not output_sqnr:
+            continue  # no device's output compared (its shape differs): rows only
         furthest = min(output_sqnr, key=output_sqnr.get) if output_sqnr else devices[0]
         shortfall = _shortfall(sqnr, furthest).dropna()
         growth = shortfall.diff().fillna(shortfall)  # before the first layer: none
@@ -302,7 +309,7 @@ def summarize(table: pd.DataFrame) -> list[ModelSummary]:
             parts_at=parts_at, parts_by=parts_by, largest_in_scales=largest,
             largest_in_scales_at=at, labels=labels, samples=int(part["samples"].max()),
             per_layer=any(layer != OUTPUT for layer in layers),
-            first_layers={device: next(layer for layer in layers
-                                       if not pd.isna(sqnr.at[layer, device]))
+            first_layers={device: next((layer for layer in layers
+                                        if not pd.isna(sqnr.at[layer, device])), None)
                           for device in devices}))
     return summaries

@@ -10,10 +10,6 @@ from bitdrift.errors import ConfigError, ModelFormatError
 from bitdrift.runtimes import DEFAULT_QUANTIZER, QUANTIZERS
 
 
-def tool_of(settings: dict) -> str:
-    return settings.get("tool", DEFAULT_QUANTIZER)
-
-
 def module(tool: str, named=lambda key: key):
     """The module of quantizer ``tool``; ConfigError naming ``named('tool')`` if unknown."""
     if tool not in QUANTIZERS:
@@ -24,10 +20,6 @@ def module(tool: str, named=lambda key: key):
 def source_formats(tool: str) -> tuple[str, ...]:
     return QUANTIZERS[tool][1]
 
-
-def runtimes(tool: str) -> tuple[str, ...]:
-    """The runtimes that run what ``tool`` writes."""
-    return QUANTIZERS[tool][2]
 
 
 def checked_settings(settings: dict, named=lambda key: key) -> dict:

@@ -20,9 +20,9 @@ def _verdict(text: str) -> str:
     """A replay's verdict in a few words: 'exact int32', 'saturated 16-bit (226 pairs
     overflow)', 'neither replay'; '' where nothing was replayed."""
     text = str(text or "")
-    if "exact int32 replay bit for bit" in text:
+    if "bit for bit" in text and "exact int32 replay" in text:
         return "exact int32"
-    if "saturated-16-bit replay bit for bit" in text:
+    if "bit for bit" in text and "saturated-16-bit replay" in text:
         overflow = text.rsplit(", ", 1)[-1] if "overflow" in text else ""
         return f"saturated 16-bit ({overflow})" if overflow else "saturated 16-bit"
     if "matches neither" in text:
