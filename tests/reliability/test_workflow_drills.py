@@ -86,9 +86,24 @@ RUNTIMES_OF = {".onnx": {"onnxruntime", "openvino", "torch_export", "litert"},
                         "openvino", "litert"}}
 
 
-def runs_on(model: dict, device: dict) -> bool:
-    runtimes = RUNTIMES_OF.get(Path(model.get("file", "")).suffix)
-    return not device["external"] and (runtimes is None or device["backend"] in runtimes)
+# A model a quantizer made runs on that quantizer's runtimes, as docs/your-model.md lists
+# them (converting it has no quantized ops)
+QUANTIZED_RUNTIMES = {"onnxruntime": {"onnxruntime", "openvino"},
+                      "openvino": {"onnxruntime", "openvino"}, "litert": {"litert"},
+                      "torch": {"torch_export", "torch_inductor", "executorch"}}
+
+
+def runs_on(model: dict, device: dict, name: str = "", models: dict | None = None) -> bool:
+    """Whether the device runs the model: a model's `devices` list (a quantized model
+    without one: its float model's) names it, and its runtime runs the model."""
+    chosen = model.get("devices")
+    if "quantize" in model:
+        runtimes = QUANTIZED_RUNTIMES[model["quantize"].get("tool", "onnxruntime")]
+        chosen = chosen or (models or {}).get(model["quantize"]["model"], {}).get("devices")
+    else:
+        runtimes = RUNTIMES_OF.get(Path(model.get("file", "")).suffix)
+    return not device["external"] and (runtimes is None or device["backend"] in runtimes) \
+        and (chosen is None or name in chosen)
 
 
 @pytest.mark.parametrize("profile", [None, "local", "slurm-gpu"])
@@ -104,8 +119,9 @@ def test_a_preset_stands_alone_under_every_profile(preset, profile, tmp_path):
     # the matrix and the cross-framework devices, once each
     variant_devices = len(ablation_devices(settings)) if settings.get("ablation") else 0
     assert planned.get("run_inference", 0) == sum(
-        runs_on(model, device) for model in settings["models"].values()
-        for device in settings["devices"].values()) + len(variants) * variant_devices
+        runs_on(model, device, name, settings["models"])
+        for model in settings["models"].values()
+        for name, device in settings["devices"].items()) + len(variants) * variant_devices
     assert planned.get("train_model", 0) == sum(
         len(model["train"]["seeds"]) for model in [*settings["models"].values(),
                                                    *variants.values()]
